@@ -1,0 +1,483 @@
+//! `emu`: the emulated ultra-low-latency SSD.
+//!
+//! There is no device thread. When a command is submitted, the [`Model`]
+//! gives it a completion deadline and its data is moved at once between the
+//! caller's buffers and the [`Store`] (standing in for the device's DMA, which
+//! overlaps the device time). A poll sees the command complete once the clock
+//! passes the deadline; a wait is a real timer sleep until the deadline, so an
+//! emulated interrupt costs what a wake-up costs on this machine.
+//!
+//! Fault injection is part of the device: fail the Nth command, fail every
+//! segment that touches an offset range, fail segments at a random rate, add
+//! latency spikes, or never complete the Nth command.
+
+use super::model::{Model, ModelParams, Preset, preset, presets};
+use super::spec::Options;
+use super::store::Store;
+use super::{Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
+use crate::clock::{now_ns, sleep_until_ns};
+use crate::error::Result;
+use crate::units::format_size;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Segments one emulated command may carry (the seed's Block Control Table).
+pub const MAX_SEGMENTS: usize = 1024;
+/// Largest segment the emulated device takes.
+pub const MAX_SEGMENT_BYTES: u32 = 1 << 20;
+const DEFAULT_SIZE: u64 = 1 << 30;
+
+/// Injected faults. All off by default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultConfig {
+    /// The Nth command (1-based) fails as a whole.
+    pub fail_nth: Option<u64>,
+    /// Segments that overlap `[start, end)` fail; the rest of their command succeeds.
+    pub fail_range: Option<(u64, u64)>,
+    /// Each segment fails with this probability.
+    pub fail_rate: f64,
+    /// The errno injected failures report (default EIO).
+    pub errno: i32,
+    /// Each command is delayed by `spike_ns` with this probability.
+    pub spike_rate: f64,
+    /// Extra latency of a spike.
+    pub spike_ns: u64,
+    /// The Nth command (1-based) never completes.
+    pub hang_nth: Option<u64>,
+    /// Seed of the fault dice.
+    pub seed: u64,
+}
+
+impl FaultConfig {
+    fn any_random(&self) -> bool {
+        self.fail_rate > 0.0 || self.spike_rate > 0.0
+    }
+}
+
+/// Everything needed to open an emulated device.
+#[derive(Debug, Clone)]
+pub struct EmuConfig {
+    /// Preset the parameters started from.
+    pub preset: String,
+    /// Timing parameters after overrides.
+    pub params: ModelParams,
+    /// Size in bytes.
+    pub size: u64,
+    /// Back the data with this file instead of memory.
+    pub file: Option<PathBuf>,
+    /// Injected faults.
+    pub faults: FaultConfig,
+}
+
+const KNOWN: &[&str] = &[
+    "size", "file", "slots", "channels", "cmd", "xfer", "rcmd", "rxfer", "wcmd", "wxfer", "flush", "fail_nth",
+    "fail_range", "fail_rate", "errno", "spike_rate", "spike", "hang_nth", "seed",
+];
+
+impl EmuConfig {
+    /// Parses `PRESET` and the options of an `emu:` spec.
+    pub fn parse(preset_name: &str, mut opts: Options, default_size: Option<u64>) -> Result<EmuConfig> {
+        let name = if preset_name.is_empty() { "dram-ssd" } else { preset_name };
+        let base: Preset = match name {
+            "custom" => preset("dram-ssd").expect("dram-ssd preset exists"),
+            _ => preset(name).ok_or_else(|| {
+                let names: Vec<_> = presets().iter().map(|p| p.name).collect();
+                opts.error(format!("unknown preset '{name}'; presets: {}, custom", names.join(", ")))
+            })?,
+        };
+        let mut params = base.params;
+        let ns = |d: std::time::Duration| d.as_nanos() as f64;
+        if let Some(v) = opts.take_num::<u32>("slots")? {
+            params.slots = v;
+        }
+        if let Some(v) = opts.take_num::<u32>("channels")? {
+            params.channels = v;
+        }
+        if let Some(d) = opts.take_micros("cmd")? {
+            params.read.cmd_ns = ns(d);
+            params.write.cmd_ns = ns(d);
+        }
+        if let Some(d) = opts.take_micros("xfer")? {
+            params.read.xfer_ns = ns(d);
+            params.write.xfer_ns = ns(d);
+        }
+        if let Some(d) = opts.take_micros("rcmd")? {
+            params.read.cmd_ns = ns(d);
+        }
+        if let Some(d) = opts.take_micros("rxfer")? {
+            params.read.xfer_ns = ns(d);
+        }
+        if let Some(d) = opts.take_micros("wcmd")? {
+            params.write.cmd_ns = ns(d);
+        }
+        if let Some(d) = opts.take_micros("wxfer")? {
+            params.write.xfer_ns = ns(d);
+        }
+        if let Some(d) = opts.take_micros("flush")? {
+            params.flush_ns = ns(d);
+        }
+        if params.slots == 0 || params.channels == 0 {
+            return Err(opts.error("slots and channels must be at least 1"));
+        }
+        let size = opts.take_size("size")?.or(default_size).unwrap_or(DEFAULT_SIZE);
+        if size == 0 {
+            return Err(opts.error("size must be larger than 0"));
+        }
+        let file = opts.take("file").map(PathBuf::from);
+        let faults = parse_faults(&mut opts)?;
+        opts.finish(KNOWN)?;
+        Ok(EmuConfig { preset: name.to_string(), params, size, file, faults })
+    }
+}
+
+fn parse_faults(opts: &mut Options) -> Result<FaultConfig> {
+    let mut f = FaultConfig { errno: libc::EIO, ..FaultConfig::default() };
+    f.fail_nth = opts.take_num("fail_nth")?;
+    f.hang_nth = opts.take_num("hang_nth")?;
+    if let Some(range) = opts.take("fail_range") {
+        let (a, b) = range
+            .split_once('-')
+            .ok_or_else(|| opts.error("fail_range must be START-END, e.g. fail_range=4k-8k"))?;
+        let (a, b) = (crate::units::parse_size(a)?, crate::units::parse_size(b)?);
+        if a >= b {
+            return Err(opts.error("fail_range START must be below END"));
+        }
+        f.fail_range = Some((a, b));
+    }
+    f.fail_rate = opts.take_num("fail_rate")?.unwrap_or(0.0);
+    f.spike_rate = opts.take_num("spike_rate")?.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&f.fail_rate) || !(0.0..=1.0).contains(&f.spike_rate) {
+        return Err(opts.error("fail_rate and spike_rate are probabilities between 0 and 1"));
+    }
+    f.spike_ns = opts.take_micros("spike")?.map(|d| d.as_nanos() as u64).unwrap_or(100_000);
+    f.errno = opts.take_num("errno")?.unwrap_or(libc::EIO);
+    f.seed = opts.take_num("seed")?.unwrap_or(0x10_9a7);
+    Ok(f)
+}
+
+struct Counters {
+    model: Model,
+    stats: DeviceStats,
+}
+
+struct Shared {
+    config: EmuConfig,
+    counters: Mutex<Counters>,
+    store: Store,
+    queues_opened: AtomicU64,
+}
+
+/// The emulated SSD.
+pub struct EmuDevice {
+    shared: Arc<Shared>,
+}
+
+impl EmuDevice {
+    /// Opens an emulated device.
+    pub fn open(config: &EmuConfig) -> Result<EmuDevice> {
+        let store = match &config.file {
+            Some(path) => Store::file(path, config.size)?,
+            None => Store::memory(config.size)?,
+        };
+        let counters = Counters { model: Model::new(config.params.clone()), stats: DeviceStats::default() };
+        Ok(EmuDevice {
+            shared: Arc::new(Shared {
+                config: config.clone(),
+                counters: Mutex::new(counters),
+                store,
+                queues_opened: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl Device for EmuDevice {
+    fn describe(&self) -> String {
+        let c = &self.shared.config;
+        let p = &c.params;
+        let us = |ns: f64| ns / 1000.0;
+        format!(
+            "emu:{} ({} slot(s), {} channel(s), read {:.2}+{:.2} us/4KiB, write {:.2}+{:.2} us/4KiB, {} in {})",
+            c.preset,
+            p.slots,
+            p.channels,
+            us(p.read.cmd_ns),
+            us(p.read.xfer_ns),
+            us(p.write.cmd_ns),
+            us(p.write.xfer_ns),
+            format_size(c.size),
+            c.file.as_ref().map_or("memory".to_string(), |f| f.display().to_string()),
+        )
+    }
+
+    fn size(&self) -> u64 {
+        self.shared.config.size
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_segments: MAX_SEGMENTS,
+            max_segment_bytes: MAX_SEGMENT_BYTES,
+            alignment: 1,
+            queue_depth: 4096,
+            kernel_poll: false,
+            timed: true,
+        }
+    }
+
+    fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
+        let id = self.shared.queues_opened.fetch_add(1, Ordering::Relaxed);
+        let faults = &self.shared.config.faults;
+        Ok(Box::new(EmuQueue {
+            shared: Arc::clone(&self.shared),
+            in_flight: Vec::with_capacity(config.depth as usize),
+            rng: fastrand::Rng::with_seed(faults.seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        }))
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let c = self.shared.counters.lock().expect("emu counters poisoned");
+        DeviceStats { busy_ns: c.model.busy_ns(), ..c.stats }
+    }
+
+    fn peak_bandwidth(&self, read_fraction: f64) -> Option<f64> {
+        self.shared.counters.lock().expect("emu counters poisoned").model.peak_bandwidth(read_fraction)
+    }
+}
+
+struct EmuQueue {
+    shared: Arc<Shared>,
+    /// (deadline, command), unordered: queues are shallow, a scan is cheapest.
+    in_flight: Vec<(u64, Command)>,
+    rng: fastrand::Rng,
+}
+
+impl EmuQueue {
+    /// Schedules the command on the shared model; returns (deadline, command number).
+    fn schedule(&self, now: u64, command: &Command) -> (u64, u64) {
+        let mut c = self.shared.counters.lock().expect("emu counters poisoned");
+        let ranges = command.segments.iter().map(|s| (s.offset, s.len as u64));
+        let schedule = c.model.schedule(now, command.op, ranges);
+        c.stats.commands += 1;
+        c.stats.segments += command.segments.len() as u64;
+        c.stats.bytes += command.bytes();
+        (schedule.deadline_ns, c.stats.commands)
+    }
+
+    /// Moves the data of every segment that is in range and not failed by injection.
+    fn transfer(&mut self, command: &mut Command) {
+        let store = &self.shared.store;
+        let faults = &self.shared.config.faults;
+        for seg in &mut command.segments {
+            let end = seg.offset.checked_add(seg.len as u64);
+            if seg.len == 0 || end.is_none_or(|e| e > store.len()) {
+                seg.result = -libc::EINVAL;
+                continue;
+            }
+            let hit_range = faults.fail_range.is_some_and(|(a, b)| seg.offset < b && seg.offset + seg.len as u64 > a);
+            if hit_range || (faults.fail_rate > 0.0 && self.rng.f64() < faults.fail_rate) {
+                seg.result = -faults.errno;
+                continue;
+            }
+            // SAFETY: the range was checked against the store; the submitter guarantees the
+            // buffer is valid for `len` bytes while the command is in flight.
+            unsafe {
+                match command.op {
+                    Op::Read => store.read(seg.offset, seg.buf, seg.len as usize),
+                    Op::Write => store.write(seg.offset, seg.buf, seg.len as usize),
+                    Op::Flush => {}
+                }
+            }
+            seg.result = seg.len as i32;
+        }
+    }
+}
+
+impl Queue for EmuQueue {
+    unsafe fn submit(&mut self, mut command: Command) {
+        let now = now_ns();
+        let (mut deadline, number) = self.schedule(now, &command);
+        let faults = &self.shared.config.faults;
+        if faults.hang_nth == Some(number) {
+            // Never completes; its buffers are never touched.
+            self.in_flight.push((u64::MAX, command));
+            return;
+        }
+        if faults.any_random() && faults.spike_rate > 0.0 && self.rng.f64() < faults.spike_rate {
+            deadline += faults.spike_ns;
+        }
+        if faults.fail_nth == Some(number) {
+            command.fail_all(faults.errno);
+        } else if command.op == Op::Flush {
+            command.result = match self.shared.store.flush() {
+                Ok(()) => 0,
+                Err(_) => -libc::EIO,
+            };
+        } else {
+            self.transfer(&mut command);
+        }
+        command.device_ns = deadline - now;
+        self.in_flight.push((deadline, command));
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize> {
+        if self.in_flight.is_empty() {
+            return Ok(0);
+        }
+        let now = now_ns();
+        let mut reaped = 0;
+        let mut i = 0;
+        while i < self.in_flight.len() {
+            if self.in_flight[i].0 <= now {
+                out.push(self.in_flight.swap_remove(i).1);
+                reaped += 1;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(reaped)
+    }
+
+    fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize> {
+        let limit = now_ns().saturating_add(timeout_ns);
+        loop {
+            let n = self.reap(out)?;
+            if n > 0 || self.in_flight.is_empty() {
+                return Ok(n);
+            }
+            let now = now_ns();
+            if now >= limit {
+                return Ok(0);
+            }
+            let next = self.next_deadline_ns().unwrap_or(u64::MAX);
+            sleep_until_ns(next.min(limit));
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn next_deadline_ns(&self) -> Option<u64> {
+        self.in_flight.iter().map(|(d, _)| *d).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(spec: &str) -> EmuDevice {
+        let super::super::DeviceSpec::Emu(c) = super::super::DeviceSpec::parse(spec, None).unwrap() else { panic!() };
+        EmuDevice::open(&c).unwrap()
+    }
+
+    fn run(q: &mut dyn Queue, command: Command) -> Command {
+        // SAFETY: the test's buffers outlive the wait below.
+        unsafe { q.submit(command) };
+        let mut out = Vec::new();
+        while out.is_empty() {
+            q.wait(&mut out, 1_000_000_000).unwrap();
+        }
+        out.pop().unwrap()
+    }
+
+    #[test]
+    fn data_round_trips_and_device_time_is_the_model() {
+        let dev = open("emu:dram-ssd,size=1m");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        let mut wbuf = vec![0xabu8; 4096];
+        let mut cmd = Command::with_capacity(1);
+        cmd.reset(Op::Write, 7);
+        cmd.push(8192, wbuf.as_mut_ptr(), 4096);
+        let done = run(q.as_mut(), cmd);
+        assert_eq!(done.tag, 7);
+        assert_eq!(done.segments[0].result, 4096);
+        assert!(done.device_ns >= 7000, "{}", done.device_ns);
+        let mut rbuf = vec![0u8; 4096];
+        let mut cmd = Command::with_capacity(1);
+        cmd.reset(Op::Read, 8);
+        cmd.push(8192, rbuf.as_mut_ptr(), 4096);
+        run(q.as_mut(), cmd);
+        assert_eq!(rbuf, wbuf);
+        let stats = dev.stats();
+        assert_eq!(stats.commands, 2);
+        assert!(stats.busy_ns >= 14_000);
+    }
+
+    #[test]
+    fn range_fault_fails_only_the_segments_it_touches() {
+        let dev = open("emu:null,size=1m,fail_range=8k-12k");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        let mut bufs = vec![0u8; 4 * 4096];
+        let mut cmd = Command::with_capacity(4);
+        cmd.reset(Op::Read, 1);
+        for i in 0..4u64 {
+            cmd.push(i * 4096, bufs[i as usize * 4096..].as_mut_ptr(), 4096);
+        }
+        let done = run(q.as_mut(), cmd);
+        let results: Vec<i32> = done.segments.iter().map(|s| s.result).collect();
+        assert_eq!(results, vec![4096, 4096, -libc::EIO, 4096]);
+    }
+
+    #[test]
+    fn nth_command_fails_whole_and_hang_never_completes() {
+        let dev = open("emu:null,size=1m,fail_nth=2,hang_nth=3");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut cmds = Vec::new();
+        for tag in 1..=3 {
+            let mut cmd = Command::with_capacity(1);
+            cmd.reset(Op::Read, tag);
+            cmd.push(0, buf.as_mut_ptr(), 4096);
+            cmds.push(cmd);
+        }
+        let mut it = cmds.into_iter();
+        assert_eq!(run(q.as_mut(), it.next().unwrap()).segments[0].result, 4096);
+        assert_eq!(run(q.as_mut(), it.next().unwrap()).segments[0].result, -libc::EIO);
+        // SAFETY: a hung command never touches its buffer.
+        unsafe { q.submit(it.next().unwrap()) };
+        let mut out = Vec::new();
+        assert_eq!(q.wait(&mut out, 2_000_000).unwrap(), 0);
+        assert_eq!(q.in_flight(), 1);
+    }
+
+    #[test]
+    fn file_backed_store_is_durable_after_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("emu.img");
+        let spec = format!("emu:null,size=64k,file={}", path.display());
+        let dev = open(&spec);
+        let mut q = dev.open_queue(&QueueConfig::depth(2)).unwrap();
+        let mut buf = vec![0x5au8; 4096];
+        let mut cmd = Command::with_capacity(1);
+        cmd.reset(Op::Write, 1);
+        cmd.push(4096, buf.as_mut_ptr(), 4096);
+        run(q.as_mut(), cmd);
+        let mut flush = Command::with_capacity(0);
+        flush.reset(Op::Flush, 2);
+        assert_eq!(run(q.as_mut(), flush).result, 0);
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(on_disk.len(), 65536);
+        assert!(on_disk[4096..8192].iter().all(|&b| b == 0x5a));
+    }
+
+    #[test]
+    fn bad_presets_and_params_are_rejected() {
+        use super::super::DeviceSpec;
+        let e = DeviceSpec::parse("emu:floppy", None).unwrap_err().to_string();
+        assert!(e.contains("dram-ssd"), "{e}");
+        assert!(DeviceSpec::parse("emu:dram-ssd,slots=0", None).is_err());
+        assert!(DeviceSpec::parse("emu:dram-ssd,xfer=fast", None).is_err());
+        assert!(DeviceSpec::parse("emu:dram-ssd,fail_rate=2", None).is_err());
+        let DeviceSpec::Emu(c) = DeviceSpec::parse("emu:dram-ssd,size=4g,xfer=3us", None).unwrap() else { panic!() };
+        assert_eq!(c.size, 4 << 30);
+        assert_eq!(c.params.read.xfer_ns, 3000.0);
+        assert_eq!(c.params.read.cmd_ns, 1520.0);
+    }
+}

@@ -1,0 +1,236 @@
+//! The device layer: something that accepts commands and reports completions.
+//!
+//! A [`Command`] is one direction (read, write, flush) and a list of
+//! [`Segment`]s, each a device offset, a length and a host buffer. A command
+//! may carry up to [`Capabilities::max_segments`] discontiguous segments (the
+//! emulated device's scatter/gather "Block Control Table"); this is what makes
+//! temporal merging possible.
+//!
+//! A [`Device`] is shared by all threads. Each thread that talks to it opens
+//! its own [`Queue`] (a submission/completion channel, like an NVMe queue pair
+//! or an io_uring instance), so submission takes no shared lock in the
+//! backends that do not need one. Commands are moved into the queue on
+//! submission and handed back, with per-segment results filled in, when they
+//! are reaped: the queue owns a command (and may touch its buffers) exactly
+//! while it is in flight.
+//!
+//! One file per backend: [`emu`] (emulated ultra-low-latency SSD), [`null`]
+//! (no device time, no data), [`psync`] (pread/pwrite), [`uring`] (io_uring).
+
+pub mod emu;
+pub mod model;
+pub mod null;
+pub mod psync;
+pub mod spec;
+pub mod store;
+pub mod target;
+pub mod uring;
+
+use crate::error::Result;
+
+pub use spec::{DeviceSpec, open_device};
+
+/// Direction of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Device to host.
+    Read,
+    /// Host to device.
+    Write,
+    /// Make earlier writes durable.
+    Flush,
+}
+
+impl Op {
+    /// Lower-case name used in messages and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+        }
+    }
+}
+
+/// One contiguous piece of a command: device range plus host buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    /// Byte offset on the device.
+    pub offset: u64,
+    /// Host buffer: written for reads, read for writes.
+    pub buf: *mut u8,
+    /// Length in bytes.
+    pub len: u32,
+    /// Set by the device on completion: bytes moved (>= 0) or a negative errno.
+    pub result: i32,
+}
+
+// SAFETY: a Segment is a plain description of memory; the submitter of the
+// command guarantees (see `Queue::submit`) that the buffer stays valid while the
+// command is in flight, whichever thread completes it.
+unsafe impl Send for Segment {}
+
+/// One device command: a direction and up to `max_segments` segments.
+#[derive(Debug)]
+pub struct Command {
+    /// Direction.
+    pub op: Op,
+    /// Caller's identifier, returned untouched on completion.
+    pub tag: u64,
+    /// The segments; empty for a flush.
+    pub segments: Vec<Segment>,
+    /// Set on completion for timed devices: nanoseconds from submission until
+    /// the device finished the command (queueing inside the device included).
+    /// Zero when the backend cannot know it.
+    pub device_ns: u64,
+    /// Set on completion for a command with no segments (flush): 0 or -errno.
+    pub result: i32,
+}
+
+impl Command {
+    /// An empty read command with room for `segments` segments (allocates once).
+    pub fn with_capacity(segments: usize) -> Command {
+        Command { op: Op::Read, tag: 0, segments: Vec::with_capacity(segments), device_ns: 0, result: 0 }
+    }
+
+    /// Clears the command for reuse, keeping its allocation.
+    pub fn reset(&mut self, op: Op, tag: u64) {
+        self.op = op;
+        self.tag = tag;
+        self.segments.clear();
+        self.device_ns = 0;
+        self.result = 0;
+    }
+
+    /// Appends a segment.
+    pub fn push(&mut self, offset: u64, buf: *mut u8, len: u32) {
+        self.segments.push(Segment { offset, buf, len, result: 0 });
+    }
+
+    /// Total bytes over all segments.
+    pub fn bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.len as u64).sum()
+    }
+
+    /// Marks every segment (and the command) as failed with `errno`.
+    pub fn fail_all(&mut self, errno: i32) {
+        self.result = -errno;
+        for seg in &mut self.segments {
+            seg.result = -errno;
+        }
+    }
+}
+
+/// What a device can do; upper layers read this instead of asking which backend it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Most segments one command may carry.
+    pub max_segments: usize,
+    /// Largest single segment in bytes.
+    pub max_segment_bytes: u32,
+    /// Required alignment of buffer addresses, offsets and lengths (1 = none).
+    pub alignment: u32,
+    /// Most commands one queue can have in flight.
+    pub queue_depth: u32,
+    /// Whether the kernel can poll this device for completions (io_uring IOPOLL).
+    pub kernel_poll: bool,
+    /// Whether the device reports a model service time per command (`Command::device_ns`).
+    pub timed: bool,
+}
+
+/// Counters a device keeps about itself; compare two snapshots to measure an interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceStats {
+    /// Commands accepted.
+    pub commands: u64,
+    /// Segments accepted.
+    pub segments: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Nanoseconds with at least one command in service (timed devices only).
+    pub busy_ns: u64,
+}
+
+impl DeviceStats {
+    /// The counters accumulated between `earlier` and `self`.
+    pub fn since(&self, earlier: &DeviceStats) -> DeviceStats {
+        DeviceStats {
+            commands: self.commands - earlier.commands,
+            segments: self.segments - earlier.segments,
+            bytes: self.bytes - earlier.bytes,
+            busy_ns: self.busy_ns - earlier.busy_ns,
+        }
+    }
+}
+
+/// Options for a new queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// Most commands the caller will have in flight at once.
+    pub depth: u32,
+    /// A memory region to pre-register with the kernel (io_uring fixed buffers);
+    /// buffers inside it are then used without per-I/O page pinning.
+    pub registered: Option<(*mut u8, usize)>,
+}
+
+// SAFETY: the registered region is only an address range handed to the kernel;
+// the engine that owns the memory outlives every queue it opens.
+unsafe impl Send for QueueConfig {}
+
+impl QueueConfig {
+    /// A queue of the given depth with no registered memory.
+    pub fn depth(depth: u32) -> QueueConfig {
+        QueueConfig { depth, registered: None }
+    }
+}
+
+/// A storage device shared by all threads of an engine.
+pub trait Device: Send + Sync {
+    /// Human-readable description, e.g. `emu:dram-ssd (1 slot, 1 channel, ...)`.
+    fn describe(&self) -> String;
+    /// Usable size in bytes.
+    fn size(&self) -> u64;
+    /// What the device can do.
+    fn capabilities(&self) -> Capabilities;
+    /// Opens a submission/completion queue for one thread.
+    fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>>;
+    /// Snapshot of the device's counters.
+    fn stats(&self) -> DeviceStats {
+        DeviceStats::default()
+    }
+    /// Sustained bandwidth in bytes/s for a mix with this share of reads when
+    /// commands are as large as the device allows; `None` when unknown.
+    fn peak_bandwidth(&self, _read_fraction: f64) -> Option<f64> {
+        None
+    }
+}
+
+/// One thread's channel to a device.
+pub trait Queue: Send {
+    /// Hands a command to the device. It is returned by [`Queue::reap`] or
+    /// [`Queue::wait`] with every segment's `result` set; a command the device
+    /// cannot start is returned the same way, failed, never dropped.
+    ///
+    /// The caller keeps at most `QueueConfig::depth` commands in flight.
+    ///
+    /// # Safety
+    ///
+    /// Every segment's buffer must be valid for `len` bytes (writable for
+    /// reads) and must not be touched by anyone else until the command has
+    /// been returned by `reap` or `wait`.
+    unsafe fn submit(&mut self, command: Command);
+    /// Makes submitted commands visible to the device (one `io_uring_enter`
+    /// for a whole batch); a no-op for backends that start commands at once.
+    fn commit(&mut self) -> Result<()>;
+    /// Moves completed commands into `out` without blocking; returns how many.
+    fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize>;
+    /// Blocks until at least one command completes or `timeout_ns` passes
+    /// (an interrupt-driven wait), then moves completed commands into `out`.
+    fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize>;
+    /// Commands submitted and not yet reaped.
+    fn in_flight(&self) -> usize;
+    /// When the earliest in-flight command is expected to complete, if known.
+    fn next_deadline_ns(&self) -> Option<u64> {
+        None
+    }
+}

@@ -1,0 +1,103 @@
+//! Where the emulated device keeps its data: anonymous memory or a mapped file.
+//!
+//! Memory is reserved lazily (`MAP_NORESERVE`), so a large emulated device
+//! costs only the pages that are written. A file-backed store is mapped
+//! shared and made durable by a flush (`msync`).
+
+use crate::error::{Error, Result};
+use memmap2::{MmapMut, MmapOptions};
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+
+/// The bytes of an emulated device.
+pub struct Store {
+    map: MmapMut,
+    base: *mut u8,
+    file: Option<PathBuf>,
+}
+
+// SAFETY: the store is a fixed mapping that lives as long as the device; concurrent
+// commands touch it through raw copies only, like DMA into device memory. Two
+// overlapping commands in flight at once get no ordering, exactly as on hardware.
+unsafe impl Send for Store {}
+// SAFETY: see above.
+unsafe impl Sync for Store {}
+
+impl Store {
+    /// Zero-filled anonymous memory of `size` bytes.
+    pub fn memory(size: u64) -> Result<Store> {
+        let mut map = MmapOptions::new()
+            .len(size as usize)
+            .map_anon()
+            .map_err(|source| Error::Os { context: format!("cannot reserve {size} bytes for the emulated device"), source })?;
+        let base = map.as_mut_ptr();
+        Ok(Store { map, base, file: None })
+    }
+
+    /// A file of `size` bytes (created or grown as needed) mapped shared.
+    pub fn file(path: &Path, size: u64) -> Result<Store> {
+        let target = |action, source| Error::Target { action, path: path.to_path_buf(), source };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| target("open", e))?;
+        let len = file.metadata().map_err(|e| target("stat", e))?.len();
+        if len < size {
+            file.set_len(size).map_err(|e| target("size", e))?;
+        }
+        // SAFETY: the mapping is private to this store; other processes changing the
+        // file underneath would only change the bytes we read, which is the file's contract.
+        let mut map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }
+            .map_err(|e| target("map", e))?;
+        let base = map.as_mut_ptr();
+        Ok(Store { map, base, file: Some(path.to_path_buf()) })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether the store has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The backing file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// Copies `len` bytes at `offset` into `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for `len` writable bytes and `offset + len <= self.len()`.
+    pub unsafe fn read(&self, offset: u64, dst: *mut u8, len: usize) {
+        debug_assert!(offset + len as u64 <= self.len());
+        // SAFETY: the caller guarantees both ranges; the store range is inside the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset as usize), dst, len) };
+    }
+
+    /// Copies `len` bytes from `src` to `offset`.
+    ///
+    /// # Safety
+    ///
+    /// `src` must be valid for `len` readable bytes and `offset + len <= self.len()`.
+    pub unsafe fn write(&self, offset: u64, src: *const u8, len: usize) {
+        debug_assert!(offset + len as u64 <= self.len());
+        // SAFETY: the caller guarantees both ranges; the store range is inside the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.base.add(offset as usize), len) };
+    }
+
+    /// Makes written data durable (file-backed stores); a no-op for memory.
+    pub fn flush(&self) -> Result<()> {
+        if self.file.is_some() {
+            self.map.flush().map_err(|source| Error::Os { context: "msync of the emulated device's file".into(), source })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,498 @@
+//! `uring`: io_uring on a file or block device, O_DIRECT.
+//!
+//! Each queue is its own ring, created on the thread that uses it, so it can
+//! be set up `SINGLE_ISSUER | DEFER_TASKRUN` (completions are posted only when
+//! this thread asks, with no interrupts of user space). A command's segments
+//! become one SQE each and a whole batch of commands is sent with one
+//! `io_uring_enter` at [`Queue::commit`]; the command completes when its last
+//! CQE arrives. Memory the engine registers is used through fixed buffers
+//! (`READ_FIXED`/`WRITE_FIXED`) and the target is a registered file; where the
+//! kernel refuses either (memlock limit, old kernel) the queue falls back to
+//! plain reads and writes and says so in [`UringDevice::describe`].
+//!
+//! Completion is learned either by spinning on the completion ring
+//! ([`Queue::reap`]; with DEFER_TASKRUN each empty look runs the task work
+//! with a zero-wait enter) or by sleeping in the kernel ([`Queue::wait`]).
+//! Kernel polling (IOPOLL) is probed at open and used only where the device
+//! supports it; on these machines it does not, and the probe says why.
+
+use super::spec::Options;
+use super::target::{Target, TargetConfig};
+use super::{Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
+use crate::error::{Error, Result};
+use io_uring::{IoUring, opcode, squeue, types};
+use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Most segments one uring command carries (each is one SQE).
+pub const MAX_SEGMENTS: usize = 256;
+const SQ_ENTRIES: u32 = 512;
+const SEG_BITS: u32 = 16;
+
+/// How completions are delivered to the ring's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskRun {
+    /// `SINGLE_ISSUER | DEFER_TASKRUN`: completions are posted when the owner enters.
+    Defer,
+    /// `COOP_TASKRUN`: posted at the next kernel transition, no IPI.
+    Coop,
+    /// Default io_uring behaviour.
+    Plain,
+}
+
+/// Whether to use kernel polling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoPoll {
+    /// Never.
+    Off,
+    /// Always; fail if the device cannot.
+    On,
+    /// Probe at open and use it if it works.
+    Auto,
+}
+
+/// Options of the uring backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UringConfig {
+    /// The file or block device.
+    pub target: TargetConfig,
+    /// Completion delivery mode.
+    pub taskrun: TaskRun,
+    /// Use registered (fixed) buffers when the engine offers a region.
+    pub fixed_buffers: bool,
+    /// Use a registered file.
+    pub fixed_files: bool,
+    /// Use a kernel submission thread.
+    pub sqpoll: bool,
+    /// Kernel polling.
+    pub iopoll: IoPoll,
+}
+
+const KNOWN: &[&str] = &["direct", "size", "taskrun", "fixedbufs", "fixedfiles", "sqpoll", "iopoll"];
+
+impl UringConfig {
+    /// Parses `uring:PATH[,direct=1][,size=N][,taskrun=defer|coop|plain][,fixedbufs=1]
+    /// [,fixedfiles=1][,sqpoll=0][,iopoll=auto|on|off]`.
+    pub fn parse(path: &str, mut opts: Options, default_size: Option<u64>) -> Result<UringConfig> {
+        let target = TargetConfig::parse(path, &mut opts, default_size)?;
+        let taskrun = match opts.take("taskrun").as_deref() {
+            None | Some("defer") => TaskRun::Defer,
+            Some("coop") => TaskRun::Coop,
+            Some("plain") => TaskRun::Plain,
+            Some(v) => return Err(opts.error(format!("taskrun={v}: expected defer, coop or plain"))),
+        };
+        let iopoll = match opts.take("iopoll").as_deref() {
+            None | Some("auto") => IoPoll::Auto,
+            Some("on" | "1") => IoPoll::On,
+            Some("off" | "0") => IoPoll::Off,
+            Some(v) => return Err(opts.error(format!("iopoll={v}: expected auto, on or off"))),
+        };
+        let fixed_buffers = opts.take_bool("fixedbufs")?.unwrap_or(true);
+        let fixed_files = opts.take_bool("fixedfiles")?.unwrap_or(true);
+        let sqpoll = opts.take_bool("sqpoll")?.unwrap_or(false);
+        if sqpoll && taskrun == TaskRun::Defer {
+            // DEFER_TASKRUN needs the owner to enter; SQPOLL's point is not to.
+            opts.take("taskrun");
+        }
+        opts.finish(KNOWN)?;
+        Ok(UringConfig { target, taskrun: if sqpoll { TaskRun::Coop } else { taskrun }, fixed_buffers, fixed_files, sqpoll, iopoll })
+    }
+}
+
+struct Shared {
+    config: UringConfig,
+    target: Target,
+    iopoll: bool,
+    iopoll_note: String,
+    notes: Mutex<Vec<String>>,
+    fixed_buffers_ok: AtomicBool,
+    commands: AtomicU64,
+    segments: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// io_uring on a file or block device.
+pub struct UringDevice {
+    shared: Arc<Shared>,
+}
+
+impl UringDevice {
+    /// Opens the target and probes kernel polling.
+    pub fn open(config: &UringConfig) -> Result<UringDevice> {
+        let target = Target::open(&config.target)?;
+        let (iopoll, iopoll_note) = match config.iopoll {
+            IoPoll::Off => (false, "IOPOLL off (iopoll=off)".to_string()),
+            IoPoll::On | IoPoll::Auto => match probe_iopoll(&target) {
+                Ok(()) => (true, "IOPOLL on (probed: polled read works)".to_string()),
+                Err(why) if config.iopoll == IoPoll::On => {
+                    return Err(Error::Unsupported {
+                        what: format!("kernel polling (IOPOLL) on {}", target.path.display()),
+                        why: format!("{why}; use iopoll=off or iopoll=auto to fall back to interrupt-driven completions"),
+                    });
+                }
+                Err(why) => (false, format!("IOPOLL unavailable, using interrupt-driven completions ({why})")),
+            },
+        };
+        Ok(UringDevice {
+            shared: Arc::new(Shared {
+                config: config.clone(),
+                target,
+                iopoll,
+                iopoll_note,
+                notes: Mutex::new(Vec::new()),
+                fixed_buffers_ok: AtomicBool::new(true),
+                commands: AtomicU64::new(0),
+                segments: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Why kernel polling is or is not used.
+    pub fn iopoll_note(&self) -> &str {
+        &self.shared.iopoll_note
+    }
+}
+
+/// Tries one polled read of the first block; Err says why polling is not possible.
+pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
+    if !target.direct {
+        return Err("IOPOLL needs O_DIRECT".into());
+    }
+    let mut ring: IoUring = IoUring::builder().setup_iopoll().build(8).map_err(|e| format!("ring setup failed: {e}"))?;
+    let len = target.alignment.max(512) as usize;
+    let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
+    // SAFETY: the layout has a non-zero size.
+    let buf = unsafe { std::alloc::alloc(layout) };
+    if buf.is_null() {
+        return Err("out of memory".into());
+    }
+    let sqe = opcode::Read::new(types::Fd(target.file.as_raw_fd()), buf, len as u32).offset(0).build().user_data(1);
+    // SAFETY: `buf` stays allocated until the completion below has been reaped.
+    let result = unsafe { ring.submission().push(&sqe) }
+        .map_err(|_| "submission queue full".to_string())
+        .and_then(|()| ring.submit_and_wait(1).map_err(|e| format!("enter failed: {e}")))
+        .and_then(|_| ring.completion().next().map(|c| c.result()).ok_or_else(|| "no completion".to_string()));
+    // SAFETY: the read has completed (or never started); nothing refers to `buf` now.
+    unsafe { std::alloc::dealloc(buf, layout) };
+    match result? {
+        r if r >= 0 => Ok(()),
+        r if -r == libc::EOPNOTSUPP => {
+            Err("polled read failed with EOPNOTSUPP: the device has no poll queues (NVMe poll_queues=0, loop, virtio)".into())
+        }
+        r => Err(format!("polled read failed: {}", std::io::Error::from_raw_os_error(-r))),
+    }
+}
+
+impl Device for UringDevice {
+    fn describe(&self) -> String {
+        let s = &self.shared;
+        let mut text = format!(
+            "uring:{} (taskrun={:?}, sqpoll={}, {}, fixed buffers {})",
+            s.target.describe(),
+            s.config.taskrun,
+            s.config.sqpoll,
+            s.iopoll_note,
+            if s.config.fixed_buffers && s.fixed_buffers_ok.load(Ordering::Relaxed) { "on" } else { "off" },
+        );
+        for note in s.notes.lock().expect("notes poisoned").iter() {
+            text.push_str("; ");
+            text.push_str(note);
+        }
+        text
+    }
+
+    fn size(&self) -> u64 {
+        self.shared.target.size
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_segments: MAX_SEGMENTS,
+            max_segment_bytes: 1 << 20,
+            alignment: self.shared.target.alignment,
+            queue_depth: SQ_ENTRIES,
+            kernel_poll: self.shared.iopoll,
+            timed: false,
+        }
+    }
+
+    fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
+        Ok(Box::new(UringQueue::new(Arc::clone(&self.shared), config)?))
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let s = &self.shared;
+        DeviceStats {
+            commands: s.commands.load(Ordering::Relaxed),
+            segments: s.segments.load(Ordering::Relaxed),
+            bytes: s.bytes.load(Ordering::Relaxed),
+            busy_ns: 0,
+        }
+    }
+}
+
+struct Slot {
+    command: Option<Command>,
+    remaining: usize,
+}
+
+struct UringQueue {
+    shared: Arc<Shared>,
+    ring: IoUring,
+    fd: i32,
+    fixed_file: bool,
+    registered: Option<(usize, usize)>,
+    slots: Vec<Slot>,
+    free_slots: Vec<usize>,
+    /// Slots whose last CQE has arrived, to be handed back.
+    ready: Vec<usize>,
+    in_flight: usize,
+}
+
+fn os_err(context: &str, source: std::io::Error) -> Error {
+    Error::Os { context: context.to_string(), source }
+}
+
+impl UringQueue {
+    fn new(shared: Arc<Shared>, config: &QueueConfig) -> Result<UringQueue> {
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(SQ_ENTRIES * 2);
+        match shared.config.taskrun {
+            TaskRun::Defer => {
+                builder.setup_single_issuer().setup_defer_taskrun();
+            }
+            TaskRun::Coop => {
+                builder.setup_coop_taskrun();
+            }
+            TaskRun::Plain => {}
+        }
+        if shared.config.sqpoll {
+            builder.setup_sqpoll(1000);
+        }
+        if shared.iopoll {
+            builder.setup_iopoll();
+        }
+        let ring = builder.build(SQ_ENTRIES).map_err(|e| os_err("io_uring setup", e))?;
+        let fd = shared.target.file.as_raw_fd();
+        let fixed_file = shared.config.fixed_files && ring.submitter().register_files(&[fd]).is_ok();
+        let mut registered = None;
+        if shared.config.fixed_buffers
+            && let Some((ptr, len)) = config.registered
+        {
+            let iov = libc::iovec { iov_base: ptr.cast(), iov_len: len };
+            // SAFETY: the engine keeps the region alive for as long as any of its queues.
+            match unsafe { ring.submitter().register_buffers(&[iov]) } {
+                Ok(()) => registered = Some((ptr as usize, len)),
+                Err(e) => {
+                    if shared.fixed_buffers_ok.swap(false, Ordering::Relaxed) {
+                        shared.notes.lock().expect("notes poisoned").push(format!(
+                            "buffer registration refused ({e}); using plain reads/writes (raise `ulimit -l` to allow it)"
+                        ));
+                    }
+                }
+            }
+        }
+        let depth = config.depth.max(1) as usize;
+        Ok(UringQueue {
+            shared,
+            ring,
+            fd,
+            fixed_file,
+            registered,
+            slots: (0..depth).map(|_| Slot { command: None, remaining: 0 }).collect(),
+            free_slots: (0..depth).rev().collect(),
+            ready: Vec::with_capacity(depth),
+            in_flight: 0,
+        })
+    }
+
+    fn buffer_index(&self, buf: *mut u8, len: u32) -> Option<u16> {
+        let (start, size) = self.registered?;
+        let addr = buf as usize;
+        (addr >= start && addr + len as usize <= start + size).then_some(0)
+    }
+
+    fn entry(&self, op: Op, offset: u64, buf: *mut u8, len: u32) -> squeue::Entry {
+        let fixed = self.buffer_index(buf, len);
+        macro_rules! build {
+            ($fd:expr) => {
+                match (op, fixed) {
+                    (Op::Read, Some(i)) => opcode::ReadFixed::new($fd, buf, len, i).offset(offset).build(),
+                    (Op::Read, None) => opcode::Read::new($fd, buf, len).offset(offset).build(),
+                    (Op::Write, Some(i)) => opcode::WriteFixed::new($fd, buf, len, i).offset(offset).build(),
+                    (Op::Write, None) => opcode::Write::new($fd, buf, len).offset(offset).build(),
+                    (Op::Flush, _) => opcode::Fsync::new($fd).flags(types::FsyncFlags::DATASYNC).build(),
+                }
+            };
+        }
+        if self.fixed_file { build!(types::Fixed(0)) } else { build!(types::Fd(self.fd)) }
+    }
+
+    /// Pushes one SQE, making room by submitting what is queued if the ring is full.
+    fn push(&mut self, entry: &squeue::Entry) -> std::io::Result<()> {
+        loop {
+            // SAFETY: the entry's buffer belongs to a command held in `slots` until its CQE.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            self.enter_submit()?;
+        }
+    }
+
+    fn enter_submit(&mut self) -> std::io::Result<()> {
+        loop {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
+                    // The kernel is out of room for completions: drain them, then retry.
+                    self.drain_cq();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Moves CQEs into their commands; returns finished commands into the slot list.
+    fn drain_cq(&mut self) -> usize {
+        let mut finished = 0;
+        for cqe in self.ring.completion() {
+            let (user_data, result) = (cqe.user_data(), cqe.result());
+            let slot = (user_data >> SEG_BITS) as usize;
+            let seg = (user_data & ((1 << SEG_BITS) - 1)) as usize;
+            let s = &mut self.slots[slot];
+            let command = s.command.as_mut().expect("completion for a free slot");
+            if command.op == Op::Flush {
+                command.result = result.min(0);
+            } else {
+                command.segments[seg].result = result;
+            }
+            debug_assert!(s.remaining > 0);
+            s.remaining -= 1;
+            if s.remaining == 0 {
+                self.ready.push(slot);
+                finished += 1;
+            }
+        }
+        finished
+    }
+
+    fn collect_finished(&mut self, out: &mut Vec<Command>) -> usize {
+        let n = self.ready.len();
+        for slot in self.ready.drain(..) {
+            out.push(self.slots[slot].command.take().expect("ready slot holds a command"));
+            self.free_slots.push(slot);
+        }
+        self.in_flight -= n;
+        n
+    }
+}
+
+impl Queue for UringQueue {
+    unsafe fn submit(&mut self, mut command: Command) {
+        let Some(slot) = self.free_slots.pop() else {
+            // More in flight than the queue was opened for: a caller bug, but never lose it.
+            debug_assert!(false, "uring queue over its depth");
+            command.fail_all(libc::EBUSY);
+            self.slots.push(Slot { command: Some(command), remaining: 0 });
+            self.ready.push(self.slots.len() - 1);
+            self.in_flight += 1;
+            return;
+        };
+        let s = &self.shared;
+        s.commands.fetch_add(1, Ordering::Relaxed);
+        s.segments.fetch_add(command.segments.len() as u64, Ordering::Relaxed);
+        s.bytes.fetch_add(command.bytes(), Ordering::Relaxed);
+        let op = command.op;
+        let count = if op == Op::Flush { 1 } else { command.segments.len() };
+        self.slots[slot] = Slot { command: Some(command), remaining: count };
+        self.in_flight += 1;
+        for i in 0..count {
+            let user_data = ((slot as u64) << SEG_BITS) | i as u64;
+            let entry = match op {
+                Op::Flush => self.entry(Op::Flush, 0, std::ptr::null_mut(), 0),
+                _ => {
+                    let seg = self.slots[slot].command.as_ref().expect("just stored").segments[i];
+                    self.entry(op, seg.offset, seg.buf, seg.len)
+                }
+            };
+            if let Err(err) = self.push(&entry.user_data(user_data)) {
+                // The rest of this command never reaches the kernel: fail those segments.
+                let errno = err.raw_os_error().unwrap_or(libc::EIO);
+                let s = &mut self.slots[slot];
+                let command = s.command.as_mut().expect("just stored");
+                for seg in command.segments.iter_mut().skip(i) {
+                    seg.result = -errno;
+                }
+                command.result = -errno;
+                s.remaining -= count - i;
+                if s.remaining == 0 {
+                    self.ready.push(slot);
+                }
+                break;
+            }
+        }
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        if self.ring.submission().is_empty() {
+            return Ok(());
+        }
+        self.enter_submit().map_err(|e| os_err("io_uring_enter (submit)", e))
+    }
+
+    fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize> {
+        if self.in_flight == 0 {
+            return Ok(0);
+        }
+        if self.ring.completion().is_empty() {
+            // Deferred task work (and IOPOLL) posts completions only inside an enter.
+            let needs_enter = matches!(self.shared.config.taskrun, TaskRun::Defer) || self.shared.iopoll;
+            if needs_enter {
+                // SAFETY: a plain GETEVENTS enter with no argument.
+                let r = unsafe { self.ring.submitter().enter::<libc::sigset_t>(0, 0, 1 /* IORING_ENTER_GETEVENTS */, None) };
+                if let Err(e) = r
+                    && e.raw_os_error() != Some(libc::EINTR)
+                {
+                    return Err(os_err("io_uring_enter (poll)", e));
+                }
+            }
+        }
+        self.drain_cq();
+        Ok(self.collect_finished(out))
+    }
+
+    fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize> {
+        let n = self.reap(out)?;
+        if n > 0 || self.in_flight == 0 {
+            return Ok(n);
+        }
+        let ts = types::Timespec::new().sec(timeout_ns / 1_000_000_000).nsec((timeout_ns % 1_000_000_000) as u32);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
+            Err(e) => return Err(os_err("io_uring_enter (wait)", e)),
+        }
+        self.drain_cq();
+        Ok(self.collect_finished(out))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl Drop for UringQueue {
+    fn drop(&mut self) {
+        // Buffers of commands still in the kernel must not be freed under it: wait them out.
+        let mut sink = Vec::new();
+        let mut rounds = 0;
+        while self.in_flight > 0 && rounds < 10_000 {
+            let _ = self.wait(&mut sink, 10_000_000);
+            rounds += 1;
+        }
+    }
+}

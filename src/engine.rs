@@ -1,0 +1,333 @@
+//! The public API: an [`Engine`] (a device plus an I/O path) and per-thread
+//! [`Handle`]s.
+//!
+//! An engine is shared by any number of threads. Each thread either calls the
+//! engine's blocking `read_at`/`write_at`/`flush` (which use a handle kept in
+//! thread-local storage) or opens its own [`Handle`] for zero-overhead access,
+//! for pre-registered buffers and for the queued API (submit many, reap many)
+//! at depth > 1.
+
+use crate::device::{Capabilities, Device, DeviceSpec, Op, QueueConfig};
+use crate::error::{Error, Result};
+use crate::path::channel::{Channel, Completed, PathStats};
+use crate::path::dispatch::{BLOCKING_TAG, Request};
+use crate::path::{CompletionPolicy, Dispatch, PathConfig};
+use memmap2::MmapMut;
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+struct Shared {
+    id: u64,
+    device: Arc<dyn Device>,
+    capabilities: Capabilities,
+    path: PathConfig,
+    dispatch: Box<dyn Dispatch>,
+    completion: Arc<dyn CompletionPolicy>,
+}
+
+/// A device and an I/O path, shared by all threads.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+/// Options for a [`Handle`].
+#[derive(Debug, Clone, Copy)]
+pub struct HandleOptions {
+    /// Most queued requests in flight at once (1 for blocking use only).
+    pub depth: u32,
+    /// Number of buffers to pre-allocate and register.
+    pub buffers: usize,
+    /// Size of each buffer in bytes.
+    pub buffer_size: usize,
+}
+
+impl Default for HandleOptions {
+    fn default() -> Self {
+        HandleOptions { depth: 1, buffers: 0, buffer_size: 0 }
+    }
+}
+
+impl Engine {
+    /// Opens the device named by `device_spec` (see [`DeviceSpec`]) with `path`.
+    pub fn open(device_spec: &str, path: PathConfig) -> Result<Engine> {
+        Engine::with_device(DeviceSpec::parse(device_spec, None)?.open()?, path)
+    }
+
+    /// Builds an engine over an already opened device.
+    pub fn with_device(device: Arc<dyn Device>, path: PathConfig) -> Result<Engine> {
+        let capabilities = device.capabilities();
+        Ok(Engine {
+            shared: Arc::new(Shared {
+                id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+                dispatch: path.dispatch.build(),
+                completion: Arc::from(path.completion.build()),
+                device,
+                capabilities,
+                path,
+            }),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.shared.device
+    }
+
+    /// The path configuration.
+    pub fn path(&self) -> &PathConfig {
+        &self.shared.path
+    }
+
+    /// Opens a handle for the calling thread.
+    pub fn handle(&self, options: HandleOptions) -> Result<Handle> {
+        Handle::new(Arc::clone(&self.shared), options)
+    }
+
+    fn with_thread_handle<T>(&self, f: impl FnOnce(&mut Handle) -> Result<T>) -> Result<T> {
+        thread_local! {
+            static HANDLES: RefCell<Vec<(u64, Handle)>> = const { RefCell::new(Vec::new()) };
+        }
+        HANDLES.with(|handles| {
+            let mut handles = handles.borrow_mut();
+            let index = match handles.iter().position(|(id, _)| *id == self.shared.id) {
+                Some(i) => i,
+                None => {
+                    handles.push((self.shared.id, self.handle(HandleOptions::default())?));
+                    handles.len() - 1
+                }
+            };
+            f(&mut handles[index].1)
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `offset`, blocking until done. Callable from any thread.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.with_thread_handle(|h| h.read_at(buf, offset).map(drop))
+    }
+
+    /// Writes `buf` at `offset`, blocking until done. Callable from any thread.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.with_thread_handle(|h| h.write_at(buf, offset).map(drop))
+    }
+
+    /// Makes earlier writes durable. Callable from any thread.
+    pub fn flush(&self) -> Result<()> {
+        self.with_thread_handle(|h| h.flush())
+    }
+}
+
+/// One thread's access to an engine: its channel, its registered buffers and
+/// the queued API. Not shared between threads.
+pub struct Handle {
+    shared: Arc<Shared>,
+    channel: Channel,
+    buffers: Option<MmapMut>,
+    buffer_size: usize,
+    buffer_busy: Vec<bool>,
+    depth: u32,
+    queued: u32,
+}
+
+impl Handle {
+    fn new(shared: Arc<Shared>, options: HandleOptions) -> Result<Handle> {
+        let caps = shared.capabilities;
+        let depth = options.depth.max(1);
+        if depth > caps.queue_depth {
+            return Err(Error::spec(
+                "queue depth",
+                depth.to_string(),
+                format!("the device takes at most {} commands per queue", caps.queue_depth),
+            ));
+        }
+        let region_len = options.buffers * options.buffer_size;
+        let mut buffers = if region_len > 0 {
+            Some(MmapMut::map_anon(region_len).map_err(|source| Error::Os {
+                context: format!("cannot allocate {region_len} bytes of I/O buffers"),
+                source,
+            })?)
+        } else {
+            None
+        };
+        let registered = buffers.as_mut().map(|m| (m.as_mut_ptr(), m.len()));
+        let queue = shared.device.open_queue(&QueueConfig { depth: depth + 1, registered })?;
+        let timeout_ns = caps.timed.then(|| shared.path.timeout.as_nanos() as u64);
+        let channel = Channel::new(queue, Arc::clone(&shared.completion), depth as usize + 1, caps.max_segments, timeout_ns);
+        Ok(Handle {
+            shared,
+            channel,
+            buffers,
+            buffer_size: options.buffer_size,
+            buffer_busy: vec![false; options.buffers],
+            depth,
+            queued: 0,
+        })
+    }
+
+    /// The device's capabilities.
+    pub fn capabilities(&self) -> Capabilities {
+        self.shared.capabilities
+    }
+
+    /// This handle's counters.
+    pub fn stats(&self) -> PathStats {
+        self.channel.stats
+    }
+
+    fn check(&self, op: Op, addr: usize, len: usize, offset: u64) -> Result<()> {
+        let caps = &self.shared.capabilities;
+        if len == 0 {
+            return Err(Error::ZeroLength { offset });
+        }
+        let size = self.shared.device.size();
+        if offset.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange { offset, len: len as u64, size });
+        }
+        if len > caps.max_segment_bytes as usize {
+            return Err(Error::TooLarge { len: len as u64, max: caps.max_segment_bytes as u64 });
+        }
+        let align = caps.alignment as u64;
+        if align > 1 {
+            if addr as u64 % align != 0 {
+                return Err(Error::Misaligned { what: "buffer address", value: addr as u64, align });
+            }
+            if offset % align != 0 {
+                return Err(Error::Misaligned { what: "offset", value: offset, align });
+            }
+            if len as u64 % align != 0 {
+                return Err(Error::Misaligned { what: "length", value: len as u64, align });
+            }
+        }
+        debug_assert!(op != Op::Flush);
+        Ok(())
+    }
+
+    fn blocking(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64) -> Result<u64> {
+        self.check(op, buf as usize, len, offset)?;
+        let request = Request { op, offset, buf, len: len as u32, tag: BLOCKING_TAG };
+        // SAFETY: `buf` is borrowed by the caller of read_at/write_at for the whole call,
+        // and the dispatch returns only once the request is complete.
+        let done = unsafe { self.shared.dispatch.blocking(&mut self.channel, request)? };
+        done.result?;
+        Ok(done.device_ns)
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; returns the device time it saw (0 if unknown).
+    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<u64> {
+        self.blocking(Op::Read, buf.as_mut_ptr(), buf.len(), offset)
+    }
+
+    /// Writes `buf` at `offset`; returns the device time it saw (0 if unknown).
+    pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<u64> {
+        // The device only reads from a write's buffer.
+        self.blocking(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset)
+    }
+
+    /// Makes earlier writes durable.
+    pub fn flush(&mut self) -> Result<()> {
+        let request = Request { op: Op::Flush, offset: 0, buf: std::ptr::null_mut(), len: 0, tag: BLOCKING_TAG };
+        // SAFETY: a flush has no buffer.
+        let done = unsafe { self.shared.dispatch.blocking(&mut self.channel, request)? };
+        done.result
+    }
+
+    /// Number of pre-allocated buffers.
+    pub fn buffer_count(&self) -> usize {
+        self.buffer_busy.len()
+    }
+
+    /// Pre-allocated buffer `index`, unless it is in flight.
+    pub fn buffer(&mut self, index: usize) -> Option<&mut [u8]> {
+        if *self.buffer_busy.get(index)? {
+            return None;
+        }
+        let size = self.buffer_size;
+        self.buffers.as_mut().map(|m| &mut m[index * size..(index + 1) * size])
+    }
+
+    fn buffer_ptr(&mut self, index: usize, len: usize) -> Result<*mut u8> {
+        let size = self.buffer_size;
+        match (self.buffer_busy.get(index), self.buffers.as_mut()) {
+            (Some(false), Some(m)) if len <= size => Ok(m[index * size..].as_mut_ptr()),
+            (Some(true), _) => Err(Error::spec("buffer", index.to_string(), "buffer is in flight; reap it first")),
+            _ => Err(Error::spec(
+                "buffer",
+                index.to_string(),
+                format!("no such buffer of {len} bytes; the handle has {} of {size} bytes", self.buffer_busy.len()),
+            )),
+        }
+    }
+
+    /// Reads `len` bytes at `offset` into pre-allocated buffer `index`, blocking.
+    pub fn read_into(&mut self, index: usize, offset: u64, len: usize) -> Result<u64> {
+        let ptr = self.buffer_ptr(index, len)?;
+        self.blocking(Op::Read, ptr, len, offset)
+    }
+
+    /// Writes `len` bytes of pre-allocated buffer `index` at `offset`, blocking.
+    pub fn write_from(&mut self, index: usize, offset: u64, len: usize) -> Result<u64> {
+        let ptr = self.buffer_ptr(index, len)?;
+        self.blocking(Op::Write, ptr, len, offset)
+    }
+
+    /// Queues a read or write of pre-allocated buffer `index`; the completion
+    /// carries `tag = index`. Call [`Handle::commit`] to send a batch.
+    pub fn submit(&mut self, op: Op, index: usize, offset: u64, len: usize) -> Result<()> {
+        if self.queued >= self.depth {
+            return Err(Error::spec(
+                "submission",
+                format!("{} queued", self.queued),
+                format!("the handle was opened with depth {}; reap before submitting more", self.depth),
+            ));
+        }
+        let ptr = self.buffer_ptr(index, len)?;
+        self.check(op, ptr as usize, len, offset)?;
+        let request = Request { op, offset, buf: ptr, len: len as u32, tag: index as u64 };
+        // SAFETY: the buffer is marked busy until reaped, and the handle (which owns the
+        // memory) waits out in-flight commands before it is dropped.
+        unsafe { self.shared.dispatch.submit(&mut self.channel, request)? };
+        self.buffer_busy[index] = true;
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// Sends every queued request to the device (one system call where the backend batches).
+    pub fn commit(&mut self) -> Result<()> {
+        self.shared.dispatch.commit(&mut self.channel)
+    }
+
+    /// Waits until at least `min` queued requests have completed; moves all
+    /// completed ones to `out` (their `tag` is the buffer index).
+    pub fn reap(&mut self, min: usize, out: &mut Vec<Completed>) -> Result<usize> {
+        let start = out.len();
+        let n = self.shared.dispatch.reap(&mut self.channel, min, out)?;
+        for done in &out[start..] {
+            if let Some(busy) = self.buffer_busy.get_mut(done.tag as usize) {
+                *busy = false;
+            }
+        }
+        self.queued -= n as u32;
+        Ok(n)
+    }
+
+    /// Requests queued and not yet reaped.
+    pub fn queued(&self) -> u32 {
+        self.queued
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // The device may still write into our buffers: wait for everything queued.
+        let mut sink = Vec::new();
+        while self.queued > 0 {
+            match self.reap(1, &mut sink) {
+                Ok(_) => sink.clear(),
+                Err(_) => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! iopath: a user-space block I/O subsystem for ultra-low-latency storage.
+//!
+//! Layers, top to bottom (see ARCHITECTURE.md):
+//!
+//! - [`bench`]: workloads, statistics and reports behind the `iopath` tool;
+//! - [`engine`]: the public API, an [`Engine`] shared by threads and a
+//!   per-thread [`Handle`];
+//! - [`path`]: a dispatch strategy combined with a completion policy;
+//! - [`device`]: the emulated SSD, `null`, `psync` and `uring` backends.
+//!
+//! ```no_run
+//! use iopath::{Engine, PathConfig};
+//! let engine = Engine::open("emu:dram-ssd,size=64m", PathConfig::preset("sync-path")?)?;
+//! engine.write_at(&[7u8; 4096], 8192)?;
+//! let mut buf = vec![0u8; 4096];
+//! engine.read_at(&mut buf, 8192)?;
+//! assert_eq!(buf, vec![7u8; 4096]);
+//! # Ok::<(), iopath::Error>(())
+//! ```
+
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod bench;
+pub mod clock;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod path;
+pub mod units;
+
+pub use engine::{Engine, Handle, HandleOptions};
+pub use error::{Error, Result};
+pub use path::PathConfig;

@@ -1,0 +1,41 @@
+//! `poll`: spin on the completion queue until the command is done.
+//!
+//! No sleep, no wake-up, no context switch: the waiting thread burns its CPU
+//! for the whole device time. Fastest on an idle machine with a fast device
+//! (seed 000's SyncPath, seed 003's Sync+Poll); loses when other work needs
+//! the CPU (seed 001).
+
+use super::{CompletionPolicy, WaitStats};
+use crate::clock::now_ns;
+use crate::device::{Command, Queue};
+use crate::error::Result;
+
+/// How many empty looks between two clock reads for the time limit.
+const LOOKS_PER_CLOCK_READ: u64 = 256;
+
+/// The polling policy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Poll;
+
+impl CompletionPolicy for Poll {
+    fn name(&self) -> &'static str {
+        "poll"
+    }
+
+    fn wait(&self, queue: &mut dyn Queue, out: &mut Vec<Command>, stats: &mut WaitStats, limit_ns: u64) -> Result<usize> {
+        let mut looks = 0u64;
+        loop {
+            let n = queue.reap(out)?;
+            looks += 1;
+            if n > 0 || queue.in_flight() == 0 {
+                stats.polls += looks;
+                return Ok(n);
+            }
+            if looks % LOOKS_PER_CLOCK_READ == 0 && now_ns() >= limit_ns {
+                stats.polls += looks;
+                return Ok(0);
+            }
+            std::hint::spin_loop();
+        }
+    }
+}

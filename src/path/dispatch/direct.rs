@@ -1,0 +1,40 @@
+//! `direct`: the caller sends its own request and waits for it itself.
+//!
+//! This is the synchronous path of seed 000 (SyncPath) when combined with the
+//! `poll` completion policy: no hand-off to another thread, no queue shared
+//! with other threads, no context switch. Each thread uses its own device
+//! queue, so threads only meet inside the device.
+
+use super::{Dispatch, Request};
+use crate::path::channel::{Channel, Completed};
+use crate::error::Result;
+
+/// The direct dispatch strategy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Direct;
+
+impl Dispatch for Direct {
+    fn name(&self) -> &'static str {
+        "direct"
+    }
+
+    unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { channel.send_one(request)? };
+        channel.wait_for(request.tag)
+    }
+
+    unsafe fn submit(&self, channel: &mut Channel, request: Request) -> Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { channel.queue_one(request) };
+        Ok(())
+    }
+
+    fn commit(&self, channel: &mut Channel) -> Result<()> {
+        channel.commit()
+    }
+
+    fn reap(&self, channel: &mut Channel, min: usize, out: &mut Vec<Completed>) -> Result<usize> {
+        channel.reap_at_least(min, out)
+    }
+}
