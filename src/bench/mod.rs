@@ -1,1 +1,14 @@
-//! Benchmarks.
+//! Benchmarks: workloads, measurements, verification and reports.
+//!
+//! [`run`] carries out one fio-like job ([`BenchConfig`]) and returns a
+//! [`BenchResult`]; [`report`] renders results as a table or as fio-compatible
+//! JSON.
+
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod verify;
+pub mod workload;
+
+pub use run::{BenchConfig, BenchResult, run};
+pub use workload::Rw;

@@ -1,0 +1,234 @@
+//! Rendering benchmark results: a readable table, and JSON that fio tooling reads.
+//!
+//! The JSON follows fio's `--output-format=json` layout and field names for
+//! everything fio also reports (`jobs[].read.iops`, `bw_bytes`,
+//! `lat_ns.percentile["99.000000"]`, `usr_cpu`, `ctx`, ...). iopath's own
+//! figures go in `jobs[].iopath`. iopath measures each request end to end, so
+//! `clat_ns` (completion latency) equals `lat_ns` and `slat_ns` is zero.
+
+use super::run::BenchResult;
+use super::stats::{DirStats, Measurements};
+use crate::units::format_size;
+use serde_json::{Map, Value, json};
+
+/// The percentiles fio reports by default.
+pub const FIO_PERCENTILES: [f64; 17] =
+    [1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99];
+
+fn lat_object(d: &DirStats) -> Value {
+    let h = &d.latency_ns;
+    let mut pct = Map::new();
+    if d.ios > 0 {
+        for p in FIO_PERCENTILES {
+            pct.insert(format!("{p:.6}"), json!(h.value_at_quantile(p / 100.0)));
+        }
+    }
+    json!({
+        "min": if d.ios > 0 { h.min() } else { 0 },
+        "max": h.max(),
+        "mean": if d.ios > 0 { h.mean() } else { 0.0 },
+        "stddev": if d.ios > 0 { h.stdev() } else { 0.0 },
+        "N": d.ios,
+        "percentile": pct,
+    })
+}
+
+fn dir_object(d: &DirStats, wall_ns: u64) -> Value {
+    let zero_lat = json!({"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0});
+    json!({
+        "io_bytes": d.bytes,
+        "io_kbytes": d.bytes / 1024,
+        "bw_bytes": d.bw_bytes(wall_ns).round() as u64,
+        "bw": (d.bw_bytes(wall_ns) / 1024.0).round() as u64,
+        "iops": d.iops(wall_ns),
+        "runtime": wall_ns / 1_000_000,
+        "total_ios": d.ios,
+        "short_ios": 0,
+        "drop_ios": 0,
+        "slat_ns": zero_lat,
+        "clat_ns": lat_object(d),
+        "lat_ns": lat_object(d),
+    })
+}
+
+fn opt_f64(v: Option<f64>) -> Value {
+    v.map_or(Value::Null, |x| json!(x))
+}
+
+/// iopath's own figures for one job.
+fn iopath_object(r: &BenchResult) -> Value {
+    let m = &r.measurements;
+    json!({
+        "device": r.device_description,
+        "path": r.config.path_name,
+        "dispatch": r.config.path.dispatch.name(),
+        "completion": r.config.path.completion.name(),
+        "threads": r.config.threads,
+        "iodepth": r.config.iodepth,
+        "share_of_peak": opt_f64(m.share_of_peak()),
+        "peak_bw_bytes": opt_f64(m.peak_bw_bytes),
+        "device_utilization": opt_f64(m.device_utilization()),
+        "device_ns_mean": m.device_ns_mean(),
+        "software_ns_mean": m.software_ns_mean(),
+        "lat_ns_mean": m.latency_ns_mean(),
+        "ctx_per_io": m.ctx_per_io(),
+        "voluntary_ctx_per_io": if m.total_ios() > 0 { m.usage.voluntary_ctx as f64 / m.total_ios() as f64 } else { 0.0 },
+        "involuntary_ctx_per_io": if m.total_ios() > 0 { m.usage.involuntary_ctx as f64 / m.total_ios() as f64 } else { 0.0 },
+        "cpu_ns_per_io": m.cpu_ns_per_io(),
+        "polls_per_io": m.polls_per_io(),
+        "sleeps_per_io": m.sleeps_per_io(),
+        "merge": {
+            "commands": m.path.commands,
+            "segments": m.path.segments,
+            "mean_segments": m.mean_segments(),
+        },
+        "device_commands": m.device.commands,
+        "verified_blocks": m.verified_blocks,
+    })
+}
+
+/// One fio-style job object.
+pub fn job_json(r: &BenchResult) -> Value {
+    let m = &r.measurements;
+    let c = &r.config;
+    json!({
+        "jobname": format!("{}-{}", c.rw.name(), c.path_name),
+        "groupid": 0,
+        "error": 0,
+        "job options": {
+            "rw": c.rw.name(),
+            "bs": c.block_size.to_string(),
+            "numjobs": c.threads.to_string(),
+            "iodepth": c.iodepth.to_string(),
+            "size": r.size.to_string(),
+            "rwmixread": c.rwmixread.to_string(),
+            "ioengine": c.device,
+        },
+        "elapsed": m.wall_ns / 1_000_000_000,
+        "job_runtime": m.wall_ns / 1_000_000,
+        "read": dir_object(&m.read, m.wall_ns),
+        "write": dir_object(&m.write, m.wall_ns),
+        "trim": dir_object(&DirStats::default(), m.wall_ns),
+        "usr_cpu": m.usr_cpu_pct(),
+        "sys_cpu": m.sys_cpu_pct(),
+        "ctx": m.usage.voluntary_ctx + m.usage.involuntary_ctx,
+        "majf": 0,
+        "minf": 0,
+        "iopath": iopath_object(r),
+    })
+}
+
+/// A whole fio-style JSON document for a set of jobs.
+pub fn to_json(results: &[BenchResult]) -> Value {
+    let timestamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    json!({
+        "fio version": format!("iopath-{}", env!("CARGO_PKG_VERSION")),
+        "timestamp": timestamp,
+        "jobs": results.iter().map(job_json).collect::<Vec<_>>(),
+    })
+}
+
+/// Formats nanoseconds with a unit that keeps 3-4 significant digits.
+pub fn format_ns(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.0}ns")
+    } else if ns < 1e6 {
+        format!("{:.2}us", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}
+
+/// Formats a rate with a K/M suffix.
+pub fn format_count(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}K", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Formats bytes/s in MB/s (decimal, as device data sheets do).
+pub fn format_bw(bytes_per_s: f64) -> String {
+    format!("{:.1}MB/s", bytes_per_s / 1e6)
+}
+
+fn dir_row(name: &str, d: &DirStats, wall_ns: u64) -> Option<String> {
+    if d.ios == 0 {
+        return None;
+    }
+    let h = &d.latency_ns;
+    let q = |p: f64| format_ns(h.value_at_quantile(p) as f64);
+    Some(format!(
+        "{name:<6} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        format_count(d.iops(wall_ns)),
+        format_bw(d.bw_bytes(wall_ns)),
+        format_ns(h.mean()),
+        q(0.50),
+        q(0.90),
+        q(0.99),
+        q(0.999),
+        q(0.9999),
+        format_ns(h.max() as f64),
+    ))
+}
+
+/// A human-readable report of one run.
+pub fn to_table(r: &BenchResult) -> String {
+    let m: &Measurements = &r.measurements;
+    let c = &r.config;
+    let mut out = String::new();
+    let mode = if c.iodepth == 1 { "blocking".to_string() } else { format!("iodepth {}", c.iodepth) };
+    out.push_str(&format!(
+        "iopath bench: {} {}, {} thread(s), {mode}, {} region, {:.2} s\n",
+        c.rw.name(),
+        format_size(c.block_size),
+        c.threads,
+        format_size(r.size),
+        m.wall_ns as f64 / 1e9
+    ));
+    out.push_str(&format!("device: {}\n", r.device_description));
+    out.push_str(&format!("path:   {} ({})\n\n", c.path_name, c.path.label()));
+    out.push_str(&format!(
+        "{:<6} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "", "IOPS", "BW", "mean", "p50", "p90", "p99", "p99.9", "p99.99", "max"
+    ));
+    for row in [dir_row("read", &m.read, m.wall_ns), dir_row("write", &m.write, m.wall_ns)].into_iter().flatten() {
+        out.push_str(&row);
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "\ncpu:    usr {:.1}% sys {:.1}%, {} per I/O; context switches per I/O {:.2} ({} voluntary, {} involuntary)\n",
+        m.usr_cpu_pct(),
+        m.sys_cpu_pct(),
+        format_ns(m.cpu_ns_per_io()),
+        m.ctx_per_io(),
+        m.usage.voluntary_ctx,
+        m.usage.involuntary_ctx,
+    ));
+    out.push_str(&format!(
+        "wait:   {:.1} polls and {:.2} sleeps per I/O; {:.2} segments per device command ({} commands)\n",
+        m.polls_per_io(),
+        m.sleeps_per_io(),
+        m.mean_segments(),
+        m.path.commands
+    ));
+    if let (Some(share), Some(util)) = (m.share_of_peak(), m.device_utilization()) {
+        out.push_str(&format!(
+            "device: {:.1}% of peak bandwidth ({}), {:.1}% utilized; device time {} + software {} per I/O\n",
+            share * 100.0,
+            format_bw(m.peak_bw_bytes.unwrap_or(0.0)),
+            util * 100.0,
+            format_ns(m.device_ns_mean()),
+            format_ns(m.software_ns_mean()),
+        ));
+    }
+    if m.verified_blocks > 0 || c.verify {
+        out.push_str(&format!("verify: {} blocks read back and checked byte for byte, all correct\n", m.verified_blocks));
+    }
+    out
+}

@@ -1,0 +1,444 @@
+//! Running one benchmark: threads, the timed phase, verification, progress.
+//!
+//! Every thread opens its own [`Handle`] with one pre-registered buffer per
+//! queue slot, lays out its slice first when `--verify` is on, then waits at
+//! a barrier so that all threads (and the device counters) start the timed
+//! phase together. Blocking I/O (`--iodepth 1`) goes through `read_into` /
+//! `write_from`; deeper queues use submit / commit / reap.
+
+use super::stats::{DirStats, Measurements};
+use super::verify;
+use super::workload::{Generator, Rw};
+use crate::clock::{ThreadUsage, now_ns};
+use crate::device::{DeviceSpec, Op};
+use crate::engine::{Engine, Handle, HandleOptions};
+use crate::error::{Error, Result};
+use crate::path::{PathConfig, PathStats};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+/// Largest write used to lay out a slice for `--verify`.
+const PREFILL_CHUNK: u64 = 1 << 20;
+/// How many requests a thread completes between two updates of the progress counter.
+const PROGRESS_BATCH: u64 = 64;
+
+/// One benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Device spec.
+    pub device: String,
+    /// The path.
+    pub path: PathConfig,
+    /// Preset name, or `custom` when dispatch/completion were set by hand.
+    pub path_name: String,
+    /// Access pattern.
+    pub rw: Rw,
+    /// Percentage of reads in mixed patterns.
+    pub rwmixread: u32,
+    /// Bytes per request.
+    pub block_size: u64,
+    /// Region to use; `None` = the whole device.
+    pub size: Option<u64>,
+    /// Threads issuing I/O.
+    pub threads: usize,
+    /// Requests in flight per thread.
+    pub iodepth: u32,
+    /// Time limit (time-based run).
+    pub runtime: Option<Duration>,
+    /// Request limit per thread.
+    pub ios: Option<u64>,
+    /// Write self-describing blocks and check every byte read.
+    pub verify: bool,
+    /// Seed of the offset generators.
+    pub seed: u64,
+    /// Show a progress line on a terminal.
+    pub progress: bool,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            device: "emu:dram-ssd".into(),
+            path: PathConfig::default(),
+            path_name: "sync-path".into(),
+            rw: Rw::RandRead,
+            rwmixread: 50,
+            block_size: 4096,
+            size: None,
+            threads: 1,
+            iodepth: 1,
+            runtime: None,
+            ios: None,
+            verify: false,
+            seed: 0x10_9a7,
+            progress: false,
+        }
+    }
+}
+
+/// The outcome of one benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    /// What was run.
+    pub config: BenchConfig,
+    /// The device as it describes itself.
+    pub device_description: String,
+    /// Region size actually used.
+    pub size: u64,
+    /// What was measured.
+    pub measurements: Measurements,
+}
+
+/// Opens the device and engine a config names and runs the benchmark.
+pub fn run(config: &BenchConfig) -> Result<BenchResult> {
+    if config.threads == 0 {
+        return Err(Error::spec("--threads", "0", "at least one thread is needed"));
+    }
+    if config.iodepth == 0 {
+        return Err(Error::spec("--iodepth", "0", "the queue depth must be at least 1"));
+    }
+    if config.block_size == 0 {
+        return Err(Error::ZeroLength { offset: 0 });
+    }
+    if config.rwmixread > 100 {
+        return Err(Error::spec("--rwmixread", config.rwmixread.to_string(), "a percentage from 0 to 100"));
+    }
+    let device = DeviceSpec::parse(&config.device, config.size)?.open()?;
+    let size = config.size.unwrap_or(device.size());
+    if size > device.size() {
+        return Err(Error::OutOfRange { offset: 0, len: size, size: device.size() });
+    }
+    let engine = Engine::with_device(device, config.path.clone())?;
+    run_on(&engine, config, size)
+}
+
+struct ThreadOutcome {
+    read: DirStats,
+    write: DirStats,
+    usage: ThreadUsage,
+    path: PathStats,
+    verified_blocks: u64,
+    end_ns: u64,
+}
+
+/// Runs the benchmark on an engine that is already open.
+pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchResult> {
+    let barrier = Arc::new(Barrier::new(config.threads + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(AtomicU64::new(0));
+    let mut start_ns = 0;
+    let mut device_before = Default::default();
+    let outcomes: Vec<Result<ThreadOutcome>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..config.threads)
+            .map(|thread| {
+                let (barrier, stop, progress) = (Arc::clone(&barrier), Arc::clone(&stop), Arc::clone(&progress));
+                std::thread::Builder::new()
+                    .name(format!("iopath-io-{thread}"))
+                    .spawn_scoped(scope, move || worker(engine, config, size, thread, &barrier, &stop, &progress))
+                    .expect("spawn benchmark thread")
+            })
+            .collect();
+        barrier.wait();
+        device_before = engine.device().stats();
+        start_ns = now_ns();
+        let bar = (config.progress && std::io::stderr().is_terminal()).then(|| progress_bar(config));
+        while !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            if let Some(bar) = &bar {
+                update_progress(bar, config, start_ns, progress.load(Ordering::Relaxed));
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")).collect()
+    });
+    let device_after = engine.device().stats();
+    let mut m = Measurements {
+        wall_ns: 0,
+        read: DirStats::default(),
+        write: DirStats::default(),
+        usage: ThreadUsage::default(),
+        path: PathStats::default(),
+        device: device_after.since(&device_before),
+        peak_bw_bytes: None,
+        verified_blocks: 0,
+    };
+    let mut end_ns = start_ns;
+    for outcome in outcomes {
+        let o = outcome?;
+        m.read.add(&o.read);
+        m.write.add(&o.write);
+        m.usage.add(&o.usage);
+        m.path.add(&o.path);
+        m.verified_blocks += o.verified_blocks;
+        end_ns = end_ns.max(o.end_ns);
+    }
+    m.wall_ns = end_ns - start_ns;
+    let bytes = (m.read.bytes + m.write.bytes).max(1);
+    let read_fraction = if m.read.bytes + m.write.bytes == 0 {
+        config.rw.read_fraction(config.rwmixread)
+    } else {
+        m.read.bytes as f64 / bytes as f64
+    };
+    m.peak_bw_bytes = engine.device().peak_bandwidth(read_fraction);
+    Ok(BenchResult { config: config.clone(), device_description: engine.device().describe(), size, measurements: m })
+}
+
+fn progress_bar(config: &BenchConfig) -> indicatif::ProgressBar {
+    let len = match (config.runtime, config.ios) {
+        (Some(t), _) => t.as_millis() as u64,
+        (None, Some(n)) => n * config.threads as u64,
+        (None, None) => 0,
+    };
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {msg}")
+            .expect("valid template"),
+    );
+    bar
+}
+
+fn update_progress(bar: &indicatif::ProgressBar, config: &BenchConfig, start_ns: u64, ios: u64) {
+    let elapsed = (now_ns() - start_ns) as f64 / 1e9;
+    let iops = if elapsed > 0.0 { ios as f64 / elapsed } else { 0.0 };
+    let position = if config.runtime.is_some() { (elapsed * 1000.0) as u64 } else { ios };
+    bar.set_position(position);
+    bar.set_message(format!("{} IOs, {:.0} IOPS", ios, iops));
+}
+
+/// Where a thread's run stands.
+struct ThreadRun<'a> {
+    config: &'a BenchConfig,
+    generator: Generator,
+    /// Last version written to each block of the slice (verify only).
+    versions: Vec<u64>,
+    read: DirStats,
+    write: DirStats,
+    verified_blocks: u64,
+    stop: &'a AtomicBool,
+    progress: &'a AtomicU64,
+    deadline_ns: u64,
+    issued: u64,
+    limit: u64,
+    unreported: u64,
+}
+
+impl ThreadRun<'_> {
+    fn should_stop(&self, now: u64) -> bool {
+        now >= self.deadline_ns || self.issued >= self.limit || self.stop.load(Ordering::Relaxed)
+    }
+
+    fn fail(&self, error: Error) -> Error {
+        self.stop.store(true, Ordering::Relaxed);
+        error
+    }
+
+    fn completed(&mut self, op: Op, latency_ns: u64) {
+        let bytes = self.generator.block_size;
+        match op {
+            Op::Read => self.read.record(latency_ns, bytes),
+            _ => self.write.record(latency_ns, bytes),
+        }
+        self.unreported += 1;
+        if self.unreported == PROGRESS_BATCH {
+            self.progress.fetch_add(PROGRESS_BATCH, Ordering::Relaxed);
+            self.unreported = 0;
+        }
+    }
+
+    /// Prepares a buffer for a write (verify) and returns the version it carries.
+    fn prepare_write(&mut self, buf: &mut [u8], block: u64) {
+        if self.config.verify {
+            let offset = self.generator.offset(block);
+            verify::fill(buf, offset, self.versions[block as usize] + 1);
+        }
+    }
+
+    /// Records a finished write or checks a finished read (verify).
+    fn settle(&mut self, op: Op, buf: &[u8], block: u64) -> Result<()> {
+        if !self.config.verify {
+            return Ok(());
+        }
+        let b = block as usize;
+        match op {
+            Op::Write => self.versions[b] += 1,
+            _ => {
+                let offset = self.generator.offset(block);
+                verify::check(buf, offset, self.versions[b]).map_err(|detail| self.fail(Error::Verify { offset, detail }))?;
+                self.verified_blocks += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn worker(
+    engine: &Engine,
+    config: &BenchConfig,
+    size: u64,
+    thread: usize,
+    barrier: &Barrier,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+) -> Result<ThreadOutcome> {
+    // Every thread must reach the barrier, even when its set-up fails.
+    let setup = setup_thread(engine, config, size, thread, stop, progress);
+    if setup.is_err() {
+        stop.store(true, Ordering::Relaxed);
+    }
+    barrier.wait();
+    let (mut handle, mut run) = setup?;
+    let usage_before = ThreadUsage::now();
+    let path_before = handle.stats();
+    let start = now_ns();
+    run.deadline_ns = config.runtime.map_or(u64::MAX, |t| start + t.as_nanos() as u64);
+    let result = if config.iodepth == 1 { run_blocking(&mut handle, &mut run) } else { run_queued(&mut handle, &mut run) };
+    let end_ns = now_ns();
+    let usage = ThreadUsage::now().since(&usage_before);
+    result?;
+    let mut path = handle.stats();
+    path.requests -= path_before.requests;
+    path.commands -= path_before.commands;
+    path.segments -= path_before.segments;
+    path.device_ns -= path_before.device_ns;
+    path.wait.polls -= path_before.wait.polls;
+    path.wait.sleeps -= path_before.wait.sleeps;
+    Ok(ThreadOutcome { read: run.read, write: run.write, usage, path, verified_blocks: run.verified_blocks, end_ns })
+}
+
+fn setup_thread<'a>(
+    engine: &Engine,
+    config: &'a BenchConfig,
+    size: u64,
+    thread: usize,
+    stop: &'a AtomicBool,
+    progress: &'a AtomicU64,
+) -> Result<(Handle, ThreadRun<'a>)> {
+    let generator = Generator::new(config.rw, config.rwmixread, size, config.block_size, config.threads, thread, config.seed)?;
+    if config.verify && generator.blocks < config.iodepth as u64 {
+        return Err(Error::spec(
+            "--iodepth",
+            config.iodepth.to_string(),
+            format!("--verify needs at least as many blocks per thread ({}) as requests in flight", generator.blocks),
+        ));
+    }
+    let bs = config.block_size as usize;
+    let handle =
+        engine.handle(HandleOptions { depth: config.iodepth, buffers: config.iodepth as usize, buffer_size: bs })?;
+    let versions = if config.verify { lay_out(engine, &generator)? } else { Vec::new() };
+    let limit = match (config.ios, config.runtime) {
+        (Some(n), _) => n,
+        (None, Some(_)) => u64::MAX,
+        (None, None) => generator.blocks,
+    };
+    let run = ThreadRun {
+        config,
+        generator,
+        versions,
+        read: DirStats::default(),
+        write: DirStats::default(),
+        verified_blocks: 0,
+        stop,
+        progress,
+        deadline_ns: u64::MAX,
+        issued: 0,
+        limit,
+        unreported: 0,
+    };
+    Ok((handle, run))
+}
+
+/// Writes version 1 of every block of the thread's slice, in large writes.
+fn lay_out(engine: &Engine, generator: &Generator) -> Result<Vec<u64>> {
+    let bs = generator.block_size;
+    let per_write = (PREFILL_CHUNK / bs).max(1);
+    let chunk = (per_write * bs) as usize;
+    let mut handle = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: chunk })?;
+    let mut block = 0;
+    while block < generator.blocks {
+        let n = per_write.min(generator.blocks - block);
+        let buf = handle.buffer(0).expect("prefill buffer is idle");
+        for i in 0..n {
+            let at = (i * bs) as usize;
+            verify::fill(&mut buf[at..at + bs as usize], generator.offset(block + i), 1);
+        }
+        handle.write_from(0, generator.offset(block), (n * bs) as usize)?;
+        block += n;
+    }
+    Ok(vec![1; generator.blocks as usize])
+}
+
+fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
+    let bs = run.generator.block_size as usize;
+    let mut now = now_ns();
+    while !run.should_stop(now) {
+        let (op, block) = run.generator.next();
+        let offset = run.generator.offset(block);
+        if op == Op::Write {
+            let buf = handle.buffer(0).expect("buffer 0 is idle between requests");
+            run.prepare_write(buf, block);
+        }
+        run.issued += 1;
+        let start = now_ns();
+        let result = match op {
+            Op::Read => handle.read_into(0, offset, bs),
+            _ => handle.write_from(0, offset, bs),
+        };
+        now = now_ns();
+        result.map_err(|e| run.fail(e))?;
+        run.completed(op, now - start);
+        run.settle(op, handle.buffer(0).expect("buffer 0 is idle"), block)?;
+    }
+    Ok(())
+}
+
+fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
+    let depth = run.config.iodepth as usize;
+    let bs = run.generator.block_size as usize;
+    // Per buffer: what it carries and when it was submitted.
+    let mut slots: Vec<(Op, u64, u64)> = vec![(Op::Read, u64::MAX, 0); depth];
+    let mut done = Vec::with_capacity(depth);
+    let issue = |handle: &mut Handle, run: &mut ThreadRun, slots: &mut [(Op, u64, u64)], index: usize| -> Result<()> {
+        let (op, mut block) = run.generator.next();
+        if run.config.verify {
+            // Never two requests on one block at once: the outcome would be undefined.
+            while slots.iter().any(|s| s.1 == block) {
+                block = if run.config.rw.is_random() { run.generator.random_block() } else { run.generator.next().1 };
+            }
+        }
+        if op == Op::Write {
+            run.prepare_write(handle.buffer(index).expect("slot buffer is idle"), block);
+        }
+        slots[index] = (op, block, now_ns());
+        run.issued += 1;
+        handle.submit(op, index, run.generator.offset(block), bs).map_err(|e| run.fail(e))
+    };
+    let mut now = now_ns();
+    for index in 0..depth {
+        if run.should_stop(now) {
+            break;
+        }
+        issue(handle, run, &mut slots, index)?;
+    }
+    handle.commit()?;
+    while handle.queued() > 0 {
+        handle.reap(1, &mut done).map_err(|e| run.fail(e))?;
+        now = now_ns();
+        for completed in done.drain(..) {
+            let index = completed.tag as usize;
+            let (op, block, submitted) = slots[index];
+            slots[index].1 = u64::MAX;
+            completed.result.map_err(|e| run.fail(e))?;
+            run.completed(op, now - submitted);
+            run.settle(op, handle.buffer(index).expect("reaped buffer is idle"), block)?;
+            if !run.should_stop(now) {
+                issue(handle, run, &mut slots, index)?;
+            }
+        }
+        handle.commit()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! What a benchmark thread does: which direction and which offset next.
+//!
+//! Each thread owns a contiguous slice of the region (`size / threads`,
+//! rounded down to the block size), like one file per thread in Iozone or
+//! fio's `offset_increment`. Sequential workloads walk their slice and wrap;
+//! random ones pick blocks uniformly inside it. Owning a slice is what lets
+//! `--verify` know exactly what every block must hold.
+
+use crate::device::Op;
+use crate::error::{Error, Result};
+
+/// The access pattern, named as fio names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rw {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    RandRead,
+    /// Random writes.
+    RandWrite,
+    /// Sequential mixed reads and writes.
+    ReadWrite,
+    /// Random mixed reads and writes.
+    RandRw,
+}
+
+impl Rw {
+    /// All patterns.
+    pub const ALL: [Rw; 6] = [Rw::Read, Rw::Write, Rw::RandRead, Rw::RandWrite, Rw::ReadWrite, Rw::RandRw];
+
+    /// fio's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rw::Read => "read",
+            Rw::Write => "write",
+            Rw::RandRead => "randread",
+            Rw::RandWrite => "randwrite",
+            Rw::ReadWrite => "rw",
+            Rw::RandRw => "randrw",
+        }
+    }
+
+    /// Parses fio's name (`readwrite` is accepted for `rw`).
+    pub fn parse(text: &str) -> Result<Rw> {
+        if text == "readwrite" {
+            return Ok(Rw::ReadWrite);
+        }
+        Self::ALL.into_iter().find(|r| r.name() == text).ok_or_else(|| {
+            Error::spec("workload", text, "expected read, write, randread, randwrite, rw (readwrite) or randrw")
+        })
+    }
+
+    /// Whether offsets are random.
+    pub fn is_random(self) -> bool {
+        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
+    }
+
+    /// Share of reads, given fio's `rwmixread` percentage for mixed patterns.
+    pub fn read_fraction(self, rwmixread: u32) -> f64 {
+        match self {
+            Rw::Read | Rw::RandRead => 1.0,
+            Rw::Write | Rw::RandWrite => 0.0,
+            Rw::ReadWrite | Rw::RandRw => rwmixread as f64 / 100.0,
+        }
+    }
+}
+
+/// One thread's generator of (direction, block).
+#[derive(Debug, Clone)]
+pub struct Generator {
+    rw: Rw,
+    rwmixread: u32,
+    /// First byte of this thread's slice.
+    pub base: u64,
+    /// Blocks in the slice.
+    pub blocks: u64,
+    /// Block size in bytes.
+    pub block_size: u64,
+    next_block: u64,
+    rng: fastrand::Rng,
+}
+
+impl Generator {
+    /// The generator of thread `thread` of `threads` over `[0, size)`.
+    pub fn new(rw: Rw, rwmixread: u32, size: u64, block_size: u64, threads: usize, thread: usize, seed: u64) -> Result<Generator> {
+        let slice = size / threads as u64 / block_size * block_size;
+        if slice == 0 {
+            return Err(Error::spec(
+                "size",
+                size.to_string(),
+                format!("{size} bytes cannot give each of {threads} thread(s) one block of {block_size} bytes; raise --size"),
+            ));
+        }
+        Ok(Generator {
+            rw,
+            rwmixread,
+            base: slice * thread as u64,
+            blocks: slice / block_size,
+            block_size,
+            next_block: 0,
+            rng: fastrand::Rng::with_seed(seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        })
+    }
+
+    /// The next direction and block index (within the slice).
+    pub fn next(&mut self) -> (Op, u64) {
+        let op = match self.rw.read_fraction(self.rwmixread) {
+            f if f >= 1.0 => Op::Read,
+            f if f <= 0.0 => Op::Write,
+            _ => {
+                if self.rng.u32(0..100) < self.rwmixread { Op::Read } else { Op::Write }
+            }
+        };
+        let block = if self.rw.is_random() {
+            self.rng.u64(0..self.blocks)
+        } else {
+            let b = self.next_block;
+            self.next_block = (b + 1) % self.blocks;
+            b
+        };
+        (op, block)
+    }
+
+    /// A random block index, for re-picking around a conflict.
+    pub fn random_block(&mut self) -> u64 {
+        self.rng.u64(0..self.blocks)
+    }
+
+    /// Device offset of a block.
+    pub fn offset(&self, block: u64) -> u64 {
+        self.base + block * self.block_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_are_disjoint_and_cover_the_region() {
+        let g0 = Generator::new(Rw::Read, 50, 1 << 20, 4096, 4, 0, 1).unwrap();
+        let g3 = Generator::new(Rw::Read, 50, 1 << 20, 4096, 4, 3, 1).unwrap();
+        assert_eq!(g0.blocks, 64);
+        assert_eq!(g3.base, 3 * 64 * 4096);
+        assert_eq!(g3.offset(63) + 4096, 1 << 20);
+    }
+
+    #[test]
+    fn sequential_wraps_and_random_stays_inside() {
+        let mut g = Generator::new(Rw::Write, 50, 4 * 4096, 4096, 1, 0, 1).unwrap();
+        let blocks: Vec<u64> = (0..6).map(|_| g.next().1).collect();
+        assert_eq!(blocks, vec![0, 1, 2, 3, 0, 1]);
+        let mut r = Generator::new(Rw::RandRw, 70, 1 << 20, 4096, 2, 1, 9).unwrap();
+        let mut reads = 0;
+        for _ in 0..10_000 {
+            let (op, b) = r.next();
+            assert!(b < r.blocks);
+            reads += (op == Op::Read) as u32;
+        }
+        assert!((6500..7500).contains(&reads), "{reads}");
+    }
+
+    #[test]
+    fn too_small_a_region_is_explained() {
+        let e = Generator::new(Rw::Read, 50, 4096, 4096, 2, 0, 1).unwrap_err();
+        assert!(e.to_string().contains("raise --size"), "{e}");
+    }
+}
