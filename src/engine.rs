@@ -155,7 +155,8 @@ impl Handle {
         let registered = buffers.as_mut().map(|m| (m.as_mut_ptr(), m.len()));
         let queue = shared.device.open_queue(&QueueConfig { depth: depth + 1, registered })?;
         let timeout_ns = caps.timed.then(|| shared.path.timeout.as_nanos() as u64);
-        let channel = Channel::new(queue, Arc::clone(&shared.completion), depth as usize + 1, caps.max_segments, timeout_ns);
+        let channel =
+            Channel::new(queue, Arc::clone(&shared.completion), depth as usize + 1, caps.max_segments, timeout_ns);
         Ok(Handle {
             shared,
             channel,
@@ -191,13 +192,13 @@ impl Handle {
         }
         let align = caps.alignment as u64;
         if align > 1 {
-            if addr as u64 % align != 0 {
+            if !(addr as u64).is_multiple_of(align) {
                 return Err(Error::Misaligned { what: "buffer address", value: addr as u64, align });
             }
-            if offset % align != 0 {
+            if !offset.is_multiple_of(align) {
                 return Err(Error::Misaligned { what: "offset", value: offset, align });
             }
-            if len as u64 % align != 0 {
+            if !(len as u64).is_multiple_of(align) {
                 return Err(Error::Misaligned { what: "length", value: len as u64, align });
             }
         }

@@ -22,6 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bench;
+pub mod buffer;
 pub mod clock;
 pub mod device;
 pub mod engine;
@@ -29,6 +30,7 @@ pub mod error;
 pub mod path;
 pub mod units;
 
+pub use buffer::IoBuf;
 pub use engine::{Engine, Handle, HandleOptions};
 pub use error::{Error, Result};
 pub use path::PathConfig;

@@ -39,9 +39,8 @@ pub fn parse_duration_default_unit(text: &str, unit_ns: f64) -> Result<Duration>
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);
-    let number: f64 = digits
-        .parse()
-        .map_err(|_| bad("expected a number with a unit, e.g. 2s, 500ms, 20us or 800ns"))?;
+    let number: f64 =
+        digits.parse().map_err(|_| bad("expected a number with a unit, e.g. 2s, 500ms, 20us or 800ns"))?;
     let scale = match suffix.to_ascii_lowercase().as_str() {
         "" => unit_ns,
         "ns" => 1.0,
@@ -64,7 +63,7 @@ pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes;
     let mut unit = 0;
-    while unit < UNITS.len() - 1 && value >= 1024 && value % 1024 == 0 {
+    while unit < UNITS.len() - 1 && value >= 1024 && value.is_multiple_of(1024) {
         value /= 1024;
         unit += 1;
     }
@@ -99,10 +98,7 @@ mod tests {
         assert_eq!(parse_duration("800ns").unwrap(), Duration::from_nanos(800));
         assert!(parse_duration("2 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
-        assert_eq!(
-            parse_duration_default_unit("7", 1e3).unwrap(),
-            Duration::from_micros(7)
-        );
+        assert_eq!(parse_duration_default_unit("7", 1e3).unwrap(), Duration::from_micros(7));
     }
 
     #[test]

@@ -228,7 +228,10 @@ pub fn to_table(r: &BenchResult) -> String {
         ));
     }
     if m.verified_blocks > 0 || c.verify {
-        out.push_str(&format!("verify: {} blocks read back and checked byte for byte, all correct\n", m.verified_blocks));
+        out.push_str(&format!(
+            "verify: {} blocks read back and checked byte for byte, all correct\n",
+            m.verified_blocks
+        ));
     }
     out
 }

@@ -110,6 +110,13 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     if size > device.size() {
         return Err(Error::OutOfRange { offset: 0, len: size, size: device.size() });
     }
+    if config.verify && !device.capabilities().stores_data {
+        return Err(Error::spec(
+            "--verify",
+            config.device.clone(),
+            "this device moves no data, so nothing can be read back; verify on emu, uring or psync",
+        ));
+    }
     let engine = Engine::with_device(device, config.path.clone())?;
     run_on(&engine, config, size)
 }
@@ -267,7 +274,8 @@ impl ThreadRun<'_> {
             Op::Write => self.versions[b] += 1,
             _ => {
                 let offset = self.generator.offset(block);
-                verify::check(buf, offset, self.versions[b]).map_err(|detail| self.fail(Error::Verify { offset, detail }))?;
+                verify::check(buf, offset, self.versions[b])
+                    .map_err(|detail| self.fail(Error::Verify { offset, detail }))?;
                 self.verified_blocks += 1;
             }
         }
@@ -295,7 +303,8 @@ fn worker(
     let path_before = handle.stats();
     let start = now_ns();
     run.deadline_ns = config.runtime.map_or(u64::MAX, |t| start + t.as_nanos() as u64);
-    let result = if config.iodepth == 1 { run_blocking(&mut handle, &mut run) } else { run_queued(&mut handle, &mut run) };
+    let result =
+        if config.iodepth == 1 { run_blocking(&mut handle, &mut run) } else { run_queued(&mut handle, &mut run) };
     let end_ns = now_ns();
     let usage = ThreadUsage::now().since(&usage_before);
     result?;
@@ -317,7 +326,8 @@ fn setup_thread<'a>(
     stop: &'a AtomicBool,
     progress: &'a AtomicU64,
 ) -> Result<(Handle, ThreadRun<'a>)> {
-    let generator = Generator::new(config.rw, config.rwmixread, size, config.block_size, config.threads, thread, config.seed)?;
+    let generator =
+        Generator::new(config.rw, config.rwmixread, size, config.block_size, config.threads, thread, config.seed)?;
     if config.verify && generator.blocks < config.iodepth as u64 {
         return Err(Error::spec(
             "--iodepth",
@@ -375,7 +385,7 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
     let bs = run.generator.block_size as usize;
     let mut now = now_ns();
     while !run.should_stop(now) {
-        let (op, block) = run.generator.next();
+        let (op, block) = run.generator.next_request();
         let offset = run.generator.offset(block);
         if op == Op::Write {
             let buf = handle.buffer(0).expect("buffer 0 is idle between requests");
@@ -402,11 +412,15 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
     let mut slots: Vec<(Op, u64, u64)> = vec![(Op::Read, u64::MAX, 0); depth];
     let mut done = Vec::with_capacity(depth);
     let issue = |handle: &mut Handle, run: &mut ThreadRun, slots: &mut [(Op, u64, u64)], index: usize| -> Result<()> {
-        let (op, mut block) = run.generator.next();
+        let (op, mut block) = run.generator.next_request();
         if run.config.verify {
             // Never two requests on one block at once: the outcome would be undefined.
             while slots.iter().any(|s| s.1 == block) {
-                block = if run.config.rw.is_random() { run.generator.random_block() } else { run.generator.next().1 };
+                block = if run.config.rw.is_random() {
+                    run.generator.random_block()
+                } else {
+                    run.generator.next_request().1
+                };
             }
         }
         if op == Op::Write {

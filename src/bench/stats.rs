@@ -123,7 +123,8 @@ impl Measurements {
 
     /// Mean latency over both directions.
     pub fn latency_ns_mean(&self) -> f64 {
-        let sum = self.read.latency_ns.mean() * self.read.ios as f64 + self.write.latency_ns.mean() * self.write.ios as f64;
+        let sum =
+            self.read.latency_ns.mean() * self.read.ios as f64 + self.write.latency_ns.mean() * self.write.ios as f64;
         self.per_io(sum)
     }
 

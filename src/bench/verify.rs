@@ -36,7 +36,10 @@ pub fn check(block: &[u8], offset: u64, generation: u64) -> Result<(), String> {
         return Err(format!("block belongs at offset {} (misdirected write or read)", word(8)));
     }
     if word(16) != generation {
-        return Err(format!("holds version {} but version {generation} was written last (lost or stale write)", word(16)));
+        return Err(format!(
+            "holds version {} but version {generation} was written last (lost or stale write)",
+            word(16)
+        ));
     }
     let mut rng = fastrand::Rng::with_seed(body_seed(offset, generation));
     for (n, chunk) in block[HEADER_BYTES..].chunks(8).enumerate() {

@@ -84,13 +84,23 @@ pub struct Generator {
 
 impl Generator {
     /// The generator of thread `thread` of `threads` over `[0, size)`.
-    pub fn new(rw: Rw, rwmixread: u32, size: u64, block_size: u64, threads: usize, thread: usize, seed: u64) -> Result<Generator> {
+    pub fn new(
+        rw: Rw,
+        rwmixread: u32,
+        size: u64,
+        block_size: u64,
+        threads: usize,
+        thread: usize,
+        seed: u64,
+    ) -> Result<Generator> {
         let slice = size / threads as u64 / block_size * block_size;
         if slice == 0 {
             return Err(Error::spec(
                 "size",
                 size.to_string(),
-                format!("{size} bytes cannot give each of {threads} thread(s) one block of {block_size} bytes; raise --size"),
+                format!(
+                    "{size} bytes cannot give each of {threads} thread(s) one block of {block_size} bytes; raise --size"
+                ),
             ));
         }
         Ok(Generator {
@@ -105,12 +115,16 @@ impl Generator {
     }
 
     /// The next direction and block index (within the slice).
-    pub fn next(&mut self) -> (Op, u64) {
+    pub fn next_request(&mut self) -> (Op, u64) {
         let op = match self.rw.read_fraction(self.rwmixread) {
             f if f >= 1.0 => Op::Read,
             f if f <= 0.0 => Op::Write,
             _ => {
-                if self.rng.u32(0..100) < self.rwmixread { Op::Read } else { Op::Write }
+                if self.rng.u32(0..100) < self.rwmixread {
+                    Op::Read
+                } else {
+                    Op::Write
+                }
             }
         };
         let block = if self.rw.is_random() {
@@ -150,12 +164,12 @@ mod tests {
     #[test]
     fn sequential_wraps_and_random_stays_inside() {
         let mut g = Generator::new(Rw::Write, 50, 4 * 4096, 4096, 1, 0, 1).unwrap();
-        let blocks: Vec<u64> = (0..6).map(|_| g.next().1).collect();
+        let blocks: Vec<u64> = (0..6).map(|_| g.next_request().1).collect();
         assert_eq!(blocks, vec![0, 1, 2, 3, 0, 1]);
         let mut r = Generator::new(Rw::RandRw, 70, 1 << 20, 4096, 2, 1, 9).unwrap();
         let mut reads = 0;
         for _ in 0..10_000 {
-            let (op, b) = r.next();
+            let (op, b) = r.next_request();
             assert!(b < r.blocks);
             reads += (op == Op::Read) as u32;
         }

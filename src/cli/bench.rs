@@ -106,7 +106,12 @@ pub struct BenchArgs {
 }
 
 /// Builds the path from a preset and optional overrides; the name is the preset's or `custom`.
-pub fn resolve_path(preset: &str, dispatch: Option<&str>, completion: Option<&str>, timeout: Duration) -> iopath::Result<(PathConfig, String)> {
+pub fn resolve_path(
+    preset: &str,
+    dispatch: Option<&str>,
+    completion: Option<&str>,
+    timeout: Duration,
+) -> iopath::Result<(PathConfig, String)> {
     let mut path = PathConfig::preset(preset)?;
     let base = path.clone();
     if let Some(d) = dispatch {
@@ -126,7 +131,8 @@ pub fn resolve_path(preset: &str, dispatch: Option<&str>, completion: Option<&st
 
 /// Runs `iopath bench`.
 pub fn run(args: BenchArgs) -> iopath::Result<()> {
-    let (path, path_name) = resolve_path(&args.path, args.dispatch.as_deref(), args.completion.as_deref(), args.timeout)?;
+    let (path, path_name) =
+        resolve_path(&args.path, args.dispatch.as_deref(), args.completion.as_deref(), args.timeout)?;
     let config = BenchConfig {
         device: args.device,
         path,

@@ -71,8 +71,25 @@ pub struct EmuConfig {
 }
 
 const KNOWN: &[&str] = &[
-    "size", "file", "slots", "channels", "cmd", "xfer", "rcmd", "rxfer", "wcmd", "wxfer", "flush", "fail_nth",
-    "fail_range", "fail_rate", "errno", "spike_rate", "spike", "hang_nth", "seed",
+    "size",
+    "file",
+    "slots",
+    "channels",
+    "cmd",
+    "xfer",
+    "rcmd",
+    "rxfer",
+    "wcmd",
+    "wxfer",
+    "flush",
+    "fail_nth",
+    "fail_range",
+    "fail_rate",
+    "errno",
+    "spike_rate",
+    "spike",
+    "hang_nth",
+    "seed",
 ];
 
 impl EmuConfig {
@@ -136,9 +153,8 @@ fn parse_faults(opts: &mut Options) -> Result<FaultConfig> {
     f.fail_nth = opts.take_num("fail_nth")?;
     f.hang_nth = opts.take_num("hang_nth")?;
     if let Some(range) = opts.take("fail_range") {
-        let (a, b) = range
-            .split_once('-')
-            .ok_or_else(|| opts.error("fail_range must be START-END, e.g. fail_range=4k-8k"))?;
+        let (a, b) =
+            range.split_once('-').ok_or_else(|| opts.error("fail_range must be START-END, e.g. fail_range=4k-8k"))?;
         let (a, b) = (crate::units::parse_size(a)?, crate::units::parse_size(b)?);
         if a >= b {
             return Err(opts.error("fail_range START must be below END"));
@@ -223,6 +239,7 @@ impl Device for EmuDevice {
             queue_depth: 4096,
             kernel_poll: false,
             timed: true,
+            stores_data: true,
         }
     }
 

@@ -136,6 +136,8 @@ pub struct Capabilities {
     pub kernel_poll: bool,
     /// Whether the device reports a model service time per command (`Command::device_ns`).
     pub timed: bool,
+    /// Whether data written can be read back (false for `null`).
+    pub stores_data: bool,
 }
 
 /// Counters a device keeps about itself; compare two snapshots to measure an interval.

@@ -178,13 +178,8 @@ impl Model {
     /// Schedules a command arriving at `now_ns` that moves the given
     /// `(offset, len)` ranges, and returns when it starts and completes.
     pub fn schedule(&mut self, now_ns: u64, op: Op, ranges: impl Iterator<Item = (u64, u64)>) -> Schedule {
-        let (slot, slot_free) = self
-            .slot_free_ns
-            .iter()
-            .copied()
-            .enumerate()
-            .min_by_key(|&(_, t)| t)
-            .expect("at least one slot");
+        let (slot, slot_free) =
+            self.slot_free_ns.iter().copied().enumerate().min_by_key(|&(_, t)| t).expect("at least one slot");
         let start_ns = now_ns.max(slot_free);
         let deadline_ns = match op {
             Op::Flush => {
@@ -207,7 +202,12 @@ impl Model {
         Schedule { start_ns, deadline_ns }
     }
 
-    fn data_deadline(&mut self, start_ns: u64, timing: DirectionTiming, ranges: impl Iterator<Item = (u64, u64)>) -> u64 {
+    fn data_deadline(
+        &mut self,
+        start_ns: u64,
+        timing: DirectionTiming,
+        ranges: impl Iterator<Item = (u64, u64)>,
+    ) -> u64 {
         let channels = self.params.channels as u64;
         self.channel_work_ns.iter_mut().for_each(|w| *w = 0.0);
         for (offset, len) in ranges {

@@ -6,8 +6,8 @@
 use super::spec::Options;
 use super::{Capabilities, Command, Device, DeviceStats, Queue, QueueConfig};
 use crate::error::Result;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Options of the null device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,11 +62,15 @@ impl Device for NullDevice {
             queue_depth: 4096,
             kernel_poll: false,
             timed: false,
+            stores_data: false,
         }
     }
 
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
-        Ok(Box::new(NullQueue { done: Vec::with_capacity(config.depth as usize), counters: Arc::clone(&self.counters) }))
+        Ok(Box::new(NullQueue {
+            done: Vec::with_capacity(config.depth as usize),
+            counters: Arc::clone(&self.counters),
+        }))
     }
 
     fn stats(&self) -> DeviceStats {

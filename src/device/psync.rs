@@ -45,7 +45,12 @@ impl PsyncDevice {
     pub fn open(config: &PsyncConfig) -> Result<PsyncDevice> {
         let target = Target::open(&config.target)?;
         Ok(PsyncDevice {
-            shared: Arc::new(Shared { target, commands: AtomicU64::new(0), segments: AtomicU64::new(0), bytes: AtomicU64::new(0) }),
+            shared: Arc::new(Shared {
+                target,
+                commands: AtomicU64::new(0),
+                segments: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+            }),
         })
     }
 }
@@ -67,6 +72,7 @@ impl Device for PsyncDevice {
             queue_depth: 4096,
             kernel_poll: false,
             timed: false,
+            stores_data: true,
         }
     }
 
@@ -132,7 +138,8 @@ impl Queue for PsyncQueue {
         if command.op == Op::Flush {
             // SAFETY: fdatasync on a valid fd.
             let rc = unsafe { libc::fdatasync(fd) };
-            command.result = if rc < 0 { -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) } else { 0 };
+            command.result =
+                if rc < 0 { -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) } else { 0 };
         }
         let op = command.op;
         for seg in &mut command.segments {

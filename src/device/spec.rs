@@ -25,7 +25,11 @@ impl Options {
         let mut items = Vec::new();
         for field in fields.iter().filter(|f| !f.is_empty()) {
             let Some((key, value)) = field.split_once('=') else {
-                return Err(Error::spec("device spec", spec, format!("option '{field}' for {backend} must look like key=value")));
+                return Err(Error::spec(
+                    "device spec",
+                    spec,
+                    format!("option '{field}' for {backend} must look like key=value"),
+                ));
             };
             items.push((key.trim().to_ascii_lowercase(), value.trim().to_string()));
         }
@@ -108,15 +112,19 @@ impl DeviceSpec {
         let mut fields: Vec<&str> = rest.split(',').collect();
         let first = if fields.is_empty() { "" } else { fields.remove(0) };
         match kind {
-            "emu" => emu::EmuConfig::parse(first, Options::parse("emu", spec, &fields)?, default_size).map(DeviceSpec::Emu),
+            "emu" => {
+                emu::EmuConfig::parse(first, Options::parse("emu", spec, &fields)?, default_size).map(DeviceSpec::Emu)
+            }
             "null" => {
                 // `null` and `null:size=1g` both work.
                 let mut all = fields.clone();
                 all.insert(0, first);
                 null::NullConfig::parse(Options::parse("null", spec, &all)?, default_size).map(DeviceSpec::Null)
             }
-            "uring" => uring::UringConfig::parse(first, Options::parse("uring", spec, &fields)?, default_size).map(DeviceSpec::Uring),
-            "psync" => psync::PsyncConfig::parse(first, Options::parse("psync", spec, &fields)?, default_size).map(DeviceSpec::Psync),
+            "uring" => uring::UringConfig::parse(first, Options::parse("uring", spec, &fields)?, default_size)
+                .map(DeviceSpec::Uring),
+            "psync" => psync::PsyncConfig::parse(first, Options::parse("psync", spec, &fields)?, default_size)
+                .map(DeviceSpec::Psync),
             _ => Err(Error::spec(
                 "device spec",
                 spec,

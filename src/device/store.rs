@@ -26,10 +26,10 @@ unsafe impl Sync for Store {}
 impl Store {
     /// Zero-filled anonymous memory of `size` bytes.
     pub fn memory(size: u64) -> Result<Store> {
-        let mut map = MmapOptions::new()
-            .len(size as usize)
-            .map_anon()
-            .map_err(|source| Error::Os { context: format!("cannot reserve {size} bytes for the emulated device"), source })?;
+        let mut map = MmapOptions::new().len(size as usize).map_anon().map_err(|source| Error::Os {
+            context: format!("cannot reserve {size} bytes for the emulated device"),
+            source,
+        })?;
         let base = map.as_mut_ptr();
         Ok(Store { map, base, file: None })
     }
@@ -50,8 +50,7 @@ impl Store {
         }
         // SAFETY: the mapping is private to this store; other processes changing the
         // file underneath would only change the bytes we read, which is the file's contract.
-        let mut map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }
-            .map_err(|e| target("map", e))?;
+        let mut map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }.map_err(|e| target("map", e))?;
         let base = map.as_mut_ptr();
         Ok(Store { map, base, file: Some(path.to_path_buf()) })
     }
@@ -96,7 +95,9 @@ impl Store {
     /// Makes written data durable (file-backed stores); a no-op for memory.
     pub fn flush(&self) -> Result<()> {
         if self.file.is_some() {
-            self.map.flush().map_err(|source| Error::Os { context: "msync of the emulated device's file".into(), source })?;
+            self.map
+                .flush()
+                .map_err(|source| Error::Os { context: "msync of the emulated device's file".into(), source })?;
         }
         Ok(())
     }

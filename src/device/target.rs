@@ -61,7 +61,10 @@ impl Target {
             let Some(size) = config.size else {
                 return Err(err(
                     "open",
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "it does not exist; give --size (or size=) to create it"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "it does not exist; give --size (or size=) to create it",
+                    ),
                 ));
             };
             lay_out(path, 0, size).map_err(|e| err("create", e))?;
@@ -74,7 +77,8 @@ impl Target {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file or a block device"),
             ));
         }
-        if !is_block_device && let Some(size) = config.size
+        if !is_block_device
+            && let Some(size) = config.size
             && meta.len() < size
         {
             lay_out(path, meta.len(), size).map_err(|e| err("lay out", e))?;
@@ -86,7 +90,10 @@ impl Target {
         }
         let file = options.open(path).map_err(|e| err("open", e))?;
         let (full_size, alignment) = if is_block_device {
-            (block_device_size(&file).map_err(|e| err("size", e))?, block_device_sector(&file).map_err(|e| err("query", e))?)
+            (
+                block_device_size(&file).map_err(|e| err("size", e))?,
+                block_device_sector(&file).map_err(|e| err("query", e))?,
+            )
         } else {
             (meta.len().max(config.size.unwrap_or(0)), file_dio_alignment(&file))
         };
@@ -157,9 +164,8 @@ fn file_dio_alignment(file: &File) -> u32 {
     // SAFETY: an all-zero statx is a valid value for the kernel to overwrite.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, and a writable statx buffer.
-    let rc = unsafe {
-        libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
-    };
+    let rc =
+        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
     if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align > 0 {
         stx.stx_dio_offset_align.max(stx.stx_dio_mem_align)
     } else {

@@ -96,7 +96,14 @@ impl UringConfig {
             opts.take("taskrun");
         }
         opts.finish(KNOWN)?;
-        Ok(UringConfig { target, taskrun: if sqpoll { TaskRun::Coop } else { taskrun }, fixed_buffers, fixed_files, sqpoll, iopoll })
+        Ok(UringConfig {
+            target,
+            taskrun: if sqpoll { TaskRun::Coop } else { taskrun },
+            fixed_buffers,
+            fixed_files,
+            sqpoll,
+            iopoll,
+        })
     }
 }
 
@@ -128,7 +135,9 @@ impl UringDevice {
                 Err(why) if config.iopoll == IoPoll::On => {
                     return Err(Error::Unsupported {
                         what: format!("kernel polling (IOPOLL) on {}", target.path.display()),
-                        why: format!("{why}; use iopoll=off or iopoll=auto to fall back to interrupt-driven completions"),
+                        why: format!(
+                            "{why}; use iopoll=off or iopoll=auto to fall back to interrupt-driven completions"
+                        ),
                     });
                 }
                 Err(why) => (false, format!("IOPOLL unavailable, using interrupt-driven completions ({why})")),
@@ -160,7 +169,8 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
     if !target.direct {
         return Err("IOPOLL needs O_DIRECT".into());
     }
-    let mut ring: IoUring = IoUring::builder().setup_iopoll().build(8).map_err(|e| format!("ring setup failed: {e}"))?;
+    let mut ring: IoUring =
+        IoUring::builder().setup_iopoll().build(8).map_err(|e| format!("ring setup failed: {e}"))?;
     let len = target.alignment.max(512) as usize;
     let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
     // SAFETY: the layout has a non-zero size.
@@ -172,14 +182,31 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
     // SAFETY: `buf` stays allocated until the completion below has been reaped.
     let result = unsafe { ring.submission().push(&sqe) }
         .map_err(|_| "submission queue full".to_string())
-        .and_then(|()| ring.submit_and_wait(1).map_err(|e| format!("enter failed: {e}")))
-        .and_then(|_| ring.completion().next().map(|c| c.result()).ok_or_else(|| "no completion".to_string()));
+        .and_then(|()| ring.submit().map_err(|e| format!("enter failed: {e}")))
+        .and_then(|_| {
+            // Polled completions appear only while someone polls: poll for up to a second.
+            let give_up = crate::clock::now_ns() + 1_000_000_000;
+            loop {
+                if let Some(c) = ring.completion().next() {
+                    return Ok(c.result());
+                }
+                if crate::clock::now_ns() > give_up {
+                    return Err("no completion within 1 s of polling".to_string());
+                }
+                ring.submit_and_wait(1).map_err(|e| format!("enter failed: {e}"))?;
+            }
+        });
+    if result.as_ref().is_err_and(|e| e.starts_with("no completion")) {
+        // The kernel may still write into it: leak the block rather than free it under the read.
+        return Err(result.unwrap_err());
+    }
     // SAFETY: the read has completed (or never started); nothing refers to `buf` now.
     unsafe { std::alloc::dealloc(buf, layout) };
     match result? {
         r if r >= 0 => Ok(()),
         r if -r == libc::EOPNOTSUPP => {
-            Err("polled read failed with EOPNOTSUPP: the device has no poll queues (NVMe poll_queues=0, loop, virtio)".into())
+            Err("polled read failed with EOPNOTSUPP: the device has no poll queues (NVMe poll_queues=0, loop, virtio)"
+                .into())
         }
         r => Err(format!("polled read failed: {}", std::io::Error::from_raw_os_error(-r))),
     }
@@ -215,6 +242,7 @@ impl Device for UringDevice {
             queue_depth: SQ_ENTRIES,
             kernel_poll: self.shared.iopoll,
             timed: false,
+            stores_data: true,
         }
     }
 
@@ -452,7 +480,9 @@ impl Queue for UringQueue {
             let needs_enter = matches!(self.shared.config.taskrun, TaskRun::Defer) || self.shared.iopoll;
             if needs_enter {
                 // SAFETY: a plain GETEVENTS enter with no argument.
-                let r = unsafe { self.ring.submitter().enter::<libc::sigset_t>(0, 0, 1 /* IORING_ENTER_GETEVENTS */, None) };
+                let r = unsafe {
+                    self.ring.submitter().enter::<libc::sigset_t>(0, 0, 1 /* IORING_ENTER_GETEVENTS */, None)
+                };
                 if let Err(e) = r
                     && e.raw_os_error() != Some(libc::EINTR)
                 {

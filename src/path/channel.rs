@@ -173,11 +173,7 @@ impl Channel {
         let n = self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns)?;
         if n == 0 && now_ns() >= limit_ns {
             let (op, offset) = tag_for_error.map_or(("request", 0), |r| (r.op.name(), r.offset));
-            return Err(Error::Timeout {
-                op,
-                offset,
-                timeout_ms: self.timeout_ns.unwrap_or(0) / 1_000_000,
-            });
+            return Err(Error::Timeout { op, offset, timeout_ms: self.timeout_ns.unwrap_or(0) / 1_000_000 });
         }
         Ok(())
     }
@@ -204,16 +200,15 @@ impl Channel {
     pub fn finish(&mut self, command: Command) -> Completed {
         let (offset, len, result) = match command.segments.first() {
             Some(seg) => (seg.offset, seg.len, segment_result(command.op, seg)),
-            None if command.result < 0 => (
-                0,
-                0,
-                Err(Error::Device { op: command.op.name(), offset: 0, len: 0, errno: -command.result }),
-            ),
+            None if command.result < 0 => {
+                (0, 0, Err(Error::Device { op: command.op.name(), offset: 0, len: 0, errno: -command.result }))
+            }
             None => (0, 0, Ok(())),
         };
         self.stats.requests += 1;
         self.stats.device_ns += command.device_ns;
-        let completed = Completed { tag: command.tag, op: command.op, offset, len, device_ns: command.device_ns, result };
+        let completed =
+            Completed { tag: command.tag, op: command.op, offset, len, device_ns: command.device_ns, result };
         self.recycle(command);
         completed
     }

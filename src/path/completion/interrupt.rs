@@ -19,7 +19,13 @@ impl CompletionPolicy for Interrupt {
         "interrupt"
     }
 
-    fn wait(&self, queue: &mut dyn Queue, out: &mut Vec<Command>, stats: &mut WaitStats, limit_ns: u64) -> Result<usize> {
+    fn wait(
+        &self,
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+    ) -> Result<usize> {
         loop {
             // A completion that is already there needs no sleep.
             let n = queue.reap(out)?;

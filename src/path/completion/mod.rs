@@ -34,7 +34,13 @@ pub trait CompletionPolicy: Send + Sync {
 
     /// Waits until `queue` hands back at least one command (moved into `out`)
     /// or the monotonic clock passes `limit_ns`; returns how many were handed back.
-    fn wait(&self, queue: &mut dyn Queue, out: &mut Vec<Command>, stats: &mut WaitStats, limit_ns: u64) -> Result<usize>;
+    fn wait(
+        &self,
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+    ) -> Result<usize>;
 }
 
 /// The completion policies iopath knows.

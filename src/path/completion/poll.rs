@@ -22,7 +22,13 @@ impl CompletionPolicy for Poll {
         "poll"
     }
 
-    fn wait(&self, queue: &mut dyn Queue, out: &mut Vec<Command>, stats: &mut WaitStats, limit_ns: u64) -> Result<usize> {
+    fn wait(
+        &self,
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+    ) -> Result<usize> {
         let mut looks = 0u64;
         loop {
             let n = queue.reap(out)?;
@@ -31,7 +37,7 @@ impl CompletionPolicy for Poll {
                 stats.polls += looks;
                 return Ok(n);
             }
-            if looks % LOOKS_PER_CLOCK_READ == 0 && now_ns() >= limit_ns {
+            if looks.is_multiple_of(LOOKS_PER_CLOCK_READ) && now_ns() >= limit_ns {
                 stats.polls += looks;
                 return Ok(0);
             }

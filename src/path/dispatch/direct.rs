@@ -6,8 +6,8 @@
 //! queue, so threads only meet inside the device.
 
 use super::{Dispatch, Request};
-use crate::path::channel::{Channel, Completed};
 use crate::error::Result;
+use crate::path::channel::{Channel, Completed};
 
 /// The direct dispatch strategy.
 #[derive(Debug, Default, Clone, Copy)]

@@ -1,0 +1,227 @@
+//! The `iopath` binary as a user meets it: flags, output formats, errors.
+
+mod common;
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn iopath(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iopath")).args(args).output().expect("run iopath")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// Runs a command that must fail cleanly and returns its message.
+fn fails(args: &[&str]) -> String {
+    let o = iopath(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    err
+}
+
+fn bench_json(args: &[&str]) -> Value {
+    let mut all = vec!["bench", "--output-format", "json", "--no-progress"];
+    all.extend_from_slice(args);
+    let o = iopath(&all);
+    assert!(o.status.success(), "{all:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("valid JSON")
+}
+
+#[test]
+fn json_uses_fio_field_names_and_iopath_figures() {
+    let v = bench_json(&["--device", "emu:dram-ssd,size=64m", "--rw", "randread", "--runtime", "300ms"]);
+    let job = &v["jobs"][0];
+    assert!(job["read"]["iops"].as_f64().unwrap() > 0.0);
+    assert!(job["read"]["bw_bytes"].as_u64().unwrap() > 0);
+    assert!(job["read"]["lat_ns"]["mean"].as_f64().unwrap() >= 7000.0);
+    assert!(job["read"]["lat_ns"]["percentile"]["99.000000"].as_u64().unwrap() >= 7000);
+    assert!(job["read"]["clat_ns"]["percentile"]["50.000000"].is_u64());
+    assert_eq!(job["write"]["total_ios"], 0);
+    for key in ["usr_cpu", "sys_cpu", "ctx"] {
+        assert!(job[key].is_number(), "{key}");
+    }
+    let io = &job["iopath"];
+    assert_eq!(io["device_ns_mean"].as_f64().unwrap(), 7000.0, "the model's 7 us per 4 KiB read");
+    for key in
+        ["share_of_peak", "device_utilization", "software_ns_mean", "ctx_per_io", "cpu_ns_per_io", "polls_per_io"]
+    {
+        assert!(io[key].is_number(), "{key}");
+    }
+    assert_eq!(io["merge"]["mean_segments"].as_f64().unwrap(), 1.0);
+    let share = io["share_of_peak"].as_f64().unwrap();
+    assert!(share > 0.0 && share <= 0.79, "one 4 KiB command at a time cannot pass 78% of peak: {share}");
+}
+
+#[test]
+fn completion_flag_overrides_the_preset() {
+    let v = bench_json(&["--device", "emu:dram-ssd,size=16m", "--completion", "interrupt", "--ios", "200"]);
+    let io = &v["jobs"][0]["iopath"];
+    assert_eq!(io["completion"], "interrupt");
+    assert_eq!(io["dispatch"], "direct");
+    assert!((io["sleeps_per_io"].as_f64().unwrap() - 1.0).abs() < 0.05, "{io}");
+    assert_eq!(v["jobs"][0]["read"]["total_ios"], 200);
+}
+
+#[test]
+fn verify_passes_under_8_threads_of_randrw_on_every_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut specs = vec!["emu:dram-ssd".to_string(), "emu:nand".to_string()];
+    specs.push(format!("uring:{}", dir.path().join("u.img").display()));
+    specs.push(format!("psync:{}", dir.path().join("p.img").display()));
+    for spec in &specs {
+        for completion in ["poll", "interrupt"] {
+            let v = bench_json(&[
+                "--device",
+                spec,
+                "--size",
+                "8m",
+                "--rw",
+                "randrw",
+                "--threads",
+                "8",
+                "--verify",
+                "--ios",
+                "300",
+                "--completion",
+                completion,
+            ]);
+            let io = &v["jobs"][0]["iopath"];
+            assert!(io["verified_blocks"].as_u64().unwrap() > 0, "{spec}");
+        }
+    }
+    let v = bench_json(&[
+        "--device",
+        "emu:dram-ssd",
+        "--size",
+        "8m",
+        "--rw",
+        "randrw",
+        "--threads",
+        "4",
+        "--iodepth",
+        "8",
+        "--verify",
+        "--ios",
+        "500",
+    ]);
+    assert!(v["jobs"][0]["iopath"]["verified_blocks"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn verify_passes_on_a_loop_device() {
+    common::with_loop_device("verify_passes_on_a_loop_device", |dev| {
+        let spec = format!("uring:{}", dev.path.display());
+        for depth in ["1", "16"] {
+            let v = bench_json(&[
+                "--device",
+                &spec,
+                "--rw",
+                "randrw",
+                "--threads",
+                "8",
+                "--verify",
+                "--ios",
+                "300",
+                "--iodepth",
+                depth,
+            ]);
+            assert!(v["jobs"][0]["iopath"]["verified_blocks"].as_u64().unwrap() > 0);
+        }
+    });
+}
+
+#[test]
+fn table_output_is_readable() {
+    let o = iopath(&["bench", "--device", "emu:optane,size=16m", "--rw", "randwrite", "--ios", "500", "--no-progress"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for needle in ["IOPS", "p99.9", "write", "of peak bandwidth", "context switches per I/O", "sync-path"] {
+        assert!(out.contains(needle), "missing {needle}: {out}");
+    }
+}
+
+#[test]
+fn a_missing_file_is_created_at_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("new.img");
+    let spec = format!("uring:{}", file.display());
+    bench_json(&["--device", &spec, "--size", "2m", "--rw", "write", "--bs", "64k"]);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 2 << 20);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_dir = "psync:/nonexistent-iopath-dir/x.img";
+    let f = dir.path().join("f.img");
+    let uring_file = format!("uring:{}", f.display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["bench", "--device", "emu:floppy"], "unknown preset 'floppy'"),
+        (vec!["bench", "--device", "tape:/dev/st0"], "expected emu:PRESET"),
+        (vec!["bench", "--device", "emu:dram-ssd,warp=9"], "unknown option 'warp'"),
+        (vec!["bench", "--bs", "4q"], "unknown suffix"),
+        (vec!["bench", "--bs", "0"], "zero-length"),
+        (vec!["bench", "--runtime", "soon"], "expected a number with a unit"),
+        (vec!["bench", "--rw", "sideways"], "expected read, write"),
+        (vec!["bench", "--path", "teleport"], "known presets: sync-path"),
+        (vec!["bench", "--completion", "telepathy"], "expected one of: interrupt, poll"),
+        (vec!["bench", "--threads", "0"], "at least one thread"),
+        (vec!["bench", "--iodepth", "0"], "at least 1"),
+        (vec!["bench", "--rwmixread", "101"], "percentage"),
+        (vec!["bench", "--device", "emu:dram-ssd,size=1m", "--size", "2m"], "past the end of the device"),
+        (vec!["bench", "--device", missing_dir, "--size", "1m"], "directory must exist"),
+        (vec!["bench", "--device", "psync:/nonexistent-iopath.img"], "give --size"),
+        (vec!["bench", "--device", "uring:/dev/null"], "not a regular file or a block device"),
+        (vec!["bench", "--device", &uring_file, "--size", "1m", "--bs", "1000"], "multiple of"),
+        (vec!["bench", "--device", "null", "--verify"], "moves no data"),
+        (vec!["bench", "--device", "emu:dram-ssd,size=8k", "--threads", "4"], "raise --size"),
+        (vec!["bench", "--frobnicate"], "unexpected argument"),
+        (vec!["teleport"], "unrecognized subcommand"),
+    ];
+    for (args, needle) in cases {
+        let err = fails(&args);
+        assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
+    }
+}
+
+#[test]
+fn permission_denied_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("locked.img");
+    std::fs::write(&file, vec![0u8; 65536]).unwrap();
+    let spec = format!("psync:{}", file.display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_iopath"));
+    cmd.args(["bench", "--device", &spec, "--ios", "1"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root bypasses file modes: run as nobody instead.
+        use std::os::unix::process::CommandExt;
+        cmd.uid(65534).gid(65534);
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    let o = cmd.output().unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("ermission denied"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn help_teaches() {
+    let o = iopath(&["bench", "--help"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for needle in ["emu:PRESET", "dram-ssd", "sync-path", "EXAMPLES", "--iodepth", "--verify", "fail_range"] {
+        assert!(out.contains(needle), "missing {needle}");
+    }
+}
+
+#[test]
+fn a_device_error_fails_the_run_with_its_location() {
+    let err = fails(&["bench", "--device", "emu:dram-ssd,size=1m,fail_nth=5", "--ios", "20", "--no-progress"]);
+    assert!(err.contains("device error on read"), "{err}");
+}

@@ -1,0 +1,50 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A loop device with direct I/O over a file in /dev/shm, detached on drop.
+pub struct LoopDevice {
+    pub path: PathBuf,
+    backing: PathBuf,
+}
+
+impl LoopDevice {
+    /// Sets one up, or says why not (not root, no losetup, no loop support).
+    pub fn new(size_mib: u64) -> Result<LoopDevice, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root".into());
+        }
+        let backing = PathBuf::from(format!("/dev/shm/iopath-test-{}-{}.img", std::process::id(), fastrand::u64(..)));
+        let file = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
+        file.set_len(size_mib << 20).map_err(|e| e.to_string())?;
+        let out = Command::new("losetup")
+            .args(["--direct-io=on", "-f", "--show"])
+            .arg(&backing)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&backing);
+            return Err(format!("losetup failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        Ok(LoopDevice { path, backing })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
+        let _ = std::fs::remove_file(&self.backing);
+    }
+}
+
+/// Runs `f` with a loop device, or prints loudly why the test is skipped.
+pub fn with_loop_device(name: &str, f: impl FnOnce(&LoopDevice)) {
+    match LoopDevice::new(64) {
+        Ok(dev) => f(&dev),
+        Err(why) => eprintln!("SKIPPED {name}: no loop device ({why}); run as root with losetup to cover it"),
+    }
+}

@@ -1,0 +1,258 @@
+//! The engine under concurrency, on every backend, and its error paths.
+
+mod common;
+
+use iopath::device::{Op, open_device};
+use iopath::path::{CompletionKind, DispatchKind, PathConfig};
+use iopath::{Engine, Error, HandleOptions, IoBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn path(dispatch: DispatchKind, completion: CompletionKind) -> PathConfig {
+    PathConfig { dispatch, completion, timeout: Duration::from_secs(10) }
+}
+
+fn all_paths() -> Vec<PathConfig> {
+    let mut out = Vec::new();
+    for d in DispatchKind::ALL {
+        for c in CompletionKind::ALL {
+            out.push(path(d, c));
+        }
+    }
+    out
+}
+
+fn pattern(thread: usize, round: usize, block: usize, len: usize) -> IoBuf {
+    let seed = (thread as u64) << 40 | (round as u64) << 20 | block as u64;
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut buf = IoBuf::new(len);
+    buf.iter_mut().for_each(|b| *b = rng.u8(..));
+    buf
+}
+
+/// Many threads share one engine through the blocking API; each owns some
+/// blocks, rewrites them several times and checks every byte it reads back.
+fn hammer(engine: &Engine, threads: usize, blocks_per_thread: usize, bs: usize, rounds: usize) {
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let engine = engine.clone();
+            s.spawn(move || {
+                let mut handle = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: bs }).unwrap();
+                for round in 0..rounds {
+                    for b in 0..blocks_per_thread {
+                        let offset = ((t * blocks_per_thread + b) * bs) as u64;
+                        let data = pattern(t, round, b, bs);
+                        if (t + b + round) % 2 == 0 {
+                            engine.write_at(&data, offset).unwrap();
+                        } else {
+                            handle.buffer(0).unwrap().copy_from_slice(&data);
+                            handle.write_from(0, offset, bs).unwrap();
+                        }
+                    }
+                    for b in 0..blocks_per_thread {
+                        let offset = ((t * blocks_per_thread + b) * bs) as u64;
+                        let expected = pattern(t, round, b, bs);
+                        let mut got = IoBuf::new(bs);
+                        engine.read_at(&mut got, offset).unwrap();
+                        assert_eq!(&got[..], &expected[..], "thread {t} block {b} round {round} (blocking API)");
+                        handle.read_into(0, offset, bs).unwrap();
+                        assert_eq!(handle.buffer(0).unwrap(), &expected[..], "thread {t} block {b} (handle API)");
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn every_path_survives_16_threads_on_the_emulated_ssd() {
+    for p in all_paths() {
+        let engine = Engine::open("emu:dram-ssd,size=16m", p.clone()).unwrap();
+        hammer(&engine, 16, 8, 4096, 3);
+        let stats = engine.device().stats();
+        assert_eq!(stats.commands as usize, 16 * 8 * 3 * 3, "{}: every request reached the device once", p.label());
+    }
+}
+
+#[test]
+fn every_path_survives_16_threads_on_a_zero_time_device() {
+    // No device time maximises interleaving between threads.
+    for p in all_paths() {
+        let engine = Engine::open("emu:null,size=8m", p).unwrap();
+        hammer(&engine, 16, 16, 512, 4);
+    }
+}
+
+#[test]
+fn psync_and_uring_on_a_file_keep_every_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    for backend in ["psync", "uring"] {
+        let file = dir.path().join(format!("{backend}.img"));
+        let spec = format!("{backend}:{}", file.display());
+        for p in all_paths() {
+            let device = open_device(&spec, Some(8 << 20)).unwrap();
+            let engine = Engine::with_device(device, p).unwrap();
+            hammer(&engine, 8, 8, 4096, 2);
+        }
+    }
+}
+
+#[test]
+fn uring_on_a_loop_device_keeps_every_byte() {
+    common::with_loop_device("uring_on_a_loop_device_keeps_every_byte", |dev| {
+        for backend in ["uring", "psync"] {
+            for p in all_paths() {
+                let spec = format!("{backend}:{}", dev.path.display());
+                let engine = Engine::open(&spec, p).unwrap();
+                hammer(&engine, 8, 8, 4096, 2);
+            }
+        }
+    });
+}
+
+#[test]
+fn queued_api_keeps_every_request_and_batches_them() {
+    for spec in ["emu:dram-ssd,size=4m", "emu:nand,size=4m", "null:size=4m"] {
+        let engine = Engine::open(spec, PathConfig::default()).unwrap();
+        let mut h = engine.handle(HandleOptions { depth: 32, buffers: 32, buffer_size: 4096 }).unwrap();
+        for i in 0..32 {
+            h.buffer(i).unwrap().fill(i as u8);
+            h.submit(Op::Write, i, i as u64 * 4096, 4096).unwrap();
+        }
+        h.commit().unwrap();
+        let mut done = Vec::new();
+        while done.len() < 32 {
+            h.reap(1, &mut done).unwrap();
+        }
+        let mut tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+        tags.sort();
+        assert_eq!(tags, (0..32).collect::<Vec<_>>());
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        assert!(h.submit(Op::Read, 0, 0, 4096).is_ok());
+        assert!(h.buffer(0).is_none(), "a buffer in flight is not handed out");
+        h.commit().unwrap();
+        done.clear();
+        h.reap(1, &mut done).unwrap();
+        if spec.starts_with("emu") {
+            assert!(h.buffer(0).unwrap().iter().all(|&b| b == 0), "{spec}");
+        }
+    }
+}
+
+#[test]
+fn a_device_error_reaches_exactly_the_requests_it_belongs_to() {
+    // Blocks 8..12 fail; every other request in the same batch succeeds.
+    let engine = Engine::open("emu:dram-ssd,size=1m,fail_range=32k-48k", PathConfig::default()).unwrap();
+    let mut h = engine.handle(HandleOptions { depth: 16, buffers: 16, buffer_size: 4096 }).unwrap();
+    for i in 0..16 {
+        h.submit(Op::Read, i, i as u64 * 4096, 4096).unwrap();
+    }
+    h.commit().unwrap();
+    let mut done = Vec::new();
+    while done.len() < 16 {
+        h.reap(1, &mut done).unwrap();
+    }
+    for c in &done {
+        let should_fail = (8..12).contains(&c.tag);
+        match &c.result {
+            Err(Error::Device { errno, offset, .. }) => {
+                assert!(should_fail, "request {} failed but was outside the range", c.tag);
+                assert_eq!(*errno, libc::EIO);
+                assert_eq!(*offset, c.tag * 4096);
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(()) => assert!(!should_fail, "request {} should have failed", c.tag),
+        }
+    }
+    let e = engine.read_at(&mut [0u8; 4096], 40 << 10).unwrap_err();
+    assert!(e.to_string().contains("device error on read of 4096 bytes at offset 40960"), "{e}");
+    engine.read_at(&mut [0u8; 4096], 0).unwrap();
+}
+
+#[test]
+fn a_hung_command_times_out_instead_of_hanging() {
+    for completion in CompletionKind::ALL {
+        let p = PathConfig { timeout: Duration::from_millis(50), ..path(DispatchKind::Direct, completion) };
+        let engine = Engine::open("emu:dram-ssd,size=1m,hang_nth=2", p).unwrap();
+        let mut buf = vec![0u8; 4096];
+        engine.read_at(&mut buf, 0).unwrap();
+        let e = engine.read_at(&mut buf, 4096).unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        assert!(e.to_string().contains("did not complete within 50 ms"), "{e}");
+        engine.read_at(&mut buf, 8192).unwrap();
+    }
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let engine = Engine::open("emu:dram-ssd,size=1m", PathConfig::default()).unwrap();
+    let e = engine.read_at(&mut [], 0).unwrap_err();
+    assert!(matches!(e, Error::ZeroLength { .. }), "{e}");
+    let e = engine.read_at(&mut [0u8; 4096], (1 << 20) - 512).unwrap_err();
+    assert!(e.to_string().contains("past the end of the device"), "{e}");
+    let e = engine.write_at(&[0u8; 512], u64::MAX - 10).unwrap_err();
+    assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
+    let e = engine.read_at(&mut vec![0u8; 2 << 20], 0).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. } | Error::OutOfRange { .. }), "{e}");
+    let mut h = engine.handle(HandleOptions { depth: 2, buffers: 2, buffer_size: 4096 }).unwrap();
+    assert!(h.submit(Op::Read, 5, 0, 4096).unwrap_err().to_string().contains("no such buffer"));
+    assert!(h.read_into(0, 0, 8192).is_err(), "longer than the buffer");
+    h.submit(Op::Read, 0, 0, 4096).unwrap();
+    h.submit(Op::Read, 1, 0, 4096).unwrap();
+    let e = h.submit(Op::Read, 0, 0, 4096).unwrap_err();
+    assert!(e.to_string().contains("in flight") || e.to_string().contains("depth"), "{e}");
+}
+
+#[test]
+fn misaligned_o_direct_requests_are_refused_before_the_kernel_sees_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("direct.img");
+    for backend in ["uring", "psync"] {
+        let device = open_device(&format!("{backend}:{}", file.display()), Some(1 << 20)).unwrap();
+        let align = device.capabilities().alignment as usize;
+        assert!(align >= 512);
+        let engine = Engine::with_device(device, PathConfig::default()).unwrap();
+        let mut h = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: 8192 }).unwrap();
+        // A buffer one byte off an aligned address.
+        let mut raw = vec![0u8; 3 * align];
+        let start = raw.as_ptr().align_offset(align) + 1;
+        let e = h.read_at(&mut raw[start..start + align], 0).unwrap_err();
+        assert!(e.to_string().contains("buffer address"), "{e}");
+        assert!(e.to_string().contains("IoBuf") || e.to_string().contains("aligned"), "{e}");
+        let e = h.read_into(0, 100, 4096).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "offset", .. }), "{e}");
+        let e = h.read_into(0, 0, 1000).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { what: "length", .. }), "{e}");
+        h.read_into(0, 4096, 4096).unwrap();
+    }
+}
+
+#[test]
+fn engine_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Engine>();
+    let engine = Arc::new(Engine::open("emu:null,size=1m", PathConfig::default()).unwrap());
+    let e2 = Arc::clone(&engine);
+    std::thread::spawn(move || e2.write_at(&[1u8; 512], 0).unwrap()).join().unwrap();
+    let mut b = [0u8; 512];
+    engine.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, [1u8; 512]);
+}
+
+#[test]
+fn flush_works_on_every_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = [
+        format!("emu:dram-ssd,size=1m,file={}", dir.path().join("emu.img").display()),
+        "null".to_string(),
+        format!("psync:{}", dir.path().join("p.img").display()),
+        format!("uring:{}", dir.path().join("u.img").display()),
+    ];
+    for spec in specs {
+        let device = open_device(&spec, Some(1 << 20)).unwrap();
+        let engine = Engine::with_device(device, PathConfig::default()).unwrap();
+        let mut h = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: 4096 }).unwrap();
+        h.write_from(0, 0, 4096).unwrap();
+        h.flush().unwrap_or_else(|e| panic!("{spec}: {e}"));
+    }
+}
