@@ -80,6 +80,30 @@ impl ThreadUsage {
         }
     }
 
+    /// Usage of another thread of this process, from /proc: its on-CPU time
+    /// (from `schedstat`, counted as user time: /proc does not split it finely)
+    /// and its context switches. Zero if the thread is gone.
+    pub fn of_thread(tid: i32) -> ThreadUsage {
+        if tid <= 0 {
+            return ThreadUsage::default();
+        }
+        let base = format!("/proc/self/task/{tid}");
+        let cpu_ns = std::fs::read_to_string(format!("{base}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        let status = std::fs::read_to_string(format!("{base}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        };
+        ThreadUsage {
+            user_ns: cpu_ns,
+            sys_ns: 0,
+            voluntary_ctx: field("voluntary_ctxt_switches:"),
+            involuntary_ctx: field("nonvoluntary_ctxt_switches:"),
+        }
+    }
+
     /// The usage accumulated between `earlier` and `self`.
     pub fn since(&self, earlier: &ThreadUsage) -> ThreadUsage {
         ThreadUsage {

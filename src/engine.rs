@@ -60,11 +60,17 @@ impl Engine {
     /// Builds an engine over an already opened device.
     pub fn with_device(device: Arc<dyn Device>, path: PathConfig) -> Result<Engine> {
         let capabilities = device.capabilities();
+        if path.pipeline == 0 {
+            return Err(Error::spec("pipeline", "0", "at least one command must be allowed in the device"));
+        }
+        let completion: Arc<dyn CompletionPolicy> = Arc::from(path.completion.build());
+        let timeout_ns = capabilities.timed.then_some(path.timeout.as_nanos() as u64);
+        let dispatch = path.dispatch.build(&device, &completion, &path, timeout_ns)?;
         Ok(Engine {
             shared: Arc::new(Shared {
                 id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
-                dispatch: path.dispatch.build(),
-                completion: Arc::from(path.completion.build()),
+                dispatch,
+                completion,
                 device,
                 capabilities,
                 path,
@@ -80,6 +86,16 @@ impl Engine {
     /// The path configuration.
     pub fn path(&self) -> &PathConfig {
         &self.shared.path
+    }
+
+    /// Counters of the path's own threads (an ATM dispatcher), not of any handle.
+    pub fn background_stats(&self) -> PathStats {
+        self.shared.dispatch.background_stats()
+    }
+
+    /// CPU time and context switches of the path's own threads so far.
+    pub fn background_usage(&self) -> crate::clock::ThreadUsage {
+        self.shared.dispatch.background_usage()
     }
 
     /// Opens a handle for the calling thread.
@@ -153,10 +169,20 @@ impl Handle {
             None
         };
         let registered = buffers.as_mut().map(|m| (m.as_mut_ptr(), m.len()));
-        let queue = shared.device.open_queue(&QueueConfig { depth: depth + 1, registered })?;
+        // Room for this thread's own requests, and for merged batches when it serves others.
+        let queue_depth = (depth as usize + 1).max(crate::path::dispatch::serve::queue_depth_for(shared.path.pipeline));
+        let queue_depth = (queue_depth as u32).min(caps.queue_depth);
+        let queue = shared.device.open_queue(&QueueConfig { depth: queue_depth, registered })?;
         let timeout_ns = caps.timed.then(|| shared.path.timeout.as_nanos() as u64);
-        let channel =
-            Channel::new(queue, Arc::clone(&shared.completion), depth as usize + 1, caps.max_segments, timeout_ns);
+        let mut channel = Channel::new(
+            queue,
+            Arc::clone(&shared.completion),
+            depth as usize,
+            queue_depth as usize,
+            caps.max_segments,
+            timeout_ns,
+        );
+        channel.waiter_spin_ns = shared.path.waiter_spin_ns();
         Ok(Handle {
             shared,
             channel,

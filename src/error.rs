@@ -167,6 +167,16 @@ impl Error {
         Error::InvalidSpec { what, value: value.into(), hint: hint.into() }
     }
 
+    /// The OS error number behind this error, if there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Device { errno, .. } => Some(*errno),
+            Error::Target { source, .. } | Error::Os { source, .. } => source.raw_os_error(),
+            Error::Timeout { .. } => Some(libc::ETIMEDOUT),
+            _ => None,
+        }
+    }
+
     /// Builds an [`Error::Os`] from the last OS error.
     pub fn last_os(context: impl Into<String>) -> Self {
         Error::Os { context: context.into(), source: io::Error::last_os_error() }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn path(dispatch: DispatchKind, completion: CompletionKind) -> PathConfig {
-    PathConfig { dispatch, completion, timeout: Duration::from_secs(10) }
+    PathConfig { timeout: Duration::from_secs(10), ..PathConfig::new(dispatch, completion) }
 }
 
 fn all_paths() -> Vec<PathConfig> {
@@ -70,7 +70,8 @@ fn every_path_survives_16_threads_on_the_emulated_ssd() {
         let engine = Engine::open("emu:dram-ssd,size=16m", p.clone()).unwrap();
         hammer(&engine, 16, 8, 4096, 3);
         let stats = engine.device().stats();
-        assert_eq!(stats.commands as usize, 16 * 8 * 3 * 3, "{}: every request reached the device once", p.label());
+        assert_eq!(stats.segments as usize, 16 * 8 * 3 * 3, "{}: every request reached the device once", p.label());
+        assert!(stats.commands <= stats.segments);
     }
 }
 

@@ -137,6 +137,7 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
     let progress = Arc::new(AtomicU64::new(0));
     let mut start_ns = 0;
     let mut device_before = Default::default();
+    let mut background_before = Default::default();
     let outcomes: Vec<Result<ThreadOutcome>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..config.threads)
             .map(|thread| {
@@ -149,6 +150,7 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
             .collect();
         barrier.wait();
         device_before = engine.device().stats();
+        background_before = (engine.background_stats(), engine.background_usage());
         start_ns = now_ns();
         let bar = (config.progress && std::io::stderr().is_terminal()).then(|| progress_bar(config));
         while !workers.iter().all(|w| w.is_finished()) {
@@ -163,12 +165,16 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
         workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")).collect()
     });
     let device_after = engine.device().stats();
+    // The path's own threads (an ATM dispatcher) count as part of the I/O path.
+    let (stats_before, usage_before): (PathStats, ThreadUsage) = background_before;
+    let background_stats = engine.background_stats().since(&stats_before);
+    let background_usage = engine.background_usage().since(&usage_before);
     let mut m = Measurements {
         wall_ns: 0,
         read: DirStats::default(),
         write: DirStats::default(),
-        usage: ThreadUsage::default(),
-        path: PathStats::default(),
+        usage: background_usage,
+        path: background_stats,
         device: device_after.since(&device_before),
         peak_bw_bytes: None,
         verified_blocks: 0,
@@ -308,13 +314,7 @@ fn worker(
     let end_ns = now_ns();
     let usage = ThreadUsage::now().since(&usage_before);
     result?;
-    let mut path = handle.stats();
-    path.requests -= path_before.requests;
-    path.commands -= path_before.commands;
-    path.segments -= path_before.segments;
-    path.device_ns -= path_before.device_ns;
-    path.wait.polls -= path_before.wait.polls;
-    path.wait.sleeps -= path_before.wait.sleeps;
+    let path = handle.stats().since(&path_before);
     Ok(ThreadOutcome { read: run.read, write: run.write, usage, path, verified_blocks: run.verified_blocks, end_ns })
 }
 

@@ -1,9 +1,9 @@
 //! `iopath bench`: one workload, fio-like flags.
 
+use super::path_args::{PathKnobs, duration_arg, presets_help, resolve_path};
 use clap::{Args, ValueEnum};
 use iopath::bench::{self, BenchConfig, Rw, report};
-use iopath::path::{CompletionKind, DispatchKind, PathConfig};
-use iopath::units::{parse_duration, parse_size};
+use iopath::units::parse_size;
 use std::time::Duration;
 
 /// Output formats.
@@ -19,16 +19,12 @@ fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
-fn duration_arg(s: &str) -> Result<Duration, String> {
-    parse_duration(s).map_err(|e| e.to_string())
-}
-
 fn rw_arg(s: &str) -> Result<Rw, String> {
     Rw::parse(s).map_err(|e| e.to_string())
 }
 
-#[derive(Args, Debug)]
-#[command(after_long_help = "\
+/// The DEVICES section of `--help`, shared with `compare`.
+pub const DEVICES_HELP: &str = "\
 DEVICES:
   emu:PRESET[,k=v...]   emulated SSD; presets dram-ssd (7 us/4KiB, seed 000), optane, zssd, nand, null, custom.
                         Options: size=, file= (data in a file, durable after flush), slots=, channels=,
@@ -40,30 +36,37 @@ DEVICES:
                         fixedbufs=0|1, fixedfiles=0|1, sqpoll=0|1, iopoll=auto|on|off.
   psync:PATH[,k=v...]   pread/pwrite. Options: direct=0|1, size=.
   A missing file is created and laid out at --size.
+";
 
-PATHS:
-  sync-path   direct dispatch + poll completion (seed 000 SyncPath: no hand-off, no context switch)
-  sync-intr   direct dispatch + interrupt completion (sleep until the completion wakes the caller)
-  --dispatch and --completion override the preset's halves.
+fn bench_help() -> String {
+    format!(
+        "{DEVICES_HELP}\n{}\nEXAMPLES:\n  \
+         iopath bench --device emu:dram-ssd --path sync-path --rw randread --bs 4k --runtime 2s\n  \
+         iopath bench --device emu:dram-ssd --completion interrupt --runtime 2s --output-format json\n  \
+         iopath bench --device emu:dram-ssd --path stm --rw randwrite --threads 16 --runtime 2s\n  \
+         iopath bench --device emu:dram-ssd --path atm --rw write --iodepth 32 --runtime 2s\n  \
+         iopath bench --device uring:/tmp/iopath.img --size 256m --rw randrw --threads 8 --verify --runtime 2s\n",
+        presets_help()
+    )
+}
 
-EXAMPLES:
-  iopath bench --device emu:dram-ssd --path sync-path --rw randread --bs 4k --runtime 2s
-  iopath bench --device emu:dram-ssd --completion interrupt --runtime 2s --output-format json
-  iopath bench --device uring:/tmp/iopath.img --size 256m --rw randrw --threads 8 --verify --runtime 2s
-")]
+#[derive(Args, Debug)]
+#[command(after_long_help = bench_help())]
 pub struct BenchArgs {
     /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v].
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
-    /// Path preset: sync-path or sync-intr.
+    /// Path preset (scsi-intr, sync-path, sync-intr, stm, atm, htm, 2q) or DISPATCH+COMPLETION.
     #[arg(long, default_value = "sync-path")]
     path: String,
-    /// Override the preset's dispatch strategy (direct).
+    /// Override the preset's dispatch strategy (direct, combine, queue, hybrid, twoq, elevator).
     #[arg(long)]
     dispatch: Option<String>,
     /// Override the preset's completion policy (poll, interrupt).
     #[arg(long)]
     completion: Option<String>,
+    #[command(flatten)]
+    knobs: PathKnobs,
     /// Access pattern: read, write, randread, randwrite, rw, randrw.
     #[arg(long, default_value = "randread", value_parser = rw_arg)]
     rw: Rw,
@@ -94,9 +97,6 @@ pub struct BenchArgs {
     /// Seed for the offset generators.
     #[arg(long, default_value_t = 0x10_9a7)]
     seed: u64,
-    /// Time after which a request on the emulated device counts as hung.
-    #[arg(long, default_value = "30s", value_parser = duration_arg)]
-    timeout: Duration,
     /// table or json.
     #[arg(long, value_enum, default_value = "table")]
     output_format: OutputFormat,
@@ -105,34 +105,10 @@ pub struct BenchArgs {
     no_progress: bool,
 }
 
-/// Builds the path from a preset and optional overrides; the name is the preset's or `custom`.
-pub fn resolve_path(
-    preset: &str,
-    dispatch: Option<&str>,
-    completion: Option<&str>,
-    timeout: Duration,
-) -> iopath::Result<(PathConfig, String)> {
-    let mut path = PathConfig::preset(preset)?;
-    let base = path.clone();
-    if let Some(d) = dispatch {
-        path.dispatch = DispatchKind::parse(d)?;
-    }
-    if let Some(c) = completion {
-        path.completion = CompletionKind::parse(c)?;
-    }
-    path.timeout = timeout;
-    let name = if path.dispatch == base.dispatch && path.completion == base.completion {
-        preset.to_string()
-    } else {
-        format!("{preset}/{}", path.label())
-    };
-    Ok((path, name))
-}
-
 /// Runs `iopath bench`.
 pub fn run(args: BenchArgs) -> iopath::Result<()> {
     let (path, path_name) =
-        resolve_path(&args.path, args.dispatch.as_deref(), args.completion.as_deref(), args.timeout)?;
+        resolve_path(&args.path, args.dispatch.as_deref(), args.completion.as_deref(), &args.knobs)?;
     let config = BenchConfig {
         device: args.device,
         path,

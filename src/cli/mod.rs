@@ -1,6 +1,7 @@
 //! Command-line parsing and the subcommands.
 
 mod bench;
+mod path_args;
 
 use clap::{Parser, Subcommand};
 

@@ -1,29 +1,54 @@
 //! A thread's channel to the device: its queue, its preallocated commands,
-//! its completed-but-unclaimed commands and its counters.
+//! its completed-but-unclaimed commands, its hand-off waiters and its counters.
 //!
-//! Channels are per thread (SPDK's `io_channel`): nothing in here is shared,
-//! so the hot path takes no lock and allocates nothing once the command pool
-//! is warm. Dispatch strategies build on the primitives here.
+//! Channels are per thread (SPDK's `io_channel`): nothing in here is shared
+//! except the [`Waiter`]s a merging dispatch hands to a serving thread, so the
+//! hot path takes no lock and allocates nothing once the pools are warm.
+//! Dispatch strategies build on the primitives here.
 
 use super::completion::{CompletionPolicy, WaitStats};
 use super::dispatch::Request;
+use super::waiter::{Doorbell, Outcome, Waiter};
 use crate::clock::now_ns;
 use crate::device::{Command, Op, Queue, Segment};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+/// Buckets of the segments-per-command histogram: 1, 2, 3-4, 5-8, ..., 513-1024.
+pub const SEGMENT_BUCKETS: usize = 11;
+
+/// The histogram bucket of a command with `segments` segments.
+pub fn segment_bucket(segments: usize) -> usize {
+    (usize::BITS - segments.max(1).saturating_sub(1).leading_zeros()).min(SEGMENT_BUCKETS as u32 - 1) as usize
+}
+
+/// Label of histogram bucket `i` ("1", "2", "3-4", ...).
+pub fn segment_bucket_label(i: usize) -> String {
+    match i {
+        0 => "1".into(),
+        1 => "2".into(),
+        _ => format!("{}-{}", (1 << (i - 1)) + 1, 1 << i),
+    }
+}
+
 /// Counters of one channel; summed over threads for a report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PathStats {
-    /// Requests completed.
+    /// Requests completed for this channel's owner.
     pub requests: u64,
-    /// Device commands sent.
+    /// Device commands this channel sent (for itself or, when serving, for others).
     pub commands: u64,
     /// Segments in those commands.
     pub segments: u64,
+    /// Commands by segment count (see [`segment_bucket`]).
+    pub segments_hist: [u64; SEGMENT_BUCKETS],
+    /// Requests this channel sent on behalf of a merge (its own or others').
+    pub merged_requests: u64,
+    /// Total time those requests waited between arrival and submission.
+    pub merge_wait_ns: u64,
     /// Sum of per-request device time (timed devices).
     pub device_ns: u64,
-    /// The completion policy's counters.
+    /// The completion policy's counters, plus sleeps while waiting on another thread.
     pub wait: WaitStats,
 }
 
@@ -33,8 +58,34 @@ impl PathStats {
         self.requests += other.requests;
         self.commands += other.commands;
         self.segments += other.segments;
+        for (a, b) in self.segments_hist.iter_mut().zip(&other.segments_hist) {
+            *a += b;
+        }
+        self.merged_requests += other.merged_requests;
+        self.merge_wait_ns += other.merge_wait_ns;
         self.device_ns += other.device_ns;
         self.wait.add(&other.wait);
+    }
+
+    /// The counters accumulated between `earlier` and `self`.
+    pub fn since(&self, earlier: &PathStats) -> PathStats {
+        let mut hist = self.segments_hist;
+        for (a, b) in hist.iter_mut().zip(&earlier.segments_hist) {
+            *a -= b;
+        }
+        PathStats {
+            requests: self.requests - earlier.requests,
+            commands: self.commands - earlier.commands,
+            segments: self.segments - earlier.segments,
+            segments_hist: hist,
+            merged_requests: self.merged_requests - earlier.merged_requests,
+            merge_wait_ns: self.merge_wait_ns - earlier.merge_wait_ns,
+            device_ns: self.device_ns - earlier.device_ns,
+            wait: WaitStats {
+                polls: self.wait.polls - earlier.wait.polls,
+                sleeps: self.wait.sleeps - earlier.wait.sleeps,
+            },
+        }
     }
 }
 
@@ -55,15 +106,22 @@ pub struct Completed {
     pub result: Result<()>,
 }
 
-/// Checks one segment's result against what was asked.
-pub fn segment_result(op: Op, seg: &Segment) -> Result<()> {
-    if seg.result < 0 {
-        Err(Error::Device { op: op.name(), offset: seg.offset, len: seg.len as u64, errno: -seg.result })
-    } else if (seg.result as u32) < seg.len {
-        Err(Error::Short { op: op.name(), offset: seg.offset, len: seg.len as u64, done: seg.result as u64 })
+/// Turns a raw result (bytes or -errno) for a request into a `Result`.
+pub fn request_result(op: Op, offset: u64, len: u32, result: i32) -> Result<()> {
+    if result == -libc::ETIMEDOUT {
+        Err(Error::Timeout { op: op.name(), offset, timeout_ms: 0 })
+    } else if result < 0 {
+        Err(Error::Device { op: op.name(), offset, len: len as u64, errno: -result })
+    } else if op != Op::Flush && (result as u32) < len {
+        Err(Error::Short { op: op.name(), offset, len: len as u64, done: result as u64 })
     } else {
         Ok(())
     }
+}
+
+/// Checks one segment's result against what was asked.
+pub fn segment_result(op: Op, seg: &Segment) -> Result<()> {
+    request_result(op, seg.offset, seg.len, seg.result)
 }
 
 /// One thread's channel.
@@ -72,36 +130,63 @@ pub struct Channel {
     completion: Arc<dyn CompletionPolicy>,
     pool: Vec<Command>,
     done: Vec<Command>,
+    queue_depth: usize,
     max_segments: usize,
     timeout_ns: Option<u64>,
+    doorbell: Arc<Doorbell>,
+    /// Hand-off waiters: one per queued-API slot, and the last for blocking calls.
+    /// Never resized, so their addresses stay valid while other threads hold them.
+    waiters: Vec<Waiter>,
+    /// Indices of waiters in flight for the queued API.
+    waiting: Vec<usize>,
+    /// How long to spin before sleeping when waiting on another thread.
+    pub waiter_spin_ns: u64,
     /// Counters.
     pub stats: PathStats,
 }
 
 impl Channel {
-    /// A channel over `queue`; `timeout_ns` is `None` for devices that must be
-    /// waited for without limit.
+    /// A channel over `queue` (opened with `queue_depth`) for `queued_slots`
+    /// requests of the queued API; `timeout_ns` is `None` for devices that must
+    /// be waited for without limit.
     pub fn new(
         queue: Box<dyn Queue>,
         completion: Arc<dyn CompletionPolicy>,
-        depth: usize,
+        queued_slots: usize,
+        queue_depth: usize,
         max_segments: usize,
         timeout_ns: Option<u64>,
     ) -> Channel {
+        let doorbell = Arc::new(Doorbell::default());
         Channel {
             queue,
             completion,
-            pool: (0..depth).map(|_| Command::with_capacity(1)).collect(),
-            done: Vec::with_capacity(depth),
+            pool: (0..queue_depth).map(|_| Command::with_capacity(1)).collect(),
+            done: Vec::with_capacity(queue_depth),
+            queue_depth,
             max_segments,
             timeout_ns,
+            waiters: (0..=queued_slots).map(|_| Waiter::new(Arc::clone(&doorbell))).collect(),
+            waiting: Vec::with_capacity(queued_slots),
+            doorbell,
+            waiter_spin_ns: 0,
             stats: PathStats::default(),
         }
+    }
+
+    /// Most commands this channel's queue may have in flight.
+    pub fn queue_depth(&self) -> usize {
+        self.queue_depth
     }
 
     /// Most segments one command to this channel's device may carry.
     pub fn max_segments(&self) -> usize {
         self.max_segments
+    }
+
+    /// The completion policy.
+    pub fn completion(&self) -> &Arc<dyn CompletionPolicy> {
+        &self.completion
     }
 
     /// A cleared command from the pool (allocates only when the pool is empty).
@@ -124,6 +209,7 @@ impl Channel {
     pub unsafe fn submit_command(&mut self, command: Command) {
         self.stats.commands += 1;
         self.stats.segments += command.segments.len() as u64;
+        self.stats.segments_hist[segment_bucket(command.segments.len())] += 1;
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.queue.submit(command) };
     }
@@ -163,19 +249,52 @@ impl Channel {
         self.queue.in_flight()
     }
 
-    fn limit_ns(&self) -> u64 {
+    /// The time limit for a wait starting now.
+    pub fn limit_ns(&self) -> u64 {
         self.timeout_ns.map_or(u64::MAX, |t| now_ns().saturating_add(t))
     }
 
+    /// The timeout for requests on this channel's device, if it has one.
+    pub fn timeout_ns(&self) -> Option<u64> {
+        self.timeout_ns
+    }
+
+    /// The configured timeout, for messages.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ns.unwrap_or(0) / 1_000_000
+    }
+
     /// Waits through the completion policy until at least one more command is
-    /// back; fails with a timeout when the limit passes.
-    fn wait_more(&mut self, limit_ns: u64, tag_for_error: Option<&Request>) -> Result<()> {
+    /// back or `limit_ns` passes; returns whether one came back.
+    pub fn wait_any(&mut self, limit_ns: u64) -> Result<bool> {
         let n = self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns)?;
-        if n == 0 && now_ns() >= limit_ns {
-            let (op, offset) = tag_for_error.map_or(("request", 0), |r| (r.op.name(), r.offset));
-            return Err(Error::Timeout { op, offset, timeout_ms: self.timeout_ns.unwrap_or(0) / 1_000_000 });
-        }
-        Ok(())
+        Ok(n > 0)
+    }
+
+    /// Picks up completed commands without waiting.
+    pub fn poll_any(&mut self) -> Result<usize> {
+        self.stats.wait.polls += 1;
+        self.queue.reap(&mut self.done)
+    }
+
+    /// When the device expects to complete its next command, if it can tell.
+    pub fn next_deadline_ns(&self) -> Option<u64> {
+        self.queue.next_deadline_ns()
+    }
+
+    /// Commands handed back by the device and not yet taken.
+    pub fn done_len(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Takes one command the device has handed back, if any.
+    pub fn pop_done(&mut self) -> Option<Command> {
+        self.done.pop()
+    }
+
+    fn timeout_error(&self, request: Option<&Request>) -> Error {
+        let (op, offset) = request.map_or(("request", 0), |r| (r.op.name(), r.offset));
+        Error::Timeout { op, offset, timeout_ms: self.timeout_ms() }
     }
 
     /// Waits for the command with `tag` and hands it back whole (all segments' results).
@@ -185,7 +304,9 @@ impl Channel {
             if let Some(pos) = self.done.iter().position(|c| c.tag == tag) {
                 return Ok(self.done.swap_remove(pos));
             }
-            self.wait_more(limit, None)?;
+            if !self.wait_any(limit)? && now_ns() >= limit {
+                return Err(self.timeout_error(None));
+            }
         }
     }
 
@@ -200,10 +321,7 @@ impl Channel {
     pub fn finish(&mut self, command: Command) -> Completed {
         let (offset, len, result) = match command.segments.first() {
             Some(seg) => (seg.offset, seg.len, segment_result(command.op, seg)),
-            None if command.result < 0 => {
-                (0, 0, Err(Error::Device { op: command.op.name(), offset: 0, len: 0, errno: -command.result }))
-            }
-            None => (0, 0, Ok(())),
+            None => (0, 0, request_result(command.op, 0, 0, command.result)),
         };
         self.stats.requests += 1;
         self.stats.device_ns += command.device_ns;
@@ -223,7 +341,9 @@ impl Channel {
             self.queue.reap(&mut self.done)?;
         }
         while self.done.len() < min {
-            self.wait_more(limit, None)?;
+            if !self.wait_any(limit)? && now_ns() >= limit {
+                return Err(self.timeout_error(None));
+            }
         }
         let n = self.done.len();
         while let Some(command) = self.done.pop() {
@@ -231,5 +351,95 @@ impl Channel {
             out.push(completed);
         }
         Ok(n)
+    }
+
+    // ---- hand-off waiters (merging dispatch strategies) ----
+
+    /// This channel's doorbell.
+    pub fn doorbell(&self) -> &Arc<Doorbell> {
+        &self.doorbell
+    }
+
+    /// The waiter for blocking calls.
+    pub fn blocking_waiter(&self) -> &Waiter {
+        self.waiters.last().expect("a channel always has a blocking waiter")
+    }
+
+    /// Arms the waiter for queued slot `tag` with `request` and records it as in flight.
+    pub fn arm_queued(&mut self, request: Request) -> Result<&Waiter> {
+        let index = request.tag as usize;
+        if index + 1 >= self.waiters.len() || !self.waiters[index].is_done() {
+            return Err(Error::spec("tag", request.tag.to_string(), "queued tag out of range or already in flight"));
+        }
+        self.waiters[index].arm(request, false);
+        self.waiting.push(index);
+        Ok(&self.waiters[index])
+    }
+
+    /// Queued waiters that have completed.
+    pub fn queued_done(&self) -> usize {
+        self.waiting.iter().filter(|&&i| self.waiters[i].is_done()).count()
+    }
+
+    /// Queued waiters still in flight or done but not collected.
+    pub fn queued_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Moves completed queued waiters to `out`; returns how many.
+    pub fn collect_queued(&mut self, out: &mut Vec<Completed>) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let index = self.waiting[i];
+            if self.waiters[index].is_done() {
+                self.waiting.swap_remove(i);
+                let completed = self.complete_from_waiter(index);
+                out.push(completed);
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+
+    /// The completed blocking request.
+    pub fn collect_blocking(&mut self) -> Completed {
+        self.complete_from_waiter(self.waiters.len() - 1)
+    }
+
+    fn complete_from_waiter(&mut self, index: usize) -> Completed {
+        let waiter = &self.waiters[index];
+        let request = waiter.request_as_owner();
+        let outcome: Outcome = waiter.outcome();
+        self.stats.requests += 1;
+        self.stats.device_ns += outcome.device_ns;
+        let mut result = request_result(request.op, request.offset, request.len, outcome.result);
+        if let Err(Error::Timeout { timeout_ms, .. }) = &mut result {
+            *timeout_ms = self.timeout_ms();
+        }
+        Completed {
+            tag: request.tag,
+            op: request.op,
+            offset: request.offset,
+            len: request.len,
+            device_ns: outcome.device_ns,
+            result,
+        }
+    }
+
+    /// Whether any of this channel's waiters is still held by another thread.
+    pub fn waiters_in_flight(&self) -> bool {
+        self.waiters.iter().any(|w| !w.is_done())
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // A serving thread may still hold our waiters: never free them under it.
+        while self.waiters_in_flight() {
+            self.doorbell.wait_until(0, now_ns() + 10_000_000, || !self.waiters.iter().any(|w| !w.is_done()));
+        }
     }
 }

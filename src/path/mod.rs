@@ -8,6 +8,7 @@
 pub mod channel;
 pub mod completion;
 pub mod dispatch;
+pub mod waiter;
 
 pub use channel::{Channel, PathStats};
 pub use completion::{CompletionKind, CompletionPolicy, WaitStats};
@@ -27,6 +28,22 @@ pub struct PathConfig {
     /// reported as timed out. Real devices are waited for without limit: the
     /// kernel owns the buffer until it answers.
     pub timeout: Duration,
+    /// Queue strategies: dispatch when this many requests are queued
+    /// (default 32 for `queue`/`twoq`/`hybrid`, 4 for `elevator`).
+    pub unplug_thresh: Option<usize>,
+    /// Queue strategies: dispatch when the oldest request has waited this long
+    /// (default 20 µs for `queue`/`twoq`/`hybrid`, 3 ms for `elevator`).
+    pub unplug: Option<Duration>,
+    /// Most segments per merged command (default: the device's limit).
+    pub max_segments: Option<usize>,
+    /// How long a thread waiting for another thread's work spins before it
+    /// sleeps (default: 1 ms with `poll`, 0 with `interrupt`).
+    pub waiter_spin: Option<Duration>,
+    /// `combine`: batches a winner may send after its own request is done
+    /// before it hands the role on.
+    pub combine_budget: u32,
+    /// Merging strategies: commands kept in the device at once.
+    pub pipeline: usize,
 }
 
 /// A named path preset.
@@ -45,6 +62,13 @@ pub struct PathPreset {
 /// The presets iopath knows.
 pub const PRESETS: &[PathPreset] = &[
     PathPreset {
+        name: "scsi-intr",
+        dispatch: DispatchKind::Elevator,
+        completion: CompletionKind::Interrupt,
+        about: "seed 000 baseline (Linux 2.6.32): plugged request queue, spatial merge only, dispatcher thread, \
+                interrupt completion",
+    },
+    PathPreset {
         name: "sync-path",
         dispatch: DispatchKind::Direct,
         completion: CompletionKind::Poll,
@@ -56,10 +80,40 @@ pub const PRESETS: &[PathPreset] = &[
         completion: CompletionKind::Interrupt,
         about: "the caller submits and sleeps until the completion wakes it (one wake-up per I/O)",
     },
+    PathPreset {
+        name: "stm",
+        dispatch: DispatchKind::Combine,
+        completion: CompletionKind::Poll,
+        about: "seed 000 STM: a winner merges everyone's pending requests into one command and polls",
+    },
+    PathPreset {
+        name: "atm",
+        dispatch: DispatchKind::Queue,
+        completion: CompletionKind::Poll,
+        about: "seed 000 ATM: plugged queue (unplug at 32 requests or 20 us), dispatcher merges and polls",
+    },
+    PathPreset {
+        name: "htm",
+        dispatch: DispatchKind::Hybrid,
+        completion: CompletionKind::Poll,
+        about: "seed 000 HTM: blocking requests take STM, queued ones take ATM",
+    },
+    PathPreset {
+        name: "2q",
+        dispatch: DispatchKind::TwoQ,
+        completion: CompletionKind::Poll,
+        about: "seed 000 2Q: ATM with a swapped (shadow) queue and immediate dispatch when the device is idle",
+    },
 ];
 
 /// Default request timeout on timed devices.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default batches a combining winner may send after its own request is done.
+pub const DEFAULT_COMBINE_BUDGET: u32 = 64;
+/// Default commands a merging strategy keeps in the device.
+pub const DEFAULT_PIPELINE: usize = 2;
+/// Default waiter spin with `poll` completion.
+pub const DEFAULT_POLL_WAITER_SPIN: Duration = Duration::from_millis(1);
 
 impl PathConfig {
     /// The configuration of a preset.
@@ -68,12 +122,41 @@ impl PathConfig {
             let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
             Error::spec("path preset", name, format!("known presets: {}", names.join(", ")))
         })?;
-        Ok(PathConfig { dispatch: p.dispatch, completion: p.completion, timeout: DEFAULT_TIMEOUT })
+        Ok(PathConfig::new(p.dispatch, p.completion))
+    }
+
+    /// A path with default knobs.
+    pub fn new(dispatch: DispatchKind, completion: CompletionKind) -> PathConfig {
+        PathConfig {
+            dispatch,
+            completion,
+            timeout: DEFAULT_TIMEOUT,
+            unplug_thresh: None,
+            unplug: None,
+            max_segments: None,
+            waiter_spin: None,
+            combine_budget: DEFAULT_COMBINE_BUDGET,
+            pipeline: DEFAULT_PIPELINE,
+        }
     }
 
     /// `dispatch+completion`, e.g. `direct+poll`.
     pub fn label(&self) -> String {
         format!("{}+{}", self.dispatch.name(), self.completion.name())
+    }
+
+    /// The waiter spin in effect.
+    pub fn waiter_spin_ns(&self) -> u64 {
+        let default = match self.completion {
+            CompletionKind::Poll => DEFAULT_POLL_WAITER_SPIN,
+            CompletionKind::Interrupt => Duration::ZERO,
+        };
+        self.waiter_spin.unwrap_or(default).as_nanos() as u64
+    }
+
+    /// The name of the preset this configuration matches exactly, if any.
+    pub fn preset_name(&self) -> Option<&'static str> {
+        PRESETS.iter().find(|p| p.dispatch == self.dispatch && p.completion == self.completion).map(|p| p.name)
     }
 }
 
@@ -91,7 +174,19 @@ mod tests {
     fn presets_resolve_and_unknown_ones_are_listed() {
         let p = PathConfig::preset("sync-path").unwrap();
         assert_eq!(p.label(), "direct+poll");
+        assert_eq!(PathConfig::preset("stm").unwrap().label(), "combine+poll");
+        assert_eq!(PathConfig::preset("scsi-intr").unwrap().label(), "elevator+interrupt");
         let e = PathConfig::preset("warp-drive").unwrap_err().to_string();
-        assert!(e.contains("sync-path"), "{e}");
+        assert!(e.contains("sync-path") && e.contains("2q"), "{e}");
+    }
+
+    #[test]
+    fn every_preset_has_a_unique_name_and_label() {
+        for (i, a) in PRESETS.iter().enumerate() {
+            for b in &PRESETS[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert!(a.dispatch != b.dispatch || a.completion != b.completion, "{} = {}", a.name, b.name);
+            }
+        }
     }
 }

@@ -19,6 +19,10 @@ impl CompletionPolicy for Interrupt {
         "interrupt"
     }
 
+    fn spins(&self) -> bool {
+        false
+    }
+
     fn wait(
         &self,
         queue: &mut dyn Queue,

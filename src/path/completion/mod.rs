@@ -32,6 +32,9 @@ pub trait CompletionPolicy: Send + Sync {
     /// Name used on the command line and in reports.
     fn name(&self) -> &'static str;
 
+    /// Whether the policy spins (burns the CPU) rather than sleeps.
+    fn spins(&self) -> bool;
+
     /// Waits until `queue` hands back at least one command (moved into `out`)
     /// or the monotonic clock passes `limit_ns`; returns how many were handed back.
     fn wait(

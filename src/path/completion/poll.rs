@@ -11,7 +11,7 @@ use crate::device::{Command, Queue};
 use crate::error::Result;
 
 /// How many empty looks between two clock reads for the time limit.
-const LOOKS_PER_CLOCK_READ: u64 = 256;
+const LOOKS_PER_CLOCK_READ: u64 = 8;
 
 /// The polling policy.
 #[derive(Debug, Default, Clone, Copy)]
@@ -20,6 +20,10 @@ pub struct Poll;
 impl CompletionPolicy for Poll {
     fn name(&self) -> &'static str {
         "poll"
+    }
+
+    fn spins(&self) -> bool {
+        true
     }
 
     fn wait(

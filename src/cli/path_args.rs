@@ -1,0 +1,97 @@
+//! Flags that choose and tune an I/O path, shared by `bench` and `compare`.
+
+use clap::Args;
+use iopath::path::{CompletionKind, DispatchKind, PathConfig};
+use iopath::units::{parse_duration, parse_duration_default_unit};
+use std::time::Duration;
+
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn micros_arg(s: &str) -> Result<Duration, String> {
+    parse_duration_default_unit(s, 1e3).map_err(|e| e.to_string())
+}
+
+/// Knobs of the merging paths.
+#[derive(Args, Debug, Clone)]
+pub struct PathKnobs {
+    /// queue/twoq/hybrid/elevator: dispatch when this many requests are queued
+    /// [default: 32 (seed 000's ATM); 4 for elevator (Linux 2.6.32)].
+    #[arg(long, help_heading = "Path knobs")]
+    pub unplug_thresh: Option<usize>,
+    /// queue/twoq/hybrid/elevator: dispatch when the oldest request has waited this long;
+    /// a bare number is microseconds [default: 20us; 3ms for elevator].
+    #[arg(long, value_parser = micros_arg, help_heading = "Path knobs")]
+    pub unplug_us: Option<Duration>,
+    /// Most requests merged into one device command [default: the device's limit, 1024 on emu].
+    #[arg(long, help_heading = "Path knobs")]
+    pub max_segments: Option<usize>,
+    /// How long a thread waiting for another thread's work spins before sleeping;
+    /// a bare number is microseconds [default: 1ms with poll, 0 with interrupt].
+    #[arg(long, value_parser = micros_arg, help_heading = "Path knobs")]
+    pub waiter_spin: Option<Duration>,
+    /// combine/hybrid: batches a winner may still send after its own request is
+    /// done before it hands the role to a waiting thread.
+    #[arg(long, default_value_t = iopath::path::DEFAULT_COMBINE_BUDGET, help_heading = "Path knobs")]
+    pub combine_budget: u32,
+    /// Merging paths: merged commands kept in the device at once (2 = the next
+    /// batch is sent while the current one is in service).
+    #[arg(long, default_value_t = iopath::path::DEFAULT_PIPELINE, help_heading = "Path knobs")]
+    pub pipeline: usize,
+    /// Time after which a request on the emulated device counts as hung.
+    #[arg(long, default_value = "30s", value_parser = duration_arg, help_heading = "Path knobs")]
+    pub timeout: Duration,
+}
+
+impl PathKnobs {
+    /// Applies the knobs to a path.
+    pub fn apply(&self, path: &mut PathConfig) {
+        path.unplug_thresh = self.unplug_thresh;
+        path.unplug = self.unplug_us;
+        path.max_segments = self.max_segments;
+        path.waiter_spin = self.waiter_spin;
+        path.combine_budget = self.combine_budget;
+        path.pipeline = self.pipeline;
+        path.timeout = self.timeout;
+    }
+}
+
+/// Resolves a path from a preset name (or `dispatch+completion`) and optional
+/// overrides; returns it with the name to show.
+pub fn resolve_path(
+    name: &str,
+    dispatch: Option<&str>,
+    completion: Option<&str>,
+    knobs: &PathKnobs,
+) -> iopath::Result<(PathConfig, String)> {
+    let mut path = match name.split_once('+') {
+        Some((d, c)) => PathConfig::new(DispatchKind::parse(d)?, CompletionKind::parse(c)?),
+        None => PathConfig::preset(name)?,
+    };
+    if let Some(d) = dispatch {
+        path.dispatch = DispatchKind::parse(d)?;
+    }
+    if let Some(c) = completion {
+        path.completion = CompletionKind::parse(c)?;
+    }
+    knobs.apply(&mut path);
+    let shown = match path.preset_name() {
+        Some(preset) => preset.to_string(),
+        None => path.label(),
+    };
+    Ok((path, shown))
+}
+
+/// The presets section of `--help`.
+pub fn presets_help() -> String {
+    let mut text = String::from("PATHS (--path NAME, or --path DISPATCH+COMPLETION):\n");
+    for p in iopath::path::PRESETS {
+        text.push_str(&format!("  {:<10} {}+{}: {}\n", p.name, p.dispatch.name(), p.completion.name(), p.about));
+    }
+    text.push_str(
+        "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt.\n  \
+         --dispatch and --completion override either half of a preset.\n",
+    );
+    text
+}

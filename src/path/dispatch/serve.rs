@@ -1,0 +1,280 @@
+//! The serving core shared by the merging dispatch strategies.
+//!
+//! A [`Server`] belongs to whichever thread currently holds a strategy's
+//! serving role (the STM combiner, the ATM dispatcher). It takes every
+//! pending [`Waiter`] in one swap, builds device commands from them, sends
+//! them on the serving thread's own channel, and when a command completes
+//! hands each segment's result to the waiter it came from. A device error in
+//! one segment therefore reaches exactly the request it belongs to.
+//!
+//! Merging is *temporal* (any requests of one direction, whatever their
+//! offsets, up to the device's segment limit: seed 000's device-level
+//! scatter/gather) or *spatial* (only requests that continue one another on
+//! the device: the disk-era block layer).
+
+use crate::clock::now_ns;
+use crate::device::{Command, Op};
+use crate::error::Result;
+use crate::path::channel::Channel;
+use crate::path::waiter::{Outcome, PendingList, Waiter};
+
+/// How requests may be combined into one command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeMode {
+    /// Any requests of one direction (device-level scatter/gather).
+    Temporal,
+    /// Only requests that are contiguous on the device.
+    Spatial,
+}
+
+/// Most commands one batch becomes: one per direction (reads, writes, flushes).
+pub const COMMANDS_PER_BATCH: usize = 3;
+
+/// Device queue depth a serving thread needs for `pipeline` batches in the device.
+pub fn queue_depth_for(pipeline: usize) -> usize {
+    COMMANDS_PER_BATCH * pipeline.max(1) + 1
+}
+
+/// How long before the device's current command completes the next batch is
+/// sent: enough to take the pending list, build the command and submit it.
+pub const SEND_LEAD_NS: u64 = 2_000;
+
+struct Batch {
+    tag: u64,
+    submitted_ns: u64,
+    waiters: Vec<*const Waiter>,
+}
+
+/// The state of the serving role.
+pub struct Server {
+    mode: MergeMode,
+    max_segments: usize,
+    max_commands: usize,
+    /// Requests taken from the pending list but not yet sent because the
+    /// device queue was full; sent first, before anything newer.
+    taken: Vec<*const Waiter>,
+    batches: Vec<Batch>,
+    spare: Vec<Vec<*const Waiter>>,
+    next_tag: u64,
+}
+
+// SAFETY: the raw waiter pointers are only dereferenced by the thread holding the
+// serving role, and every waiter stays alive until it is completed (Channel::drop).
+unsafe impl Send for Server {}
+
+fn request_of(w: *const Waiter) -> crate::path::dispatch::Request {
+    // SAFETY: taken from a PendingList; alive until completed (see above).
+    unsafe { (*w).request() }
+}
+
+fn complete(w: *const Waiter, outcome: Outcome) {
+    // SAFETY: as above; after this call the pointer is never used again.
+    unsafe { (*w).complete(outcome) }
+}
+
+impl Server {
+    /// A server merging in `mode`, at most `max_segments` per command and at
+    /// most `max_commands` commands in flight (its device queue's depth).
+    pub fn new(mode: MergeMode, max_segments: usize, max_commands: usize) -> Server {
+        Server {
+            mode,
+            max_segments: max_segments.max(1),
+            max_commands: max_commands.max(1),
+            taken: Vec::new(),
+            batches: Vec::new(),
+            spare: Vec::new(),
+            next_tag: 1,
+        }
+    }
+
+    /// Commands sent and not yet completed (including ones the device has
+    /// handed back that are still waiting in `channel`).
+    pub fn in_flight(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Commands still in the device.
+    pub fn device_in_flight(&self, channel: &Channel) -> usize {
+        self.batches.len().saturating_sub(channel.done_len())
+    }
+
+    /// When the next batch should be sent: at once if the device is idle or
+    /// cannot say when it will be, else [`SEND_LEAD_NS`] before the command in
+    /// service completes, so the new batch is as large as it can be without
+    /// leaving the device idle.
+    pub fn send_time(&self, channel: &Channel) -> u64 {
+        if self.device_in_flight(channel) == 0 {
+            return 0;
+        }
+        channel.next_deadline_ns().map_or(0, |d| d.saturating_sub(SEND_LEAD_NS))
+    }
+
+    /// When the oldest command in flight was sent.
+    pub fn oldest_submitted_ns(&self) -> Option<u64> {
+        self.batches.iter().map(|b| b.submitted_ns).min()
+    }
+
+    /// Whether requests taken earlier still wait for room in the device queue.
+    pub fn has_backlog(&self) -> bool {
+        !self.taken.is_empty()
+    }
+
+    /// Whether there is anything to send: a backlog or pending requests.
+    pub fn has_work(&self, pending: &PendingList) -> bool {
+        self.has_backlog() || !pending.is_empty()
+    }
+
+    /// Takes every pending waiter and sends them, with any backlog, as merged
+    /// commands while the device queue has room; returns how many requests
+    /// were newly taken.
+    pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList) -> Result<usize> {
+        let backlog = self.taken.len();
+        let n = pending.take_all(&mut self.taken);
+        if self.taken.is_empty() {
+            return Ok(0);
+        }
+        let now = now_ns();
+        for &w in &self.taken[backlog..] {
+            // SAFETY: just taken; alive until completed.
+            channel.stats.merge_wait_ns += now.saturating_sub(unsafe { (*w).arrived_ns() });
+        }
+        channel.stats.merged_requests += n as u64;
+        let mut taken = std::mem::take(&mut self.taken);
+        match self.mode {
+            // Stable: reads, then writes, then flushes, each in arrival order.
+            MergeMode::Temporal => taken.sort_by_key(|&w| op_rank(request_of(w).op)),
+            MergeMode::Spatial => taken.sort_by_key(|&w| {
+                let r = request_of(w);
+                (op_rank(r.op), r.offset)
+            }),
+        }
+        let mut start = 0;
+        while start < taken.len() && self.batches.len() < self.max_commands {
+            let end = self.group_end(&taken, start);
+            self.send(channel, &taken[start..end], now);
+            start = end;
+        }
+        taken.drain(..start);
+        self.taken = taken;
+        channel.commit()?;
+        Ok(n)
+    }
+
+    /// Where the command starting at `taken[start]` ends.
+    fn group_end(&self, taken: &[*const Waiter], start: usize) -> usize {
+        let first = request_of(taken[start]);
+        if first.op == Op::Flush {
+            // One flush covers every write before it: all pending flushes share one command.
+            let flushes = taken[start..].iter().take_while(|&&w| request_of(w).op == Op::Flush).count();
+            return start + flushes;
+        }
+        let mut end = start + 1;
+        let mut next_offset = first.offset + first.len as u64;
+        while end < taken.len() && end - start < self.max_segments {
+            let r = request_of(taken[end]);
+            let fits = r.op == first.op
+                && match self.mode {
+                    MergeMode::Temporal => true,
+                    MergeMode::Spatial => r.offset == next_offset,
+                };
+            if !fits {
+                break;
+            }
+            next_offset = r.offset + r.len as u64;
+            end += 1;
+        }
+        end
+    }
+
+    fn send(&mut self, channel: &mut Channel, group: &[*const Waiter], now: u64) {
+        let op = request_of(group[0]).op;
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let mut command: Command = channel.take_command(op, tag);
+        if op != Op::Flush {
+            for &w in group {
+                let r = request_of(w);
+                command.push(r.offset, r.buf, r.len);
+            }
+        }
+        let mut waiters = self.spare.pop().unwrap_or_default();
+        waiters.extend_from_slice(group);
+        self.batches.push(Batch { tag, submitted_ns: now, waiters });
+        // SAFETY: each owner keeps its buffer valid until its waiter is completed,
+        // which happens only after this command is handed back.
+        unsafe { channel.submit_command(command) };
+    }
+
+    /// Completes the waiters of every command the device has handed back to
+    /// `channel`; returns how many commands were finished.
+    pub fn finish_done(&mut self, channel: &mut Channel) -> usize {
+        let mut finished = 0;
+        while let Some(command) = channel.pop_done() {
+            let Some(pos) = self.batches.iter().position(|b| b.tag == command.tag) else {
+                // A command given up on (timed out) that came back after all.
+                channel.recycle(command);
+                continue;
+            };
+            let batch = self.batches.swap_remove(pos);
+            let outcome = |result| Outcome { result, device_ns: command.device_ns, submitted_ns: batch.submitted_ns };
+            if command.op == Op::Flush {
+                for &w in &batch.waiters {
+                    complete(w, outcome(command.result));
+                }
+            } else {
+                debug_assert_eq!(batch.waiters.len(), command.segments.len());
+                for (&w, seg) in batch.waiters.iter().zip(&command.segments) {
+                    complete(w, outcome(seg.result));
+                }
+            }
+            channel.recycle(command);
+            let mut waiters = batch.waiters;
+            waiters.clear();
+            self.spare.push(waiters);
+            finished += 1;
+        }
+        finished
+    }
+
+    /// Fails every request of every command sent before `cutoff_ns` with
+    /// `-errno` (a command the device never completed) and forgets them.
+    pub fn fail_older_than(&mut self, cutoff_ns: u64, errno: i32) -> usize {
+        let mut failed = 0;
+        self.batches.retain_mut(|b| {
+            if b.submitted_ns > cutoff_ns {
+                return true;
+            }
+            for &w in &b.waiters {
+                complete(w, Outcome { result: -errno, device_ns: 0, submitted_ns: b.submitted_ns });
+                failed += 1;
+            }
+            false
+        });
+        failed
+    }
+
+    /// Waits for completions (through the channel's completion policy) until
+    /// one arrives or the oldest command has been in flight for `timeout_ns`;
+    /// commands older than that are failed with ETIMEDOUT. Returns whether a
+    /// command came back.
+    pub fn wait(&mut self, channel: &mut Channel, timeout_ns: Option<u64>, limit_ns: u64) -> Result<bool> {
+        let oldest_limit = match (timeout_ns, self.oldest_submitted_ns()) {
+            (Some(t), Some(oldest)) => oldest.saturating_add(t),
+            _ => u64::MAX,
+        };
+        let got = channel.wait_any(limit_ns.min(oldest_limit))?;
+        if !got && now_ns() >= oldest_limit {
+            let cutoff = now_ns().saturating_sub(timeout_ns.unwrap_or(0));
+            self.fail_older_than(cutoff, libc::ETIMEDOUT);
+        }
+        Ok(got)
+    }
+}
+
+fn op_rank(op: Op) -> u8 {
+    match op {
+        Op::Read => 0,
+        Op::Write => 1,
+        Op::Flush => 2,
+    }
+}

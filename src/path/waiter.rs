@@ -1,0 +1,386 @@
+//! Hand-off of requests between threads: [`Waiter`] nodes and [`Doorbell`]s.
+//!
+//! When a request is carried out by another thread (the STM combiner, the
+//! ATM dispatcher), its owner publishes it in a [`Waiter`] that lives in the
+//! owner's channel, and waits on the channel's [`Doorbell`]. The thread that
+//! completes the request writes the outcome into the waiter, marks it done
+//! and rings the owner's doorbell. Waiting spins for a short, configurable
+//! time and then sleeps on a futex, so a waiter burns no CPU for long.
+//!
+//! Memory ordering: the owner writes the request and then publishes the
+//! waiter with a release operation (a push onto a [`PendingList`]); the
+//! server takes waiters with an acquire operation. The server writes the
+//! outcome and then sets `done` with release; the owner reads `done` with
+//! acquire before it reads the outcome. The doorbell is a Dekker pair: the
+//! ringer stores its condition, fences, then reads `sleepers` (and only then
+//! bumps `seq` and wakes); the sleeper reads `seq`, raises `sleepers`, re-reads
+//! its condition, then lets the kernel compare `seq`. All sequentially
+//! consistent, so at least one of them sees the other: no wake-up is lost.
+
+use super::dispatch::Request;
+use crate::clock::now_ns;
+use std::cell::UnsafeCell;
+use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let ts_ptr = ts.as_ref().map_or(ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; FUTEX_WAIT only
+    // compares it with `expected` and sleeps. Spurious returns are handled by every caller.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, ts_ptr);
+    }
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid address only wakes threads waiting on it.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+    }
+}
+
+/// A channel's wake-up word: rung whenever one of its waiters completes or
+/// is asked to take over serving.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    seq: AtomicU32,
+    sleepers: AtomicU32,
+    takeover: AtomicBool,
+}
+
+impl Doorbell {
+    /// Asks the owner to take over the serving role, and wakes it.
+    pub fn request_takeover(&self) {
+        self.takeover.store(true, Ordering::SeqCst);
+        self.ring();
+    }
+
+    /// Whether a takeover was asked for (does not clear it).
+    pub fn takeover_pending(&self) -> bool {
+        self.takeover.load(Ordering::Acquire)
+    }
+
+    /// Clears a takeover request; returns whether there was one.
+    pub fn clear_takeover(&self) -> bool {
+        self.takeover.swap(false, Ordering::AcqRel)
+    }
+
+    /// Wakes the owner if it sleeps. Whatever the caller stored before this
+    /// call (the condition the owner waits for) is visible to the owner when
+    /// it wakes or before it decides to sleep.
+    pub fn ring(&self) {
+        // Orders the caller's stores before the read of `sleepers`; the sleeper
+        // publishes `sleepers` before it re-reads its condition. One of the two
+        // sees the other, so a ring is never lost, and a ring with no sleeper
+        // costs no write to this (shared) cache line.
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) != 0 {
+            self.seq.fetch_add(1, Ordering::SeqCst);
+            futex_wake_all(&self.seq);
+        }
+    }
+
+    /// Waits until `ready()` holds: spins for `spin_ns` (yielding the CPU
+    /// between looks), then sleeps until rung
+    /// (or until `limit_ns`). Returns whether `ready()` held and how many
+    /// times it slept.
+    pub fn wait_until(&self, spin_ns: u64, limit_ns: u64, mut ready: impl FnMut() -> bool) -> (bool, u64) {
+        if ready() {
+            return (true, 0);
+        }
+        let spin_end = now_ns().saturating_add(spin_ns).min(limit_ns);
+        if spin_ns > 0 {
+            loop {
+                // Give the CPU to a runnable thread (the server, on an overcommitted
+                // machine) between looks; costs one cheap system call when there is none.
+                std::thread::yield_now();
+                if ready() {
+                    return (true, 0);
+                }
+                if now_ns() >= spin_end {
+                    break;
+                }
+            }
+        }
+        let mut sleeps = 0;
+        loop {
+            let seen = self.seq.load(Ordering::SeqCst);
+            if ready() {
+                return (true, sleeps);
+            }
+            let now = now_ns();
+            if now >= limit_ns {
+                return (false, sleeps);
+            }
+            // Publish that we are about to sleep, then look once more: a ringer that
+            // made `ready` true either is seen here or sees us and bumps `seq`, which
+            // makes the futex wait return at once.
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            if !ready() {
+                let left = (limit_ns - now).min(1_000_000_000);
+                futex_wait(&self.seq, seen, Some(left));
+                sleeps += 1;
+            }
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What the server reports back about a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Bytes moved (>= 0) or a negative errno.
+    pub result: i32,
+    /// Device time of the command that carried it.
+    pub device_ns: u64,
+    /// When the request was handed to the device (for merge-wait statistics).
+    pub submitted_ns: u64,
+}
+
+/// One request handed to another thread. Lives in its owner's channel.
+pub struct Waiter {
+    next: AtomicPtr<Waiter>,
+    done: AtomicBool,
+    request: UnsafeCell<Request>,
+    outcome: UnsafeCell<Outcome>,
+    arrived_ns: AtomicU64,
+    /// Whether the owner waits for this one synchronously (blocking API).
+    pub blocking: AtomicBool,
+    doorbell: Arc<Doorbell>,
+}
+
+// SAFETY: `request` is written only by the owner before publication and read by
+// the server after an acquire; `outcome` is written only by the server before the
+// release store of `done` and read by the owner after an acquire load of it.
+unsafe impl Sync for Waiter {}
+// SAFETY: as above.
+unsafe impl Send for Waiter {}
+
+impl Waiter {
+    /// A waiter that rings `doorbell` when done.
+    pub fn new(doorbell: Arc<Doorbell>) -> Waiter {
+        Waiter {
+            next: AtomicPtr::new(ptr::null_mut()),
+            done: AtomicBool::new(true),
+            request: UnsafeCell::new(Request {
+                op: crate::device::Op::Read,
+                offset: 0,
+                buf: ptr::null_mut(),
+                len: 0,
+                tag: 0,
+            }),
+            outcome: UnsafeCell::new(Outcome::default()),
+            arrived_ns: AtomicU64::new(0),
+            blocking: AtomicBool::new(false),
+            doorbell,
+        }
+    }
+
+    /// Owner: loads a request; the waiter must not be in flight.
+    pub fn arm(&self, request: Request, blocking: bool) {
+        assert!(self.is_done(), "waiter re-armed while in flight");
+        // SAFETY: the waiter is done, so no server holds it; only the owner touches it now.
+        unsafe { *self.request.get() = request };
+        self.blocking.store(blocking, Ordering::Relaxed);
+        self.arrived_ns.store(now_ns(), Ordering::Relaxed);
+        self.done.store(false, Ordering::Relaxed);
+    }
+
+    /// Server: the request (valid between taking the waiter and completing it).
+    pub fn request(&self) -> Request {
+        debug_assert!(!self.is_done());
+        // SAFETY: published before the acquire that handed the waiter to this server.
+        unsafe { *self.request.get() }
+    }
+
+    /// Owner: the request it armed (valid at any time on the owner's thread).
+    pub fn request_as_owner(&self) -> Request {
+        // SAFETY: only the owner writes the request, and the owner is the caller.
+        unsafe { *self.request.get() }
+    }
+
+    /// When the owner armed it.
+    pub fn arrived_ns(&self) -> u64 {
+        self.arrived_ns.load(Ordering::Relaxed)
+    }
+
+    /// Whether the server has completed it.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Owner: the outcome, once done.
+    pub fn outcome(&self) -> Outcome {
+        assert!(self.is_done(), "outcome read before completion");
+        // SAFETY: written before the release store of `done` that we acquired.
+        unsafe { *self.outcome.get() }
+    }
+
+    /// Server: records the outcome, marks the waiter done and rings its owner.
+    /// The server must not touch the waiter afterwards.
+    pub fn complete(&self, outcome: Outcome) {
+        debug_assert!(!self.is_done(), "waiter completed twice");
+        // SAFETY: only the server that took this waiter writes the outcome, before `done`.
+        unsafe { *self.outcome.get() = outcome };
+        let doorbell = Arc::clone(&self.doorbell);
+        self.done.store(true, Ordering::Release);
+        // The owner may return and re-arm (or drop) the waiter from here on; the doorbell
+        // is kept alive by our own reference.
+        doorbell.ring();
+    }
+
+    /// Server, holding the serving role: the owner's doorbell, to ask it to
+    /// take over once the role is released.
+    pub fn owner_doorbell(&self) -> Arc<Doorbell> {
+        Arc::clone(&self.doorbell)
+    }
+}
+
+/// A lock-free list of pending waiters: many threads push, one server takes
+/// them all at once with a single swap (the seed's queue swap without a lock).
+#[derive(Debug, Default)]
+pub struct PendingList {
+    head: AtomicPtr<Waiter>,
+    /// Signed: a taker may subtract before a pusher has added.
+    count: AtomicIsize,
+    first_arrival_ns: AtomicU64,
+}
+
+// SAFETY: the list only stores pointers to waiters whose owners keep them alive
+// until they are completed (see `Channel`'s drop).
+unsafe impl Send for PendingList {}
+// SAFETY: as above.
+unsafe impl Sync for PendingList {}
+
+impl PendingList {
+    /// Publishes an armed waiter.
+    ///
+    /// # Safety
+    ///
+    /// The waiter must stay alive and unmoved until it is completed.
+    pub unsafe fn push(&self, waiter: &Waiter) {
+        let node = waiter as *const Waiter as *mut Waiter;
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            waiter.next.store(head, Ordering::Relaxed);
+            match self.head.compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        if self.count.fetch_add(1, Ordering::AcqRel) <= 0 {
+            self.first_arrival_ns.store(waiter.arrived_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Acquire).is_null()
+    }
+
+    /// Waiters pending (may lag a push by a moment).
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire).max(0) as usize
+    }
+
+    /// When the oldest pending waiter arrived (0 if none).
+    pub fn first_arrival_ns(&self) -> u64 {
+        if self.is_empty() { 0 } else { self.first_arrival_ns.load(Ordering::Relaxed) }
+    }
+
+    /// The most recently pushed waiter, if any. Only the serving thread may
+    /// call this, and only use the result while it holds the serving role.
+    pub fn peek(&self) -> Option<&Waiter> {
+        let head = self.head.load(Ordering::Acquire);
+        // SAFETY: pending waiters are alive until completed, and only the serving
+        // thread (our caller) completes them.
+        unsafe { head.as_ref() }
+    }
+
+    /// Takes every pending waiter, oldest first, appending them to `out`.
+    pub fn take_all(&self, out: &mut Vec<*const Waiter>) -> usize {
+        let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+        let start = out.len();
+        while !node.is_null() {
+            out.push(node);
+            // SAFETY: the node was published by `push` and stays alive until completed.
+            node = unsafe { (*node).next.load(Ordering::Relaxed) };
+        }
+        let taken = out.len() - start;
+        self.count.fetch_sub(taken as isize, Ordering::AcqRel);
+        out[start..].reverse();
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Op;
+
+    fn req(offset: u64) -> Request {
+        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset }
+    }
+
+    #[test]
+    fn pending_list_hands_every_waiter_to_exactly_one_taker() {
+        let doorbell = Arc::new(Doorbell::default());
+        let waiters: Vec<Waiter> = (0..4000).map(|_| Waiter::new(Arc::clone(&doorbell))).collect();
+        let list = PendingList::default();
+        let taken = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (waiters, list) = (&waiters, &list);
+                s.spawn(move || {
+                    for (i, w) in waiters.iter().enumerate().skip(t).step_by(4) {
+                        w.arm(req(i as u64), false);
+                        // SAFETY: the waiters outlive the scope.
+                        unsafe { list.push(w) };
+                    }
+                });
+            }
+            s.spawn(|| {
+                let mut mine = Vec::new();
+                for _ in 0..10_000 {
+                    list.take_all(&mut mine);
+                }
+                taken.lock().unwrap().extend(mine.into_iter().map(|p| p as usize));
+            });
+        });
+        let mut all = taken.into_inner().unwrap();
+        let mut rest = Vec::new();
+        list.take_all(&mut rest);
+        all.extend(rest.into_iter().map(|p| p as usize));
+        all.sort();
+        let before = all.len();
+        all.dedup();
+        assert_eq!(before, all.len(), "a waiter was taken twice");
+        assert_eq!(all.len(), 4000, "a waiter was lost");
+        assert_eq!(list.len(), 0);
+    }
+
+    #[test]
+    fn a_completed_waiter_wakes_its_sleeping_owner() {
+        let doorbell = Arc::new(Doorbell::default());
+        let waiter = Arc::new(Waiter::new(Arc::clone(&doorbell)));
+        for round in 0..200u64 {
+            waiter.arm(req(round), true);
+            let w = Arc::clone(&waiter);
+            let server = std::thread::spawn(move || {
+                if round % 2 == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                w.complete(Outcome { result: 512, device_ns: round, submitted_ns: 0 });
+            });
+            let (ok, _) = doorbell.wait_until(0, u64::MAX, || waiter.is_done());
+            assert!(ok);
+            assert_eq!(waiter.outcome().device_ns, round);
+            server.join().unwrap();
+        }
+    }
+}
