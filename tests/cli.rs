@@ -111,6 +111,39 @@ fn verify_passes_under_8_threads_of_randrw_on_every_device() {
 }
 
 #[test]
+fn verify_passes_on_every_path_under_16_threads_of_randrw() {
+    for path in ["scsi-intr", "sync-path", "sync-intr", "stm", "atm", "htm", "2q"] {
+        for completion in ["poll", "interrupt"] {
+            for depth in ["1", "4"] {
+                let v = bench_json(&[
+                    "--device",
+                    "emu:dram-ssd",
+                    "--size",
+                    "16m",
+                    "--rw",
+                    "randrw",
+                    "--threads",
+                    "16",
+                    "--verify",
+                    "--ios",
+                    "100",
+                    "--path",
+                    path,
+                    "--completion",
+                    completion,
+                    "--iodepth",
+                    depth,
+                ]);
+                let job = &v["jobs"][0];
+                assert!(job["iopath"]["verified_blocks"].as_u64().unwrap() > 0, "{path} {completion} {depth}");
+                let total = job["read"]["total_ios"].as_u64().unwrap() + job["write"]["total_ios"].as_u64().unwrap();
+                assert_eq!(total, 1600, "{path} {completion} qd{depth}: every request completed");
+            }
+        }
+    }
+}
+
+#[test]
 fn verify_passes_on_a_loop_device() {
     common::with_loop_device("verify_passes_on_a_loop_device", |dev| {
         let spec = format!("uring:{}", dev.path.display());
@@ -226,4 +259,64 @@ fn help_teaches() {
 fn a_device_error_fails_the_run_with_its_location() {
     let err = fails(&["bench", "--device", "emu:dram-ssd,size=1m,fail_nth=5", "--ios", "20", "--no-progress"]);
     assert!(err.contains("device error on read"), "{err}");
+}
+
+#[test]
+fn compare_prints_matrices_json_and_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("share.svg");
+    let o = iopath(&[
+        "compare",
+        "--paths",
+        "scsi-intr,sync-path,stm",
+        "--workloads",
+        "randread,write",
+        "--threads",
+        "4",
+        "--runtime",
+        "150ms",
+        "--no-progress",
+        "--plot",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for needle in ["relative to scsi-intr", "Share of the device's peak bandwidth", "randread", "stm", "req/cmd"] {
+        assert!(out.contains(needle), "missing {needle}: {out}");
+    }
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("scsi-intr"));
+
+    let o = iopath(&[
+        "compare",
+        "--paths",
+        "scsi-intr,stm+interrupt",
+        "--workloads",
+        "randwrite",
+        "--threads",
+        "2",
+        "--runtime",
+        "100ms",
+        "--output-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cells = v["compare"]["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2);
+    assert_eq!(cells[0]["normalized"].as_f64().unwrap(), 1.0, "the baseline is 1.0 by definition");
+    // Each job is exactly what `bench` prints for that run.
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs[1]["iopath"]["dispatch"], "combine");
+    assert_eq!(jobs[1]["iopath"]["completion"], "interrupt");
+    let bench = bench_json(&["--device", "emu:dram-ssd", "--threads", "2", "--ios", "10", "--rw", "randwrite"]);
+    let keys = |j: &Value| j.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&jobs[0]), keys(&bench["jobs"][0]));
+    assert_eq!(keys(&jobs[0]["iopath"]), keys(&bench["jobs"][0]["iopath"]));
+    let iops = cells[1]["iops"].as_f64().unwrap();
+    let job_iops = jobs[1]["write"]["iops"].as_f64().unwrap();
+    assert!((iops - job_iops).abs() < 1e-6 * iops.max(1.0), "matrix and job agree");
+
+    let err = fails(&["compare", "--workloads", "sideways"]);
+    assert!(err.contains("expected read, write"), "{err}");
 }

@@ -257,3 +257,114 @@ fn flush_works_on_every_backend() {
         h.flush().unwrap_or_else(|e| panic!("{spec}: {e}"));
     }
 }
+
+fn merging_paths() -> Vec<PathConfig> {
+    all_paths().into_iter().filter(|p| p.dispatch != DispatchKind::Direct).collect()
+}
+
+#[test]
+fn a_device_error_in_a_merged_command_reaches_only_its_requests() {
+    for p in merging_paths() {
+        // Blocks 8..12 of 64 fail; 16 threads read all 64 blocks at once, so the
+        // failing blocks travel in commands together with good ones.
+        let engine = Engine::open("emu:dram-ssd,size=256k,fail_range=32k-48k", p.clone()).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..16u64 {
+                let engine = engine.clone();
+                let label = p.label();
+                s.spawn(move || {
+                    let mut buf = IoBuf::new(4096);
+                    for round in 0..20u64 {
+                        let block = (t * 4 + round % 4) % 64;
+                        let offset = block * 4096;
+                        match engine.read_at(&mut buf, offset) {
+                            Ok(()) => assert!(!(8..12).contains(&block), "{label}: block {block} should fail"),
+                            Err(Error::Device { offset: at, errno, .. }) => {
+                                assert!((8..12).contains(&block), "{label}: block {block} failed but is good");
+                                assert_eq!((at, errno), (offset, libc::EIO), "{label}");
+                            }
+                            Err(e) => panic!("{label}: unexpected error {e}"),
+                        }
+                    }
+                });
+            }
+        });
+        let stats = engine.device().stats();
+        assert_eq!(stats.segments, 16 * 20, "{}", p.label());
+        if p.dispatch != DispatchKind::Elevator {
+            assert!(stats.commands < stats.segments, "{}: requests were merged", p.label());
+        }
+    }
+}
+
+#[test]
+fn a_hung_merged_command_fails_its_requests_instead_of_hanging() {
+    for p in merging_paths() {
+        let p = PathConfig { timeout: Duration::from_millis(100), ..p };
+        let engine = Engine::open("emu:dram-ssd,size=1m,hang_nth=3", p.clone()).unwrap();
+        let timeouts = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let (engine, timeouts) = (engine.clone(), &timeouts);
+                let label = p.label();
+                s.spawn(move || {
+                    let mut buf = IoBuf::new(4096);
+                    for i in 0..5u64 {
+                        match engine.read_at(&mut buf, (t * 5 + i) * 4096) {
+                            Ok(()) => {}
+                            Err(Error::Timeout { timeout_ms, .. }) => {
+                                assert_eq!(timeout_ms, 100, "{label}");
+                                timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Err(e) => panic!("{label}: unexpected error {e}"),
+                        }
+                    }
+                });
+            }
+        });
+        assert!(timeouts.into_inner() >= 1, "{}: the hung command's requests time out", p.label());
+    }
+}
+
+#[test]
+fn single_thread_stm_never_waits_for_a_merge_partner() {
+    for completion in CompletionKind::ALL {
+        let engine = Engine::open("emu:dram-ssd,size=1m", path(DispatchKind::Combine, completion)).unwrap();
+        let mut h = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: 4096 }).unwrap();
+        for i in 0..500u64 {
+            h.read_into(0, (i % 256) * 4096, 4096).unwrap();
+        }
+        let s = h.stats();
+        assert_eq!((s.requests, s.commands, s.segments), (500, 500, 500), "one command per request, sent at once");
+        assert_eq!(s.segments_hist[0], 500);
+        // The lone thread always wins the serving role: it never sleeps waiting for a partner.
+        match completion {
+            CompletionKind::Poll => assert_eq!(s.wait.sleeps, 0),
+            // At most one sleep per request: waiting for the device, never for a partner.
+            CompletionKind::Interrupt => assert!(s.wait.sleeps <= 500, "{}", s.wait.sleeps),
+        }
+        assert!(s.merge_wait_ns / 500 < 1_000_000, "requests are sent at once, not held for a partner");
+    }
+}
+
+#[test]
+fn merged_paths_flush_every_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    for p in merging_paths() {
+        let spec = format!("emu:dram-ssd,size=1m,file={}", dir.path().join("f.img").display());
+        let engine = Engine::open(&spec, p.clone()).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let engine = engine.clone();
+                s.spawn(move || {
+                    engine.write_at(&IoBuf::from_slice(&[t as u8; 4096]), t * 4096).unwrap();
+                    engine.flush().unwrap();
+                });
+            }
+        });
+        let data = std::fs::read(dir.path().join("f.img")).unwrap();
+        for t in 0..8usize {
+            assert!(data[t * 4096..(t + 1) * 4096].iter().all(|&b| b == t as u8), "{}", p.label());
+        }
+    }
+}

@@ -4,9 +4,11 @@
 //! [`BenchResult`]; [`report`] renders results as a table or as fio-compatible
 //! JSON.
 
+pub mod compare;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod svg;
 pub mod verify;
 pub mod workload;
 

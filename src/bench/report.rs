@@ -8,6 +8,7 @@
 
 use super::run::BenchResult;
 use super::stats::{DirStats, Measurements};
+use crate::path::channel::segment_bucket_label;
 use crate::units::format_size;
 use serde_json::{Map, Value, json};
 
@@ -81,10 +82,24 @@ fn iopath_object(r: &BenchResult) -> Value {
             "commands": m.path.commands,
             "segments": m.path.segments,
             "mean_segments": m.mean_segments(),
+            "segments_histogram": segments_histogram(m),
+            "merged_requests": m.path.merged_requests,
+            "merge_wait_ns_mean": m.merge_wait_ns_mean(),
         },
         "device_commands": m.device.commands,
         "verified_blocks": m.verified_blocks,
     })
+}
+
+/// Commands by segment count, as `{"1": n, "2": n, "3-4": n, ...}` (empty buckets left out).
+fn segments_histogram(m: &Measurements) -> Value {
+    let mut hist = Map::new();
+    for (i, &n) in m.path.segments_hist.iter().enumerate() {
+        if n > 0 {
+            hist.insert(segment_bucket_label(i), json!(n));
+        }
+    }
+    Value::Object(hist)
 }
 
 /// One fio-style job object.
@@ -210,13 +225,27 @@ pub fn to_table(r: &BenchResult) -> String {
         m.usage.voluntary_ctx,
         m.usage.involuntary_ctx,
     ));
+    out.push_str(&format!("wait:   {:.1} polls and {:.2} sleeps per I/O\n", m.polls_per_io(), m.sleeps_per_io(),));
     out.push_str(&format!(
-        "wait:   {:.1} polls and {:.2} sleeps per I/O; {:.2} segments per device command ({} commands)\n",
-        m.polls_per_io(),
-        m.sleeps_per_io(),
+        "merge:  {:.2} requests per device command ({} commands)",
         m.mean_segments(),
         m.path.commands
     ));
+    if m.path.merged_requests > 0 {
+        out.push_str(&format!(", requests waited {} to be merged", format_ns(m.merge_wait_ns_mean())));
+        let hist: Vec<String> = m
+            .path
+            .segments_hist
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| {
+                format!("{}:{:.0}%", segment_bucket_label(i), 100.0 * *n as f64 / m.path.commands.max(1) as f64)
+            })
+            .collect();
+        out.push_str(&format!("\n        commands by size: {}", hist.join(" ")));
+    }
+    out.push('\n');
     if let (Some(share), Some(util)) = (m.share_of_peak(), m.device_utilization()) {
         out.push_str(&format!(
             "device: {:.1}% of peak bandwidth ({}), {:.1}% utilized; device time {} + software {} per I/O\n",

@@ -158,6 +158,15 @@ impl Measurements {
         if self.path.commands == 0 { 0.0 } else { self.path.segments as f64 / self.path.commands as f64 }
     }
 
+    /// Mean time a merged request waited between arrival and submission.
+    pub fn merge_wait_ns_mean(&self) -> f64 {
+        if self.path.merged_requests == 0 {
+            0.0
+        } else {
+            self.path.merge_wait_ns as f64 / self.path.merged_requests as f64
+        }
+    }
+
     /// User CPU as a percentage of wall time (fio's `usr_cpu`).
     pub fn usr_cpu_pct(&self) -> f64 {
         100.0 * self.usage.user_ns as f64 / self.wall_ns.max(1) as f64

@@ -1,6 +1,7 @@
 //! Command-line parsing and the subcommands.
 
 mod bench;
+mod compare;
 mod path_args;
 
 use clap::{Parser, Subcommand};
@@ -12,7 +13,8 @@ use clap::{Parser, Subcommand};
 /// emulated ultra-low-latency SSD or on real files and block devices, and
 /// reports what each costs.
 ///
-/// Start with:  iopath bench --device emu:dram-ssd --path sync-path --rw randread --runtime 2s
+/// Start with:  iopath compare            (seed 000's designs side by side on the emulated DRAM-SSD)
+///              iopath bench --device emu:dram-ssd --path sync-path --rw randread --runtime 2s
 #[derive(Parser)]
 #[command(name = "iopath", version, about, long_about, propagate_version = true)]
 struct Cli {
@@ -24,6 +26,8 @@ struct Cli {
 enum Command {
     /// Run one fio-like workload on one device through one I/O path.
     Bench(bench::BenchArgs),
+    /// Run a matrix of paths x workloads side by side and compare them.
+    Compare(compare::CompareArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -31,5 +35,6 @@ pub fn main() -> iopath::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(args) => bench::run(args),
+        Command::Compare(args) => compare::run(args),
     }
 }

@@ -66,7 +66,14 @@ pub fn resolve_path(
     knobs: &PathKnobs,
 ) -> iopath::Result<(PathConfig, String)> {
     let mut path = match name.split_once('+') {
-        Some((d, c)) => PathConfig::new(DispatchKind::parse(d)?, CompletionKind::parse(c)?),
+        // DISPATCH+COMPLETION, or PRESET+COMPLETION (a preset's dispatch with another completion).
+        Some((d, c)) => {
+            let dispatch = match PathConfig::preset(d) {
+                Ok(preset) => preset.dispatch,
+                Err(_) => DispatchKind::parse(d)?,
+            };
+            PathConfig::new(dispatch, CompletionKind::parse(c)?)
+        }
         None => PathConfig::preset(name)?,
     };
     if let Some(d) = dispatch {
@@ -85,7 +92,7 @@ pub fn resolve_path(
 
 /// The presets section of `--help`.
 pub fn presets_help() -> String {
-    let mut text = String::from("PATHS (--path NAME, or --path DISPATCH+COMPLETION):\n");
+    let mut text = String::from("PATHS (--path PRESET, DISPATCH+COMPLETION or PRESET+COMPLETION):\n");
     for p in iopath::path::PRESETS {
         text.push_str(&format!("  {:<10} {}+{}: {}\n", p.name, p.dispatch.name(), p.completion.name(), p.about));
     }

@@ -1,0 +1,206 @@
+//! `compare`: a matrix of paths x workloads on one device, run side by side.
+//!
+//! Every cell is one [`run`](super::run) with the same device spec, block
+//! size, threads and run time; with `repeat` > 1 the run whose throughput is
+//! the median is kept. Throughput is normalized to a baseline path (the
+//! seed's Table 7 normalizes to `scsi-intr`), and shown as a share of the
+//! device's peak bandwidth (seed 003's table).
+
+use super::report::{format_count, format_ns, job_json};
+use super::run::{BenchConfig, BenchResult, run};
+use super::workload::Rw;
+use crate::error::Result;
+use serde_json::{Value, json};
+
+/// One cell's outcome.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// Path name as shown.
+    pub path: String,
+    /// Workload.
+    pub rw: Rw,
+    /// The kept run.
+    pub result: BenchResult,
+    /// Total throughput of every repetition, in run order.
+    pub repeats_iops: Vec<f64>,
+}
+
+/// A finished comparison.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// Paths in the order given.
+    pub paths: Vec<String>,
+    /// Workloads in the order given.
+    pub workloads: Vec<Rw>,
+    /// Cells, workload-major.
+    pub cells: Vec<Cell>,
+    /// The path throughput is normalized to, if it was run.
+    pub baseline: Option<String>,
+}
+
+/// Runs every (path, workload) pair. `configs` gives one bench config per
+/// path (its name in `path_name`), all else equal; `on_cell` is called after
+/// each cell (for progress).
+pub fn compare(
+    configs: &[BenchConfig],
+    workloads: &[Rw],
+    repeat: usize,
+    baseline: &str,
+    mut on_cell: impl FnMut(&Cell, usize, usize),
+) -> Result<Comparison> {
+    let total = configs.len() * workloads.len();
+    let mut cells = Vec::with_capacity(total);
+    for &rw in workloads {
+        for config in configs {
+            let config = BenchConfig { rw, ..config.clone() };
+            let mut runs = Vec::new();
+            for _ in 0..repeat.max(1) {
+                runs.push(run(&config)?);
+            }
+            let repeats_iops: Vec<f64> = runs.iter().map(|r| r.measurements.total_iops()).collect();
+            runs.sort_by(|a, b| a.measurements.total_iops().total_cmp(&b.measurements.total_iops()));
+            let result = runs.swap_remove(runs.len() / 2);
+            let cell = Cell { path: config.path_name.clone(), rw, result, repeats_iops };
+            on_cell(&cell, cells.len() + 1, total);
+            cells.push(cell);
+        }
+    }
+    let paths: Vec<String> = configs.iter().map(|c| c.path_name.clone()).collect();
+    let baseline = paths.iter().find(|p| p.as_str() == baseline).cloned();
+    Ok(Comparison { paths, workloads: workloads.to_vec(), cells, baseline })
+}
+
+impl Comparison {
+    /// The cell of a path and workload.
+    pub fn cell(&self, path: &str, rw: Rw) -> Option<&Cell> {
+        self.cells.iter().find(|c| c.path == path && c.rw == rw)
+    }
+
+    /// Throughput of a cell relative to the baseline path on the same workload.
+    pub fn normalized(&self, cell: &Cell) -> Option<f64> {
+        let base = self.cell(self.baseline.as_deref()?, cell.rw)?;
+        let b = base.result.measurements.total_iops();
+        (b > 0.0).then(|| cell.result.measurements.total_iops() / b)
+    }
+
+    fn matrix(&self, title: &str, value: impl Fn(&Cell) -> Option<String>) -> String {
+        let mut out = format!("{title}\n{:<12}", "path");
+        for rw in &self.workloads {
+            out.push_str(&format!("{:>11}", rw.name()));
+        }
+        out.push('\n');
+        for path in &self.paths {
+            out.push_str(&format!("{path:<12}"));
+            for &rw in &self.workloads {
+                let v = self.cell(path, rw).and_then(&value).unwrap_or_else(|| "-".into());
+                out.push_str(&format!("{v:>11}"));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The readable report: two matrices and a detail table.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        if let Some(first) = self.cells.first() {
+            let c = &first.result.config;
+            out.push_str(&format!(
+                "iopath compare: {} {} requests, {} thread(s), {}, {:.1} s per run\ndevice: {}\n\n",
+                crate::units::format_size(c.block_size),
+                if c.iodepth == 1 { "blocking".to_string() } else { format!("iodepth {}", c.iodepth) },
+                c.threads,
+                c.device,
+                first.result.measurements.wall_ns as f64 / 1e9,
+                first.result.device_description,
+            ));
+        }
+        if let Some(base) = &self.baseline {
+            out.push_str(&self.matrix(&format!("Throughput relative to {base} (seed 000 Table 7)"), |cell| {
+                self.normalized(cell).map(|x| format!("{x:.2}x"))
+            }));
+            out.push('\n');
+        }
+        out.push_str(&self.matrix("Share of the device's peak bandwidth (seed 003)", |cell| {
+            cell.result.measurements.share_of_peak().map(|s| format!("{:.0}%", s * 100.0))
+        }));
+        out.push('\n');
+        out.push_str(&format!(
+            "{:<10} {:<12} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>10}\n",
+            "workload", "path", "IOPS", "p50", "p99", "p99.9", "CPU/IO", "ctx/IO", "req/cmd", "merge wait"
+        ));
+        for cell in &self.cells {
+            let m = &cell.result.measurements;
+            let mut lat = m.read.latency_ns.clone();
+            lat.add(&m.write.latency_ns).expect("histograms with equal bounds");
+            let q = |p: f64| if lat.is_empty() { "-".into() } else { format_ns(lat.value_at_quantile(p) as f64) };
+            out.push_str(&format!(
+                "{:<10} {:<12} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8.2} {:>9.2} {:>10}\n",
+                cell.rw.name(),
+                cell.path,
+                format_count(m.total_iops()),
+                q(0.5),
+                q(0.99),
+                q(0.999),
+                format_ns(m.cpu_ns_per_io()),
+                m.ctx_per_io(),
+                m.mean_segments(),
+                format_ns(m.merge_wait_ns_mean()),
+            ));
+        }
+        out
+    }
+
+    /// fio-style JSON: every run as a job (exactly what `bench` prints for it),
+    /// plus the matrices in `compare`.
+    pub fn to_json(&self) -> Value {
+        let jobs: Vec<Value> = self.cells.iter().map(|c| job_json(&c.result)).collect();
+        let cells: Vec<Value> = self
+            .cells
+            .iter()
+            .map(|c| {
+                json!({
+                    "path": c.path,
+                    "rw": c.rw.name(),
+                    "iops": c.result.measurements.total_iops(),
+                    "bw_bytes": c.result.measurements.total_bw_bytes(),
+                    "normalized": self.normalized(c),
+                    "share_of_peak": c.result.measurements.share_of_peak(),
+                    "repeats_iops": c.repeats_iops,
+                })
+            })
+            .collect();
+        json!({
+            "fio version": format!("iopath-{}", env!("CARGO_PKG_VERSION")),
+            "jobs": jobs,
+            "compare": {
+                "baseline": self.baseline,
+                "paths": self.paths,
+                "workloads": self.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
+                "cells": cells,
+            },
+        })
+    }
+
+    /// A grouped bar chart (SVG) of the share of peak bandwidth, or of
+    /// throughput when the device has no known peak.
+    pub fn to_svg(&self) -> String {
+        let share = self.cells.iter().all(|c| c.result.measurements.share_of_peak().is_some());
+        let value = |c: &Cell| {
+            if share {
+                c.result.measurements.share_of_peak().unwrap_or(0.0)
+            } else {
+                c.result.measurements.total_iops()
+            }
+        };
+        let max = if share { 1.0 } else { self.cells.iter().map(value).fold(0.0, f64::max).max(1.0) };
+        super::svg::grouped_bars(
+            if share { "Share of the device's peak bandwidth" } else { "Throughput (IOPS)" },
+            &self.workloads.iter().map(|w| w.name().to_string()).collect::<Vec<_>>(),
+            &self.paths,
+            |group, series| self.cell(&self.paths[series], self.workloads[group]).map(value).unwrap_or(0.0),
+            max,
+            if share { |v: f64| format!("{:.0}%", v * 100.0) } else { |v: f64| format_count(v) },
+        )
+    }
+}
