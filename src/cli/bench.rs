@@ -27,7 +27,8 @@ fn rw_arg(s: &str) -> Result<Rw, String> {
 pub const DEVICES_HELP: &str = "\
 DEVICES:
   emu:PRESET[,k=v...]   emulated SSD; presets dram-ssd (7 us/4KiB, seed 000), optane, zssd, nand, null, custom.
-                        Options: size=, file= (data in a file, durable after flush), slots=, channels=,
+                        Options: size=, file= (data in a file, durable after flush), populate=1
+                        (allocate the memory up front: no page faults during the run), slots=, channels=,
                         cmd=, xfer= (per 4 KiB), rcmd=, rxfer=, wcmd=, wxfer=, flush= (times take ns/us/ms;
                         a bare number is us), faults: fail_nth=, fail_range=A-B, fail_rate=, errno=,
                         spike_rate=, spike=, hang_nth=, seed=.

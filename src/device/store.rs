@@ -24,12 +24,20 @@ unsafe impl Send for Store {}
 unsafe impl Sync for Store {}
 
 impl Store {
-    /// Zero-filled anonymous memory of `size` bytes.
-    pub fn memory(size: u64) -> Result<Store> {
+    /// Zero-filled anonymous memory of `size` bytes. With `populate`, every
+    /// page is allocated up front (in huge pages where the kernel allows), so
+    /// no request pays a page fault: a first touch of a page costs ~1 µs here,
+    /// which would otherwise be counted as the path's software time.
+    pub fn memory(size: u64, populate: bool) -> Result<Store> {
         let mut map = MmapOptions::new().len(size as usize).map_anon().map_err(|source| Error::Os {
             context: format!("cannot reserve {size} bytes for the emulated device"),
             source,
         })?;
+        if populate {
+            // Both are hints: an older kernel without them just faults pages in later.
+            let _ = map.advise(memmap2::Advice::HugePage);
+            let _ = map.advise(memmap2::Advice::PopulateWrite);
+        }
         let base = map.as_mut_ptr();
         Ok(Store { map, base, file: None })
     }

@@ -67,7 +67,8 @@ impl Doorbell {
 
     /// Clears a takeover request; returns whether there was one.
     pub fn clear_takeover(&self) -> bool {
-        self.takeover.swap(false, Ordering::AcqRel)
+        // Almost never set: look before writing to the shared line.
+        self.takeover.load(Ordering::Acquire) && self.takeover.swap(false, Ordering::AcqRel)
     }
 
     /// Wakes the owner if it sleeps. Whatever the caller stored before this
@@ -232,6 +233,20 @@ impl Waiter {
         // The owner may return and re-arm (or drop) the waiter from here on; the doorbell
         // is kept alive by our own reference.
         doorbell.ring();
+    }
+
+    /// Server: like [`Waiter::complete`], but when the waiter belongs to the
+    /// completing thread itself (`completer` is its owner's doorbell) there is
+    /// nobody to wake, so the doorbell is left alone.
+    pub fn complete_by(&self, outcome: Outcome, completer: &Doorbell) {
+        if std::ptr::eq(Arc::as_ptr(&self.doorbell), completer) {
+            debug_assert!(!self.is_done(), "waiter completed twice");
+            // SAFETY: as in `complete`; the owner is the caller, so nobody else reads it now.
+            unsafe { *self.outcome.get() = outcome };
+            self.done.store(true, Ordering::Release);
+        } else {
+            self.complete(outcome);
+        }
     }
 
     /// Server, holding the serving role: the owner's doorbell, to ask it to

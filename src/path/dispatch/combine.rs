@@ -129,7 +129,8 @@ impl Combine {
                 && (server.has_backlog() || (may_send && !self.pending.is_empty()));
             // Sending before paying for wake-ups keeps the device busy; sending as late as
             // the device allows lets the batch grow.
-            if want_send && now_ns() >= server.send_time(channel) {
+            let send_time = if want_send { server.send_time(channel) } else { u64::MAX };
+            if send_time == 0 || (want_send && now_ns() >= send_time) {
                 server.dispatch(channel, &self.pending)?;
                 if mine_done {
                     budget -= 1;
@@ -147,8 +148,7 @@ impl Combine {
                 }
                 continue;
             }
-            let limit = if want_send { server.send_time(channel) } else { u64::MAX };
-            server.wait(channel, timeout, limit)?;
+            server.wait(channel, timeout, send_time)?;
         }
     }
 }

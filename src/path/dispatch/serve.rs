@@ -72,6 +72,11 @@ fn complete(w: *const Waiter, outcome: Outcome) {
     unsafe { (*w).complete(outcome) }
 }
 
+fn complete_by(w: *const Waiter, outcome: Outcome, completer: *const crate::path::waiter::Doorbell) {
+    // SAFETY: as above; `completer` is the serving channel's doorbell, alive for the call.
+    unsafe { (*w).complete_by(outcome, &*completer) }
+}
+
 impl Server {
     /// A server merging in `mode`, at most `max_segments` per command and at
     /// most `max_commands` commands in flight (its device queue's depth).
@@ -209,6 +214,9 @@ impl Server {
     /// `channel`; returns how many commands were finished.
     pub fn finish_done(&mut self, channel: &mut Channel) -> usize {
         let mut finished = 0;
+        // The channel (and so its doorbell) outlives this call; a raw pointer avoids
+        // touching the doorbell's reference count on the hot path.
+        let me: *const crate::path::waiter::Doorbell = std::sync::Arc::as_ptr(channel.doorbell());
         while let Some(command) = channel.pop_done() {
             let Some(pos) = self.batches.iter().position(|b| b.tag == command.tag) else {
                 // A command given up on (timed out) that came back after all.
@@ -219,12 +227,12 @@ impl Server {
             let outcome = |result| Outcome { result, device_ns: command.device_ns, submitted_ns: batch.submitted_ns };
             if command.op == Op::Flush {
                 for &w in &batch.waiters {
-                    complete(w, outcome(command.result));
+                    complete_by(w, outcome(command.result), me);
                 }
             } else {
                 debug_assert_eq!(batch.waiters.len(), command.segments.len());
                 for (&w, seg) in batch.waiters.iter().zip(&command.segments) {
-                    complete(w, outcome(seg.result));
+                    complete_by(w, outcome(seg.result), me);
                 }
             }
             channel.recycle(command);
