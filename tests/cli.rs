@@ -57,12 +57,18 @@ fn json_uses_fio_field_names_and_iopath_figures() {
 
 #[test]
 fn completion_flag_overrides_the_preset() {
-    let v = bench_json(&["--device", "emu:dram-ssd,size=16m", "--completion", "interrupt", "--ios", "200"]);
+    // A slow device (0.5 ms per read), so that a waiter almost never finds its
+    // request already complete when it goes to sleep, however loaded the machine.
+    let device = "emu:dram-ssd,size=16m,xfer=500us";
+    let v = bench_json(&["--device", device, "--completion", "interrupt", "--ios", "50"]);
     let io = &v["jobs"][0]["iopath"];
     assert_eq!(io["completion"], "interrupt");
     assert_eq!(io["dispatch"], "direct");
-    assert!((io["sleeps_per_io"].as_f64().unwrap() - 1.0).abs() < 0.05, "{io}");
-    assert_eq!(v["jobs"][0]["read"]["total_ios"], 200);
+    let sleeps = io["sleeps_per_io"].as_f64().unwrap();
+    assert!(sleeps > 0.5 && sleeps < 1.5, "one sleep per request: {io}");
+    assert_eq!(v["jobs"][0]["read"]["total_ios"], 50);
+    let v = bench_json(&["--device", device, "--ios", "50"]);
+    assert_eq!(v["jobs"][0]["iopath"]["sleeps_per_io"].as_f64().unwrap(), 0.0, "poll never sleeps");
 }
 
 #[test]

@@ -27,6 +27,7 @@ pub mod target;
 pub mod uring;
 
 use crate::error::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use spec::{DeviceSpec, open_device};
 
@@ -162,6 +163,68 @@ impl DeviceStats {
             bytes: self.bytes - earlier.bytes,
             busy_ns: self.busy_ns - earlier.busy_ns,
         }
+    }
+}
+
+/// Command, segment and byte counters for backends without a timing model,
+/// shared by all of a device's queues.
+#[derive(Debug, Default)]
+pub struct Counters {
+    commands: AtomicU64,
+    segments: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Counters {
+    /// Counts one accepted command.
+    pub fn record(&self, command: &Command) {
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        self.segments.fetch_add(command.segments.len() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(command.bytes(), Ordering::Relaxed);
+    }
+
+    /// The counters now (no busy time: these backends do not know it).
+    pub fn snapshot(&self) -> DeviceStats {
+        DeviceStats {
+            commands: self.commands.load(Ordering::Relaxed),
+            segments: self.segments.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            busy_ns: 0,
+        }
+    }
+}
+
+/// Commands a synchronous backend finished inside `submit`, waiting to be
+/// handed back by `reap` or `wait` (which never need to block).
+#[derive(Debug, Default)]
+pub struct Finished(Vec<Command>);
+
+impl Finished {
+    /// Room for `depth` commands.
+    pub fn with_capacity(depth: usize) -> Finished {
+        Finished(Vec::with_capacity(depth))
+    }
+
+    /// Adds a finished command.
+    pub fn push(&mut self, command: Command) {
+        self.0.push(command);
+    }
+
+    /// Moves every finished command to `out`; returns how many.
+    pub fn reap(&mut self, out: &mut Vec<Command>) -> usize {
+        let n = self.0.len();
+        out.append(&mut self.0);
+        n
+    }
+
+    /// Commands not yet handed back.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether every command has been handed back.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 

@@ -4,10 +4,9 @@
 //! null ioengine, SPDK's null bdev). Reads leave the buffer untouched.
 
 use super::spec::Options;
-use super::{Capabilities, Command, Device, DeviceStats, Queue, QueueConfig};
+use super::{Capabilities, Command, Counters, Device, DeviceStats, Finished, Queue, QueueConfig};
 use crate::error::Result;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Options of the null device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,13 +22,6 @@ impl NullConfig {
         opts.finish(&["size"])?;
         Ok(NullConfig { size })
     }
-}
-
-#[derive(Default)]
-struct Counters {
-    commands: AtomicU64,
-    segments: AtomicU64,
-    bytes: AtomicU64,
 }
 
 /// The null device.
@@ -68,31 +60,24 @@ impl Device for NullDevice {
 
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
         Ok(Box::new(NullQueue {
-            done: Vec::with_capacity(config.depth as usize),
+            done: Finished::with_capacity(config.depth as usize),
             counters: Arc::clone(&self.counters),
         }))
     }
 
     fn stats(&self) -> DeviceStats {
-        DeviceStats {
-            commands: self.counters.commands.load(Ordering::Relaxed),
-            segments: self.counters.segments.load(Ordering::Relaxed),
-            bytes: self.counters.bytes.load(Ordering::Relaxed),
-            busy_ns: 0,
-        }
+        self.counters.snapshot()
     }
 }
 
 struct NullQueue {
-    done: Vec<Command>,
+    done: Finished,
     counters: Arc<Counters>,
 }
 
 impl Queue for NullQueue {
     unsafe fn submit(&mut self, mut command: Command) {
-        self.counters.commands.fetch_add(1, Ordering::Relaxed);
-        self.counters.segments.fetch_add(command.segments.len() as u64, Ordering::Relaxed);
-        self.counters.bytes.fetch_add(command.bytes(), Ordering::Relaxed);
+        self.counters.record(&command);
         for seg in &mut command.segments {
             seg.result = seg.len as i32;
         }
@@ -104,9 +89,7 @@ impl Queue for NullQueue {
     }
 
     fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize> {
-        let n = self.done.len();
-        out.append(&mut self.done);
-        Ok(n)
+        Ok(self.done.reap(out))
     }
 
     fn wait(&mut self, out: &mut Vec<Command>, _timeout_ns: u64) -> Result<usize> {

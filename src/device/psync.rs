@@ -5,11 +5,10 @@
 
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
-use super::{Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
+use super::{Capabilities, Command, Counters, Device, DeviceStats, Finished, Op, Queue, QueueConfig};
 use crate::error::Result;
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Options of the psync backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,9 +29,7 @@ impl PsyncConfig {
 /// Shared between the device and its queues.
 struct Shared {
     target: Target,
-    commands: AtomicU64,
-    segments: AtomicU64,
-    bytes: AtomicU64,
+    counters: Counters,
 }
 
 /// pread/pwrite on a file or block device.
@@ -44,14 +41,7 @@ impl PsyncDevice {
     /// Opens the target.
     pub fn open(config: &PsyncConfig) -> Result<PsyncDevice> {
         let target = Target::open(&config.target)?;
-        Ok(PsyncDevice {
-            shared: Arc::new(Shared {
-                target,
-                commands: AtomicU64::new(0),
-                segments: AtomicU64::new(0),
-                bytes: AtomicU64::new(0),
-            }),
-        })
+        Ok(PsyncDevice { shared: Arc::new(Shared { target, counters: Counters::default() }) })
     }
 }
 
@@ -77,23 +67,20 @@ impl Device for PsyncDevice {
     }
 
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
-        Ok(Box::new(PsyncQueue { shared: Arc::clone(&self.shared), done: Vec::with_capacity(config.depth as usize) }))
+        Ok(Box::new(PsyncQueue {
+            shared: Arc::clone(&self.shared),
+            done: Finished::with_capacity(config.depth as usize),
+        }))
     }
 
     fn stats(&self) -> DeviceStats {
-        let s = &self.shared;
-        DeviceStats {
-            commands: s.commands.load(Ordering::Relaxed),
-            segments: s.segments.load(Ordering::Relaxed),
-            bytes: s.bytes.load(Ordering::Relaxed),
-            busy_ns: 0,
-        }
+        self.shared.counters.snapshot()
     }
 }
 
 struct PsyncQueue {
     shared: Arc<Shared>,
-    done: Vec<Command>,
+    done: Finished,
 }
 
 /// Moves all `len` bytes with pread/pwrite, retrying short transfers and EINTR.
@@ -132,9 +119,7 @@ unsafe fn transfer(fd: i32, op: Op, offset: u64, buf: *mut u8, len: usize) -> i3
 impl Queue for PsyncQueue {
     unsafe fn submit(&mut self, mut command: Command) {
         let fd = self.shared.target.file.as_raw_fd();
-        self.shared.commands.fetch_add(1, Ordering::Relaxed);
-        self.shared.segments.fetch_add(command.segments.len() as u64, Ordering::Relaxed);
-        self.shared.bytes.fetch_add(command.bytes(), Ordering::Relaxed);
+        self.shared.counters.record(&command);
         if command.op == Op::Flush {
             // SAFETY: fdatasync on a valid fd.
             let rc = unsafe { libc::fdatasync(fd) };
@@ -154,9 +139,7 @@ impl Queue for PsyncQueue {
     }
 
     fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize> {
-        let n = self.done.len();
-        out.append(&mut self.done);
-        Ok(n)
+        Ok(self.done.reap(out))
     }
 
     fn wait(&mut self, out: &mut Vec<Command>, _timeout_ns: u64) -> Result<usize> {

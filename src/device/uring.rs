@@ -18,11 +18,11 @@
 
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
-use super::{Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
+use super::{Capabilities, Command, Counters, Device, DeviceStats, Op, Queue, QueueConfig};
 use crate::error::{Error, Result};
 use io_uring::{IoUring, opcode, squeue, types};
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Most segments one uring command carries (each is one SQE).
@@ -114,9 +114,7 @@ struct Shared {
     iopoll_note: String,
     notes: Mutex<Vec<String>>,
     fixed_buffers_ok: AtomicBool,
-    commands: AtomicU64,
-    segments: AtomicU64,
-    bytes: AtomicU64,
+    counters: Counters,
 }
 
 /// io_uring on a file or block device.
@@ -151,9 +149,7 @@ impl UringDevice {
                 iopoll_note,
                 notes: Mutex::new(Vec::new()),
                 fixed_buffers_ok: AtomicBool::new(true),
-                commands: AtomicU64::new(0),
-                segments: AtomicU64::new(0),
-                bytes: AtomicU64::new(0),
+                counters: Counters::default(),
             }),
         })
     }
@@ -251,13 +247,7 @@ impl Device for UringDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        let s = &self.shared;
-        DeviceStats {
-            commands: s.commands.load(Ordering::Relaxed),
-            segments: s.segments.load(Ordering::Relaxed),
-            bytes: s.bytes.load(Ordering::Relaxed),
-            busy_ns: 0,
-        }
+        self.shared.counters.snapshot()
     }
 }
 
@@ -429,10 +419,7 @@ impl Queue for UringQueue {
             self.in_flight += 1;
             return;
         };
-        let s = &self.shared;
-        s.commands.fetch_add(1, Ordering::Relaxed);
-        s.segments.fetch_add(command.segments.len() as u64, Ordering::Relaxed);
-        s.bytes.fetch_add(command.bytes(), Ordering::Relaxed);
+        self.shared.counters.record(&command);
         let op = command.op;
         let count = if op == Op::Flush { 1 } else { command.segments.len() };
         self.slots[slot] = Slot { command: Some(command), remaining: count };
