@@ -5,6 +5,7 @@
 //! JSON.
 
 pub mod compare;
+pub mod hogs;
 pub mod report;
 pub mod run;
 pub mod stats;

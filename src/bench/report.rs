@@ -87,6 +87,11 @@ fn iopath_object(r: &BenchResult) -> Value {
             "merge_wait_ns_mean": m.merge_wait_ns_mean(),
         },
         "device_commands": m.device.commands,
+        "hogs": m.hogs.map_or(Value::Null, |h| json!({
+            "count": h.count,
+            "duty_pct": h.duty_pct,
+            "ops_per_sec": h.ops_per_sec,
+        })),
         "verified_blocks": m.verified_blocks,
     })
 }
@@ -254,6 +259,14 @@ pub fn to_table(r: &BenchResult) -> String {
             util * 100.0,
             format_ns(m.device_ns_mean()),
             format_ns(m.software_ns_mean()),
+        ));
+    }
+    if let Some(h) = &m.hogs {
+        out.push_str(&format!(
+            "hogs:   {} competing thread(s) at {}% duty did {} work units/s (CPU above counts I/O threads only)\n",
+            h.count,
+            h.duty_pct,
+            format_count(h.ops_per_sec)
         ));
     }
     if m.verified_blocks > 0 || c.verify {

@@ -6,6 +6,7 @@
 //! phase together. Blocking I/O (`--iodepth 1`) goes through `read_into` /
 //! `write_from`; deeper queues use submit / commit / reap.
 
+use super::hogs::{HogConfig, Hogs};
 use super::stats::{DirStats, Measurements};
 use super::verify;
 use super::workload::{Generator, Rw};
@@ -55,6 +56,8 @@ pub struct BenchConfig {
     pub seed: u64,
     /// Show a progress line on a terminal.
     pub progress: bool,
+    /// Competing busy threads run during the timed phase.
+    pub hogs: HogConfig,
 }
 
 impl Default for BenchConfig {
@@ -74,6 +77,7 @@ impl Default for BenchConfig {
             verify: false,
             seed: 0x10_9a7,
             progress: false,
+            hogs: HogConfig::default(),
         }
     }
 }
@@ -135,6 +139,8 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
     let barrier = Arc::new(Barrier::new(config.threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
+    let hogs = Hogs::start(&config.hogs)?;
+    let mut hog_units_before = 0;
     let mut start_ns = 0;
     let mut device_before = Default::default();
     let mut background_before = Default::default();
@@ -151,6 +157,7 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
         barrier.wait();
         device_before = engine.device().stats();
         background_before = (engine.background_stats(), engine.background_usage());
+        hog_units_before = hogs.units();
         start_ns = now_ns();
         let bar = (config.progress && std::io::stderr().is_terminal()).then(|| progress_bar(config));
         while !workers.iter().all(|w| w.is_finished()) {
@@ -164,6 +171,7 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
         }
         workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")).collect()
     });
+    let hog_report = hogs.stop(&config.hogs, hog_units_before, start_ns);
     let device_after = engine.device().stats();
     // The path's own threads (an ATM dispatcher) count as part of the I/O path.
     let (stats_before, usage_before): (PathStats, ThreadUsage) = background_before;
@@ -178,6 +186,7 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
         device: device_after.since(&device_before),
         peak_bw_bytes: None,
         verified_blocks: 0,
+        hogs: (config.hogs.count > 0).then_some(hog_report),
     };
     let mut end_ns = start_ns;
     for outcome in outcomes {

@@ -81,6 +81,8 @@ pub struct Measurements {
     pub peak_bw_bytes: Option<f64>,
     /// Blocks whose content `--verify` checked.
     pub verified_blocks: u64,
+    /// What the competing CPU hogs got done, if any ran.
+    pub hogs: Option<super::hogs::HogReport>,
 }
 
 impl Measurements {

@@ -6,6 +6,27 @@ use iopath::bench::{self, BenchConfig, Rw, report};
 use iopath::units::parse_size;
 use std::time::Duration;
 
+/// Competing CPU load (seed 001's contention experiment).
+#[derive(Args, Debug, Clone)]
+pub struct HogArgs {
+    /// Start this many competing busy threads during the run.
+    #[arg(long, default_value_t = 0, help_heading = "CPU contention")]
+    pub cpu_hogs: usize,
+    /// Share of each millisecond a hog works, in percent.
+    #[arg(long, default_value_t = 100, help_heading = "CPU contention")]
+    pub hog_duty: u32,
+    /// Pin hogs to these CPUs, round-robin (e.g. 0 or 0,1); default: not pinned.
+    #[arg(long, value_delimiter = ',', help_heading = "CPU contention")]
+    pub hog_cpus: Vec<usize>,
+}
+
+impl HogArgs {
+    /// The hog configuration for `count` hogs.
+    pub fn config(&self, count: usize) -> iopath::bench::hogs::HogConfig {
+        iopath::bench::hogs::HogConfig { count, duty_pct: self.hog_duty, cpus: self.hog_cpus.clone() }
+    }
+}
+
 /// Output formats.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum OutputFormat {
@@ -98,6 +119,8 @@ pub struct BenchArgs {
     /// Seed for the offset generators.
     #[arg(long, default_value_t = 0x10_9a7)]
     seed: u64,
+    #[command(flatten)]
+    hogs: HogArgs,
     /// table or json.
     #[arg(long, value_enum, default_value = "table")]
     output_format: OutputFormat,
@@ -125,6 +148,7 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
         verify: args.verify,
         seed: args.seed,
         progress: !args.no_progress,
+        hogs: args.hogs.config(args.hogs.cpu_hogs),
     };
     let result = bench::run(&config)?;
     match args.output_format {

@@ -95,6 +95,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             verify: false,
             seed: 0x10_9a7,
             progress: false,
+            hogs: Default::default(),
         });
     }
     let show = !args.no_progress && std::io::stderr().is_terminal();
