@@ -11,7 +11,7 @@ use crate::device::{Capabilities, Device, DeviceSpec, Op, QueueConfig};
 use crate::error::{Error, Result};
 use crate::path::channel::{Channel, Completed, PathStats};
 use crate::path::dispatch::{BLOCKING_TAG, Request};
-use crate::path::{CompletionPolicy, Dispatch, PathConfig};
+use crate::path::{Dispatch, PathConfig};
 use memmap2::MmapMut;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -25,7 +25,6 @@ struct Shared {
     capabilities: Capabilities,
     path: PathConfig,
     dispatch: Box<dyn Dispatch>,
-    completion: Arc<dyn CompletionPolicy>,
 }
 
 /// A device and an I/O path, shared by all threads.
@@ -63,14 +62,12 @@ impl Engine {
         if path.pipeline == 0 {
             return Err(Error::spec("pipeline", "0", "at least one command must be allowed in the device"));
         }
-        let completion: Arc<dyn CompletionPolicy> = Arc::from(path.completion.build());
         let timeout_ns = capabilities.timed.then_some(path.timeout.as_nanos() as u64);
-        let dispatch = path.dispatch.build(&device, &completion, &path, timeout_ns)?;
+        let dispatch = path.dispatch.build(&device, path.completion, &path, timeout_ns)?;
         Ok(Engine {
             shared: Arc::new(Shared {
                 id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
                 dispatch,
-                completion,
                 device,
                 capabilities,
                 path,
@@ -176,7 +173,7 @@ impl Handle {
         let timeout_ns = caps.timed.then(|| shared.path.timeout.as_nanos() as u64);
         let mut channel = Channel::new(
             queue,
-            Arc::clone(&shared.completion),
+            shared.path.completion,
             depth as usize,
             queue_depth as usize,
             caps.max_segments,

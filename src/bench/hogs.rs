@@ -57,13 +57,16 @@ fn work_unit(seed: u64) -> u64 {
 }
 
 fn pin_to(cpu: usize) -> Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(Error::spec("--hog-cpus", cpu.to_string(), "no such CPU; see nproc"));
+    }
     // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it; sched_setaffinity(0)
     // applies to the calling thread only.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(Error::last_os(format!("cannot pin a hog to CPU {cpu}")));
+            return Err(Error::last_os(format!("cannot pin a hog to CPU {cpu} (see nproc for the CPUs there are)")));
         }
     }
     Ok(())
@@ -174,7 +177,9 @@ mod tests {
     #[test]
     fn bad_duty_and_cpu_are_errors() {
         assert!(Hogs::start(&HogConfig { count: 1, duty_pct: 0, cpus: vec![] }).is_err());
-        let e = Hogs::start(&HogConfig { count: 1, duty_pct: 100, cpus: vec![4095] }).err().unwrap();
+        let e = Hogs::start(&HogConfig { count: 1, duty_pct: 100, cpus: vec![1000] }).err().unwrap();
         assert!(e.to_string().contains("cannot pin"), "{e}");
+        let e = Hogs::start(&HogConfig { count: 1, duty_pct: 100, cpus: vec![4095] }).err().unwrap();
+        assert!(e.to_string().contains("no such CPU"), "{e}");
     }
 }

@@ -6,7 +6,7 @@
 //! hot path takes no lock and allocates nothing once the pools are warm.
 //! Dispatch strategies build on the primitives here.
 
-use super::completion::{CompletionPolicy, WaitStats};
+use super::completion::{CompletionKind, CompletionPolicy, Expect, WaitStats};
 use super::dispatch::Request;
 use super::waiter::{Doorbell, Outcome, Waiter};
 use crate::clock::now_ns;
@@ -81,10 +81,7 @@ impl PathStats {
             merged_requests: self.merged_requests - earlier.merged_requests,
             merge_wait_ns: self.merge_wait_ns - earlier.merge_wait_ns,
             device_ns: self.device_ns - earlier.device_ns,
-            wait: WaitStats {
-                polls: self.wait.polls - earlier.wait.polls,
-                sleeps: self.wait.sleeps - earlier.wait.sleeps,
-            },
+            wait: self.wait.since(&earlier.wait),
         }
     }
 }
@@ -127,7 +124,9 @@ pub fn segment_result(op: Op, seg: &Segment) -> Result<()> {
 /// One thread's channel.
 pub struct Channel {
     queue: Box<dyn Queue>,
-    completion: Arc<dyn CompletionPolicy>,
+    completion: Box<dyn CompletionPolicy>,
+    /// What the device is working on for the oldest command in flight.
+    expect: Expect,
     pool: Vec<Command>,
     done: Vec<Command>,
     queue_depth: usize,
@@ -151,7 +150,7 @@ impl Channel {
     /// be waited for without limit.
     pub fn new(
         queue: Box<dyn Queue>,
-        completion: Arc<dyn CompletionPolicy>,
+        completion: CompletionKind,
         queued_slots: usize,
         queue_depth: usize,
         max_segments: usize,
@@ -160,7 +159,8 @@ impl Channel {
         let doorbell = Arc::new(Doorbell::default());
         Channel {
             queue,
-            completion,
+            completion: completion.build(),
+            expect: Expect::default(),
             pool: (0..queue_depth).map(|_| Command::with_capacity(1)).collect(),
             done: Vec::with_capacity(queue_depth),
             queue_depth,
@@ -185,8 +185,8 @@ impl Channel {
     }
 
     /// The completion policy.
-    pub fn completion(&self) -> &Arc<dyn CompletionPolicy> {
-        &self.completion
+    pub fn completion(&self) -> &dyn CompletionPolicy {
+        self.completion.as_ref()
     }
 
     /// A cleared command from the pool (allocates only when the pool is empty).
@@ -210,6 +210,10 @@ impl Channel {
         self.stats.commands += 1;
         self.stats.segments += command.segments.len() as u64;
         self.stats.segments_hist[segment_bucket(command.segments.len())] += 1;
+        if self.queue.in_flight() == 0 {
+            // The device starts on this one now: what a hybrid wait will expect.
+            self.expect = Expect { since_ns: now_ns(), op: command.op, bytes: command.bytes() };
+        }
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.queue.submit(command) };
     }
@@ -267,7 +271,8 @@ impl Channel {
     /// Waits through the completion policy until at least one more command is
     /// back or `limit_ns` passes; returns whether one came back.
     pub fn wait_any(&mut self, limit_ns: u64) -> Result<bool> {
-        let n = self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns)?;
+        let n =
+            self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns, self.expect)?;
         Ok(n > 0)
     }
 

@@ -5,7 +5,7 @@
 //! io_uring a blocking `io_uring_enter`. On these VMs a wake-up costs more
 //! than a 4 KiB command on a DRAM-SSD.
 
-use super::{CompletionPolicy, WaitStats};
+use super::{CompletionPolicy, Expect, WaitStats};
 use crate::clock::now_ns;
 use crate::device::{Command, Queue};
 use crate::error::Result;
@@ -24,11 +24,12 @@ impl CompletionPolicy for Interrupt {
     }
 
     fn wait(
-        &self,
+        &mut self,
         queue: &mut dyn Queue,
         out: &mut Vec<Command>,
         stats: &mut WaitStats,
         limit_ns: u64,
+        _expect: Expect,
     ) -> Result<usize> {
         loop {
             // A completion that is already there needs no sleep.

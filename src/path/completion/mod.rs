@@ -1,13 +1,17 @@
 //! Completion policies: how a waiter learns that the device has finished.
 //!
 //! A policy is one file: [`poll`] spins on the queue, [`interrupt`] sleeps
-//! until the device's completion wakes it. Every dispatch strategy waits
-//! through a policy, so any dispatch combines with any completion.
+//! until the device's completion wakes it, [`hybrid`] sleeps for a learned
+//! share of the expected service time and then spins. Every dispatch
+//! strategy waits through a policy, so any dispatch combines with any
+//! completion. Each channel has its own policy instance, so what a policy
+//! learns is per queue.
 
+pub mod hybrid;
 pub mod interrupt;
 pub mod poll;
 
-use crate::device::{Command, Queue};
+use crate::device::{Command, Op, Queue};
 use crate::error::{Error, Result};
 
 /// Counters a policy keeps while waiting; summed per thread.
@@ -17,6 +21,8 @@ pub struct WaitStats {
     pub polls: u64,
     /// Times the waiter went to sleep.
     pub sleeps: u64,
+    /// Sleeps that ended after the command had completed (hybrid).
+    pub oversleeps: u64,
 }
 
 impl WaitStats {
@@ -24,11 +30,38 @@ impl WaitStats {
     pub fn add(&mut self, other: &WaitStats) {
         self.polls += other.polls;
         self.sleeps += other.sleeps;
+        self.oversleeps += other.oversleeps;
+    }
+
+    /// The counters accumulated between `earlier` and `self`.
+    pub fn since(&self, earlier: &WaitStats) -> WaitStats {
+        WaitStats {
+            polls: self.polls - earlier.polls,
+            sleeps: self.sleeps - earlier.sleeps,
+            oversleeps: self.oversleeps - earlier.oversleeps,
+        }
+    }
+}
+
+/// What the device is working on: the oldest command in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    /// When it was submitted.
+    pub since_ns: u64,
+    /// Its direction.
+    pub op: Op,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+impl Default for Expect {
+    fn default() -> Self {
+        Expect { since_ns: 0, op: Op::Read, bytes: 0 }
     }
 }
 
 /// How a waiter learns of completions.
-pub trait CompletionPolicy: Send + Sync {
+pub trait CompletionPolicy: Send {
     /// Name used on the command line and in reports.
     fn name(&self) -> &'static str;
 
@@ -36,13 +69,15 @@ pub trait CompletionPolicy: Send + Sync {
     fn spins(&self) -> bool;
 
     /// Waits until `queue` hands back at least one command (moved into `out`)
-    /// or the monotonic clock passes `limit_ns`; returns how many were handed back.
+    /// or the monotonic clock passes `limit_ns`; returns how many were handed
+    /// back. `expect` describes the oldest command in flight.
     fn wait(
-        &self,
+        &mut self,
         queue: &mut dyn Queue,
         out: &mut Vec<Command>,
         stats: &mut WaitStats,
         limit_ns: u64,
+        expect: Expect,
     ) -> Result<usize>;
 }
 
@@ -53,17 +88,20 @@ pub enum CompletionKind {
     Poll,
     /// Sleep until woken by the completion.
     Interrupt,
+    /// Sleep a learned share of the expected time, then spin.
+    Hybrid,
 }
 
 impl CompletionKind {
     /// All kinds, in the order reports list them.
-    pub const ALL: [CompletionKind; 2] = [CompletionKind::Interrupt, CompletionKind::Poll];
+    pub const ALL: [CompletionKind; 3] = [CompletionKind::Interrupt, CompletionKind::Poll, CompletionKind::Hybrid];
 
     /// Command-line name.
     pub fn name(self) -> &'static str {
         match self {
             CompletionKind::Poll => "poll",
             CompletionKind::Interrupt => "interrupt",
+            CompletionKind::Hybrid => "hybrid",
         }
     }
 
@@ -72,14 +110,15 @@ impl CompletionKind {
         Self::ALL
             .into_iter()
             .find(|k| k.name() == text)
-            .ok_or_else(|| Error::spec("completion policy", text, "expected one of: interrupt, poll"))
+            .ok_or_else(|| Error::spec("completion policy", text, "expected one of: interrupt, poll, hybrid"))
     }
 
-    /// Builds the policy.
+    /// Builds a policy instance (one per channel).
     pub fn build(self) -> Box<dyn CompletionPolicy> {
         match self {
             CompletionKind::Poll => Box::new(poll::Poll),
             CompletionKind::Interrupt => Box::new(interrupt::Interrupt),
+            CompletionKind::Hybrid => Box::new(hybrid::Hybrid::new()),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! (seed 000's SyncPath, seed 003's Sync+Poll); loses when other work needs
 //! the CPU (seed 001).
 
-use super::{CompletionPolicy, WaitStats};
+use super::{CompletionPolicy, Expect, WaitStats};
 use crate::clock::now_ns;
 use crate::device::{Command, Queue};
 use crate::error::Result;
@@ -27,11 +27,12 @@ impl CompletionPolicy for Poll {
     }
 
     fn wait(
-        &self,
+        &mut self,
         queue: &mut dyn Queue,
         out: &mut Vec<Command>,
         stats: &mut WaitStats,
         limit_ns: u64,
+        _expect: Expect,
     ) -> Result<usize> {
         let mut looks = 0u64;
         loop {

@@ -15,7 +15,7 @@ pub mod serve;
 
 use super::PathConfig;
 use super::channel::{Channel, Completed};
-use super::completion::CompletionPolicy;
+use super::completion::CompletionKind;
 use crate::clock::ThreadUsage;
 use crate::device::{Device, Op};
 use crate::error::{Error, Result};
@@ -139,7 +139,7 @@ impl DispatchKind {
     pub fn build(
         self,
         device: &Arc<dyn Device>,
-        completion: &Arc<dyn CompletionPolicy>,
+        completion: CompletionKind,
         path: &PathConfig,
         timeout_ns: Option<u64>,
     ) -> Result<Box<dyn Dispatch>> {
@@ -157,7 +157,7 @@ impl DispatchKind {
             queue::QueueDispatch::start(
                 name,
                 Arc::clone(device),
-                Arc::clone(completion),
+                completion,
                 queue::QueueConfig {
                     unplug_thresh: thresh.max(1),
                     unplug_ns,

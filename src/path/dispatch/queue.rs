@@ -26,7 +26,7 @@ use crate::device::{Device, Op, QueueConfig as DeviceQueueConfig};
 use crate::error::{Error, Result};
 use crate::path::PathStats;
 use crate::path::channel::{Channel, Completed};
-use crate::path::completion::CompletionPolicy;
+use crate::path::completion::CompletionKind;
 use crate::path::waiter::{Doorbell, PendingList};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,7 +76,7 @@ impl QueueDispatch {
     pub fn start(
         name: &'static str,
         device: Arc<dyn Device>,
-        completion: Arc<dyn CompletionPolicy>,
+        completion: CompletionKind,
         config: QueueConfig,
         timeout_ns: Option<u64>,
     ) -> Result<QueueDispatch> {

@@ -1,0 +1,295 @@
+//! `hybrid`: sleep for a learned share of the expected service time, then spin.
+//!
+//! Linux's old block-layer hybrid polling slept half the mean latency; that
+//! half is wrong whenever the wake-up itself costs a large share of the
+//! device time (here a timed sleep overshoots by 17-32 µs) and it "shelves":
+//! oversleeping inflates the mean it learns from. This policy instead follows
+//! PAS (DPAS, FAST'26; ../shared/notes/adaptive-completion.md §3):
+//!
+//! - per bucket (direction x power-of-two size) a wake target `T` (ns after
+//!   submission) moved by binary feedback: OVER (the command was already
+//!   complete on the first look after waking: slept too long) or UNDER (had
+//!   to spin). Two OVERs in a row shrink `T` faster and faster, two UNDERs
+//!   grow it faster and faster, an alternation resets the step; the steps
+//!   themselves heat up on repeats and cool down on alternation. The sleep
+//!   settles where about 9% of wake-ups oversleep;
+//! - the timer's own overshoot `W` is measured around every sleep (EWMA) and
+//!   subtracted, so the thread asks to wake `W` early;
+//! - the mean latency `L` is learned only from exact samples (completions seen
+//!   while spinning), never from oversleeps, so it cannot shelve; it clamps
+//!   `T` to at most 4 `L`;
+//! - `T` never falls below what a sleep can reach (`W` plus [`MIN_SLEEP_NS`]),
+//!   or it could never climb back; when even that is too late (the device is
+//!   faster than a wake-up, a "timer-floor hit", the DRAM-SSD here) the
+//!   policy just polls.
+
+use super::{CompletionPolicy, Expect, WaitStats};
+use crate::clock::{now_ns, sleep_until_ns};
+use crate::device::{Command, Op, Queue};
+use crate::error::Result;
+
+/// Shortest sleep worth taking.
+pub const MIN_SLEEP_NS: u64 = 2_000;
+/// Timer overshoot assumed before the first measurement (typical on these VMs).
+const INITIAL_OVERSHOOT_NS: f64 = 20_000.0;
+const SIZE_BUCKETS: usize = 24;
+
+/// PAS state of one (direction, size) bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bucket {
+    /// Wake target after submission (0 = not learned yet).
+    pub target_ns: f64,
+    /// Mean latency from exact samples (0 = none yet).
+    pub latency_ns: f64,
+    adj: f64,
+    up: f64,
+    dn: f64,
+    last: Option<bool>,
+}
+
+impl Default for Bucket {
+    fn default() -> Self {
+        Bucket { target_ns: 0.0, latency_ns: 0.0, adj: 1.0, up: 0.01, dn: 0.1, last: None }
+    }
+}
+
+impl Bucket {
+    /// Feeds one exact latency sample (a completion seen while spinning).
+    pub fn learn_latency(&mut self, sample_ns: f64) {
+        if self.latency_ns == 0.0 {
+            self.latency_ns = sample_ns;
+            self.target_ns = sample_ns / 2.0;
+        } else {
+            self.latency_ns += (sample_ns - self.latency_ns) / 8.0;
+        }
+    }
+
+    /// Applies one PAS feedback: `over` = the sleep ended after completion.
+    /// The target stays within `[floor_ns, 4 L]`: below the floor (the timer's
+    /// overshoot plus the shortest useful sleep) a sleep could not be taken at
+    /// all, and the target would have no way back up.
+    pub fn feedback(&mut self, over: bool, floor_ns: f64) {
+        match (self.last, over) {
+            (Some(true), true) => self.adj -= self.dn,
+            (Some(true), false) => self.adj = 1.0 + self.up,
+            (Some(false), true) => self.adj = 1.0 - self.dn,
+            (Some(false), false) => self.adj += self.up,
+            (None, true) => self.adj = 1.0 - self.dn,
+            (None, false) => self.adj = 1.0 + self.up,
+        }
+        if self.adj <= 0.0 {
+            self.adj = 1.0;
+        }
+        // Step sizes heat up on repeats and cool down on alternation (DPAS1).
+        if self.last == Some(over) {
+            self.dn = (self.dn * 1.05).min(0.1);
+            self.up = self.dn / 10.0;
+        } else if self.last.is_some() {
+            self.up = (self.up * 0.9).max(0.001);
+            self.dn = self.up * 10.0;
+        }
+        self.last = Some(over);
+        let ceiling = (4.0 * self.latency_ns).max(100.0);
+        self.target_ns = (self.target_ns * self.adj).clamp(floor_ns.clamp(100.0, ceiling), ceiling);
+    }
+}
+
+/// The hybrid policy (one per channel).
+#[derive(Debug, Clone)]
+pub struct Hybrid {
+    buckets: Vec<Bucket>,
+    overshoot_ns: f64,
+    /// Waits that polled because the sleep would have been too short.
+    pub floor_hits: u64,
+}
+
+impl Default for Hybrid {
+    fn default() -> Self {
+        Hybrid::new()
+    }
+}
+
+fn bucket_index(op: Op, bytes: u64) -> usize {
+    let size = (u64::BITS - bytes.max(1).leading_zeros()) as usize;
+    let dir = if op == Op::Read { 0 } else { 1 };
+    dir * SIZE_BUCKETS + size.min(SIZE_BUCKETS - 1)
+}
+
+impl Hybrid {
+    /// A policy that has learned nothing yet.
+    pub fn new() -> Hybrid {
+        Hybrid { buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS], overshoot_ns: INITIAL_OVERSHOOT_NS, floor_hits: 0 }
+    }
+
+    /// The learned state for a direction and size.
+    pub fn bucket(&self, op: Op, bytes: u64) -> &Bucket {
+        &self.buckets[bucket_index(op, bytes)]
+    }
+
+    /// The lowest wake target a sleep can reach: the timer's overshoot plus
+    /// the shortest sleep worth taking.
+    fn floor_ns(&self) -> f64 {
+        // Twice the shortest sleep: the wait starts a moment after submission.
+        self.overshoot_ns + 2.0 * MIN_SLEEP_NS as f64
+    }
+
+    /// The measured timer overshoot.
+    pub fn overshoot_ns(&self) -> f64 {
+        self.overshoot_ns
+    }
+
+    /// When to ask the timer to wake for a command described by `expect`,
+    /// or `None` if sleeping is not worth it (poll instead).
+    pub fn sleep_until(&self, expect: Expect, now: u64) -> Option<u64> {
+        let b = &self.buckets[bucket_index(expect.op, expect.bytes)];
+        if b.latency_ns == 0.0 {
+            return None;
+        }
+        let wake = expect.since_ns as f64 + b.target_ns - self.overshoot_ns;
+        (wake > (now + MIN_SLEEP_NS) as f64).then_some(wake as u64)
+    }
+
+    /// Spins until a command comes back or `limit_ns`; returns (count, when seen).
+    fn spin(
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+    ) -> Result<(usize, u64)> {
+        loop {
+            let n = queue.reap(out)?;
+            stats.polls += 1;
+            let now = now_ns();
+            if n > 0 || queue.in_flight() == 0 || now >= limit_ns {
+                return Ok((n, now));
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl CompletionPolicy for Hybrid {
+    fn name(&self) -> &'static str {
+        "hybrid"
+    }
+
+    fn spins(&self) -> bool {
+        true
+    }
+
+    fn wait(
+        &mut self,
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+        expect: Expect,
+    ) -> Result<usize> {
+        let n = queue.reap(out)?;
+        stats.polls += 1;
+        if n > 0 || queue.in_flight() == 0 {
+            return Ok(n);
+        }
+        let index = bucket_index(expect.op, expect.bytes);
+        let now = now_ns();
+        match self.sleep_until(expect, now) {
+            Some(wake) if wake < limit_ns => {
+                stats.sleeps += 1;
+                sleep_until_ns(wake);
+                let woke = now_ns();
+                // A preempted sleeper can oversleep by milliseconds; cap each sample so one
+                // outlier cannot push the estimate past every target (sleeps would stop,
+                // and with them the measurements that bring it back).
+                let sample = (woke.saturating_sub(wake) as f64).min(2.0 * self.overshoot_ns + 10_000.0);
+                self.overshoot_ns += (sample - self.overshoot_ns) / 16.0;
+                let n = queue.reap(out)?;
+                stats.polls += 1;
+                if n > 0 {
+                    // Completed while we slept: the sample is only an upper bound, not learned.
+                    stats.oversleeps += 1;
+                    let floor = self.floor_ns();
+                    self.buckets[index].feedback(true, floor);
+                    return Ok(n);
+                }
+                let (n, seen) = Self::spin(queue, out, stats, limit_ns)?;
+                if n > 0 {
+                    let floor = self.floor_ns();
+                    self.buckets[index].feedback(false, floor);
+                    self.buckets[index].learn_latency(seen.saturating_sub(expect.since_ns) as f64);
+                }
+                Ok(n)
+            }
+            _ => {
+                if self.buckets[index].latency_ns > 0.0 {
+                    self.floor_hits += 1;
+                }
+                let (n, seen) = Self::spin(queue, out, stats, limit_ns)?;
+                if n > 0 && expect.since_ns > 0 {
+                    self.buckets[index].learn_latency(seen.saturating_sub(expect.since_ns) as f64);
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pas_settles_near_the_latency_and_oversleeps_rarely() {
+        // A synthetic device: every command takes exactly 80 us; a wake-up at `t`
+        // oversleeps if t >= 80 us. Deterministic: no clock, no sleep.
+        let mut b = Bucket::default();
+        b.learn_latency(80_000.0);
+        let mut overs = 0;
+        let rounds = 5000;
+        for i in 0..rounds {
+            let over = b.target_ns >= 80_000.0;
+            overs += (i >= 1000 && over) as u32;
+            b.feedback(over, 100.0);
+            if !over {
+                b.learn_latency(80_000.0);
+            }
+        }
+        let p_over = overs as f64 / (rounds - 1000) as f64;
+        assert!(p_over < 0.25, "oversleeps {p_over}");
+        assert!(b.target_ns > 60_000.0 && b.target_ns < 80_000.0 * 1.05, "{}", b.target_ns);
+    }
+
+    #[test]
+    fn pas_follows_a_latency_step_without_shelving() {
+        // 30 us -> 100 us -> 30 us, as in the DPAS emulator traces.
+        let mut b = Bucket::default();
+        let run = |b: &mut Bucket, latency: f64| {
+            for _ in 0..3000 {
+                let over = b.target_ns >= latency;
+                b.feedback(over, 100.0);
+                if !over {
+                    b.learn_latency(latency);
+                }
+            }
+        };
+        b.learn_latency(30_000.0);
+        run(&mut b, 30_000.0);
+        assert!(b.target_ns < 31_500.0 && b.target_ns > 20_000.0, "{}", b.target_ns);
+        run(&mut b, 100_000.0);
+        assert!(b.target_ns > 75_000.0, "grows with the device: {}", b.target_ns);
+        run(&mut b, 30_000.0);
+        assert!(b.target_ns < 31_500.0, "shrinks back, no shelving: {}", b.target_ns);
+    }
+
+    #[test]
+    fn no_sleep_when_the_device_is_faster_than_a_wake_up() {
+        let mut h = Hybrid::new();
+        let expect = Expect { since_ns: 1_000_000, op: Op::Read, bytes: 4096 };
+        assert_eq!(h.sleep_until(expect, 1_000_000), None, "nothing learned yet: poll");
+        h.buckets[bucket_index(Op::Read, 4096)].learn_latency(7_000.0);
+        assert_eq!(h.sleep_until(expect, 1_000_000), None, "7 us device, 20 us overshoot: poll");
+        h.buckets[bucket_index(Op::Read, 4096)] = Bucket::default();
+        h.buckets[bucket_index(Op::Read, 4096)].learn_latency(100_000.0);
+        let wake = h.sleep_until(expect, 1_000_000).unwrap();
+        assert_eq!(wake, 1_000_000 + 50_000 - 20_000, "half the latency, minus the timer's overshoot");
+    }
+}
