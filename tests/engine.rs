@@ -365,7 +365,7 @@ fn single_thread_stm_never_waits_for_a_merge_partner() {
         match completion {
             CompletionKind::Poll => assert_eq!(s.wait.sleeps, 0),
             // At most one sleep per request: waiting for the device, never for a partner.
-            CompletionKind::Interrupt | CompletionKind::Hybrid => assert!(s.wait.sleeps <= 500, "{}", s.wait.sleeps),
+            _ => assert!(s.wait.sleeps <= 500, "{}", s.wait.sleeps),
         }
         assert!(s.merge_wait_ns / 500 < 1_000_000, "requests are sent at once, not held for a partner");
     }

@@ -78,6 +78,15 @@ fn iopath_object(r: &BenchResult) -> Value {
         "cpu_ns_per_io": m.cpu_ns_per_io(),
         "polls_per_io": m.polls_per_io(),
         "sleeps_per_io": m.sleeps_per_io(),
+        "completion_stats": {
+            "switches": m.path.wait.mode_switches,
+            "oversleeps": m.path.wait.oversleeps,
+            "time_in_mode_ns": {
+                "poll": m.path.wait.mode_ns[0],
+                "hybrid": m.path.wait.mode_ns[1],
+                "interrupt": m.path.wait.mode_ns[2],
+            },
+        },
         "merge": {
             "commands": m.path.commands,
             "segments": m.path.segments,

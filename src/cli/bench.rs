@@ -84,7 +84,7 @@ pub struct BenchArgs {
     /// Override the preset's dispatch strategy (direct, combine, queue, hybrid, twoq, elevator).
     #[arg(long)]
     dispatch: Option<String>,
-    /// Override the preset's completion policy (poll, interrupt).
+    /// Override the preset's completion policy (poll, interrupt, hybrid, adaptive).
     #[arg(long)]
     completion: Option<String>,
     #[command(flatten)]

@@ -148,7 +148,7 @@ impl PathConfig {
     /// The waiter spin in effect.
     pub fn waiter_spin_ns(&self) -> u64 {
         let default = match self.completion {
-            CompletionKind::Poll | CompletionKind::Hybrid => DEFAULT_POLL_WAITER_SPIN,
+            CompletionKind::Poll | CompletionKind::Hybrid | CompletionKind::Adaptive => DEFAULT_POLL_WAITER_SPIN,
             CompletionKind::Interrupt => Duration::ZERO,
         };
         self.waiter_spin.unwrap_or(default).as_nanos() as u64

@@ -98,6 +98,7 @@ impl Bucket {
 #[derive(Debug, Clone)]
 pub struct Hybrid {
     buckets: Vec<Bucket>,
+    last_index: usize,
     overshoot_ns: f64,
     /// Waits that polled because the sleep would have been too short.
     pub floor_hits: u64,
@@ -118,7 +119,12 @@ fn bucket_index(op: Op, bytes: u64) -> usize {
 impl Hybrid {
     /// A policy that has learned nothing yet.
     pub fn new() -> Hybrid {
-        Hybrid { buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS], overshoot_ns: INITIAL_OVERSHOOT_NS, floor_hits: 0 }
+        Hybrid {
+            buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS],
+            last_index: 0,
+            overshoot_ns: INITIAL_OVERSHOOT_NS,
+            floor_hits: 0,
+        }
     }
 
     /// The learned state for a direction and size.
@@ -131,6 +137,19 @@ impl Hybrid {
     fn floor_ns(&self) -> f64 {
         // Twice the shortest sleep: the wait starts a moment after submission.
         self.overshoot_ns + 2.0 * MIN_SLEEP_NS as f64
+    }
+
+    /// Mean latency of the bucket used last (0 = unknown).
+    pub fn bucket_latency_any(&self) -> f64 {
+        self.buckets[self.last_index].latency_ns
+    }
+
+    /// Learns an exact latency sample: the command described by `expect` was
+    /// seen complete at `seen_ns` by a thread that was spinning.
+    pub fn learn(&mut self, expect: Expect, seen_ns: u64) {
+        let index = bucket_index(expect.op, expect.bytes);
+        self.last_index = index;
+        self.buckets[index].learn_latency(seen_ns.saturating_sub(expect.since_ns) as f64);
     }
 
     /// The measured timer overshoot.
@@ -191,6 +210,7 @@ impl CompletionPolicy for Hybrid {
             return Ok(n);
         }
         let index = bucket_index(expect.op, expect.bytes);
+        self.last_index = index;
         let now = now_ns();
         match self.sleep_until(expect, now) {
             Some(wake) if wake < limit_ns => {

@@ -7,6 +7,7 @@
 //! completion. Each channel has its own policy instance, so what a policy
 //! learns is per queue.
 
+pub mod adaptive;
 pub mod hybrid;
 pub mod interrupt;
 pub mod poll;
@@ -23,6 +24,11 @@ pub struct WaitStats {
     pub sleeps: u64,
     /// Sleeps that ended after the command had completed (hybrid).
     pub oversleeps: u64,
+    /// Mode changes of the adaptive policy.
+    pub mode_switches: u64,
+    /// Time the adaptive policy spent in poll, hybrid and interrupt mode (ns),
+    /// counted when it leaves a mode.
+    pub mode_ns: [u64; 3],
 }
 
 impl WaitStats {
@@ -31,6 +37,10 @@ impl WaitStats {
         self.polls += other.polls;
         self.sleeps += other.sleeps;
         self.oversleeps += other.oversleeps;
+        self.mode_switches += other.mode_switches;
+        for (a, b) in self.mode_ns.iter_mut().zip(&other.mode_ns) {
+            *a += b;
+        }
     }
 
     /// The counters accumulated between `earlier` and `self`.
@@ -39,6 +49,8 @@ impl WaitStats {
             polls: self.polls - earlier.polls,
             sleeps: self.sleeps - earlier.sleeps,
             oversleeps: self.oversleeps - earlier.oversleeps,
+            mode_switches: self.mode_switches - earlier.mode_switches,
+            mode_ns: std::array::from_fn(|i| self.mode_ns[i] - earlier.mode_ns[i]),
         }
     }
 }
@@ -90,11 +102,14 @@ pub enum CompletionKind {
     Interrupt,
     /// Sleep a learned share of the expected time, then spin.
     Hybrid,
+    /// Switch among the three from measured latency and CPU contention.
+    Adaptive,
 }
 
 impl CompletionKind {
     /// All kinds, in the order reports list them.
-    pub const ALL: [CompletionKind; 3] = [CompletionKind::Interrupt, CompletionKind::Poll, CompletionKind::Hybrid];
+    pub const ALL: [CompletionKind; 4] =
+        [CompletionKind::Interrupt, CompletionKind::Poll, CompletionKind::Hybrid, CompletionKind::Adaptive];
 
     /// Command-line name.
     pub fn name(self) -> &'static str {
@@ -102,6 +117,7 @@ impl CompletionKind {
             CompletionKind::Poll => "poll",
             CompletionKind::Interrupt => "interrupt",
             CompletionKind::Hybrid => "hybrid",
+            CompletionKind::Adaptive => "adaptive",
         }
     }
 
@@ -110,7 +126,7 @@ impl CompletionKind {
         Self::ALL
             .into_iter()
             .find(|k| k.name() == text)
-            .ok_or_else(|| Error::spec("completion policy", text, "expected one of: interrupt, poll, hybrid"))
+            .ok_or_else(|| Error::spec("completion policy", text, "expected one of: interrupt, poll, hybrid, adaptive"))
     }
 
     /// Builds a policy instance (one per channel).
@@ -119,6 +135,7 @@ impl CompletionKind {
             CompletionKind::Poll => Box::new(poll::Poll),
             CompletionKind::Interrupt => Box::new(interrupt::Interrupt),
             CompletionKind::Hybrid => Box::new(hybrid::Hybrid::new()),
+            CompletionKind::Adaptive => Box::new(adaptive::Adaptive::new()),
         }
     }
 }
