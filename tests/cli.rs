@@ -334,3 +334,40 @@ fn compare_prints_matrices_json_and_a_chart() {
     let err = fails(&["compare", "--workloads", "sideways"]);
     assert!(err.contains("expected read, write"), "{err}");
 }
+
+#[test]
+fn compare_completion_policies_under_cpu_hogs() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("contention.svg");
+    let o = iopath(&[
+        "compare",
+        "--device",
+        "emu:nand,size=16m",
+        "--completions",
+        "interrupt,poll,hybrid,adaptive",
+        "--cpu-hogs",
+        "0,1",
+        "--runtime",
+        "150ms",
+        "--no-progress",
+        "--output-format",
+        "json",
+        "--plot",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let levels = v["contention"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for (level, hogs) in levels.iter().zip([0, 1]) {
+        assert_eq!(level["cpu_hogs"], hogs);
+        let jobs = level["result"]["jobs"].as_array().unwrap();
+        let completions: Vec<&str> = jobs.iter().map(|j| j["iopath"]["completion"].as_str().unwrap()).collect();
+        assert_eq!(completions, ["interrupt", "poll", "hybrid", "adaptive"]);
+        for job in jobs {
+            assert_eq!(job["iopath"]["threads"], 1);
+            assert_eq!(job["iopath"]["hogs"].is_null(), hogs == 0, "hog progress reported when hogs ran");
+        }
+    }
+    assert!(std::fs::read_to_string(&chart).unwrap().contains("1 hog(s)"));
+}

@@ -84,13 +84,13 @@ impl Comparison {
     }
 
     fn matrix(&self, title: &str, value: impl Fn(&Cell) -> Option<String>) -> String {
-        let mut out = format!("{title}\n{:<12}", "path");
+        let mut out = format!("{title}\n{:<18}", "path");
         for rw in &self.workloads {
             out.push_str(&format!("{:>11}", rw.name()));
         }
         out.push('\n');
         for path in &self.paths {
-            out.push_str(&format!("{path:<12}"));
+            out.push_str(&format!("{path:<18}"));
             for &rw in &self.workloads {
                 let v = self.cell(path, rw).and_then(&value).unwrap_or_else(|| "-".into());
                 out.push_str(&format!("{v:>11}"));
@@ -116,7 +116,8 @@ impl Comparison {
             ));
         }
         if let Some(base) = &self.baseline {
-            out.push_str(&self.matrix(&format!("Throughput relative to {base} (seed 000 Table 7)"), |cell| {
+            let source = if base == "scsi-intr" { " (seed 000 Table 7)" } else { "" };
+            out.push_str(&self.matrix(&format!("Throughput relative to {base}{source}"), |cell| {
                 self.normalized(cell).map(|x| format!("{x:.2}x"))
             }));
             out.push('\n');
@@ -126,8 +127,19 @@ impl Comparison {
         }));
         out.push('\n');
         out.push_str(&format!(
-            "{:<10} {:<12} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>10}\n",
-            "workload", "path", "IOPS", "p50", "p99", "p99.9", "CPU/IO", "ctx/IO", "req/cmd", "merge wait"
+            "{:<10} {:<18} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>10} {:>9}\n",
+            "workload",
+            "path",
+            "IOPS",
+            "p50",
+            "p99",
+            "p99.9",
+            "CPU/IO",
+            "cores",
+            "ctx/IO",
+            "req/cmd",
+            "merge wait",
+            "hog ops/s"
         ));
         for cell in &self.cells {
             let m = &cell.result.measurements;
@@ -135,7 +147,7 @@ impl Comparison {
             lat.add(&m.write.latency_ns).expect("histograms with equal bounds");
             let q = |p: f64| if lat.is_empty() { "-".into() } else { format_ns(lat.value_at_quantile(p) as f64) };
             out.push_str(&format!(
-                "{:<10} {:<12} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8.2} {:>9.2} {:>10}\n",
+                "{:<10} {:<18} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6.2} {:>8.2} {:>9.2} {:>10} {:>9}\n",
                 cell.rw.name(),
                 cell.path,
                 format_count(m.total_iops()),
@@ -143,9 +155,11 @@ impl Comparison {
                 q(0.99),
                 q(0.999),
                 format_ns(m.cpu_ns_per_io()),
+                m.cpu_ns_per_io() * m.total_iops() / 1e9,
                 m.ctx_per_io(),
                 m.mean_segments(),
                 format_ns(m.merge_wait_ns_mean()),
+                m.hogs.map_or("-".to_string(), |h| format_count(h.ops_per_sec)),
             ));
         }
         out

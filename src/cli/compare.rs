@@ -3,7 +3,9 @@
 use super::bench::{DEVICES_HELP, OutputFormat};
 use super::path_args::{PathKnobs, duration_arg, presets_help, resolve_path};
 use clap::Args;
+use iopath::bench::compare::Comparison;
 use iopath::bench::compare::compare;
+use iopath::bench::hogs::HogConfig;
 use iopath::bench::report::format_count;
 use iopath::bench::{BenchConfig, Rw};
 use iopath::units::parse_size;
@@ -17,7 +19,8 @@ fn compare_help() -> String {
          iopath compare                                   # seed 000's designs on the emulated DRAM-SSD\n  \
          iopath compare --workloads randread,randwrite --threads 16 --plot share.svg\n  \
          iopath compare --paths sync-path,sync-intr --threads 1 --device emu:nand\n  \
-         iopath compare --output-format json > compare.json\n",
+         iopath compare --output-format json > compare.json\n  \
+         iopath compare --device emu:nand --completions interrupt,poll,hybrid,adaptive --cpu-hogs 0,1,2\n",
         presets_help()
     )
 }
@@ -28,21 +31,35 @@ pub struct CompareArgs {
     /// Device spec, as for `bench`.
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
-    /// Comma-separated paths: presets or DISPATCH+COMPLETION.
-    #[arg(long, default_value = "scsi-intr,sync-path,stm,atm,htm,2q", value_delimiter = ',')]
+    /// Comma-separated paths: presets or DISPATCH+COMPLETION
+    /// [default: scsi-intr,sync-path,stm,atm,htm,2q; sync-path with --completions].
+    #[arg(long, value_delimiter = ',')]
     paths: Vec<String>,
-    /// Comma-separated workloads.
-    #[arg(long, default_value = "read,write,randread,randwrite", value_delimiter = ',')]
+    /// Comma-separated workloads [default: read,write,randread,randwrite; randread with --completions].
+    #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
-    /// Override every path's completion policy (poll, interrupt).
+    /// Override every path's completion policy (poll, interrupt, hybrid, adaptive).
     #[arg(long)]
     completion: Option<String>,
+    /// Compare completion policies instead: each path runs once with each of these
+    /// (e.g. interrupt,poll,hybrid,adaptive).
+    #[arg(long, value_delimiter = ',', conflicts_with = "completion")]
+    completions: Vec<String>,
+    /// Repeat the whole matrix at each of these numbers of competing CPU hogs (e.g. 0,1,2).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    cpu_hogs: Vec<usize>,
+    /// Share of each millisecond a hog works, in percent.
+    #[arg(long, default_value_t = 100)]
+    hog_duty: u32,
+    /// Pin hogs to these CPUs, round-robin.
+    #[arg(long, value_delimiter = ',')]
+    hog_cpus: Vec<usize>,
     /// Path throughput is normalized to.
     #[arg(long, default_value = "scsi-intr")]
     baseline: String,
-    /// Threads issuing I/O in every run.
-    #[arg(long, default_value_t = 16)]
-    threads: usize,
+    /// Threads issuing I/O in every run [default: 16; 1 with --completions].
+    #[arg(long)]
+    threads: Option<usize>,
     /// Requests in flight per thread; 1 means blocking calls.
     #[arg(long, default_value_t = 1)]
     iodepth: u32,
@@ -76,10 +93,26 @@ pub struct CompareArgs {
 
 /// Runs `iopath compare`.
 pub fn run(args: CompareArgs) -> iopath::Result<()> {
-    let workloads = args.workloads.iter().map(|w| Rw::parse(w.trim())).collect::<iopath::Result<Vec<_>>>()?;
+    let policies = !args.completions.is_empty();
+    let or = |given: &[String], default: &str| -> Vec<String> {
+        if given.is_empty() { default.split(',').map(String::from).collect() } else { given.to_vec() }
+    };
+    let workloads = or(&args.workloads, if policies { "randread" } else { "read,write,randread,randwrite" });
+    let workloads = workloads.iter().map(|w| Rw::parse(w.trim())).collect::<iopath::Result<Vec<_>>>()?;
+    let paths = or(&args.paths, if policies { "sync-path" } else { "scsi-intr,sync-path,stm,atm,htm,2q" });
+    let threads = args.threads.unwrap_or(if policies { 1 } else { 16 });
+    // One run per (path, completion): the completion list multiplies the paths.
+    let mut variants: Vec<(String, Option<String>)> = Vec::new();
+    for path in &paths {
+        if policies {
+            variants.extend(args.completions.iter().map(|c| (path.trim().to_string(), Some(c.trim().to_string()))));
+        } else {
+            variants.push((path.trim().to_string(), args.completion.clone()));
+        }
+    }
     let mut configs = Vec::new();
-    for name in &args.paths {
-        let (path, path_name) = resolve_path(name.trim(), None, args.completion.as_deref(), &args.knobs)?;
+    for (name, completion) in &variants {
+        let (path, path_name) = resolve_path(name, None, completion.as_deref(), &args.knobs)?;
         configs.push(BenchConfig {
             device: args.device.clone(),
             path,
@@ -88,7 +121,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             rwmixread: args.rwmixread,
             block_size: args.bs,
             size: args.size,
-            threads: args.threads,
+            threads,
             iodepth: args.iodepth,
             runtime: Some(args.runtime),
             ios: None,
@@ -99,29 +132,85 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
         });
     }
     let show = !args.no_progress && std::io::stderr().is_terminal();
-    let comparison = compare(&configs, &workloads, args.repeat, &args.baseline, |cell, done, total| {
-        if show {
-            eprintln!(
-                "[{done}/{total}] {} {}: {} IOPS",
-                cell.rw.name(),
-                cell.path,
-                format_count(cell.result.measurements.total_iops())
-            );
-        }
-    })?;
+    let baseline = if policies { configs[0].path_name.clone() } else { args.baseline.clone() };
+    let mut sections = Vec::new();
+    for &hogs in &args.cpu_hogs {
+        let configs: Vec<BenchConfig> = configs
+            .iter()
+            .map(|c| BenchConfig {
+                hogs: HogConfig { count: hogs, duty_pct: args.hog_duty, cpus: args.hog_cpus.clone() },
+                ..c.clone()
+            })
+            .collect();
+        let comparison = compare(&configs, &workloads, args.repeat, &baseline, |cell, done, total| {
+            if show {
+                eprintln!(
+                    "[{done}/{total}] {hogs} hog(s), {} {}: {} IOPS",
+                    cell.rw.name(),
+                    cell.path,
+                    format_count(cell.result.measurements.total_iops())
+                );
+            }
+        })?;
+        sections.push((hogs, comparison));
+    }
     match args.output_format {
-        OutputFormat::Table => print!("{}", comparison.to_table()),
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&comparison.to_json()).expect("JSON")),
+        OutputFormat::Table => {
+            for (hogs, comparison) in &sections {
+                if args.cpu_hogs.len() > 1 || *hogs > 0 {
+                    println!("=== {hogs} competing CPU hog(s) ===");
+                }
+                print!("{}", comparison.to_table());
+                println!();
+            }
+        }
+        OutputFormat::Json => {
+            let value = if sections.len() == 1 {
+                sections[0].1.to_json()
+            } else {
+                serde_json::json!({
+                    "fio version": format!("iopath-{}", env!("CARGO_PKG_VERSION")),
+                    "contention": sections
+                        .iter()
+                        .map(|(hogs, c)| serde_json::json!({ "cpu_hogs": hogs, "result": c.to_json() }))
+                        .collect::<Vec<_>>(),
+                })
+            };
+            println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        }
     }
     if let Some(file) = &args.plot {
-        std::fs::write(file, comparison.to_svg()).map_err(|source| iopath::Error::Target {
+        let svg = if sections.len() == 1 { sections[0].1.to_svg() } else { contention_svg(&sections) };
+        std::fs::write(file, svg).map_err(|source| iopath::Error::Target {
             action: "write the chart to",
             path: file.clone(),
             source,
         })?;
         if matches!(args.output_format, OutputFormat::Table) {
-            println!("\nchart written to {}", file.display());
+            println!("chart written to {}", file.display());
         }
     }
     Ok(())
+}
+
+/// Throughput per contention level (groups) and path (series).
+fn contention_svg(sections: &[(usize, Comparison)]) -> String {
+    let groups: Vec<String> = sections.iter().map(|(h, _)| format!("{h} hog(s)")).collect();
+    let series = sections[0].1.paths.clone();
+    let iops = |g: usize, s: usize| {
+        let c = &sections[g].1;
+        c.cells.iter().filter(|cell| cell.path == series[s]).map(|cell| cell.result.measurements.total_iops()).sum()
+    };
+    let max = (0..groups.len())
+        .flat_map(|g| (0..series.len()).map(move |s| (g, s)))
+        .map(|(g, s)| iops(g, s))
+        .fold(1.0, f64::max);
+    iopath::bench::svg::grouped_bars(
+        "Throughput (IOPS) under CPU contention",
+        &groups,
+        &series,
+        iops,
+        max,
+        format_count,
+    )
 }
