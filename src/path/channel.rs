@@ -127,6 +127,8 @@ pub struct Channel {
     completion: Box<dyn CompletionPolicy>,
     /// What the device is working on for the oldest command in flight.
     expect: Expect,
+    /// Whether the policy needs `expect` (saves a clock read per submission otherwise).
+    stamp_submissions: bool,
     pool: Vec<Command>,
     done: Vec<Command>,
     queue_depth: usize,
@@ -157,10 +159,13 @@ impl Channel {
         timeout_ns: Option<u64>,
     ) -> Channel {
         let doorbell = Arc::new(Doorbell::default());
+        let policy = completion.build();
+        let stamp_submissions = policy.uses_expect();
         Channel {
             queue,
-            completion: completion.build(),
+            completion: policy,
             expect: Expect::default(),
+            stamp_submissions,
             pool: (0..queue_depth).map(|_| Command::with_capacity(1)).collect(),
             done: Vec::with_capacity(queue_depth),
             queue_depth,
@@ -210,7 +215,7 @@ impl Channel {
         self.stats.commands += 1;
         self.stats.segments += command.segments.len() as u64;
         self.stats.segments_hist[segment_bucket(command.segments.len())] += 1;
-        if self.queue.in_flight() == 0 {
+        if self.stamp_submissions && self.queue.in_flight() == 0 {
             // The device starts on this one now: what a hybrid wait will expect.
             self.expect = Expect { since_ns: now_ns(), op: command.op, bytes: command.bytes() };
         }
@@ -376,7 +381,7 @@ impl Channel {
         if index + 1 >= self.waiters.len() || !self.waiters[index].is_done() {
             return Err(Error::spec("tag", request.tag.to_string(), "queued tag out of range or already in flight"));
         }
-        self.waiters[index].arm(request, false);
+        self.waiters[index].arm(request);
         self.waiting.push(index);
         Ok(&self.waiters[index])
     }

@@ -150,8 +150,6 @@ pub struct Waiter {
     request: UnsafeCell<Request>,
     outcome: UnsafeCell<Outcome>,
     arrived_ns: AtomicU64,
-    /// Whether the owner waits for this one synchronously (blocking API).
-    pub blocking: AtomicBool,
     doorbell: Arc<Doorbell>,
 }
 
@@ -177,17 +175,15 @@ impl Waiter {
             }),
             outcome: UnsafeCell::new(Outcome::default()),
             arrived_ns: AtomicU64::new(0),
-            blocking: AtomicBool::new(false),
             doorbell,
         }
     }
 
     /// Owner: loads a request; the waiter must not be in flight.
-    pub fn arm(&self, request: Request, blocking: bool) {
+    pub fn arm(&self, request: Request) {
         assert!(self.is_done(), "waiter re-armed while in flight");
         // SAFETY: the waiter is done, so no server holds it; only the owner touches it now.
         unsafe { *self.request.get() = request };
-        self.blocking.store(blocking, Ordering::Relaxed);
         self.arrived_ns.store(now_ns(), Ordering::Relaxed);
         self.done.store(false, Ordering::Relaxed);
     }
@@ -353,7 +349,7 @@ mod tests {
                 let (waiters, list) = (&waiters, &list);
                 s.spawn(move || {
                     for (i, w) in waiters.iter().enumerate().skip(t).step_by(4) {
-                        w.arm(req(i as u64), false);
+                        w.arm(req(i as u64));
                         // SAFETY: the waiters outlive the scope.
                         unsafe { list.push(w) };
                     }
@@ -384,7 +380,7 @@ mod tests {
         let doorbell = Arc::new(Doorbell::default());
         let waiter = Arc::new(Waiter::new(Arc::clone(&doorbell)));
         for round in 0..200u64 {
-            waiter.arm(req(round), true);
+            waiter.arm(req(round));
             let w = Arc::clone(&waiter);
             let server = std::thread::spawn(move || {
                 if round % 2 == 0 {

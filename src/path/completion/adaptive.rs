@@ -324,8 +324,6 @@ pub struct Adaptive {
     ios: u64,
     latency_sum_ns: u64,
     mode_since_ns: u64,
-    /// Nanoseconds spent in each mode (poll, hybrid, interrupt), booked per epoch.
-    pub time_in_mode_ns: [u64; 3],
 }
 
 impl Default for Adaptive {
@@ -348,7 +346,6 @@ impl Adaptive {
             ios: 0,
             latency_sum_ns: 0,
             mode_since_ns: 0,
-            time_in_mode_ns: [0; 3],
         }
     }
 
@@ -385,7 +382,6 @@ impl Adaptive {
         let before = self.controller.mode();
         let after = self.controller.on_epoch(&signals);
         // Time is booked to the mode every epoch, so reports are right at any moment.
-        self.time_in_mode_ns[before as usize] += now - self.mode_since_ns;
         stats.mode_ns[before as usize] += now - self.mode_since_ns;
         self.mode_since_ns = now;
         if after != before {
@@ -400,6 +396,10 @@ impl Adaptive {
 impl CompletionPolicy for Adaptive {
     fn name(&self) -> &'static str {
         "adaptive"
+    }
+
+    fn uses_expect(&self) -> bool {
+        true
     }
 
     fn spins(&self) -> bool {

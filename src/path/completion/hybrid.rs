@@ -100,8 +100,6 @@ pub struct Hybrid {
     buckets: Vec<Bucket>,
     last_index: usize,
     overshoot_ns: f64,
-    /// Waits that polled because the sleep would have been too short.
-    pub floor_hits: u64,
 }
 
 impl Default for Hybrid {
@@ -119,12 +117,7 @@ fn bucket_index(op: Op, bytes: u64) -> usize {
 impl Hybrid {
     /// A policy that has learned nothing yet.
     pub fn new() -> Hybrid {
-        Hybrid {
-            buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS],
-            last_index: 0,
-            overshoot_ns: INITIAL_OVERSHOOT_NS,
-            floor_hits: 0,
-        }
+        Hybrid { buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS], last_index: 0, overshoot_ns: INITIAL_OVERSHOOT_NS }
     }
 
     /// The learned state for a direction and size.
@@ -192,6 +185,10 @@ impl CompletionPolicy for Hybrid {
         "hybrid"
     }
 
+    fn uses_expect(&self) -> bool {
+        true
+    }
+
     fn spins(&self) -> bool {
         true
     }
@@ -240,9 +237,6 @@ impl CompletionPolicy for Hybrid {
                 Ok(n)
             }
             _ => {
-                if self.buckets[index].latency_ns > 0.0 {
-                    self.floor_hits += 1;
-                }
                 let (n, seen) = Self::spin(queue, out, stats, limit_ns)?;
                 if n > 0 && expect.since_ns > 0 {
                     self.buckets[index].learn_latency(seen.saturating_sub(expect.since_ns) as f64);

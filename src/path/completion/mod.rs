@@ -80,6 +80,12 @@ pub trait CompletionPolicy: Send {
     /// Whether the policy spins (burns the CPU) rather than sleeps.
     fn spins(&self) -> bool;
 
+    /// Whether the policy reads [`Expect`]; the channel stamps submissions
+    /// with the clock only for policies that do.
+    fn uses_expect(&self) -> bool {
+        false
+    }
+
     /// Waits until `queue` hands back at least one command (moved into `out`)
     /// or the monotonic clock passes `limit_ns`; returns how many were handed
     /// back. `expect` describes the oldest command in flight.

@@ -160,7 +160,7 @@ impl Dispatch for Combine {
 
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         let waiter = channel.blocking_waiter();
-        waiter.arm(request, true);
+        waiter.arm(request);
         // SAFETY: the waiter lives in the channel, which waits for it before it is dropped.
         unsafe { self.pending.push(waiter) };
         fence(Ordering::SeqCst);

@@ -254,7 +254,7 @@ impl Dispatch for QueueDispatch {
 
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         let waiter = channel.blocking_waiter();
-        waiter.arm(request, true);
+        waiter.arm(request);
         self.publish(waiter, self.shared.config.urgent_unplug);
         self.wait_for(channel, &|c: &Channel| c.blocking_waiter().is_done());
         Ok(channel.collect_blocking())

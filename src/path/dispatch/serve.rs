@@ -67,6 +67,11 @@ fn request_of(w: *const Waiter) -> crate::path::dispatch::Request {
     unsafe { (*w).request() }
 }
 
+fn arrival(w: *const Waiter) -> u64 {
+    // SAFETY: as above.
+    unsafe { (*w).arrived_ns() }
+}
+
 fn complete(w: *const Waiter, outcome: Outcome) {
     // SAFETY: as above; after this call the pointer is never used again.
     unsafe { (*w).complete(outcome) }
@@ -146,11 +151,13 @@ impl Server {
         channel.stats.merged_requests += n as u64;
         let mut taken = std::mem::take(&mut self.taken);
         match self.mode {
-            // Stable: reads, then writes, then flushes, each in arrival order.
-            MergeMode::Temporal => taken.sort_by_key(|&w| op_rank(request_of(w).op)),
-            MergeMode::Spatial => taken.sort_by_key(|&w| {
+            // Reads, then writes, then flushes, each in arrival order. An unstable sort
+            // with the arrival time as the last key gives that order without the
+            // buffer a stable sort allocates for every batch.
+            MergeMode::Temporal => taken.sort_unstable_by_key(|&w| (op_rank(request_of(w).op), arrival(w))),
+            MergeMode::Spatial => taken.sort_unstable_by_key(|&w| {
                 let r = request_of(w);
-                (op_rank(r.op), r.offset)
+                (op_rank(r.op), r.offset, arrival(w))
             }),
         }
         let mut start = 0;
