@@ -30,6 +30,19 @@ use crate::error::Result;
 
 /// Shortest sleep worth taking.
 pub const MIN_SLEEP_NS: u64 = 2_000;
+/// The lowest wake target a sleep can reach: the timer's overshoot plus
+/// twice the shortest sleep worth taking (the wait starts a moment after
+/// submission).
+fn sleep_floor_ns(overshoot_ns: f64) -> f64 {
+    overshoot_ns + 2.0 * MIN_SLEEP_NS as f64
+}
+
+/// Whether a device with mean latency `latency_ns` can be slept on, given the
+/// timer's overshoot: a sleep must be able to end before the device does.
+pub fn sleep_feasible(latency_ns: f64, overshoot_ns: f64) -> bool {
+    latency_ns > sleep_floor_ns(overshoot_ns)
+}
+
 /// Timer overshoot assumed before the first measurement (typical on these VMs).
 const INITIAL_OVERSHOOT_NS: f64 = 20_000.0;
 const SIZE_BUCKETS: usize = 24;
@@ -55,12 +68,16 @@ impl Default for Bucket {
 
 impl Bucket {
     /// Feeds one exact latency sample (a completion seen while spinning).
+    /// A sample counts for at most twice the current mean: a spinning thread
+    /// that was preempted sees the completion milliseconds late, and one such
+    /// sample must not make a 7 µs device look like a 200 µs one. A real
+    /// slow-down still gets through, by up to an eighth per sample.
     pub fn learn_latency(&mut self, sample_ns: f64) {
         if self.latency_ns == 0.0 {
             self.latency_ns = sample_ns;
             self.target_ns = sample_ns / 2.0;
         } else {
-            self.latency_ns += (sample_ns - self.latency_ns) / 8.0;
+            self.latency_ns += (sample_ns.min(2.0 * self.latency_ns) - self.latency_ns) / 8.0;
         }
     }
 
@@ -125,11 +142,9 @@ impl Hybrid {
         &self.buckets[bucket_index(op, bytes)]
     }
 
-    /// The lowest wake target a sleep can reach: the timer's overshoot plus
-    /// the shortest sleep worth taking.
+    /// The lowest wake target a sleep can reach.
     fn floor_ns(&self) -> f64 {
-        // Twice the shortest sleep: the wait starts a moment after submission.
-        self.overshoot_ns + 2.0 * MIN_SLEEP_NS as f64
+        sleep_floor_ns(self.overshoot_ns)
     }
 
     /// Mean latency of the bucket used last (0 = unknown).

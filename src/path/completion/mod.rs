@@ -26,6 +26,8 @@ pub struct WaitStats {
     pub oversleeps: u64,
     /// Mode changes of the adaptive policy.
     pub mode_switches: u64,
+    /// Epochs the adaptive policy spent trying a mode to measure it.
+    pub mode_probes: u64,
     /// Time the adaptive policy spent in poll, hybrid and interrupt mode (ns),
     /// counted when it leaves a mode.
     pub mode_ns: [u64; 3],
@@ -38,6 +40,7 @@ impl WaitStats {
         self.sleeps += other.sleeps;
         self.oversleeps += other.oversleeps;
         self.mode_switches += other.mode_switches;
+        self.mode_probes += other.mode_probes;
         for (a, b) in self.mode_ns.iter_mut().zip(&other.mode_ns) {
             *a += b;
         }
@@ -50,6 +53,7 @@ impl WaitStats {
             sleeps: self.sleeps - earlier.sleeps,
             oversleeps: self.oversleeps - earlier.oversleeps,
             mode_switches: self.mode_switches - earlier.mode_switches,
+            mode_probes: self.mode_probes - earlier.mode_probes,
             mode_ns: std::array::from_fn(|i| self.mode_ns[i] - earlier.mode_ns[i]),
         }
     }
