@@ -62,7 +62,8 @@ fn completion_flag_overrides_the_preset() {
     let device = "emu:dram-ssd,size=16m,xfer=500us";
     let v = bench_json(&["--device", device, "--completion", "interrupt", "--ios", "50"]);
     let io = &v["jobs"][0]["iopath"];
-    assert_eq!(io["completion"], "interrupt");
+    assert_eq!(io["completion"]["policy"], "interrupt");
+    assert!(io["completion"]["source"].as_str().unwrap().contains("timer"), "{io}");
     assert_eq!(io["dispatch"], "direct");
     let sleeps = io["sleeps_per_io"].as_f64().unwrap();
     assert!(sleeps > 0.5 && sleeps < 1.5, "one sleep per request: {io}");
@@ -322,7 +323,7 @@ fn compare_prints_matrices_json_and_a_chart() {
     // Each job is exactly what `bench` prints for that run.
     let jobs = v["jobs"].as_array().unwrap();
     assert_eq!(jobs[1]["iopath"]["dispatch"], "combine");
-    assert_eq!(jobs[1]["iopath"]["completion"], "interrupt");
+    assert_eq!(jobs[1]["iopath"]["completion"]["policy"], "interrupt");
     let bench = bench_json(&["--device", "emu:dram-ssd", "--threads", "2", "--ios", "10", "--rw", "randwrite"]);
     let keys = |j: &Value| j.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(keys(&jobs[0]), keys(&bench["jobs"][0]));
@@ -362,8 +363,16 @@ fn compare_completion_policies_under_cpu_hogs() {
     for (level, hogs) in levels.iter().zip([0, 1]) {
         assert_eq!(level["cpu_hogs"], hogs);
         let jobs = level["result"]["jobs"].as_array().unwrap();
-        let completions: Vec<&str> = jobs.iter().map(|j| j["iopath"]["completion"].as_str().unwrap()).collect();
+        let completions: Vec<&str> =
+            jobs.iter().map(|j| j["iopath"]["completion"]["policy"].as_str().unwrap()).collect();
         assert_eq!(completions, ["interrupt", "poll", "hybrid", "adaptive"]);
+        // Every decision of the adaptive policy is visible: it spent all its time in
+        // modes it reports, and the counters are there even when zero.
+        let adaptive = &jobs[3]["iopath"]["completion"];
+        let in_modes: u64 =
+            ["poll", "hybrid", "interrupt"].iter().map(|m| adaptive["time_in_mode_ns"][m].as_u64().unwrap()).sum();
+        assert!(in_modes > 0, "{adaptive}");
+        assert!(adaptive["switches"].is_u64() && adaptive["probes"].is_u64(), "{adaptive}");
         for job in jobs {
             assert_eq!(job["iopath"]["threads"], 1);
             assert_eq!(job["iopath"]["hogs"].is_null(), hogs == 0, "hog progress reported when hogs ran");

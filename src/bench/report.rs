@@ -63,7 +63,7 @@ fn iopath_object(r: &BenchResult) -> Value {
         "device": r.device_description,
         "path": r.config.path_name,
         "dispatch": r.config.path.dispatch.name(),
-        "completion": r.config.path.completion.name(),
+        "completion": completion_object(r),
         "threads": r.config.threads,
         "iodepth": r.config.iodepth,
         "share_of_peak": opt_f64(m.share_of_peak()),
@@ -78,15 +78,6 @@ fn iopath_object(r: &BenchResult) -> Value {
         "cpu_ns_per_io": m.cpu_ns_per_io(),
         "polls_per_io": m.polls_per_io(),
         "sleeps_per_io": m.sleeps_per_io(),
-        "completion_stats": {
-            "switches": m.path.wait.mode_switches,
-            "oversleeps": m.path.wait.oversleeps,
-            "time_in_mode_ns": {
-                "poll": m.path.wait.mode_ns[0],
-                "hybrid": m.path.wait.mode_ns[1],
-                "interrupt": m.path.wait.mode_ns[2],
-            },
-        },
         "merge": {
             "commands": m.path.commands,
             "segments": m.path.segments,
@@ -102,6 +93,23 @@ fn iopath_object(r: &BenchResult) -> Value {
             "ops_per_sec": h.ops_per_sec,
         })),
         "verified_blocks": m.verified_blocks,
+    })
+}
+
+/// The completion policy, what it waited on and what it decided.
+fn completion_object(r: &BenchResult) -> Value {
+    let w = &r.measurements.path.wait;
+    json!({
+        "policy": r.config.path.completion.name(),
+        "source": r.completion_source,
+        "switches": w.mode_switches,
+        "probes": w.mode_probes,
+        "oversleeps": w.oversleeps,
+        "time_in_mode_ns": {
+            "poll": w.mode_ns[0],
+            "hybrid": w.mode_ns[1],
+            "interrupt": w.mode_ns[2],
+        },
     })
 }
 
@@ -239,7 +247,27 @@ pub fn to_table(r: &BenchResult) -> String {
         m.usage.voluntary_ctx,
         m.usage.involuntary_ctx,
     ));
-    out.push_str(&format!("wait:   {:.1} polls and {:.2} sleeps per I/O\n", m.polls_per_io(), m.sleeps_per_io(),));
+    out.push_str(&format!("wait:   {:.1} polls and {:.2} sleeps per I/O", m.polls_per_io(), m.sleeps_per_io()));
+    if m.path.wait.oversleeps > 0 {
+        out.push_str(&format!(
+            ", {:.2} oversleeps per I/O",
+            m.path.wait.oversleeps as f64 / m.total_ios().max(1) as f64
+        ));
+    }
+    out.push_str(&format!("\n        on {}\n", r.completion_source));
+    let w = &m.path.wait;
+    let in_modes: u64 = w.mode_ns.iter().sum();
+    if in_modes > 0 {
+        let share = |i: usize| 100.0 * w.mode_ns[i] as f64 / in_modes as f64;
+        out.push_str(&format!(
+            "policy: {} switch(es), {} probe(s); time in poll {:.1}%, hybrid {:.1}%, interrupt {:.1}%\n",
+            w.mode_switches,
+            w.mode_probes,
+            share(0),
+            share(1),
+            share(2),
+        ));
+    }
     out.push_str(&format!(
         "merge:  {:.2} requests per device command ({} commands)",
         m.mean_segments(),

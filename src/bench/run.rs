@@ -89,6 +89,8 @@ pub struct BenchResult {
     pub config: BenchConfig,
     /// The device as it describes itself.
     pub device_description: String,
+    /// What the completion policy waited on (user-space spin, kernel polling, interrupts).
+    pub completion_source: String,
     /// Region size actually used.
     pub size: u64,
     /// What was measured.
@@ -206,7 +208,14 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
         m.read.bytes as f64 / bytes as f64
     };
     m.peak_bw_bytes = engine.device().peak_bandwidth(read_fraction);
-    Ok(BenchResult { config: config.clone(), device_description: engine.device().describe(), size, measurements: m })
+    let polled = config.path.completion != crate::path::CompletionKind::Interrupt;
+    Ok(BenchResult {
+        config: config.clone(),
+        device_description: engine.device().describe(),
+        completion_source: engine.device().completion_source(polled),
+        size,
+        measurements: m,
+    })
 }
 
 fn progress_bar(config: &BenchConfig) -> indicatif::ProgressBar {

@@ -248,6 +248,14 @@ impl Device for EmuDevice {
         }
     }
 
+    fn completion_source(&self, polled: bool) -> String {
+        if polled {
+            "the emulated completion deadline, spun on in user space (a sleeping wait uses a timer)".into()
+        } else {
+            "a timer set to the emulated completion deadline (the emulated interrupt)".into()
+        }
+    }
+
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
         let id = self.shared.queues_opened.fetch_add(1, Ordering::Relaxed);
         let faults = &self.shared.config.faults;

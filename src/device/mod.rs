@@ -236,6 +236,10 @@ pub struct QueueConfig {
     /// A memory region to pre-register with the kernel (io_uring fixed buffers);
     /// buffers inside it are then used without per-I/O page pinning.
     pub registered: Option<(*mut u8, usize)>,
+    /// Whether the waiter will spin for completions (poll, hybrid, adaptive).
+    /// A device that can poll in the kernel uses a polled queue only then:
+    /// an interrupt-driven waiter on a polled queue would spin in the kernel.
+    pub polled: bool,
 }
 
 // SAFETY: the registered region is only an address range handed to the kernel;
@@ -243,9 +247,9 @@ pub struct QueueConfig {
 unsafe impl Send for QueueConfig {}
 
 impl QueueConfig {
-    /// A queue of the given depth with no registered memory.
+    /// A queue of the given depth with no registered memory, for a spinning waiter.
     pub fn depth(depth: u32) -> QueueConfig {
-        QueueConfig { depth, registered: None }
+        QueueConfig { depth, registered: None, polled: true }
     }
 }
 
@@ -257,6 +261,9 @@ pub trait Device: Send + Sync {
     fn size(&self) -> u64;
     /// What the device can do.
     fn capabilities(&self) -> Capabilities;
+    /// Where a waiter learns of completions, for reports: what a spinning
+    /// (`polled`) or a sleeping waiter actually waits on with this device.
+    fn completion_source(&self, polled: bool) -> String;
     /// Opens a submission/completion queue for one thread.
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>>;
     /// Snapshot of the device's counters.

@@ -66,6 +66,10 @@ impl Device for PsyncDevice {
         }
     }
 
+    fn completion_source(&self, _polled: bool) -> String {
+        "none: pread/pwrite complete inside the call (the kernel sleeps for the waiter)".into()
+    }
+
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
         Ok(Box::new(PsyncQueue {
             shared: Arc::clone(&self.shared),

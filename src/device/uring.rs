@@ -242,6 +242,18 @@ impl Device for UringDevice {
         }
     }
 
+    fn completion_source(&self, polled: bool) -> String {
+        let s = &self.shared;
+        match (polled, s.iopoll) {
+            (true, true) => "kernel polling: IOPOLL ring, spun on with GETEVENTS enters".into(),
+            (true, false) => format!(
+                "the completion ring, spun on in user space; sleeping waits block in io_uring_enter ({})",
+                s.iopoll_note
+            ),
+            (false, _) => "interrupts: a blocking io_uring_enter on an interrupt-driven ring".into(),
+        }
+    }
+
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
         Ok(Box::new(UringQueue::new(Arc::clone(&self.shared), config)?))
     }
@@ -267,6 +279,8 @@ struct UringQueue {
     /// Slots whose last CQE has arrived, to be handed back.
     ready: Vec<usize>,
     in_flight: usize,
+    /// Whether this ring is an IOPOLL ring.
+    iopoll: bool,
 }
 
 fn os_err(context: &str, source: std::io::Error) -> Error {
@@ -289,7 +303,10 @@ impl UringQueue {
         if shared.config.sqpoll {
             builder.setup_sqpoll(1000);
         }
-        if shared.iopoll {
+        // An interrupt-driven waiter gets an interrupt-driven ring even where the
+        // device can be polled: on an IOPOLL ring a blocking enter spins in the kernel.
+        let iopoll = shared.iopoll && config.polled;
+        if iopoll {
             builder.setup_iopoll();
         }
         let ring = builder.build(SQ_ENTRIES).map_err(|e| os_err("io_uring setup", e))?;
@@ -323,6 +340,7 @@ impl UringQueue {
             free_slots: (0..depth).rev().collect(),
             ready: Vec::with_capacity(depth),
             in_flight: 0,
+            iopoll,
         })
     }
 
@@ -464,7 +482,7 @@ impl Queue for UringQueue {
         }
         if self.ring.completion().is_empty() {
             // Deferred task work (and IOPOLL) posts completions only inside an enter.
-            let needs_enter = matches!(self.shared.config.taskrun, TaskRun::Defer) || self.shared.iopoll;
+            let needs_enter = matches!(self.shared.config.taskrun, TaskRun::Defer) || self.iopoll;
             if needs_enter {
                 // SAFETY: a plain GETEVENTS enter with no argument.
                 let r = unsafe {

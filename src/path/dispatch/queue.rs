@@ -100,7 +100,10 @@ impl QueueDispatch {
                 let caps = device.capabilities();
                 let depth = (super::serve::queue_depth_for(config.pipeline) as u32).min(caps.queue_depth);
                 let channel = device
-                    .open_queue(&DeviceQueueConfig::depth(depth))
+                    .open_queue(&DeviceQueueConfig {
+                        polled: completion != CompletionKind::Interrupt,
+                        ..DeviceQueueConfig::depth(depth)
+                    })
                     .map(|queue| Channel::new(queue, completion, 0, depth as usize, config.max_segments, timeout_ns));
                 match channel {
                     Ok(channel) => {
