@@ -46,6 +46,9 @@ pub fn sleep_feasible(latency_ns: f64, overshoot_ns: f64) -> bool {
 /// Timer overshoot assumed before the first measurement (typical on these VMs).
 const INITIAL_OVERSHOOT_NS: f64 = 20_000.0;
 const SIZE_BUCKETS: usize = 24;
+/// While an overshoot estimate that may be stale rules out sleeping, one
+/// wait in this many takes a calibration sleep to refresh it.
+const RECALIBRATE_EVERY: u32 = 64;
 
 /// PAS state of one (direction, size) bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,6 +120,10 @@ pub struct Hybrid {
     buckets: Vec<Bucket>,
     last_index: usize,
     overshoot_ns: f64,
+    /// The smallest overshoot ever sampled: what the timer can do at best.
+    best_overshoot_ns: f64,
+    /// Waits that polled because the overshoot estimate ruled out sleeping.
+    polled_since_sleep: u32,
 }
 
 impl Default for Hybrid {
@@ -134,7 +141,13 @@ fn bucket_index(op: Op, bytes: u64) -> usize {
 impl Hybrid {
     /// A policy that has learned nothing yet.
     pub fn new() -> Hybrid {
-        Hybrid { buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS], last_index: 0, overshoot_ns: INITIAL_OVERSHOOT_NS }
+        Hybrid {
+            buckets: vec![Bucket::default(); 2 * SIZE_BUCKETS],
+            last_index: 0,
+            overshoot_ns: INITIAL_OVERSHOOT_NS,
+            best_overshoot_ns: INITIAL_OVERSHOOT_NS,
+            polled_since_sleep: 0,
+        }
     }
 
     /// The learned state for a direction and size.
@@ -163,6 +176,33 @@ impl Hybrid {
     /// The measured timer overshoot.
     pub fn overshoot_ns(&self) -> f64 {
         self.overshoot_ns
+    }
+
+    /// Feeds one overshoot sample (how late a timed sleep ended).
+    fn learn_overshoot(&mut self, late_ns: u64) {
+        // A preempted sleeper can oversleep by milliseconds; cap each sample so one
+        // outlier cannot push the estimate past every target (sleeps would stop,
+        // and with them the measurements that bring it back).
+        let sample = (late_ns as f64).min(2.0 * self.overshoot_ns + 10_000.0);
+        self.overshoot_ns += (sample - self.overshoot_ns) / 16.0;
+        self.best_overshoot_ns = self.best_overshoot_ns.min(late_ns as f64);
+    }
+
+    /// Whether the last bucket's device latency is too short to sleep on with
+    /// the timer as measured, but long enough with the timer at its best: the
+    /// overshoot estimate may be stale, and only a sleep can refresh it.
+    pub fn overshoot_may_be_stale(&self) -> bool {
+        let l = self.bucket_latency_any();
+        !sleep_feasible(l, self.overshoot_ns) && sleep_feasible(l, self.best_overshoot_ns)
+    }
+
+    /// Takes one shortest sleep to measure the timer's overshoot (a few tens
+    /// of µs of CPU on these VMs). Used by a policy that polls and so would
+    /// never learn that the timer has become fast enough to sleep on.
+    pub fn calibrate_overshoot(&mut self) {
+        let wake = now_ns() + MIN_SLEEP_NS;
+        sleep_until_ns(wake);
+        self.learn_overshoot(now_ns().saturating_sub(wake));
     }
 
     /// When to ask the timer to wake for a command described by `expect`,
@@ -228,12 +268,7 @@ impl CompletionPolicy for Hybrid {
             Some(wake) if wake < limit_ns => {
                 stats.sleeps += 1;
                 sleep_until_ns(wake);
-                let woke = now_ns();
-                // A preempted sleeper can oversleep by milliseconds; cap each sample so one
-                // outlier cannot push the estimate past every target (sleeps would stop,
-                // and with them the measurements that bring it back).
-                let sample = (woke.saturating_sub(wake) as f64).min(2.0 * self.overshoot_ns + 10_000.0);
-                self.overshoot_ns += (sample - self.overshoot_ns) / 16.0;
+                self.learn_overshoot(now_ns().saturating_sub(wake));
                 let n = queue.reap(out)?;
                 stats.polls += 1;
                 if n > 0 {
@@ -252,6 +287,16 @@ impl CompletionPolicy for Hybrid {
                 Ok(n)
             }
             _ => {
+                // Sleeps refresh the overshoot estimate; without them a high one left
+                // by a burst of contention would rule sleeping out for good.
+                if self.overshoot_may_be_stale() {
+                    self.polled_since_sleep += 1;
+                    if self.polled_since_sleep >= RECALIBRATE_EVERY {
+                        self.polled_since_sleep = 0;
+                        stats.sleeps += 1;
+                        self.calibrate_overshoot();
+                    }
+                }
                 let (n, seen) = Self::spin(queue, out, stats, limit_ns)?;
                 if n > 0 && expect.since_ns > 0 {
                     self.buckets[index].learn_latency(seen.saturating_sub(expect.since_ns) as f64);
@@ -307,6 +352,24 @@ mod tests {
         assert!(b.target_ns > 75_000.0, "grows with the device: {}", b.target_ns);
         run(&mut b, 30_000.0);
         assert!(b.target_ns < 31_500.0, "shrinks back, no shelving: {}", b.target_ns);
+    }
+
+    #[test]
+    fn an_overshoot_raised_by_contention_is_recognized_as_possibly_stale() {
+        let mut h = Hybrid::new();
+        h.learn(Expect { since_ns: 0, op: Op::Read, bytes: 4096 }, 80_000);
+        h.learn_overshoot(15_000);
+        assert!(!h.overshoot_may_be_stale(), "80 us device, 20 us overshoot: sleeping works");
+        for _ in 0..200 {
+            h.learn_overshoot(3_000_000); // preempted sleepers
+        }
+        assert!(!sleep_feasible(80_000.0, h.overshoot_ns()), "{}", h.overshoot_ns());
+        assert!(h.overshoot_may_be_stale(), "the timer once did 15 us: worth measuring again");
+        // A device the timer could never reach is not worth a calibration sleep.
+        let mut h = Hybrid::new();
+        h.learn(Expect { since_ns: 0, op: Op::Read, bytes: 4096 }, 7_000);
+        h.learn_overshoot(15_000);
+        assert!(!h.overshoot_may_be_stale());
     }
 
     #[test]
