@@ -170,6 +170,16 @@ fn verify_passes_on_a_loop_device() {
             ]);
             assert!(v["jobs"][0]["iopath"]["verified_blocks"].as_u64().unwrap() > 0);
         }
+        // The output says what a waiter waited on: a loop device has no poll
+        // queues, so polling spins on the completion ring in user space.
+        for (completion, says) in [("poll", "user space"), ("adaptive", "user space"), ("interrupt", "interrupts")] {
+            let v = bench_json(&["--device", &spec, "--completion", completion, "--ios", "200"]);
+            let source = v["jobs"][0]["iopath"]["completion"]["source"].as_str().unwrap().to_string();
+            assert!(source.contains(says), "{completion}: {source}");
+            if completion != "interrupt" {
+                assert!(source.contains("IOPOLL"), "says why there is no kernel polling: {source}");
+            }
+        }
     });
 }
 

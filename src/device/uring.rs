@@ -138,7 +138,7 @@ impl UringDevice {
                         ),
                     });
                 }
-                Err(why) => (false, format!("IOPOLL unavailable, using interrupt-driven completions ({why})")),
+                Err(why) => (false, format!("kernel IOPOLL unavailable: {why}")),
             },
         };
         Ok(UringDevice {
