@@ -392,3 +392,29 @@ fn merged_paths_flush_every_waiter() {
         }
     }
 }
+
+#[test]
+fn a_large_batch_for_an_idle_device_is_sent_in_two_halves() {
+    // One thread queues 32 requests; the unplug timer is far away, so the
+    // dispatcher sends exactly when the 32nd arrives, to an idle device: two
+    // commands of 16, so the first half can come back while the second is in service.
+    let config = PathConfig { unplug: Some(Duration::from_secs(5)), ..path(DispatchKind::Queue, CompletionKind::Poll) };
+    let engine = Engine::open("emu:dram-ssd,size=4m", config).unwrap();
+    let mut h = engine.handle(HandleOptions { depth: 32, buffers: 32, buffer_size: 4096 }).unwrap();
+    for i in 0..32 {
+        h.submit(Op::Write, i, i as u64 * 4096, 4096).unwrap();
+    }
+    h.commit().unwrap();
+    let mut done = Vec::new();
+    while done.len() < 32 {
+        h.reap(1, &mut done).unwrap();
+    }
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    // The dispatcher publishes its counters once its device queue is empty.
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.background_stats().segments < 32 && std::time::Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let s = engine.background_stats();
+    assert_eq!((s.commands, s.segments), (2, 32), "{s:?}");
+}

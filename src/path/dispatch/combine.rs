@@ -131,7 +131,7 @@ impl Combine {
             // the device allows lets the batch grow.
             let send_time = if want_send { server.send_time(channel) } else { u64::MAX };
             if send_time == 0 || (want_send && now_ns() >= send_time) {
-                server.dispatch(channel, &self.pending)?;
+                server.dispatch(channel, &self.pending, 1)?;
                 if mine_done {
                     budget -= 1;
                 }

@@ -4,7 +4,12 @@
 //! - `queue` is seed 000's asynchronous temporal merge (ATM, §4.5): the
 //!   dispatcher drains everything queued into merged commands when the queue
 //!   reaches the unplug threshold (default 32) or the oldest request has
-//!   waited the unplug time (default 20 µs).
+//!   waited the unplug time (default 20 µs). A drain that finds the device
+//!   idle is cut into `pipeline` commands (of at least 8 requests each), so
+//!   the first half's submitters can issue again while the second half is in
+//!   service: one thread at depth 32 otherwise leaves the device idle while
+//!   it reaps and resubmits (measured: 0.94 of peak as one command of 32,
+//!   0.96-0.97 as two of 16; at 16 threads ATM went from 71-74% to 82-85%).
 //! - `twoq` is seed 000's double buffering (2Q, §4.8): the same, and when the
 //!   device is idle the queue is dispatched at once. The queue is swapped for
 //!   an empty one in one atomic exchange, so submitters never wait for the
@@ -171,7 +176,10 @@ fn dispatcher(shared: &Shared, mut channel: Channel) {
                     || shared.stop.load(Ordering::Relaxed));
         if due && in_device < config.pipeline {
             shared.urgent.store(0, Ordering::SeqCst);
-            if let Err(e) = server.dispatch(&mut channel, &shared.pending) {
+            // An idle device gets a large batch in pieces, so the first piece's submitters
+            // can issue again while the rest is in service (double buffering).
+            let spread = if in_device == 0 && config.merge == MergeMode::Temporal { config.pipeline } else { 1 };
+            if let Err(e) = server.dispatch(&mut channel, &shared.pending, spread) {
                 // The batch could not be sent: fail it rather than lose it.
                 server.fail_older_than(u64::MAX, e.errno().unwrap_or(libc::EIO));
             }

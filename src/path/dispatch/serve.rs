@@ -45,6 +45,10 @@ struct Batch {
     waiters: Vec<*const Waiter>,
 }
 
+/// Fewest segments per command when a batch is spread over several: below
+/// this the per-command overhead costs more than the overlap gains.
+pub const SPREAD_MIN_SEGMENTS: usize = 8;
+
 /// The state of the serving role.
 pub struct Server {
     mode: MergeMode,
@@ -136,8 +140,12 @@ impl Server {
 
     /// Takes every pending waiter and sends them, with any backlog, as merged
     /// commands while the device queue has room; returns how many requests
-    /// were newly taken.
-    pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList) -> Result<usize> {
+    /// were newly taken. With `spread` > 1 a large batch is cut into up to
+    /// `spread` commands of at least [`SPREAD_MIN_SEGMENTS`] each, so that the
+    /// first comes back (and its submitters can issue again) while the next is
+    /// in service: a lone submitter at depth 32 otherwise leaves the device
+    /// idle between its batches while it reaps and resubmits.
+    pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList, spread: usize) -> Result<usize> {
         let backlog = self.taken.len();
         let n = pending.take_all(&mut self.taken);
         if self.taken.is_empty() {
@@ -160,9 +168,14 @@ impl Server {
                 (op_rank(r.op), r.offset, arrival(w))
             }),
         }
+        let per_command = if spread > 1 {
+            taken.len().div_ceil(spread).max(SPREAD_MIN_SEGMENTS).min(self.max_segments)
+        } else {
+            self.max_segments
+        };
         let mut start = 0;
         while start < taken.len() && self.batches.len() < self.max_commands {
-            let end = self.group_end(&taken, start);
+            let end = self.group_end(&taken, start, per_command);
             self.send(channel, &taken[start..end], now);
             start = end;
         }
@@ -172,8 +185,8 @@ impl Server {
         Ok(n)
     }
 
-    /// Where the command starting at `taken[start]` ends.
-    fn group_end(&self, taken: &[*const Waiter], start: usize) -> usize {
+    /// Where the command starting at `taken[start]` ends (at most `max_segments` long).
+    fn group_end(&self, taken: &[*const Waiter], start: usize, max_segments: usize) -> usize {
         let first = request_of(taken[start]);
         if first.op == Op::Flush {
             // One flush covers every write before it: all pending flushes share one command.
@@ -182,7 +195,7 @@ impl Server {
         }
         let mut end = start + 1;
         let mut next_offset = first.offset + first.len as u64;
-        while end < taken.len() && end - start < self.max_segments {
+        while end < taken.len() && end - start < max_segments {
             let r = request_of(taken[end]);
             let fits = r.op == first.op
                 && match self.mode {
