@@ -306,7 +306,14 @@ fn compare_prints_matrices_json_and_a_chart() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    for needle in ["relative to scsi-intr", "Share of the device's peak bandwidth", "randread", "stm", "req/cmd"] {
+    for needle in [
+        "relative to scsi-intr",
+        "Share of the device's peak bandwidth",
+        "randread",
+        "stm",
+        "req/cmd",
+        "Which path to use",
+    ] {
         assert!(out.contains(needle), "missing {needle}: {out}");
     }
     let svg = std::fs::read_to_string(&chart).unwrap();
@@ -330,6 +337,11 @@ fn compare_prints_matrices_json_and_a_chart() {
     let cells = v["compare"]["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 2);
     assert_eq!(cells[0]["normalized"].as_f64().unwrap(), 1.0, "the baseline is 1.0 by definition");
+    // The advice names the path the cells say is fastest.
+    let fastest = cells.iter().max_by(|a, b| a["iops"].as_f64().unwrap().total_cmp(&b["iops"].as_f64().unwrap()));
+    let advice = &v["compare"]["advice"][0];
+    assert_eq!(advice["workload"], "randwrite");
+    assert_eq!(advice["fastest"], fastest.unwrap()["path"]);
     // Each job is exactly what `bench` prints for that run.
     let jobs = v["jobs"].as_array().unwrap();
     assert_eq!(jobs[1]["iopath"]["dispatch"], "combine");

@@ -25,6 +25,24 @@ pub struct Cell {
     pub repeats_iops: Vec<f64>,
 }
 
+/// Throughput within this share of the fastest counts as "as fast" when the
+/// advice looks for the path that costs the least CPU.
+pub const AS_FAST: f64 = 0.95;
+
+/// Which path to use for one workload, from the measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Advice {
+    /// The workload.
+    pub rw: Rw,
+    /// The path with the highest throughput.
+    pub fastest: String,
+    /// Among paths with at least [`AS_FAST`] of the fastest's throughput, the
+    /// one with the least CPU per I/O.
+    pub frugal: String,
+    /// The path with the lowest p99 latency.
+    pub lowest_p99: String,
+}
+
 /// A finished comparison.
 #[derive(Debug, Clone)]
 pub struct Comparison {
@@ -81,6 +99,70 @@ impl Comparison {
         let base = self.cell(self.baseline.as_deref()?, cell.rw)?;
         let b = base.result.measurements.total_iops();
         (b > 0.0).then(|| cell.result.measurements.total_iops() / b)
+    }
+
+    /// Which path to use, per workload.
+    pub fn advice(&self) -> Vec<Advice> {
+        let p99 = |c: &Cell| {
+            let m = &c.result.measurements;
+            let mut lat = m.read.latency_ns.clone();
+            lat.add(&m.write.latency_ns).expect("histograms with equal bounds");
+            if lat.is_empty() { u64::MAX } else { lat.value_at_quantile(0.99) }
+        };
+        let iops = |c: &Cell| c.result.measurements.total_iops();
+        self.workloads
+            .iter()
+            .filter_map(|&rw| {
+                let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.rw == rw).collect();
+                let fastest = cells.iter().copied().max_by(|a, b| iops(a).total_cmp(&iops(b)))?;
+                let frugal = cells
+                    .iter()
+                    .copied()
+                    .filter(|c| iops(c) >= AS_FAST * iops(fastest))
+                    .min_by(|a, b| {
+                        a.result.measurements.cpu_ns_per_io().total_cmp(&b.result.measurements.cpu_ns_per_io())
+                    })
+                    .unwrap_or(fastest);
+                let lowest = cells.iter().copied().min_by_key(|c| p99(c))?;
+                Some(Advice {
+                    rw,
+                    fastest: fastest.path.clone(),
+                    frugal: frugal.path.clone(),
+                    lowest_p99: lowest.path.clone(),
+                })
+            })
+            .collect()
+    }
+
+    fn advice_text(&self) -> String {
+        let mut out = String::from("\nWhich path to use\n");
+        for a in self.advice() {
+            let cell = |path: &str| self.cell(path, a.rw).map(|c| &c.result.measurements);
+            let Some(fast) = cell(&a.fastest) else { continue };
+            out.push_str(&format!(
+                "{:<10} fastest: {} ({} IOPS)",
+                a.rw.name(),
+                a.fastest,
+                format_count(fast.total_iops())
+            ));
+            if a.frugal != a.fastest
+                && let Some(frugal) = cell(&a.frugal)
+                && frugal.cpu_ns_per_io() < 0.9 * fast.cpu_ns_per_io()
+            {
+                out.push_str(&format!(
+                    "; {} is as fast (within {:.0}%) for {} CPU per I/O instead of {}",
+                    a.frugal,
+                    100.0 * (1.0 - AS_FAST),
+                    format_ns(frugal.cpu_ns_per_io()),
+                    format_ns(fast.cpu_ns_per_io()),
+                ));
+            }
+            if a.lowest_p99 != a.fastest {
+                out.push_str(&format!("; lowest p99: {}", a.lowest_p99));
+            }
+            out.push('\n');
+        }
+        out
     }
 
     fn matrix(&self, title: &str, value: impl Fn(&Cell) -> Option<String>) -> String {
@@ -162,6 +244,7 @@ impl Comparison {
                 m.hogs.map_or("-".to_string(), |h| format_count(h.ops_per_sec)),
             ));
         }
+        out.push_str(&self.advice_text());
         out
     }
 
@@ -192,6 +275,12 @@ impl Comparison {
                 "paths": self.paths,
                 "workloads": self.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
                 "cells": cells,
+                "advice": self.advice().iter().map(|a| json!({
+                    "workload": a.rw.name(),
+                    "fastest": a.fastest,
+                    "frugal": a.frugal,
+                    "lowest_p99": a.lowest_p99,
+                })).collect::<Vec<_>>(),
             },
         })
     }
