@@ -36,7 +36,7 @@
 //! and is tested with synthetic machines; [`Adaptive`] samples the signals and
 //! runs the chosen mode.
 
-use super::hybrid::{Hybrid, sleep_feasible};
+use super::hybrid::{Hybrid, MIN_SLEEP_NS, sleep_feasible};
 use super::interrupt::Interrupt;
 use super::poll::Poll;
 use super::{CompletionPolicy, Expect, WaitStats};
@@ -326,7 +326,14 @@ impl Controller {
         if l <= 0.0 {
             return self.mode; // nothing learned yet
         }
-        let hybrid_feasible = sleep_feasible(l, s.overshoot_ns);
+        // Hybrid in use stays feasible down to one shortest sleep less: a device
+        // whose latency hovers around the timer's reach would otherwise flap
+        // in and out of it (seen on a loop device: L 20-30 us, W 20-40 us).
+        let hybrid_feasible = if self.mode == Mode::Hybrid {
+            sleep_feasible(l + MIN_SLEEP_NS as f64, s.overshoot_ns)
+        } else {
+            sleep_feasible(l, s.overshoot_ns)
+        };
         let feasible = |m: Mode| match m {
             Mode::Poll => l <= MAX_POLL_LATENCY_NS,
             Mode::Hybrid => hybrid_feasible,
@@ -361,7 +368,18 @@ impl Controller {
             return self.switch_to(Mode::Hybrid);
         }
         if !feasible(self.mode) {
-            let fallback = if feasible(Mode::Poll) && self.level == Level::Low { Mode::Poll } else { Mode::Interrupt };
+            // The cheapest measured mode that can work, else polling if the CPU is free.
+            let measured = Mode::ALL
+                .into_iter()
+                .filter(|&m| feasible(m))
+                .filter_map(|m| self.cost(m).map(|c| (m, c)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(m, _)| m);
+            let fallback = measured.unwrap_or(if feasible(Mode::Poll) && self.level == Level::Low {
+                Mode::Poll
+            } else {
+                Mode::Interrupt
+            });
             return self.switch_to(fallback);
         }
         if self.seen[self.mode as usize].per_io().is_none() {
@@ -832,6 +850,30 @@ mod tests {
         let mut c = Controller::new();
         run(&mut c, &m, 5_000);
         assert!(c.switches <= 2, "{} switches", c.switches);
+    }
+
+    #[test]
+    fn a_device_at_the_edge_of_the_timer_reach_does_not_flap() {
+        // A loop device: 20-30 us, the timer overshooting by ~24 us; hybrid, when it
+        // can sleep, is the cheapest (the sleep leaves the CPU to the device's worker).
+        let m = Machine {
+            device_us: 0.0,
+            overshoot_us: 24.0,
+            poll: (28.0, 26.0),
+            hybrid: (22.0, 21.0),
+            interrupt: (75.0, 30.0),
+            run_delay: 0.0,
+            noise: 0.0,
+        };
+        let mut c = Controller::new();
+        let mut modes = Vec::new();
+        for i in 0..3_000u64 {
+            let device_us = if i % 3 == 0 { 27.0 } else { 31.0 };
+            modes.push(c.on_epoch(&Machine { device_us, ..m }.epoch(c.mode(), i)));
+        }
+        assert!(c.switches <= 3, "{} switches", c.switches);
+        assert!(c.probes <= 30, "{} probes", c.probes);
+        assert!(share(&modes[100..], Mode::Hybrid) > 0.95, "{:?}", &modes[..40]);
     }
 
     #[test]
