@@ -48,8 +48,9 @@ fn rw_arg(s: &str) -> Result<Rw, String> {
 pub const DEVICES_HELP: &str = "\
 DEVICES:
   emu:PRESET[,k=v...]   emulated SSD; presets dram-ssd (7 us/4KiB, seed 000), optane, zssd, nand, null, custom.
-                        Options: size=, file= (data in a file, durable after flush), populate=1
-                        (allocate the memory up front: no page faults during the run), slots=, channels=,
+                        Options: size=, file= (data in a file, durable after flush), populate=0|1
+                        (default 1: memory allocated up front, no page faults during the run; the very
+                        first time on a fresh VM this takes ~3 s per GiB, later ~0.1 s), slots=, channels=,
                         cmd=, xfer= (per 4 KiB), rcmd=, rxfer=, wcmd=, wxfer=, flush= (times take ns/us/ms;
                         a bare number is us), faults: fail_nth=, fail_range=A-B, fail_rate=, errno=,
                         spike_rate=, spike=, hang_nth=, seed=.
