@@ -50,6 +50,8 @@ use std::os::unix::fs::FileExt;
 /// [`MIN_EPOCH_NS`] long, or after [`EPOCH_NS`]: sampling the signals costs a
 /// few µs, which a fast device should not pay more than every millisecond.
 pub const EPOCH_IOS: u64 = 64;
+/// Completions that end a probe epoch (or [`EPOCH_NS`], whichever is first).
+pub const PROBE_IOS: u64 = 16;
 /// Shortest epoch that ends on [`EPOCH_IOS`].
 pub const MIN_EPOCH_NS: u64 = 2_000_000;
 /// Longest epoch.
@@ -352,9 +354,12 @@ impl Controller {
                 self.probe_interval_ns[tried as usize] = PROBE_INTERVAL_NS;
                 self.switches += 1;
             } else {
-                // One epoch is a small sample: only a clear loss makes the next probe wait longer.
+                // One epoch is a small sample: only a clear loss makes the next probe wait
+                // longer, and a mode worse on both latency and CPU (it cannot win at any
+                // lambda) waits four times longer.
+                let factor = if self.dominated(tried, from) { 4 } else { 2 };
                 let i = &mut self.probe_interval_ns[tried as usize];
-                *i = if t > CLEAR_LOSS * f { (*i * 2).min(MAX_PROBE_INTERVAL_NS) } else { PROBE_INTERVAL_NS };
+                *i = if t > CLEAR_LOSS * f { (*i * factor).min(MAX_PROBE_INTERVAL_NS) } else { PROBE_INTERVAL_NS };
                 self.mode = from;
             }
             return self.mode;
@@ -391,14 +396,18 @@ impl Controller {
         }
 
         // Measure any feasible mode that was never measured, not for a while, or
-        // (not too often) not at this contention level.
+        // (not too often) not at this contention level, unless it was worse on
+        // both latency and CPU than the current mode is now: a probe costs its
+        // epoch (with hogs on a fast device, 64 sleeping I/Os are a p99.9 risk).
         let due = Mode::ALL.into_iter().find(|&m| {
             m != self.mode && feasible(m) && {
                 let seen = &self.seen[m as usize];
                 let age = now - seen.at_ns;
                 seen.per_io().is_none()
                     || age >= self.probe_interval_ns[m as usize]
-                    || (seen.level != Some(self.level) && age >= REPROBE_AFTER_LEVEL_CHANGE_NS)
+                    || (seen.level != Some(self.level)
+                        && age >= REPROBE_AFTER_LEVEL_CHANGE_NS
+                        && !self.dominated(m, self.mode))
             }
         });
         if let Some(m) = due {
@@ -429,6 +438,14 @@ impl Controller {
                 self.candidate = None;
                 self.mode
             }
+        }
+    }
+
+    /// Whether `a` was measured worse than `b` on both latency and CPU per I/O.
+    fn dominated(&self, a: Mode, b: Mode) -> bool {
+        match (self.measured(a), self.measured(b)) {
+            (Some((la, ca)), Some((lb, cb))) => la >= lb && ca >= cb,
+            _ => false,
         }
     }
 
@@ -579,11 +596,15 @@ impl Adaptive {
         // The clock is read last: a thread preempted on its way out of one of these
         // system calls has that delay counted in its run delay, so the epoch's wall
         // time must include it too.
-        let pressure_ns = read_pressure(&self.pressure, &mut self.buf);
-        let (run_delay_ns, usage, cpu_ns) = if full {
-            (read_run_delay(&self.schedstat, &mut self.buf), ThreadUsage::now(), thread_cpu_ns())
+        let (pressure_ns, run_delay_ns, usage, cpu_ns) = if full {
+            (
+                read_pressure(&self.pressure, &mut self.buf),
+                read_run_delay(&self.schedstat, &mut self.buf),
+                ThreadUsage::now(),
+                thread_cpu_ns(),
+            )
         } else {
-            (0, ThreadUsage::default(), 0)
+            (0, 0, ThreadUsage::default(), 0)
         };
         Snapshot { at_ns: now_ns(), full, cpu_ns, usage, run_delay_ns, pressure_ns }
     }
@@ -591,18 +612,24 @@ impl Adaptive {
     fn end_epoch(&mut self, stats: &mut WaitStats) {
         let Some(start) = self.start else { return };
         let before = self.controller.mode();
-        if before == Mode::Poll && self.hybrid.overshoot_may_be_stale() {
-            // Polling never sleeps, so hybrid would stay ruled out by an old overshoot.
+        if before != Mode::Hybrid && self.hybrid.overshoot_may_be_stale() {
+            // Only hybrid's own sleeps measure the overshoot: outside it, hybrid would
+            // stay ruled out by an estimate a burst of contention left high.
             self.hybrid.calibrate_overshoot();
         }
         let end = self.snapshot(before != Mode::Poll);
         let wall_ns = end.at_ns.saturating_sub(start.at_ns);
-        let (run_delay_ns, involuntary_ctx, cpu_ns) = if start.full && end.full {
+        let (run_delay_ns, involuntary_ctx, cpu_ns, pressure_ns) = if start.full && end.full {
             let used = end.usage.since(&start.usage);
-            (end.run_delay_ns.saturating_sub(start.run_delay_ns), used.involuntary_ctx, end.cpu_ns - start.cpu_ns)
+            (
+                end.run_delay_ns.saturating_sub(start.run_delay_ns),
+                used.involuntary_ctx,
+                end.cpu_ns - start.cpu_ns,
+                end.pressure_ns.saturating_sub(start.pressure_ns),
+            )
         } else {
-            // A poller is on its CPU except while stalled.
-            (self.stall_ns, 0, wall_ns.saturating_sub(self.stall_ns))
+            // A poller is on its CPU except while stalled; it reads no pressure either.
+            (self.stall_ns, 0, wall_ns.saturating_sub(self.stall_ns), 0)
         };
         let signals = EpochSignals {
             wall_ns,
@@ -610,7 +637,7 @@ impl Adaptive {
             run_delay_ns,
             involuntary_ctx,
             stalls: self.stalls,
-            pressure_ns: end.pressure_ns.saturating_sub(start.pressure_ns),
+            pressure_ns,
             cpu_ns,
             latency_sum_ns: self.latency_sum_ns,
             device_latency_ns: self.hybrid.bucket_latency_any(),
@@ -692,12 +719,15 @@ impl CompletionPolicy for Adaptive {
         }
         let start = self.start.map_or(done, |s| s.at_ns);
         let age = done.saturating_sub(start);
-        // A poll probe is short: the system-call concern is for sustained polling.
-        let long = mode == Mode::Poll && !self.controller.probing();
+        // A probe is short: it only has to measure, and a mode being probed may well
+        // be a bad one (with hogs on a fast device, a sleeping I/O can wait a tick).
+        let probing = self.controller.probing();
+        let long = mode == Mode::Poll && !probing;
         let (min_ns, max_ns) = if long { POLL_EPOCH_NS } else { (MIN_EPOCH_NS, EPOCH_NS) };
         // A preempted poller is acted on at once, where there is something better to do.
         let stalled = self.stalls >= 2 && sleep_feasible(l, self.hybrid.overshoot_ns());
-        if (self.ios >= EPOCH_IOS && age >= min_ns) || age >= max_ns || stalled {
+        let probed = probing && self.ios >= PROBE_IOS;
+        if (self.ios >= EPOCH_IOS && age >= min_ns) || age >= max_ns || stalled || probed {
             self.end_epoch(stats);
         }
         Ok(n)
@@ -789,8 +819,9 @@ mod tests {
         assert_eq!(c.mode(), Mode::Poll);
         assert_eq!(c.switches, 0, "interrupts are only ever probed");
         assert!(!modes.contains(&Mode::Hybrid), "hybrid cannot sleep on a 7 us device");
-        // 20,000 epochs of 0.46 ms = 9.2 s: the probes back off to one every 4 s.
-        assert!(c.probes <= 8, "{} probes", c.probes);
+        // 20,000 epochs of 0.46 ms = 9.2 s: interrupts lose on both latency and CPU,
+        // so their probes back off fast (x4) to one every 4 s: at 0, 0.25, 1.25, 5.25 s.
+        assert!(c.probes <= 4, "{} probes", c.probes);
     }
 
     #[test]
@@ -825,6 +856,8 @@ mod tests {
         assert_eq!(c.level(), Level::High);
         assert_eq!(c.mode(), Mode::Poll, "a preempted poller still beats a wake-up per I/O");
         assert_eq!(c.switches, 0);
+        // The level rose, but interrupts were measured worse on both axes: no re-probe storm.
+        assert!(c.probes <= 4, "{} probes", c.probes);
         assert!(share(&modes, Mode::Poll) > 0.99);
     }
 
