@@ -7,12 +7,13 @@
 //!
 //! - **costs are measured, not modelled**: for each mode the latency and the
 //!   thread CPU time per I/O it was seen to cost (decayed sums, half-life
-//!   50 ms). A mode not in use is *probed*: tried for one epoch when it was
-//!   never measured, when its measurement is older than its probe interval
-//!   (250 ms, doubled each time a probe finds it clearly worse, up to 4 s),
-//!   or (at most every 250 ms) when it was measured at another contention
-//!   level. On this VM a timer
-//!   wake-up costs ~25 µs of CPU, so a model would be wrong by a factor of 5;
+//!   50 ms). On this VM a timer wake-up costs ~25 µs of CPU, five times what
+//!   a model of "a few µs per interrupt" says;
+//! - a mode not in use is **probed** for a short epoch (16 I/Os) when it was
+//!   never measured, when its figures are older than its probe interval
+//!   (250 ms, x2 after a clear loss, x4 when it lost on both latency and CPU,
+//!   up to 4 s), or (at most every 250 ms, and not if it lost on both axes)
+//!   when they were measured at another contention level;
 //! - **contention** from this thread's run delay (`/proc/thread-self/schedstat`)
 //!   and the system's CPU pressure (`/proc/pressure/cpu`), smoothed (half-life
 //!   50 ms) into LOW / MID / HIGH with hysteresis, sets how much a CPU
@@ -24,12 +25,16 @@
 //!   later than twice the device time, or 2 involuntary switches, or 5% run
 //!   delay) leaves at once for hybrid; hybrid is never used where a sleep
 //!   cannot end before the device does (the DRAM-SSD here: a preempted poller
-//!   still beats a wake-up per I/O); polling is not used for I/Os over 200 µs.
+//!   still beats a wake-up per I/O), with hysteresis; a mode that stops being
+//!   usable gives way to the cheapest measured one; polling is not used for
+//!   I/Os over 200 µs. Outside hybrid mode, a timer-overshoot estimate that
+//!   rules hybrid out is refreshed by a calibration sleep per epoch.
 //!
-//! An epoch is 64 completions (at least 2 ms) or 5 ms; while polling 20-50 ms,
-//! because sampling takes system calls and each system call of a polling
-//! thread under contention is a point where the scheduler can take its CPU
-//! (measured: p99.9 ~2 ms instead of ~60 µs with 2 hogs on the DRAM-SSD).
+//! An epoch is 64 completions (at least 2 ms) or 5 ms. While polling it is
+//! 20-50 ms and makes no system call at all (CPU time and run delay are
+//! estimated from stalls): each system call of a polling thread under
+//! contention is a point where the scheduler can take its CPU (measured:
+//! p99.9 ~2 ms instead of ~60 µs with 2 hogs on the DRAM-SSD).
 //! Every decision is counted (switches, probes, time in each mode) and, with
 //! `IOPATH_TRACE_ADAPTIVE=1`, printed to stderr one line per epoch.
 //! [`Controller`] holds the decision logic as a pure function of its inputs
