@@ -17,6 +17,54 @@ const LOOKS_PER_CLOCK_READ: u64 = 8;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Poll;
 
+/// Gaps a spinning waiter saw between two consecutive looks: time it was
+/// not on its CPU (preempted), which a slow device does not cause.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Gaps {
+    /// How many gaps longer than [`Gaps::MIN_NS`].
+    pub count: u64,
+    /// Their total length.
+    pub total_ns: u64,
+}
+
+impl Gaps {
+    /// A look takes at most a few µs (an `io_uring_enter`); longer means the
+    /// thread was off its CPU.
+    pub const MIN_NS: u64 = 20_000;
+}
+
+impl Poll {
+    /// Spins like [`CompletionPolicy::wait`], reading the clock on every look
+    /// and adding to `gaps` every stretch between two looks longer than
+    /// [`Gaps::MIN_NS`].
+    pub fn wait_watching(
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+        gaps: &mut Gaps,
+    ) -> Result<usize> {
+        let mut last = now_ns();
+        loop {
+            let n = queue.reap(out)?;
+            stats.polls += 1;
+            if n > 0 || queue.in_flight() == 0 {
+                return Ok(n);
+            }
+            let now = now_ns();
+            if now - last > Gaps::MIN_NS {
+                gaps.count += 1;
+                gaps.total_ns += now - last;
+            }
+            last = now;
+            if now >= limit_ns {
+                return Ok(0);
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
 impl CompletionPolicy for Poll {
     fn name(&self) -> &'static str {
         "poll"
