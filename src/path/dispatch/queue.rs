@@ -194,7 +194,16 @@ fn dispatcher(shared: &Shared, mut channel: Channel) {
                     server.wait(&mut channel, timeout, limit)
                 };
                 if result.is_err() {
-                    server.fail_older_than(u64::MAX, libc::EIO);
+                    if timeout.is_some() {
+                        // A timed (emulated) device moved the data at submission: its
+                        // commands can be abandoned and their owners told.
+                        server.fail_older_than(u64::MAX, libc::EIO);
+                    } else {
+                        // On a real device the kernel may still write into the buffers:
+                        // failing their owners now would let them free memory under a
+                        // read. Keep waiting for the completions instead.
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
                 }
                 if polls && channel.done_len() == 0 {
                     check_timeouts(&mut server, timeout);
