@@ -418,3 +418,41 @@ fn a_large_batch_for_an_idle_device_is_sent_in_two_halves() {
     let s = engine.background_stats();
     assert_eq!((s.commands, s.segments), (2, 32), "{s:?}");
 }
+
+#[test]
+fn a_panicking_dispatcher_fails_requests_instead_of_hanging() {
+    for dispatch in [DispatchKind::Queue, DispatchKind::TwoQ, DispatchKind::Elevator, DispatchKind::Hybrid] {
+        let engine = Engine::open("emu:dram-ssd,size=4m,panic_nth=20", path(dispatch, CompletionKind::Poll)).unwrap();
+        let failed = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (engine, failed) = (&engine, &failed);
+                s.spawn(move || {
+                    let mut h = engine.handle(HandleOptions { depth: 4, buffers: 4, buffer_size: 4096 }).unwrap();
+                    for i in 0..50u64 {
+                        // Queued requests (through the dispatcher on every one of these paths).
+                        for b in 0..4 {
+                            h.submit(Op::Write, b, ((t * 200 + i * 4 + b as u64) % 1024) * 4096, 4096).unwrap();
+                        }
+                        h.commit().unwrap();
+                        let mut done = Vec::new();
+                        while done.len() < 4 {
+                            h.reap(1, &mut done).unwrap();
+                        }
+                        let errors = done.iter().filter(|c| c.result.is_err()).count();
+                        failed.fetch_add(errors, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        // Every request came back; those after the panic with an error.
+        assert!(failed.into_inner() > 0, "{dispatch:?}");
+        let mut h = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: 4096 }).unwrap();
+        h.submit(Op::Read, 0, 0, 4096).unwrap();
+        h.commit().unwrap();
+        let mut done = Vec::new();
+        h.reap(1, &mut done).unwrap();
+        let err = done[0].result.as_ref().unwrap_err().to_string();
+        assert!(err.contains("recoverable"), "{dispatch:?}: {err}");
+    }
+}

@@ -53,7 +53,7 @@ DEVICES:
                         first time on a fresh VM this takes ~3 s per GiB, later ~0.1 s), slots=, channels=,
                         cmd=, xfer= (per 4 KiB), rcmd=, rxfer=, wcmd=, wxfer=, flush= (times take ns/us/ms;
                         a bare number is us), faults: fail_nth=, fail_range=A-B, fail_rate=, errno=,
-                        spike_rate=, spike=, hang_nth=, seed=.
+                        spike_rate=, spike=, hang_nth=, panic_nth=, seed=.
   null[:size=N]         completes at once, moves no data: pure software cost.
   uring:PATH[,k=v...]   io_uring, O_DIRECT. Options: direct=0|1, size=, taskrun=defer|coop|plain,
                         fixedbufs=0|1, fixedfiles=0|1, sqpoll=0|1, iopoll=auto|on|off.

@@ -45,6 +45,9 @@ pub struct FaultConfig {
     pub spike_ns: u64,
     /// The Nth command (1-based) never completes.
     pub hang_nth: Option<u64>,
+    /// Submitting the Nth command (1-based) panics: stands in for a bug in a
+    /// backend, to test that the path around it fails requests, not hangs.
+    pub panic_nth: Option<u64>,
     /// Seed of the fault dice.
     pub seed: u64,
 }
@@ -91,6 +94,7 @@ const KNOWN: &[&str] = &[
     "spike_rate",
     "spike",
     "hang_nth",
+    "panic_nth",
     "seed",
 ];
 
@@ -160,6 +164,7 @@ fn parse_faults(opts: &mut Options) -> Result<FaultConfig> {
     let mut f = FaultConfig { errno: libc::EIO, ..FaultConfig::default() };
     f.fail_nth = opts.take_num("fail_nth")?;
     f.hang_nth = opts.take_num("hang_nth")?;
+    f.panic_nth = opts.take_num("panic_nth")?;
     if let Some(range) = opts.take("fail_range") {
         let (a, b) =
             range.split_once('-').ok_or_else(|| opts.error("fail_range must be START-END, e.g. fail_range=4k-8k"))?;
@@ -332,6 +337,7 @@ impl Queue for EmuQueue {
         let now = now_ns();
         let (mut deadline, number) = self.schedule(now, &command);
         let faults = &self.shared.config.faults;
+        assert!(faults.panic_nth != Some(number), "panic_nth={number}: injected panic in the emulated device");
         if faults.hang_nth == Some(number) {
             // Never completes; its buffers are never touched.
             self.in_flight.push((u64::MAX, command));

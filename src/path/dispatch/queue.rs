@@ -32,8 +32,10 @@ use crate::error::{Error, Result};
 use crate::path::PathStats;
 use crate::path::channel::{Channel, Completed};
 use crate::path::completion::CompletionKind;
+use crate::path::waiter::Outcome;
 use crate::path::waiter::{Doorbell, PendingList};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -67,6 +69,20 @@ struct Shared {
     config: QueueConfig,
     background: Mutex<PathStats>,
     tid: AtomicI32,
+    /// The dispatcher thread panicked: requests fail instead of waiting for it.
+    dead: AtomicBool,
+}
+
+impl Shared {
+    /// Fails every request still pending (after the dispatcher died).
+    fn fail_pending(&self) {
+        let mut taken = Vec::new();
+        self.pending.take_all(&mut taken);
+        for w in taken {
+            // SAFETY: a taken waiter is alive until completed; it is never used again.
+            unsafe { (*w).complete(Outcome { result: -libc::ENOTRECOVERABLE, device_ns: 0, submitted_ns: 0 }) };
+        }
+    }
 }
 
 /// A queue with a dispatcher thread.
@@ -93,6 +109,7 @@ impl QueueDispatch {
             config,
             background: Mutex::new(PathStats::default()),
             tid: AtomicI32::new(0),
+            dead: AtomicBool::new(false),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = Arc::clone(&shared);
@@ -111,9 +128,16 @@ impl QueueDispatch {
                     })
                     .map(|queue| Channel::new(queue, completion, 0, depth as usize, config.max_segments, timeout_ns));
                 match channel {
-                    Ok(channel) => {
+                    Ok(mut channel) => {
                         let _ = ready_tx.send(Ok(()));
-                        dispatcher(&thread_shared, channel);
+                        let mut server =
+                            Server::new(config.merge, config.max_segments, channel.queue_depth().saturating_sub(1));
+                        let run = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            dispatcher(&thread_shared, &mut channel, &mut server)
+                        }));
+                        if run.is_err() {
+                            after_panic(&thread_shared, &mut channel, &mut server);
+                        }
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -141,6 +165,13 @@ impl QueueDispatch {
             self.shared.urgent.fetch_add(1, Ordering::SeqCst);
         }
         self.shared.kick.ring();
+        // Pushed, then looked (SeqCst both sides, as the dispatcher's `dead` store and
+        // its final drain): a request published as the dispatcher died is failed by
+        // one of the two, never left waiting.
+        fence(Ordering::SeqCst);
+        if self.shared.dead.load(Ordering::SeqCst) {
+            self.shared.fail_pending();
+        }
     }
 }
 
@@ -156,22 +187,21 @@ impl Drop for QueueDispatch {
 
 /// The dispatcher thread's loop: send what is due, complete what is done,
 /// sleep when there is nothing to do. Exits once stopped and drained.
-fn dispatcher(shared: &Shared, mut channel: Channel) {
+fn dispatcher(shared: &Shared, channel: &mut Channel, server: &mut Server) {
     let config = shared.config;
-    let mut server = Server::new(config.merge, config.max_segments, channel.queue_depth().saturating_sub(1));
     let polls = channel.completion().spins();
     let timeout = channel.timeout_ns();
     let mut since_publish = 0u32;
     loop {
         let queued = shared.pending.len();
         let now = now_ns();
-        let in_device = server.device_in_flight(&channel);
+        let in_device = server.device_in_flight(channel);
         let first = shared.pending.first_arrival_ns();
         let due = server.has_backlog()
             || queued > 0
                 && (queued >= config.unplug_thresh
                     || now >= first.saturating_add(config.unplug_ns)
-                    || (config.idle_dispatch && now >= server.send_time(&channel))
+                    || (config.idle_dispatch && now >= server.send_time(channel))
                     || shared.urgent.load(Ordering::SeqCst) > 0
                     || shared.stop.load(Ordering::Relaxed));
         if due && in_device < config.pipeline {
@@ -179,7 +209,7 @@ fn dispatcher(shared: &Shared, mut channel: Channel) {
             // An idle device gets a large batch in pieces, so the first piece's submitters
             // can issue again while the rest is in service (double buffering).
             let spread = if in_device == 0 && config.merge == MergeMode::Temporal { config.pipeline } else { 1 };
-            if let Err(e) = server.dispatch(&mut channel, &shared.pending, spread) {
+            if let Err(e) = server.dispatch(channel, &shared.pending, spread) {
                 // The batch could not be sent: fail it rather than lose it.
                 server.fail_older_than(u64::MAX, e.errno().unwrap_or(libc::EIO));
             }
@@ -191,7 +221,7 @@ fn dispatcher(shared: &Shared, mut channel: Channel) {
                     channel.poll_any().map(|n| n > 0)
                 } else {
                     let limit = if queued > 0 { first.saturating_add(config.unplug_ns) } else { u64::MAX };
-                    server.wait(&mut channel, timeout, limit)
+                    server.wait(channel, timeout, limit)
                 };
                 if result.is_err() {
                     if timeout.is_some() {
@@ -206,11 +236,11 @@ fn dispatcher(shared: &Shared, mut channel: Channel) {
                     }
                 }
                 if polls && channel.done_len() == 0 {
-                    check_timeouts(&mut server, timeout);
+                    check_timeouts(server, timeout);
                     continue;
                 }
             }
-            server.finish_done(&mut channel);
+            server.finish_done(channel);
             since_publish += 1;
             if since_publish >= 16 || server.in_flight() == 0 {
                 *shared.background.lock().expect("background stats poisoned") = channel.stats;
@@ -238,6 +268,34 @@ fn dispatcher(shared: &Shared, mut channel: Channel) {
             channel.stats.wait.sleeps += sleeps;
         }
     }
+}
+
+/// After the dispatcher panicked: requests fail (ENOTRECOVERABLE, "state not
+/// recoverable": this engine's path is gone) instead of waiting forever.
+/// Commands still in the device are waited out first (for a while), because
+/// their buffers belong to the waiters, which may free them once told.
+fn after_panic(shared: &Shared, channel: &mut Channel, server: &mut Server) {
+    shared.dead.store(true, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    let give_up = now_ns() + 10_000_000_000;
+    while channel.in_flight() > 0 && now_ns() < give_up {
+        let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _ = channel.wait_any(now_ns() + 1_000_000);
+            server.finish_done(channel);
+        }));
+        if step.is_err() {
+            break;
+        }
+    }
+    // A timed (emulated) device moved the data at submission: what is left can be
+    // abandoned. On a real device a command that never came back keeps its owner
+    // waiting rather than have the kernel write into memory it freed.
+    if channel.timeout_ns().is_some() {
+        server.fail_older_than(u64::MAX, libc::ENOTRECOVERABLE);
+    }
+    server.fail_backlog(libc::ENOTRECOVERABLE);
+    shared.fail_pending();
+    *shared.background.lock().unwrap_or_else(|e| e.into_inner()) = channel.stats;
 }
 
 fn check_timeouts(server: &mut Server, timeout: Option<u64>) {

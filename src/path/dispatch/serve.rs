@@ -57,6 +57,8 @@ pub struct Server {
     /// Requests taken from the pending list but not yet sent because the
     /// device queue was full; sent first, before anything newer.
     taken: Vec<*const Waiter>,
+    /// How many of `taken` have been sent in the dispatch under way.
+    sent: usize,
     batches: Vec<Batch>,
     spare: Vec<Vec<*const Waiter>>,
     next_tag: u64,
@@ -95,6 +97,7 @@ impl Server {
             max_segments: max_segments.max(1),
             max_commands: max_commands.max(1),
             taken: Vec::new(),
+            sent: 0,
             batches: Vec::new(),
             spare: Vec::new(),
             next_tag: 1,
@@ -157,7 +160,9 @@ impl Server {
             channel.stats.merge_wait_ns += now.saturating_sub(unsafe { (*w).arrived_ns() });
         }
         channel.stats.merged_requests += n as u64;
-        let mut taken = std::mem::take(&mut self.taken);
+        // Sorted and sent in place, so that a panic while sending (a bug in a
+        // backend) leaves every unsent request where `fail_backlog` finds it.
+        let taken = &mut self.taken;
         match self.mode {
             // Reads, then writes, then flushes, each in arrival order. An unstable sort
             // with the arrival time as the last key gives that order without the
@@ -169,18 +174,18 @@ impl Server {
             }),
         }
         let per_command = if spread > 1 {
-            taken.len().div_ceil(spread).max(SPREAD_MIN_SEGMENTS).min(self.max_segments)
+            self.taken.len().div_ceil(spread).max(SPREAD_MIN_SEGMENTS).min(self.max_segments)
         } else {
             self.max_segments
         };
         let mut start = 0;
-        while start < taken.len() && self.batches.len() < self.max_commands {
-            let end = self.group_end(&taken, start, per_command);
-            self.send(channel, &taken[start..end], now);
+        while start < self.taken.len() && self.batches.len() < self.max_commands {
+            let end = self.group_end(&self.taken, start, per_command);
+            self.send(channel, start, end, now);
             start = end;
         }
-        taken.drain(..start);
-        self.taken = taken;
+        self.taken.drain(..start);
+        self.sent = 0;
         channel.commit()?;
         Ok(n)
     }
@@ -211,7 +216,9 @@ impl Server {
         end
     }
 
-    fn send(&mut self, channel: &mut Channel, group: &[*const Waiter], now: u64) {
+    /// Sends `taken[start..end]` as one command.
+    fn send(&mut self, channel: &mut Channel, start: usize, end: usize, now: u64) {
+        let group = &self.taken[start..end];
         let op = request_of(group[0]).op;
         let tag = self.next_tag;
         self.next_tag += 1;
@@ -225,6 +232,8 @@ impl Server {
         let mut waiters = self.spare.pop().unwrap_or_default();
         waiters.extend_from_slice(group);
         self.batches.push(Batch { tag, submitted_ns: now, waiters });
+        // From here on these requests belong to the batch (even if the submission panics).
+        self.sent = end;
         // SAFETY: each owner keeps its buffer valid until its waiter is completed,
         // which happens only after this command is handed back.
         unsafe { channel.submit_command(command) };
@@ -262,6 +271,18 @@ impl Server {
             finished += 1;
         }
         finished
+    }
+
+    /// Fails every request taken but not yet sent; returns how many.
+    pub fn fail_backlog(&mut self, errno: i32) -> usize {
+        // Those before `sent` went out in commands (a send was cut short by a panic).
+        let unsent = self.taken.len() - self.sent;
+        for &w in &self.taken[self.sent..] {
+            complete(w, Outcome { result: -errno, device_ns: 0, submitted_ns: 0 });
+        }
+        self.taken.clear();
+        self.sent = 0;
+        unsent
     }
 
     /// Fails every request of every command sent before `cutoff_ns` with
