@@ -97,7 +97,8 @@ pub fn presets_help() -> String {
         text.push_str(&format!("  {:<10} {}+{}: {}\n", p.name, p.dispatch.name(), p.completion.name(), p.about));
     }
     text.push_str(
-        "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  hybrid (sleep a learned share, then spin), adaptive (switch among them from contention).\n  \
+        "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  hybrid (sleep a learned share, then spin), adaptive (switch among them from measured costs\n  \
+         and CPU contention; IOPATH_TRACE_ADAPTIVE=1 prints each decision to stderr).\n  \
          --dispatch and --completion override either half of a preset.\n",
     );
     text
