@@ -2,7 +2,7 @@
 //!
 //! Layers, top to bottom (see ARCHITECTURE.md):
 //!
-//! - [`bench`]: workloads, statistics and reports behind the `iopath` tool;
+//! - [`bench`](mod@bench): workloads, statistics and reports behind the `iopath` tool;
 //! - [`engine`]: the public API, an [`Engine`] shared by threads and a
 //!   per-thread [`Handle`];
 //! - [`path`]: a dispatch strategy combined with a completion policy;

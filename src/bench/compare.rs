@@ -1,6 +1,6 @@
 //! `compare`: a matrix of paths x workloads on one device, run side by side.
 //!
-//! Every cell is one [`run`](super::run) with the same device spec, block
+//! Every cell is one [`run`](fn@super::run) with the same device spec, block
 //! size, threads and run time; with `repeat` > 1 the run whose throughput is
 //! the median is kept. Throughput is normalized to a baseline path (the
 //! seed's Table 7 normalizes to `scsi-intr`), and shown as a share of the

@@ -1,6 +1,6 @@
 //! Benchmarks: workloads, measurements, verification and reports.
 //!
-//! [`run`] carries out one fio-like job ([`BenchConfig`]) and returns a
+//! [`run`](fn@run) carries out one fio-like job ([`BenchConfig`]) and returns a
 //! [`BenchResult`]; [`report`] renders results as a table or as fio-compatible
 //! JSON.
 
