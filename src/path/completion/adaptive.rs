@@ -79,6 +79,9 @@ pub const PROBE_INTERVAL_NS: u64 = 250_000_000;
 pub const MAX_PROBE_INTERVAL_NS: u64 = 4_000_000_000;
 /// A mode measured at another contention level is probed again after this long.
 pub const REPROBE_AFTER_LEVEL_CHANGE_NS: u64 = 250_000_000;
+/// An epoch whose device latency is this many times the usual one was a
+/// hiccup of the device, not a property of the mode.
+pub const HICCUP: f64 = 2.0;
 /// Run delay per wake-up that a sleeping mode is not charged as contention.
 pub const WAKE_RUN_DELAY_NS: u64 = 10_000;
 /// A mode must cost less than this share of the current mode's cost to replace it.
@@ -215,6 +218,10 @@ pub struct Controller {
     /// Smoothed (run delay, pressure, wall) for the contention level.
     contention: (f64, f64, f64),
     clock_ns: u64,
+    /// Slow average of the device latency, to recognise a hiccup.
+    usual_device_ns: f64,
+    /// Epochs set aside because the device was suddenly much slower.
+    pub hiccups: u64,
     /// Mode changes so far (probes that were not kept are not counted).
     pub switches: u64,
     /// Epochs spent trying a mode not in use, to measure it.
@@ -242,6 +249,8 @@ impl Controller {
             probe_interval_ns: [PROBE_INTERVAL_NS; 3],
             contention: (0.0, 0.0, 0.0),
             clock_ns: 0,
+            usual_device_ns: 0.0,
+            hiccups: 0,
             switches: 0,
             probes: 0,
         }
@@ -335,6 +344,18 @@ impl Controller {
     /// Feeds one epoch; returns the mode for the next one.
     pub fn on_epoch(&mut self, s: &EpochSignals) -> Mode {
         self.clock_ns += s.wall_ns;
+        // An epoch in which the device itself was suddenly much slower (a real
+        // device's hiccup: a loop device here went from 25 us to 0.3-0.5 ms per I/O
+        // for a few ms) says nothing about the mode: every mode would have paid it.
+        // It is not booked and decides nothing; a lasting change passes after a few
+        // epochs, once the slow average has caught up.
+        let usual = self.usual_device_ns;
+        self.usual_device_ns =
+            if usual == 0.0 { s.device_latency_ns } else { usual + (s.device_latency_ns - usual) / 8.0 };
+        if usual > 0.0 && s.device_latency_ns > HICCUP * usual {
+            self.hiccups += 1;
+            return self.mode;
+        }
         let decay = 0.5f64.powf(s.wall_ns as f64 / COST_MEMORY_NS);
         let now = self.clock_ns;
         let level = self.level;
@@ -949,6 +970,28 @@ mod tests {
         assert_eq!(c.on_epoch(&lucky.epoch(Mode::Poll, 0)), Mode::Poll, "a winning probe runs a second epoch");
         assert_eq!(c.on_epoch(&NAND.epoch(Mode::Poll, 1)), Mode::Hybrid, "and is not kept if that one loses");
         assert_eq!(c.switches, 1);
+    }
+
+    #[test]
+    fn a_device_hiccup_does_not_make_another_mode_look_better() {
+        let mut c = Controller::new();
+        run(&mut c, &NAND, 500);
+        let mut i = 0;
+        while c.probing() || c.mode() != Mode::Hybrid {
+            c.on_epoch(&NAND.epoch(c.mode(), i));
+            i += 1;
+        }
+        // The device takes 400 us per I/O for three epochs of hybrid; then it is
+        // itself again. Interrupts, measured before, now look far cheaper than
+        // hybrid did during the hiccup, but the hiccup was the device's.
+        let hiccup = Machine { device_us: 400.0, hybrid: (420.0, 300.0), ..NAND };
+        for j in 0..3 {
+            assert_eq!(c.on_epoch(&hiccup.epoch(Mode::Hybrid, j)), Mode::Hybrid);
+        }
+        let modes = run(&mut c, &NAND, 300);
+        assert!(share(&modes, Mode::Hybrid) > 0.95, "{:?}", &modes[..20]);
+        assert_eq!(c.switches, 1);
+        assert_eq!(c.hiccups, 3);
     }
 
     #[test]
