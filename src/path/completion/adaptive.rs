@@ -57,6 +57,9 @@ use std::os::unix::fs::FileExt;
 pub const EPOCH_IOS: u64 = 64;
 /// Completions that end a probe epoch (or [`EPOCH_NS`], whichever is first).
 pub const PROBE_IOS: u64 = 16;
+/// Relative epoch-to-epoch change of the device latency above which probes
+/// take four times as many completions.
+pub const JITTERY: f64 = 0.15;
 /// Shortest epoch that ends on [`EPOCH_IOS`].
 pub const MIN_EPOCH_NS: u64 = 2_000_000;
 /// Longest epoch.
@@ -222,6 +225,8 @@ pub struct Controller {
     usual_device_ns: f64,
     /// Epochs set aside because the device was suddenly much slower.
     pub hiccups: u64,
+    /// How much the device latency moves from one epoch to the next (relative, smoothed).
+    device_jitter: f64,
     /// Mode changes so far (probes that were not kept are not counted).
     pub switches: u64,
     /// Epochs spent trying a mode not in use, to measure it.
@@ -251,6 +256,7 @@ impl Controller {
             clock_ns: 0,
             usual_device_ns: 0.0,
             hiccups: 0,
+            device_jitter: 0.0,
             switches: 0,
             probes: 0,
         }
@@ -264,6 +270,13 @@ impl Controller {
     /// The current contention level.
     pub fn level(&self) -> Level {
         self.level
+    }
+
+    /// Completions a probe measures: a few on a steady device (a probe may well
+    /// try a bad mode), more on one whose latency jumps around from epoch to
+    /// epoch (a loop device here), where a short sample misleads.
+    pub fn probe_ios(&self) -> u64 {
+        if self.device_jitter > JITTERY { 4 * PROBE_IOS } else { PROBE_IOS }
     }
 
     /// Whether the current mode is only being tried.
@@ -352,6 +365,10 @@ impl Controller {
         let usual = self.usual_device_ns;
         self.usual_device_ns =
             if usual == 0.0 { s.device_latency_ns } else { usual + (s.device_latency_ns - usual) / 8.0 };
+        if usual > 0.0 {
+            let change = (s.device_latency_ns - usual).abs() / usual;
+            self.device_jitter += (change.min(1.0) - self.device_jitter) / 8.0;
+        }
         if usual > 0.0 && s.device_latency_ns > HICCUP * usual {
             self.hiccups += 1;
             return self.mode;
@@ -609,10 +626,11 @@ impl Adaptive {
             .collect();
         let wall = s.wall_ns.max(1) as f64;
         eprintln!(
-            "adaptive: {:>9} -> {:<9}{} level={:?} ios={} wall={:.2}ms run_delay={:.1}% psi={:.1}% inv={} L={:.1}us W={:.1}us measured lat/cpu per io: {}",
+            "adaptive: {:>9} -> {:<9}{} jitter={:.2} level={:?} ios={} wall={:.2}ms run_delay={:.1}% psi={:.1}% inv={} L={:.1}us W={:.1}us measured lat/cpu per io: {}",
             before.name(),
             c.mode().name(),
             if c.probing() { " (probe)" } else { "" },
+            c.device_jitter,
             c.level(),
             s.ios,
             s.wall_ns as f64 / 1e6,
@@ -766,7 +784,7 @@ impl CompletionPolicy for Adaptive {
         let (min_ns, max_ns) = if long { POLL_EPOCH_NS } else { (MIN_EPOCH_NS, EPOCH_NS) };
         // A preempted poller is acted on at once, where there is something better to do.
         let stalled = self.gaps.count >= 2 && sleep_feasible(l, self.hybrid.overshoot_ns());
-        let probed = probing && self.ios >= PROBE_IOS;
+        let probed = probing && self.ios >= self.controller.probe_ios();
         if (self.ios >= EPOCH_IOS && age >= min_ns) || age >= max_ns || stalled || probed {
             self.end_epoch(stats);
         }
@@ -992,6 +1010,19 @@ mod tests {
         assert!(share(&modes, Mode::Hybrid) > 0.95, "{:?}", &modes[..20]);
         assert_eq!(c.switches, 1);
         assert_eq!(c.hiccups, 3);
+    }
+
+    #[test]
+    fn probes_are_longer_on_a_device_whose_latency_jumps() {
+        let mut c = Controller::new();
+        run(&mut c, &NAND, 200);
+        assert_eq!(c.probe_ios(), PROBE_IOS, "a steady device: short probes");
+        for i in 0..200u64 {
+            let device_us = if i % 2 == 0 { 20.0 } else { 30.0 };
+            let m = Machine { device_us, overshoot_us: 15.0, ..NAND };
+            c.on_epoch(&m.epoch(c.mode(), i));
+        }
+        assert_eq!(c.probe_ios(), 4 * PROBE_IOS, "20/30 us from epoch to epoch: longer probes");
     }
 
     #[test]
