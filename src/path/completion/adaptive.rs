@@ -9,7 +9,8 @@
 //!   thread CPU time per I/O it was seen to cost (decayed sums, half-life
 //!   50 ms). On this VM a timer wake-up costs ~25 µs of CPU, five times what
 //!   a model of "a few µs per interrupt" says;
-//! - a mode not in use is **probed** for a short epoch (16 I/Os) when it was
+//! - a mode not in use is **probed** for a short epoch (16 I/Os; 64 on a
+//!   device whose latency jumps from epoch to epoch) when it was
 //!   never measured, when its figures are older than its probe interval
 //!   (250 ms, x2 after a clear loss, x4 when it lost on both latency and CPU,
 //!   up to 4 s), or (at most every 250 ms, and not if it lost on both axes)
