@@ -44,7 +44,7 @@
 
 use super::hybrid::{Hybrid, sleep_feasible};
 use super::interrupt::Interrupt;
-use super::poll::{Gaps, Poll};
+use super::poll::{self, Gaps};
 use super::{CompletionPolicy, Expect, WaitStats};
 use crate::clock::{ThreadUsage, now_ns};
 use crate::device::{Command, Queue};
@@ -747,27 +747,25 @@ impl CompletionPolicy for Adaptive {
         limit_ns: u64,
         expect: Expect,
     ) -> Result<usize> {
-        let now = now_ns();
         if self.start.is_none() {
             self.schedstat = File::open("/proc/thread-self/schedstat").ok();
             self.pressure = File::open("/proc/pressure/cpu").ok();
-            self.mode_since_ns = now;
+            self.mode_since_ns = now_ns();
             self.start = Some(self.snapshot(self.controller.mode() != Mode::Poll));
         }
         let mode = self.controller.mode();
-        let n = match mode {
-            // Poll and interrupt still teach the embedded hybrid the device latency.
-            Mode::Hybrid => self.hybrid.wait(queue, out, stats, limit_ns, expect)?,
+        let (n, done) = match mode {
+            Mode::Hybrid => (self.hybrid.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
             Mode::Poll => {
-                let n = Poll::wait_watching(queue, out, stats, limit_ns, &mut self.gaps)?;
+                // Polling still teaches the embedded hybrid the device latency.
+                let (n, seen) = poll::spin(queue, out, stats, limit_ns, Some(&mut self.gaps))?;
                 if n > 0 && expect.since_ns > 0 {
-                    self.hybrid.learn(expect, now_ns());
+                    self.hybrid.learn(expect, seen);
                 }
-                n
+                (n, seen)
             }
-            Mode::Interrupt => Interrupt.wait(queue, out, stats, limit_ns, expect)?,
+            Mode::Interrupt => (Interrupt.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
         };
-        let done = now_ns();
         let l = self.hybrid.bucket_latency_any();
         if n > 0 {
             self.ios += n as u64;

@@ -23,6 +23,7 @@
 //!   faster than a wake-up, a "timer-floor hit", the DRAM-SSD here) the
 //!   policy just polls.
 
+use super::poll;
 use super::{CompletionPolicy, Expect, WaitStats};
 use crate::clock::{now_ns, sleep_until_ns};
 use crate::device::{Command, Op, Queue};
@@ -215,24 +216,6 @@ impl Hybrid {
         let wake = expect.since_ns as f64 + b.target_ns - self.overshoot_ns;
         (wake > (now + MIN_SLEEP_NS) as f64).then_some(wake as u64)
     }
-
-    /// Spins until a command comes back or `limit_ns`; returns (count, when seen).
-    fn spin(
-        queue: &mut dyn Queue,
-        out: &mut Vec<Command>,
-        stats: &mut WaitStats,
-        limit_ns: u64,
-    ) -> Result<(usize, u64)> {
-        loop {
-            let n = queue.reap(out)?;
-            stats.polls += 1;
-            let now = now_ns();
-            if n > 0 || queue.in_flight() == 0 || now >= limit_ns {
-                return Ok((n, now));
-            }
-            std::hint::spin_loop();
-        }
-    }
 }
 
 impl CompletionPolicy for Hybrid {
@@ -278,7 +261,7 @@ impl CompletionPolicy for Hybrid {
                     self.buckets[index].feedback(true, floor);
                     return Ok(n);
                 }
-                let (n, seen) = Self::spin(queue, out, stats, limit_ns)?;
+                let (n, seen) = poll::spin(queue, out, stats, limit_ns, None)?;
                 if n > 0 {
                     let floor = self.floor_ns();
                     self.buckets[index].feedback(false, floor);
@@ -297,7 +280,7 @@ impl CompletionPolicy for Hybrid {
                         self.calibrate_overshoot();
                     }
                 }
-                let (n, seen) = Self::spin(queue, out, stats, limit_ns)?;
+                let (n, seen) = poll::spin(queue, out, stats, limit_ns, None)?;
                 if n > 0 && expect.since_ns > 0 {
                     self.buckets[index].learn_latency(seen.saturating_sub(expect.since_ns) as f64);
                 }

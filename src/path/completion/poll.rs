@@ -33,35 +33,35 @@ impl Gaps {
     pub const MIN_NS: u64 = 20_000;
 }
 
-impl Poll {
-    /// Spins like [`CompletionPolicy::wait`], reading the clock on every look
-    /// and adding to `gaps` every stretch between two looks longer than
-    /// [`Gaps::MIN_NS`].
-    pub fn wait_watching(
-        queue: &mut dyn Queue,
-        out: &mut Vec<Command>,
-        stats: &mut WaitStats,
-        limit_ns: u64,
-        gaps: &mut Gaps,
-    ) -> Result<usize> {
-        let mut last = now_ns();
-        loop {
-            let n = queue.reap(out)?;
-            stats.polls += 1;
-            if n > 0 || queue.in_flight() == 0 {
-                return Ok(n);
-            }
-            let now = now_ns();
+/// Spins until a command comes back, nothing is in flight or the clock
+/// passes `limit_ns`, reading the clock on every look; returns how many came
+/// back and the time of the last look (when the completion was seen). With
+/// `gaps`, every stretch between two looks longer than [`Gaps::MIN_NS`] is
+/// added to it. Used by policies that learn from what they see; plain
+/// [`Poll`] reads the clock less often.
+pub fn spin(
+    queue: &mut dyn Queue,
+    out: &mut Vec<Command>,
+    stats: &mut WaitStats,
+    limit_ns: u64,
+    mut gaps: Option<&mut Gaps>,
+) -> Result<(usize, u64)> {
+    let mut last = if gaps.is_some() { now_ns() } else { 0 };
+    loop {
+        let n = queue.reap(out)?;
+        stats.polls += 1;
+        let now = now_ns();
+        if let Some(gaps) = gaps.as_deref_mut() {
             if now - last > Gaps::MIN_NS {
                 gaps.count += 1;
                 gaps.total_ns += now - last;
             }
             last = now;
-            if now >= limit_ns {
-                return Ok(0);
-            }
-            std::hint::spin_loop();
         }
+        if n > 0 || queue.in_flight() == 0 || now >= limit_ns {
+            return Ok((n, now));
+        }
+        std::hint::spin_loop();
     }
 }
 
