@@ -104,9 +104,7 @@ impl Comparison {
     /// Which path to use, per workload.
     pub fn advice(&self) -> Vec<Advice> {
         let p99 = |c: &Cell| {
-            let m = &c.result.measurements;
-            let mut lat = m.read.latency_ns.clone();
-            lat.add(&m.write.latency_ns).expect("histograms with equal bounds");
+            let lat = c.result.measurements.latency_histogram();
             if lat.is_empty() { u64::MAX } else { lat.value_at_quantile(0.99) }
         };
         let iops = |c: &Cell| c.result.measurements.total_iops();
@@ -225,8 +223,7 @@ impl Comparison {
         ));
         for cell in &self.cells {
             let m = &cell.result.measurements;
-            let mut lat = m.read.latency_ns.clone();
-            lat.add(&m.write.latency_ns).expect("histograms with equal bounds");
+            let lat = m.latency_histogram();
             let q = |p: f64| if lat.is_empty() { "-".into() } else { format_ns(lat.value_at_quantile(p) as f64) };
             out.push_str(&format!(
                 "{:<10} {:<18} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6.2} {:>8.2} {:>9.2} {:>10} {:>9}\n",

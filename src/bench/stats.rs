@@ -123,6 +123,13 @@ impl Measurements {
         self.per_io(self.path.device_ns as f64)
     }
 
+    /// The latencies of both directions in one histogram.
+    pub fn latency_histogram(&self) -> Histogram<u64> {
+        let mut lat = self.read.latency_ns.clone();
+        lat.add(&self.write.latency_ns).expect("histograms with equal bounds");
+        lat
+    }
+
     /// Mean latency over both directions.
     pub fn latency_ns_mean(&self) -> f64 {
         let sum =
