@@ -170,7 +170,7 @@ impl Handle {
         let queue_depth = (depth as usize + 1).max(crate::path::dispatch::serve::queue_depth_for(shared.path.pipeline));
         let queue_depth = (queue_depth as u32).min(caps.queue_depth);
         let polled = shared.path.completion != crate::path::CompletionKind::Interrupt;
-        let queue = shared.device.open_queue(&QueueConfig { depth: queue_depth, registered, polled })?;
+        let queue = shared.device.open_queue(&QueueConfig { depth: queue_depth, registered, polled, shared: false })?;
         let timeout_ns = caps.timed.then(|| shared.path.timeout.as_nanos() as u64);
         let mut channel = Channel::new(
             queue,

@@ -240,6 +240,12 @@ pub struct QueueConfig {
     /// A device that can poll in the kernel uses a polled queue only then:
     /// an interrupt-driven waiter on a polled queue would spin in the kernel.
     pub polled: bool,
+    /// Whether several threads take turns using the queue (one at a time,
+    /// under the caller's lock), as the combining strategy's serving role
+    /// does. A backend whose queues are otherwise tied to the thread that
+    /// opened them (io_uring's `SINGLE_ISSUER | DEFER_TASKRUN`) sets such a
+    /// queue up without that tie.
+    pub shared: bool,
 }
 
 // SAFETY: the registered region is only an address range handed to the kernel;
@@ -249,7 +255,7 @@ unsafe impl Send for QueueConfig {}
 impl QueueConfig {
     /// A queue of the given depth with no registered memory, for a spinning waiter.
     pub fn depth(depth: u32) -> QueueConfig {
-        QueueConfig { depth, registered: None, polled: true }
+        QueueConfig { depth, registered: None, polled: true, shared: false }
     }
 }
 

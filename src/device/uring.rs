@@ -2,7 +2,13 @@
 //!
 //! Each queue is its own ring, created on the thread that uses it, so it can
 //! be set up `SINGLE_ISSUER | DEFER_TASKRUN` (completions are posted only when
-//! this thread asks, with no interrupts of user space). A command's segments
+//! this thread asks, with no interrupts of user space). A queue that threads
+//! take turns on ([`QueueConfig::shared`], the combining strategy's serving
+//! role) is set up `COOP_TASKRUN | TASKRUN_FLAG` instead: a completion is
+//! posted by task work on the thread that submitted it, at that thread's next
+//! kernel entry (a sleeping one is woken for it), and a look at an empty
+//! completion ring enters the kernel only when the ring's TASKRUN flag says
+//! some task work is pending. A command's segments
 //! become one SQE each and a whole batch of commands is sent with one
 //! `io_uring_enter` at [`Queue::commit`]; the command completes when its last
 //! CQE arrives. Memory the engine registers is used through fixed buffers
@@ -281,6 +287,8 @@ struct UringQueue {
     in_flight: usize,
     /// Whether this ring is an IOPOLL ring.
     iopoll: bool,
+    /// How this ring's completions are posted.
+    taskrun: TaskRun,
 }
 
 fn os_err(context: &str, source: std::io::Error) -> Error {
@@ -291,12 +299,19 @@ impl UringQueue {
     fn new(shared: Arc<Shared>, config: &QueueConfig) -> Result<UringQueue> {
         let mut builder = IoUring::builder();
         builder.setup_cqsize(SQ_ENTRIES * 2);
-        match shared.config.taskrun {
+        // A ring shared by threads taking turns cannot be tied to one issuer: its
+        // completions are posted by task work on whichever thread submitted, which the
+        // kernel then interrupts or wakes (plain task work) to post them.
+        let taskrun = match shared.config.taskrun {
+            TaskRun::Defer if config.shared => TaskRun::Coop,
+            taskrun => taskrun,
+        };
+        match taskrun {
             TaskRun::Defer => {
                 builder.setup_single_issuer().setup_defer_taskrun();
             }
             TaskRun::Coop => {
-                builder.setup_coop_taskrun();
+                builder.setup_coop_taskrun().setup_taskrun_flag();
             }
             TaskRun::Plain => {}
         }
@@ -336,6 +351,7 @@ impl UringQueue {
             fd,
             fixed_file,
             registered,
+            taskrun,
             slots: (0..depth).map(|_| Slot { command: None, remaining: 0 }).collect(),
             free_slots: (0..depth).rev().collect(),
             ready: Vec::with_capacity(depth),
@@ -482,7 +498,13 @@ impl Queue for UringQueue {
         }
         if self.ring.completion().is_empty() {
             // Deferred task work (and IOPOLL) posts completions only inside an enter.
-            let needs_enter = matches!(self.shared.config.taskrun, TaskRun::Defer) || self.iopoll;
+            // Cooperative task work is run at the submitter's next kernel entry; the
+            // ring's TASKRUN flag says some is pending (liburing's peek does the same).
+            let needs_enter = match self.taskrun {
+                TaskRun::Defer => true,
+                TaskRun::Coop => self.ring.submission().taskrun(),
+                TaskRun::Plain => false,
+            } || self.iopoll;
             if needs_enter {
                 // SAFETY: a plain GETEVENTS enter with no argument.
                 let r = unsafe {
