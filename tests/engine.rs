@@ -3,7 +3,7 @@
 mod common;
 
 use iopath::device::{Op, open_device};
-use iopath::path::{CompletionKind, DispatchKind, PathConfig};
+use iopath::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig};
 use iopath::{Engine, Error, HandleOptions, IoBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,14 +12,35 @@ fn path(dispatch: DispatchKind, completion: CompletionKind) -> PathConfig {
     PathConfig { timeout: Duration::from_secs(10), ..PathConfig::new(dispatch, completion) }
 }
 
+/// Every dispatch x completion combination; the combining ones with both
+/// ways of polling.
 fn all_paths() -> Vec<PathConfig> {
     let mut out = Vec::new();
     for d in DispatchKind::ALL {
         for c in CompletionKind::ALL {
             out.push(path(d, c));
+            if matches!(d, DispatchKind::Combine | DispatchKind::Hybrid) {
+                out.push(PathConfig { combine_polling: CombinePolling::Winner, ..path(d, c) });
+            }
         }
     }
     out
+}
+
+/// Runs `f` on another thread and fails (instead of hanging the test run) if
+/// it has not finished after a generous two minutes.
+fn within_two_minutes(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = done_tx.send(());
+    });
+    match done_rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(()) => worker.join().unwrap(),
+        // The worker panicked: re-raise its panic.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => std::panic::resume_unwind(worker.join().unwrap_err()),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still not finished after 2 minutes: hung"),
+    }
 }
 
 fn pattern(thread: usize, round: usize, block: usize, len: usize) -> IoBuf {
@@ -358,7 +379,9 @@ fn single_thread_stm_never_waits_for_a_merge_partner() {
         for i in 0..500u64 {
             h.read_into(0, (i % 256) * 4096, 4096).unwrap();
         }
-        let s = h.stats();
+        // The serving role's commands are counted with the path, the requests with the handle.
+        let mut s = h.stats();
+        s.add(&engine.background_stats());
         assert_eq!((s.requests, s.commands, s.segments), (500, 500, 500), "one command per request, sent at once");
         assert_eq!(s.segments_hist[0], 500);
         // The lone thread always wins the serving role: it never sleeps waiting for a partner.
@@ -454,5 +477,143 @@ fn a_panicking_dispatcher_fails_requests_instead_of_hanging() {
         h.reap(1, &mut done).unwrap();
         let err = done[0].result.as_ref().unwrap_err().to_string();
         assert!(err.contains("recoverable"), "{dispatch:?}: {err}");
+    }
+}
+
+#[test]
+fn reading_the_path_counters_never_strands_a_waiter() {
+    // Reading the combining strategy's counters holds its serving role for a moment; a
+    // waiter that finds the role taken then may sleep, and must still be served. (It
+    // was not: one thread at a time hung, with the reader gone.)
+    for polling in [CombinePolling::Shared, CombinePolling::Winner] {
+        for threads in [1u64, 4] {
+            let p = PathConfig { combine_polling: polling, ..path(DispatchKind::Combine, CompletionKind::Poll) };
+            let engine = Engine::open("emu:dram-ssd,size=1m", p).unwrap();
+            within_two_minutes(&format!("{} polling, {threads} thread(s)", polling.name()), move || {
+                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                std::thread::scope(|s| {
+                    let reader = {
+                        let (engine, stop) = (engine.clone(), Arc::clone(&stop));
+                        s.spawn(move || {
+                            let mut reads = 0u64;
+                            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                std::hint::black_box(engine.background_stats());
+                                reads += 1;
+                            }
+                            reads
+                        })
+                    };
+                    let workers: Vec<_> = (0..threads)
+                        .map(|t| {
+                            let engine = engine.clone();
+                            s.spawn(move || {
+                                let mut h =
+                                    engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: 4096 }).unwrap();
+                                for i in 0..2000u64 {
+                                    h.read_into(0, ((t * 64 + i % 64) % 256) * 4096, 4096).unwrap();
+                                }
+                            })
+                        })
+                        .collect();
+                    for w in workers {
+                        w.join().unwrap();
+                    }
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    assert!(reader.join().unwrap() > 0);
+                });
+                let stats = engine.background_stats();
+                assert_eq!(stats.segments, 2000 * threads, "every request was sent exactly once");
+            });
+        }
+    }
+}
+
+#[test]
+fn queued_requests_through_a_combining_path_keep_every_byte() {
+    // The queued API on the combining paths: 8 threads, 8 requests in flight each,
+    // written and read back through the same handles.
+    for p in all_paths().into_iter().filter(|p| matches!(p.dispatch, DispatchKind::Combine | DispatchKind::Hybrid)) {
+        let engine = Engine::open("emu:dram-ssd,size=4m", p.clone()).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..8usize {
+                let engine = engine.clone();
+                let label = p.label();
+                s.spawn(move || {
+                    let mut h = engine.handle(HandleOptions { depth: 8, buffers: 8, buffer_size: 4096 }).unwrap();
+                    for round in 0..4 {
+                        let offset = |i: usize| ((t * 8 + i) * 4096) as u64;
+                        for i in 0..8 {
+                            h.buffer(i).unwrap().copy_from_slice(&pattern(t, round, i, 4096));
+                            h.submit(Op::Write, i, offset(i), 4096).unwrap();
+                        }
+                        h.commit().unwrap();
+                        let mut done = Vec::new();
+                        while done.len() < 8 {
+                            h.reap(1, &mut done).unwrap();
+                        }
+                        assert!(done.iter().all(|c| c.result.is_ok()), "{label}: a write failed");
+                        for i in 0..8 {
+                            h.buffer(i).unwrap().fill(0);
+                            h.submit(Op::Read, i, offset(i), 4096).unwrap();
+                        }
+                        h.commit().unwrap();
+                        done.clear();
+                        while done.len() < 8 {
+                            h.reap(1, &mut done).unwrap();
+                        }
+                        for i in 0..8 {
+                            assert_eq!(
+                                h.buffer(i).unwrap(),
+                                &pattern(t, round, i, 4096)[..],
+                                "{label}: thread {t} slot {i}"
+                            );
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn a_panic_while_combining_hands_the_role_on_instead_of_hanging() {
+    // The device panics inside one caller's serving turn. That caller's thread
+    // unwinds; every other thread's requests still complete or fail (the panicked
+    // command's requests time out), and nobody sleeps forever on a role whose
+    // holder is gone.
+    for polling in [CombinePolling::Shared, CombinePolling::Winner] {
+        let p = PathConfig {
+            combine_polling: polling,
+            timeout: Duration::from_millis(500),
+            ..PathConfig::new(DispatchKind::Combine, CompletionKind::Poll)
+        };
+        let engine = Engine::open("emu:dram-ssd,size=4m,panic_nth=40", p).unwrap();
+        within_two_minutes(&format!("{} polling", polling.name()), move || {
+            let outcomes: Vec<std::thread::Result<(usize, usize)>> = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..4u64)
+                    .map(|t| {
+                        let engine = &engine;
+                        s.spawn(move || {
+                            let mut h =
+                                engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: 4096 }).unwrap();
+                            let (mut ok, mut failed) = (0, 0);
+                            for i in 0..100u64 {
+                                match h.write_from(0, ((t * 100 + i) % 1024) * 4096, 4096) {
+                                    Ok(_) => ok += 1,
+                                    Err(_) => failed += 1,
+                                }
+                            }
+                            (ok, failed)
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join()).collect()
+            });
+            let panicked = outcomes.iter().filter(|o| o.is_err()).count();
+            assert_eq!(panicked, 1, "exactly the thread serving when the device panicked unwinds");
+            for (ok, failed) in outcomes.into_iter().flatten() {
+                assert_eq!(ok + failed, 100, "every request of the other threads came back");
+            }
+        });
     }
 }

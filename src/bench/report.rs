@@ -64,6 +64,7 @@ fn iopath_object(r: &BenchResult) -> Value {
         "path": r.config.path_name,
         "dispatch": r.config.path.dispatch.name(),
         "completion": completion_object(r),
+        "knobs": knobs_object(&r.config.path),
         "threads": r.config.threads,
         "iodepth": r.config.iodepth,
         "share_of_peak": opt_f64(m.share_of_peak()),
@@ -93,6 +94,21 @@ fn iopath_object(r: &BenchResult) -> Value {
             "ops_per_sec": h.ops_per_sec,
         })),
         "verified_blocks": m.verified_blocks,
+    })
+}
+
+/// The path's knobs as they were in effect (defaults resolved where the
+/// strategy has one of its own they are `null`).
+fn knobs_object(p: &crate::path::PathConfig) -> Value {
+    json!({
+        "pipeline": p.pipeline,
+        "combine_budget": p.combine_budget,
+        "combine_polling": p.combine_polling.name(),
+        "unplug_thresh": p.unplug_thresh,
+        "unplug_ns": p.unplug.map(|d| d.as_nanos() as u64),
+        "max_segments": p.max_segments,
+        "waiter_spin_ns": p.waiter_spin_ns(),
+        "timeout_ns": p.timeout.as_nanos() as u64,
     })
 }
 
@@ -229,7 +245,13 @@ pub fn to_table(r: &BenchResult) -> String {
         m.wall_ns as f64 / 1e9
     ));
     out.push_str(&format!("device: {}\n", r.device_description));
-    out.push_str(&format!("path:   {} ({})\n\n", c.path_name, c.path.label()));
+    let polling = match c.path.dispatch {
+        crate::path::DispatchKind::Combine | crate::path::DispatchKind::Hybrid => {
+            format!(", {} polling", c.path.combine_polling.name())
+        }
+        _ => String::new(),
+    };
+    out.push_str(&format!("path:   {} ({}{polling})\n\n", c.path_name, c.path.label()));
     out.push_str(&format!(
         "{:<6} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "", "IOPS", "BW", "mean", "p50", "p90", "p99", "p99.9", "p99.99", "max"

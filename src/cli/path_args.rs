@@ -1,12 +1,16 @@
 //! Flags that choose and tune an I/O path, shared by `bench` and `compare`.
 
 use clap::Args;
-use iopath::path::{CompletionKind, DispatchKind, PathConfig};
+use iopath::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig};
 use iopath::units::{parse_duration, parse_duration_default_unit};
 use std::time::Duration;
 
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn combine_polling_arg(s: &str) -> Result<CombinePolling, String> {
+    CombinePolling::parse(s).map_err(|e| e.to_string())
 }
 
 fn micros_arg(s: &str) -> Result<Duration, String> {
@@ -35,6 +39,12 @@ pub struct PathKnobs {
     /// done before it hands the role to a waiting thread.
     #[arg(long, default_value_t = iopath::path::DEFAULT_COMBINE_BUDGET, help_heading = "Path knobs")]
     pub combine_budget: u32,
+    /// combine/hybrid: who polls the device while a merged command is in service:
+    /// `shared` (every spinning waiter takes one look whenever it gets the CPU, so
+    /// nobody spins alone while the others wait for a CPU) or `winner` (seed 000's STM:
+    /// the thread that sent the batch spins until it completes).
+    #[arg(long, default_value = "shared", value_parser = combine_polling_arg, help_heading = "Path knobs")]
+    pub combine_polling: CombinePolling,
     /// Merging paths: merged commands kept in the device at once (2 = the next
     /// batch is sent while the current one is in service).
     #[arg(long, default_value_t = iopath::path::DEFAULT_PIPELINE, help_heading = "Path knobs")]
@@ -52,6 +62,7 @@ impl PathKnobs {
         path.max_segments = self.max_segments;
         path.waiter_spin = self.waiter_spin;
         path.combine_budget = self.combine_budget;
+        path.combine_polling = self.combine_polling;
         path.pipeline = self.pipeline;
         path.timeout = self.timeout;
     }

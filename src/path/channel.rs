@@ -281,6 +281,21 @@ impl Channel {
         Ok(n > 0)
     }
 
+    /// Like [`Channel::wait_any`], for commands in flight on `device` (another
+    /// thread's queue this thread serves for the moment), waiting through this
+    /// channel's completion policy: a policy measures the thread that waits,
+    /// so it must not pass from thread to thread with a shared queue.
+    pub fn wait_any_on(&mut self, device: &mut Channel, limit_ns: u64) -> Result<bool> {
+        let n = self.completion.wait(
+            device.queue.as_mut(),
+            &mut device.done,
+            &mut self.stats.wait,
+            limit_ns,
+            device.expect,
+        )?;
+        Ok(n > 0)
+    }
+
     /// Picks up completed commands without waiting.
     pub fn poll_any(&mut self) -> Result<usize> {
         self.stats.wait.polls += 1;

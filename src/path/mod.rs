@@ -42,8 +42,41 @@ pub struct PathConfig {
     /// `combine`: batches a winner may send after its own request is done
     /// before it hands the role on.
     pub combine_budget: u32,
+    /// `combine`: who polls the device while a merged command is in service.
+    pub combine_polling: CombinePolling,
     /// Merging strategies: commands kept in the device at once.
     pub pipeline: usize,
+}
+
+/// Who polls the device for the combining strategy's merged commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CombinePolling {
+    /// Every thread that spins waiting for its request takes a turn: whenever
+    /// it finds the serving role free it takes one look at the device (and
+    /// sends the next batch if due) and lets the role go again. Nobody spins
+    /// on the device alone while the others wait for the CPU.
+    Shared,
+    /// Seed 000's STM: the thread that sent a batch spins until it completes.
+    Winner,
+}
+
+impl CombinePolling {
+    /// Command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CombinePolling::Shared => "shared",
+            CombinePolling::Winner => "winner",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(text: &str) -> Result<CombinePolling> {
+        match text {
+            "shared" => Ok(CombinePolling::Shared),
+            "winner" => Ok(CombinePolling::Winner),
+            _ => Err(Error::spec("combine polling", text, "expected shared or winner")),
+        }
+    }
 }
 
 /// A named path preset.
@@ -136,6 +169,7 @@ impl PathConfig {
             max_segments: None,
             waiter_spin: None,
             combine_budget: DEFAULT_COMBINE_BUDGET,
+            combine_polling: CombinePolling::Shared,
             pipeline: DEFAULT_PIPELINE,
         }
     }

@@ -232,9 +232,10 @@ impl Waiter {
     }
 
     /// Server: like [`Waiter::complete`], but when the waiter belongs to the
-    /// completing thread itself (`completer` is its owner's doorbell) there is
-    /// nobody to wake, so the doorbell is left alone.
-    pub fn complete_by(&self, outcome: Outcome, completer: &Doorbell) {
+    /// completing thread itself (`completer` is the address of its owner's
+    /// doorbell; only compared, never dereferenced) there is nobody to wake,
+    /// so the doorbell is left alone.
+    pub fn complete_by(&self, outcome: Outcome, completer: *const Doorbell) {
         if std::ptr::eq(Arc::as_ptr(&self.doorbell), completer) {
             debug_assert!(!self.is_done(), "waiter completed twice");
             // SAFETY: as in `complete`; the owner is the caller, so nobody else reads it now.
@@ -311,6 +312,16 @@ impl PendingList {
         // SAFETY: pending waiters are alive until completed, and only the serving
         // thread (our caller) completes them.
         unsafe { head.as_ref() }
+    }
+
+    /// Every pending waiter, newest first. Only the serving thread may call
+    /// this, and only use the result while it holds the serving role.
+    pub fn iter_held(&self) -> impl Iterator<Item = &Waiter> {
+        // SAFETY: as in `peek`: only the serving thread takes (and so unlinks) nodes,
+        // and a pending waiter is alive until completed; pushes only add a new head.
+        std::iter::successors(unsafe { self.head.load(Ordering::Acquire).as_ref() }, |w| unsafe {
+            w.next.load(Ordering::Relaxed).as_ref()
+        })
     }
 
     /// Takes every pending waiter, oldest first, appending them to `out`.

@@ -688,7 +688,7 @@ impl Adaptive {
             (
                 end.run_delay_ns.saturating_sub(start.run_delay_ns),
                 used.involuntary_ctx,
-                end.cpu_ns - start.cpu_ns,
+                end.cpu_ns.saturating_sub(start.cpu_ns),
                 end.pressure_ns.saturating_sub(start.pressure_ns),
             )
         } else {

@@ -50,7 +50,9 @@ impl Dispatch for Hybrid {
     }
 
     fn background_stats(&self) -> PathStats {
-        self.queue.background_stats()
+        let mut stats = self.queue.background_stats();
+        stats.add(&self.combine.background_stats());
+        stats
     }
 
     fn background_usage(&self) -> ThreadUsage {

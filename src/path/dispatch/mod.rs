@@ -145,11 +145,17 @@ impl DispatchKind {
     ) -> Result<Box<dyn Dispatch>> {
         let max_segments = path.max_segments.unwrap_or(usize::MAX).min(device.capabilities().max_segments).max(1);
         let combine = || {
-            combine::Combine::new(combine::CombineConfig {
-                budget: path.combine_budget,
-                pipeline: path.pipeline,
-                max_segments,
-            })
+            combine::Combine::new(
+                combine::CombineConfig {
+                    budget: path.combine_budget,
+                    pipeline: path.pipeline,
+                    max_segments,
+                    rove: path.combine_polling == super::CombinePolling::Shared,
+                },
+                device,
+                completion,
+                timeout_ns,
+            )
         };
         let queue = |name, idle_dispatch, urgent_unplug, merge, default_thresh: usize, default_unplug_ns: u64| {
             let thresh = path.unplug_thresh.unwrap_or(default_thresh);
@@ -173,11 +179,11 @@ impl DispatchKind {
         use serve::MergeMode::{Spatial, Temporal};
         Ok(match self {
             DispatchKind::Direct => Box::new(direct::Direct),
-            DispatchKind::Combine => Box::new(combine()),
+            DispatchKind::Combine => Box::new(combine()?),
             DispatchKind::Queue => Box::new(queue("queue", false, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?),
             DispatchKind::TwoQ => Box::new(queue("twoq", true, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?),
             DispatchKind::Hybrid => Box::new(hybrid::Hybrid::new(
-                combine(),
+                combine()?,
                 queue("queue", false, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?,
             )),
             DispatchKind::Elevator => {

@@ -16,7 +16,7 @@ use crate::clock::now_ns;
 use crate::device::{Command, Op};
 use crate::error::Result;
 use crate::path::channel::Channel;
-use crate::path::waiter::{Outcome, PendingList, Waiter};
+use crate::path::waiter::{Doorbell, Outcome, PendingList, Waiter};
 
 /// How requests may be combined into one command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,9 +83,10 @@ fn complete(w: *const Waiter, outcome: Outcome) {
     unsafe { (*w).complete(outcome) }
 }
 
-fn complete_by(w: *const Waiter, outcome: Outcome, completer: *const crate::path::waiter::Doorbell) {
-    // SAFETY: as above; `completer` is the serving channel's doorbell, alive for the call.
-    unsafe { (*w).complete_by(outcome, &*completer) }
+fn complete_by(w: *const Waiter, outcome: Outcome, completer: *const Doorbell) {
+    // SAFETY: as above; after this call the pointer is never used again. `completer`
+    // is only compared.
+    unsafe { (*w).complete_by(outcome, completer) }
 }
 
 impl Server {
@@ -131,6 +132,20 @@ impl Server {
         self.batches.iter().map(|b| b.submitted_ns).min()
     }
 
+    /// A request taken and not yet completed (in the backlog or in the
+    /// device), if any. Only the holder of the serving role may call this,
+    /// and only use the result while it holds the role.
+    pub fn outstanding_waiter(&self) -> Option<&Waiter> {
+        self.outstanding_waiters().next()
+    }
+
+    /// Every request taken and not yet completed (see [`Server::outstanding_waiter`]).
+    pub fn outstanding_waiters(&self) -> impl Iterator<Item = &Waiter> {
+        let unsent = self.taken.get(self.sent..).unwrap_or_default();
+        // SAFETY: taken from a PendingList and not yet completed, so alive (see above).
+        unsent.iter().chain(self.batches.iter().flat_map(|b| b.waiters.iter())).map(|&w| unsafe { &*w })
+    }
+
     /// Whether requests taken earlier still wait for room in the device queue.
     pub fn has_backlog(&self) -> bool {
         !self.taken.is_empty()
@@ -149,6 +164,12 @@ impl Server {
     /// in service: a lone submitter at depth 32 otherwise leaves the device
     /// idle between its batches while it reaps and resubmits.
     pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList, spread: usize) -> Result<usize> {
+        if self.sent > 0 {
+            // The last dispatch was cut short by a panic (and the role taken over):
+            // what it sent belongs to its batches already.
+            self.taken.drain(..self.sent);
+            self.sent = 0;
+        }
         let backlog = self.taken.len();
         let n = pending.take_all(&mut self.taken);
         if self.taken.is_empty() {
@@ -242,10 +263,18 @@ impl Server {
     /// Completes the waiters of every command the device has handed back to
     /// `channel`; returns how many commands were finished.
     pub fn finish_done(&mut self, channel: &mut Channel) -> usize {
-        let mut finished = 0;
         // The channel (and so its doorbell) outlives this call; a raw pointer avoids
         // touching the doorbell's reference count on the hot path.
-        let me: *const crate::path::waiter::Doorbell = std::sync::Arc::as_ptr(channel.doorbell());
+        let me: *const Doorbell = std::sync::Arc::as_ptr(channel.doorbell());
+        self.finish_done_by(channel, me)
+    }
+
+    /// Like [`Server::finish_done`], for a serving thread whose own channel
+    /// (doorbell `completer`) is not `channel`: its own requests are completed
+    /// without ringing anybody (the address is only compared).
+    pub fn finish_done_by(&mut self, channel: &mut Channel, completer: *const Doorbell) -> usize {
+        let me = completer;
+        let mut finished = 0;
         while let Some(command) = channel.pop_done() {
             let Some(pos) = self.batches.iter().position(|b| b.tag == command.tag) else {
                 // A command given up on (timed out) that came back after all.
@@ -307,16 +336,51 @@ impl Server {
     /// commands older than that are failed with ETIMEDOUT. Returns whether a
     /// command came back.
     pub fn wait(&mut self, channel: &mut Channel, timeout_ns: Option<u64>, limit_ns: u64) -> Result<bool> {
-        let oldest_limit = match (timeout_ns, self.oldest_submitted_ns()) {
-            (Some(t), Some(oldest)) => oldest.saturating_add(t),
-            _ => u64::MAX,
-        };
-        let got = channel.wait_any(limit_ns.min(oldest_limit))?;
-        if !got && now_ns() >= oldest_limit {
-            let cutoff = now_ns().saturating_sub(timeout_ns.unwrap_or(0));
-            self.fail_older_than(cutoff, libc::ETIMEDOUT);
-        }
+        let limit = self.wait_limit(timeout_ns, limit_ns);
+        let got = channel.wait_any(limit)?;
+        self.expire_after_wait(got, timeout_ns);
         Ok(got)
+    }
+
+    /// Like [`Server::wait`] for commands sent on `device`, a queue shared by
+    /// the threads that take turns serving, waited for by `waiter` through its
+    /// own completion policy ([`Channel::wait_any_on`]).
+    pub fn wait_by(
+        &mut self,
+        device: &mut Channel,
+        waiter: &mut Channel,
+        timeout_ns: Option<u64>,
+        limit_ns: u64,
+    ) -> Result<bool> {
+        let limit = self.wait_limit(timeout_ns, limit_ns);
+        let got = waiter.wait_any_on(device, limit)?;
+        self.expire_after_wait(got, timeout_ns);
+        Ok(got)
+    }
+
+    /// `limit_ns`, or earlier when the oldest command's time runs out.
+    fn wait_limit(&self, timeout_ns: Option<u64>, limit_ns: u64) -> u64 {
+        match (timeout_ns, self.oldest_submitted_ns()) {
+            (Some(t), Some(oldest)) => limit_ns.min(oldest.saturating_add(t)),
+            _ => limit_ns,
+        }
+    }
+
+    fn expire_after_wait(&mut self, got: bool, timeout_ns: Option<u64>) {
+        if !got {
+            self.expire(timeout_ns);
+        }
+    }
+
+    /// Fails (ETIMEDOUT) every command in flight for longer than `timeout_ns`;
+    /// returns how many requests were failed.
+    pub fn expire(&mut self, timeout_ns: Option<u64>) -> usize {
+        match (timeout_ns, self.oldest_submitted_ns()) {
+            (Some(t), Some(oldest)) if now_ns() >= oldest.saturating_add(t) => {
+                self.fail_older_than(now_ns().saturating_sub(t), libc::ETIMEDOUT)
+            }
+            _ => 0,
+        }
     }
 }
 
