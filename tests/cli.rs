@@ -402,3 +402,20 @@ fn compare_completion_policies_under_cpu_hogs() {
     }
     assert!(std::fs::read_to_string(&chart).unwrap().contains("1 hog(s)"));
 }
+
+#[test]
+fn combine_polling_is_chosen_shown_and_checked() {
+    for polling in ["shared", "winner"] {
+        let v = bench_json(&["--path", "stm", "--threads", "4", "--ios", "200", "--combine-polling", polling]);
+        let job = &v["jobs"][0];
+        assert_eq!(job["iopath"]["knobs"]["combine_polling"], polling);
+        assert_eq!(job["write"]["total_ios"].as_u64().unwrap() + job["read"]["total_ios"].as_u64().unwrap(), 800);
+        // The merged commands are counted with the path even though no thread owns them.
+        assert!(job["iopath"]["merge"]["segments"].as_u64().unwrap() >= 800, "{}", job["iopath"]["merge"]);
+    }
+    let o = iopath(&["bench", "--path", "htm", "--ios", "10", "--no-progress", "--combine-polling", "winner"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("(hybrid+poll, winner polling)"));
+    let err = fails(&["bench", "--path", "stm", "--combine-polling", "sideways"]);
+    assert!(err.contains("expected shared or winner"), "{err}");
+}
