@@ -404,7 +404,7 @@ fn compare_completion_policies_under_cpu_hogs() {
 }
 
 #[test]
-fn combine_polling_is_chosen_shown_and_checked() {
+fn combine_polling_and_per_path_knobs_are_chosen_shown_and_checked() {
     for polling in ["shared", "winner"] {
         let v = bench_json(&["--path", "stm", "--threads", "4", "--ios", "200", "--combine-polling", polling]);
         let job = &v["jobs"][0];
@@ -418,4 +418,32 @@ fn combine_polling_is_chosen_shown_and_checked() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("(hybrid+poll, winner polling)"));
     let err = fails(&["bench", "--path", "stm", "--combine-polling", "sideways"]);
     assert!(err.contains("expected shared or winner"), "{err}");
+
+    // Two settings of one design side by side in one matrix.
+    let o = iopath(&[
+        "compare",
+        "--paths",
+        "stm,stm@combine-polling=winner@pipeline=1",
+        "--workloads",
+        "randwrite",
+        "--threads",
+        "4",
+        "--runtime",
+        "100ms",
+        "--baseline",
+        "stm",
+        "--output-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs[1]["iopath"]["path"], "stm@combine-polling=winner@pipeline=1");
+    assert_eq!(jobs[0]["iopath"]["knobs"]["combine_polling"], "shared");
+    assert_eq!(jobs[1]["iopath"]["knobs"]["combine_polling"], "winner");
+    assert_eq!(jobs[1]["iopath"]["knobs"]["pipeline"], 1);
+    let err = fails(&["bench", "--path", "stm@colour=blue", "--ios", "1"]);
+    assert!(err.contains("knobs a path name can set") && err.contains("combine-polling"), "{err}");
+    let err = fails(&["bench", "--path", "stm@pipeline=many", "--ios", "1"]);
+    assert!(err.contains("expected a number of commands"), "{err}");
 }

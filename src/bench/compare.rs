@@ -163,14 +163,20 @@ impl Comparison {
         out
     }
 
+    /// Width of the path column: the longest path name (`stm@pipeline=1`), at least 18.
+    fn path_width(&self) -> usize {
+        self.paths.iter().map(|p| p.chars().count()).max().unwrap_or(0).max(18)
+    }
+
     fn matrix(&self, title: &str, value: impl Fn(&Cell) -> Option<String>) -> String {
-        let mut out = format!("{title}\n{:<18}", "path");
+        let w = self.path_width();
+        let mut out = format!("{title}\n{:<w$}", "path");
         for rw in &self.workloads {
             out.push_str(&format!("{:>11}", rw.name()));
         }
         out.push('\n');
         for path in &self.paths {
-            out.push_str(&format!("{path:<18}"));
+            out.push_str(&format!("{path:<w$}"));
             for &rw in &self.workloads {
                 let v = self.cell(path, rw).and_then(&value).unwrap_or_else(|| "-".into());
                 out.push_str(&format!("{v:>11}"));
@@ -206,8 +212,9 @@ impl Comparison {
             cell.result.measurements.share_of_peak().map(|s| format!("{:.0}%", s * 100.0))
         }));
         out.push('\n');
+        let w = self.path_width();
         out.push_str(&format!(
-            "{:<10} {:<18} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>10} {:>9}\n",
+            "{:<10} {:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>10} {:>9}\n",
             "workload",
             "path",
             "IOPS",
@@ -226,7 +233,7 @@ impl Comparison {
             let lat = m.latency_histogram();
             let q = |p: f64| if lat.is_empty() { "-".into() } else { format_ns(lat.value_at_quantile(p) as f64) };
             out.push_str(&format!(
-                "{:<10} {:<18} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6.2} {:>8.2} {:>9.2} {:>10} {:>9}\n",
+                "{:<10} {:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6.2} {:>8.2} {:>9.2} {:>10} {:>9}\n",
                 cell.rw.name(),
                 cell.path,
                 format_count(m.total_iops()),

@@ -19,6 +19,7 @@ fn compare_help() -> String {
          iopath compare                                   # seed 000's designs on the emulated DRAM-SSD\n  \
          iopath compare --workloads randread,randwrite --threads 16 --plot share.svg\n  \
          iopath compare --paths sync-path,sync-intr --threads 1 --device emu:nand\n  \
+         iopath compare --paths stm,stm@combine-polling=winner,2q,2q@pipeline=1 --workloads randwrite\n  \
          iopath compare --output-format json > compare.json\n  \
          iopath compare --device emu:nand --completions interrupt,poll,hybrid,adaptive --cpu-hogs 0,1,2\n",
         presets_help()
@@ -31,7 +32,8 @@ pub struct CompareArgs {
     /// Device spec, as for `bench`.
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
-    /// Comma-separated paths: presets or DISPATCH+COMPLETION
+    /// Comma-separated paths: presets or DISPATCH+COMPLETION, each optionally with
+    /// @knob=value (stm@combine-polling=winner)
     /// [default: scsi-intr,sync-path,stm,atm,htm,2q; sync-path with --completions].
     #[arg(long, value_delimiter = ',')]
     paths: Vec<String>,

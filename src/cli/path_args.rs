@@ -68,14 +68,47 @@ impl PathKnobs {
     }
 }
 
-/// Resolves a path from a preset name (or `dispatch+completion`) and optional
-/// overrides; returns it with the name to show.
+/// Knobs a path name may set after `@`, as `--help` names them.
+const PATH_KNOBS: &str =
+    "combine-polling, combine-budget, pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments";
+
+/// Applies one `knob=value` from a path name (`stm@combine-polling=winner`).
+fn apply_path_knob(path: &mut PathConfig, setting: &str) -> iopath::Result<()> {
+    let Some((knob, value)) = setting.split_once('=') else {
+        return Err(iopath::Error::spec("path knob", setting, format!("expected knob=value; knobs: {PATH_KNOBS}")));
+    };
+    let number = |what: &str| {
+        value.parse::<usize>().map_err(|_| iopath::Error::spec("path knob value", setting, format!("expected {what}")))
+    };
+    match knob {
+        "combine-polling" => path.combine_polling = CombinePolling::parse(value)?,
+        "combine-budget" => path.combine_budget = number("a number of batches")? as u32,
+        "pipeline" => path.pipeline = number("a number of commands")?,
+        "unplug-thresh" => path.unplug_thresh = Some(number("a number of requests")?),
+        "max-segments" => path.max_segments = Some(number("a number of segments")?),
+        "waiter-spin" => path.waiter_spin = Some(parse_duration_default_unit(value, 1e3)?),
+        "unplug-us" => path.unplug = Some(parse_duration_default_unit(value, 1e3)?),
+        _ => {
+            return Err(iopath::Error::spec("path knob", knob, format!("knobs a path name can set: {PATH_KNOBS}")));
+        }
+    }
+    Ok(())
+}
+
+/// Resolves a path from a preset name (or `dispatch+completion`), each
+/// optionally followed by `@knob=value` settings (`stm@combine-polling=winner`,
+/// so `compare` can put two settings of one design side by side), and
+/// optional overrides; returns it with the name to show.
 pub fn resolve_path(
     name: &str,
     dispatch: Option<&str>,
     completion: Option<&str>,
     knobs: &PathKnobs,
 ) -> iopath::Result<(PathConfig, String)> {
+    let (name, settings) = match name.split_once('@') {
+        Some((base, settings)) => (base, Some(settings)),
+        None => (name, None),
+    };
     let mut path = match name.split_once('+') {
         // DISPATCH+COMPLETION, or PRESET+COMPLETION (a preset's dispatch with another completion).
         Some((d, c)) => {
@@ -94,10 +127,16 @@ pub fn resolve_path(
         path.completion = CompletionKind::parse(c)?;
     }
     knobs.apply(&mut path);
-    let shown = match path.preset_name() {
+    for setting in settings.iter().flat_map(|s| s.split('@')) {
+        apply_path_knob(&mut path, setting)?;
+    }
+    let mut shown = match path.preset_name() {
         Some(preset) => preset.to_string(),
         None => path.label(),
     };
+    if let Some(settings) = settings {
+        shown = format!("{shown}@{settings}");
+    }
     Ok((path, shown))
 }
 
@@ -110,7 +149,10 @@ pub fn presets_help() -> String {
     text.push_str(
         "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  hybrid (sleep a learned share, then spin), adaptive (switch among them from measured costs\n  \
          and CPU contention; IOPATH_TRACE_ADAPTIVE=1 prints each decision to stderr).\n  \
-         --dispatch and --completion override either half of a preset.\n",
+         --dispatch and --completion override either half of a preset.\n  \
+         PATH@knob=value[@knob=value] sets knobs for that path alone, so compare can run two settings\n  \
+         side by side: --paths stm,stm@combine-polling=winner. Knobs: combine-polling, combine-budget,\n  \
+         pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments (as the flags below).\n",
     );
     text
 }
