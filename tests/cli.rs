@@ -342,6 +342,7 @@ fn compare_prints_matrices_json_and_a_chart() {
     let advice = &v["compare"]["advice"][0];
     assert_eq!(advice["workload"], "randwrite");
     assert_eq!(advice["fastest"], fastest.unwrap()["path"]);
+    assert!(advice["lowest_p99"].is_string() && advice["lowest_p99_9"].is_string(), "{advice}");
     // Each job is exactly what `bench` prints for that run.
     let jobs = v["jobs"].as_array().unwrap();
     assert_eq!(jobs[1]["iopath"]["dispatch"], "combine");

@@ -41,6 +41,10 @@ pub struct Advice {
     pub frugal: String,
     /// The path with the lowest p99 latency.
     pub lowest_p99: String,
+    /// The path with the lowest p99.9 latency: with more threads than CPUs a
+    /// spinning path can have the lowest p99 and starve one request in a
+    /// thousand for a time slice.
+    pub lowest_p99_9: String,
 }
 
 /// A finished comparison.
@@ -88,6 +92,12 @@ pub fn compare(
     Ok(Comparison { paths, workloads: workloads.to_vec(), cells, baseline })
 }
 
+/// A latency quantile of a cell, both directions together (`u64::MAX` if it has none).
+fn latency_quantile(cell: &Cell, q: f64) -> u64 {
+    let lat = cell.result.measurements.latency_histogram();
+    if lat.is_empty() { u64::MAX } else { lat.value_at_quantile(q) }
+}
+
 impl Comparison {
     /// The cell of a path and workload.
     pub fn cell(&self, path: &str, rw: Rw) -> Option<&Cell> {
@@ -103,10 +113,8 @@ impl Comparison {
 
     /// Which path to use, per workload.
     pub fn advice(&self) -> Vec<Advice> {
-        let p99 = |c: &Cell| {
-            let lat = c.result.measurements.latency_histogram();
-            if lat.is_empty() { u64::MAX } else { lat.value_at_quantile(0.99) }
-        };
+        let p99 = |c: &Cell| latency_quantile(c, 0.99);
+        let p99_9 = |c: &Cell| latency_quantile(c, 0.999);
         let iops = |c: &Cell| c.result.measurements.total_iops();
         self.workloads
             .iter()
@@ -122,11 +130,13 @@ impl Comparison {
                     })
                     .unwrap_or(fastest);
                 let lowest = cells.iter().copied().min_by_key(|c| p99(c))?;
+                let lowest_tail = cells.iter().copied().min_by_key(|c| p99_9(c))?;
                 Some(Advice {
                     rw,
                     fastest: fastest.path.clone(),
                     frugal: frugal.path.clone(),
                     lowest_p99: lowest.path.clone(),
+                    lowest_p99_9: lowest_tail.path.clone(),
                 })
             })
             .collect()
@@ -155,8 +165,19 @@ impl Comparison {
                     format_ns(fast.cpu_ns_per_io()),
                 ));
             }
+            let quantile = |path: &str, q: f64| {
+                self.cell(path, a.rw).map_or("-".to_string(), |c| format_ns(latency_quantile(c, q) as f64))
+            };
             if a.lowest_p99 != a.fastest {
-                out.push_str(&format!("; lowest p99: {}", a.lowest_p99));
+                out.push_str(&format!(
+                    "; lowest p99: {} ({}, p99.9 {})",
+                    a.lowest_p99,
+                    quantile(&a.lowest_p99, 0.99),
+                    quantile(&a.lowest_p99, 0.999)
+                ));
+            }
+            if a.lowest_p99_9 != a.lowest_p99 {
+                out.push_str(&format!("; lowest p99.9: {} ({})", a.lowest_p99_9, quantile(&a.lowest_p99_9, 0.999)));
             }
             out.push('\n');
         }
@@ -284,6 +305,7 @@ impl Comparison {
                     "fastest": a.fastest,
                     "frugal": a.frugal,
                     "lowest_p99": a.lowest_p99,
+                    "lowest_p99_9": a.lowest_p99_9,
                 })).collect::<Vec<_>>(),
             },
         })
