@@ -21,10 +21,13 @@ pub fn grouped_bars(
     max: f64,
     label: fn(f64) -> String,
 ) -> String {
-    let (left, top, plot_h, bar_w, gap) = (60.0, 40.0, 300.0, 18.0, 24.0);
+    let (left, top, plot_h, bar_w, gap): (f64, f64, f64, f64, f64) = (60.0, 40.0, 300.0, 18.0, 24.0);
     let group_w = bar_w * series.len() as f64 + gap;
-    let width = left + group_w * groups.len() as f64 + 170.0;
-    let height = top + plot_h + 60.0;
+    // The legend fits the longest series name (about 6.5 px per character at
+    // 11 px): `stm@combine-polling=winner` ran off a fixed margin.
+    let longest = series.iter().map(|s| s.chars().count()).max().unwrap_or(0) as f64;
+    let width = left + group_w * groups.len() as f64 + 20.0 + 18.0 + 6.5 * longest + 20.0;
+    let height = (top + plot_h + 60.0).max(top + 16.0 * series.len() as f64 + 20.0);
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
          font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -86,6 +89,19 @@ pub fn grouped_bars(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_legend_fits_long_series_names() {
+        let width = |series: &[String]| {
+            let svg = grouped_bars("t", &["g".to_string()], series, |_, _| 1.0, 1.0, |v| format!("{v}"));
+            let w = svg.split("width=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+            w.parse::<f64>().unwrap()
+        };
+        let short = width(&["stm".to_string()]);
+        let long = width(&["stm".to_string(), "stm@combine-polling=winner@pipeline=1".to_string()]);
+        // The second bar adds 18 px; the rest is room for the name.
+        assert!(long - short - 18.0 > 6.0 * 30.0, "{short} -> {long}");
+    }
 
     #[test]
     fn chart_has_a_bar_per_cell_and_escapes_text() {
