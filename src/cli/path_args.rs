@@ -82,7 +82,11 @@ fn apply_path_knob(path: &mut PathConfig, setting: &str) -> iopath::Result<()> {
     };
     match knob {
         "combine-polling" => path.combine_polling = CombinePolling::parse(value)?,
-        "combine-budget" => path.combine_budget = number("a number of batches")? as u32,
+        "combine-budget" => {
+            path.combine_budget = value.parse().map_err(|_| {
+                iopath::Error::spec("path knob value", setting, "expected a number of batches (at most 4294967295)")
+            })?
+        }
         "pipeline" => path.pipeline = number("a number of commands")?,
         "unplug-thresh" => path.unplug_thresh = Some(number("a number of requests")?),
         "max-segments" => path.max_segments = Some(number("a number of segments")?),

@@ -300,8 +300,8 @@ impl UringQueue {
         let mut builder = IoUring::builder();
         builder.setup_cqsize(SQ_ENTRIES * 2);
         // A ring shared by threads taking turns cannot be tied to one issuer: its
-        // completions are posted by task work on whichever thread submitted, which the
-        // kernel then interrupts or wakes (plain task work) to post them.
+        // completions are posted by task work on whichever thread submitted, run at that
+        // thread's next kernel entry (cooperative; a sleeping one is woken for it).
         let taskrun = match shared.config.taskrun {
             TaskRun::Defer if config.shared => TaskRun::Coop,
             taskrun => taskrun,

@@ -305,7 +305,8 @@ impl Combine {
     /// may sleep: whoever held it either serves its request or wakes somebody
     /// who will.
     fn hand_off(&self, role: MutexGuard<'_, Role>) {
-        let successor = self.pending.peek().or_else(|| role.server.outstanding_waiter()).map(|w| w.owner_doorbell());
+        let successor =
+            self.pending.peek().or_else(|| role.server.outstanding_waiters().next()).map(|w| w.owner_doorbell());
         self.roved.store(false, Ordering::Relaxed);
         drop(role);
         fence(Ordering::SeqCst);
@@ -347,7 +348,12 @@ impl Combine {
         if device.done_len() > 0 {
             server.finish_done_by(device, Arc::as_ptr(channel.doorbell()));
         }
-        self.roved.store(server.in_flight() > 0 || server.has_work(&self.pending), Ordering::Relaxed);
+        // Written only when it changes: every spinner's step would otherwise write this
+        // shared line.
+        let left_work = server.in_flight() > 0 || server.has_work(&self.pending);
+        if self.roved.load(Ordering::Relaxed) != left_work {
+            self.roved.store(left_work, Ordering::Relaxed);
+        }
         Ok(())
     }
 

@@ -132,14 +132,9 @@ impl Server {
         self.batches.iter().map(|b| b.submitted_ns).min()
     }
 
-    /// A request taken and not yet completed (in the backlog or in the
-    /// device), if any. Only the holder of the serving role may call this,
-    /// and only use the result while it holds the role.
-    pub fn outstanding_waiter(&self) -> Option<&Waiter> {
-        self.outstanding_waiters().next()
-    }
-
-    /// Every request taken and not yet completed (see [`Server::outstanding_waiter`]).
+    /// Every request taken and not yet completed (in the backlog or in the
+    /// device). Only the holder of the serving role may call this, and only
+    /// use the result while it holds the role.
     pub fn outstanding_waiters(&self) -> impl Iterator<Item = &Waiter> {
         let unsent = self.taken.get(self.sent..).unwrap_or_default();
         // SAFETY: taken from a PendingList and not yet completed, so alive (see above).
@@ -270,10 +265,9 @@ impl Server {
     }
 
     /// Like [`Server::finish_done`], for a serving thread whose own channel
-    /// (doorbell `completer`) is not `channel`: its own requests are completed
+    /// (doorbell `me`) is not `channel`: its own requests are completed
     /// without ringing anybody (the address is only compared).
-    pub fn finish_done_by(&mut self, channel: &mut Channel, completer: *const Doorbell) -> usize {
-        let me = completer;
+    pub fn finish_done_by(&mut self, channel: &mut Channel, me: *const Doorbell) -> usize {
         let mut finished = 0;
         while let Some(command) = channel.pop_done() {
             let Some(pos) = self.batches.iter().position(|b| b.tag == command.tag) else {
@@ -338,7 +332,9 @@ impl Server {
     pub fn wait(&mut self, channel: &mut Channel, timeout_ns: Option<u64>, limit_ns: u64) -> Result<bool> {
         let limit = self.wait_limit(timeout_ns, limit_ns);
         let got = channel.wait_any(limit)?;
-        self.expire_after_wait(got, timeout_ns);
+        if !got {
+            self.expire(timeout_ns);
+        }
         Ok(got)
     }
 
@@ -354,7 +350,9 @@ impl Server {
     ) -> Result<bool> {
         let limit = self.wait_limit(timeout_ns, limit_ns);
         let got = waiter.wait_any_on(device, limit)?;
-        self.expire_after_wait(got, timeout_ns);
+        if !got {
+            self.expire(timeout_ns);
+        }
         Ok(got)
     }
 
@@ -363,12 +361,6 @@ impl Server {
         match (timeout_ns, self.oldest_submitted_ns()) {
             (Some(t), Some(oldest)) => limit_ns.min(oldest.saturating_add(t)),
             _ => limit_ns,
-        }
-    }
-
-    fn expire_after_wait(&mut self, got: bool, timeout_ns: Option<u64>) {
-        if !got {
-            self.expire(timeout_ns);
         }
     }
 
