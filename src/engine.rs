@@ -62,7 +62,7 @@ impl Engine {
         if path.pipeline == 0 {
             return Err(Error::spec("pipeline", "0", "at least one command must be allowed in the device"));
         }
-        let timeout_ns = capabilities.timed.then_some(path.timeout.as_nanos() as u64);
+        let timeout_ns = path.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let dispatch = path.dispatch.build(&device, path.completion, &path, timeout_ns)?;
         Ok(Engine {
             shared: Arc::new(Shared {
@@ -171,7 +171,7 @@ impl Handle {
         let queue_depth = (queue_depth as u32).min(caps.queue_depth);
         let polled = shared.path.completion != crate::path::CompletionKind::Interrupt;
         let queue = shared.device.open_queue(&QueueConfig { depth: queue_depth, registered, polled, shared: false })?;
-        let timeout_ns = caps.timed.then(|| shared.path.timeout.as_nanos() as u64);
+        let timeout_ns = shared.path.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let mut channel = Channel::new(
             queue,
             shared.path.completion,

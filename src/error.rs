@@ -109,8 +109,9 @@ pub enum Error {
 
     /// A request did not complete within the engine's timeout.
     #[error(
-        "{op} at offset {offset} did not complete within {timeout_ms} ms; the device may be \
-         hung (raise the timeout with timeout=MS in the path options if it is just slow)"
+        "{op} at offset {offset} did not complete within {timeout_ms} ms and the device was asked \
+         to cancel it; the device may be hung (if it is just slow, raise the limit with --timeout, \
+         e.g. --timeout 60s, or PathConfig::timeout in the library)"
     )]
     Timeout {
         /// "read", "write" or "flush".

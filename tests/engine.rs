@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::within_two_minutes;
+
 use iopath::device::{Op, open_device};
 use iopath::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig};
 use iopath::{Engine, Error, HandleOptions, IoBuf};
@@ -25,22 +27,6 @@ fn all_paths() -> Vec<PathConfig> {
         }
     }
     out
-}
-
-/// Runs `f` on another thread and fails (instead of hanging the test run) if
-/// it has not finished after a generous two minutes.
-fn within_two_minutes(what: &str, f: impl FnOnce() + Send + 'static) {
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        f();
-        let _ = done_tx.send(());
-    });
-    match done_rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(()) => worker.join().unwrap(),
-        // The worker panicked: re-raise its panic.
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => std::panic::resume_unwind(worker.join().unwrap_err()),
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still not finished after 2 minutes: hung"),
-    }
 }
 
 fn pattern(thread: usize, round: usize, block: usize, len: usize) -> IoBuf {

@@ -88,6 +88,12 @@ fn iopath_object(r: &BenchResult) -> Value {
             "merge_wait_ns_mean": m.merge_wait_ns_mean(),
         },
         "device_commands": m.device.commands,
+        "errors": {
+            "queue_errors": m.path.queue_errors,
+            "cancels": m.path.cancels,
+            "faults_injected": m.device.faults_injected,
+            "ownership_violations": m.device.ownership_violations,
+        },
         "hogs": m.hogs.map_or(Value::Null, |h| json!({
             "count": h.count,
             "duty_pct": h.duty_pct,

@@ -7,19 +7,17 @@
 //! passes the deadline; a wait is a real timer sleep until the deadline, so an
 //! emulated interrupt costs what a wake-up costs on this machine.
 //!
-//! Fault injection is part of the device: fail the Nth command, fail every
-//! segment that touches an offset range, fail segments at a random rate, add
-//! latency spikes, or never complete the Nth command.
+//! Faults are injected by the [`fault`](super::fault) wrapper, which works on
+//! every backend (`emu:dram-ssd,fail_rate=0.01` wraps this device).
 
 use super::model::{Model, ModelParams, Preset, preset, presets};
 use super::spec::Options;
 use super::store::Store;
-use super::{Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
+use super::{Cancel, Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
 use crate::clock::{now_ns, sleep_until_ns};
 use crate::error::Result;
 use crate::units::format_size;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Segments one emulated command may carry (the seed's Block Control Table).
@@ -27,36 +25,6 @@ pub const MAX_SEGMENTS: usize = 1024;
 /// Largest segment the emulated device takes.
 pub const MAX_SEGMENT_BYTES: u32 = 1 << 20;
 const DEFAULT_SIZE: u64 = 1 << 30;
-
-/// Injected faults. All off by default.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FaultConfig {
-    /// The Nth command (1-based) fails as a whole.
-    pub fail_nth: Option<u64>,
-    /// Segments that overlap `[start, end)` fail; the rest of their command succeeds.
-    pub fail_range: Option<(u64, u64)>,
-    /// Each segment fails with this probability.
-    pub fail_rate: f64,
-    /// The errno injected failures report (default EIO).
-    pub errno: i32,
-    /// Each command is delayed by `spike_ns` with this probability.
-    pub spike_rate: f64,
-    /// Extra latency of a spike.
-    pub spike_ns: u64,
-    /// The Nth command (1-based) never completes.
-    pub hang_nth: Option<u64>,
-    /// Submitting the Nth command (1-based) panics: stands in for a bug in a
-    /// backend, to test that the path around it fails requests, not hangs.
-    pub panic_nth: Option<u64>,
-    /// Seed of the fault dice.
-    pub seed: u64,
-}
-
-impl FaultConfig {
-    fn any_random(&self) -> bool {
-        self.fail_rate > 0.0 || self.spike_rate > 0.0
-    }
-}
 
 /// Everything needed to open an emulated device.
 #[derive(Debug, Clone)]
@@ -71,32 +39,10 @@ pub struct EmuConfig {
     pub file: Option<PathBuf>,
     /// Allocate the memory store up front so no request pays a page fault (default on).
     pub populate: bool,
-    /// Injected faults.
-    pub faults: FaultConfig,
 }
 
-const KNOWN: &[&str] = &[
-    "size",
-    "file",
-    "slots",
-    "channels",
-    "cmd",
-    "xfer",
-    "rcmd",
-    "rxfer",
-    "wcmd",
-    "wxfer",
-    "flush",
-    "fail_nth",
-    "fail_range",
-    "fail_rate",
-    "errno",
-    "spike_rate",
-    "spike",
-    "hang_nth",
-    "panic_nth",
-    "seed",
-];
+const KNOWN: &[&str] =
+    &["size", "file", "slots", "channels", "cmd", "xfer", "rcmd", "rxfer", "wcmd", "wxfer", "flush", "populate"];
 
 impl EmuConfig {
     /// Parses `PRESET` and the options of an `emu:` spec.
@@ -154,35 +100,9 @@ impl EmuConfig {
         // memory costs ~1-20 µs here, paid by whichever thread copies the data (the
         // merging paths' serving thread), which cost STM ~3% of peak on writes.
         let populate = opts.take_bool("populate")?.unwrap_or(true);
-        let faults = parse_faults(&mut opts)?;
         opts.finish(KNOWN)?;
-        Ok(EmuConfig { preset: name.to_string(), params, size, file, populate, faults })
+        Ok(EmuConfig { preset: name.to_string(), params, size, file, populate })
     }
-}
-
-fn parse_faults(opts: &mut Options) -> Result<FaultConfig> {
-    let mut f = FaultConfig { errno: libc::EIO, ..FaultConfig::default() };
-    f.fail_nth = opts.take_num("fail_nth")?;
-    f.hang_nth = opts.take_num("hang_nth")?;
-    f.panic_nth = opts.take_num("panic_nth")?;
-    if let Some(range) = opts.take("fail_range") {
-        let (a, b) =
-            range.split_once('-').ok_or_else(|| opts.error("fail_range must be START-END, e.g. fail_range=4k-8k"))?;
-        let (a, b) = (crate::units::parse_size(a)?, crate::units::parse_size(b)?);
-        if a >= b {
-            return Err(opts.error("fail_range START must be below END"));
-        }
-        f.fail_range = Some((a, b));
-    }
-    f.fail_rate = opts.take_num("fail_rate")?.unwrap_or(0.0);
-    f.spike_rate = opts.take_num("spike_rate")?.unwrap_or(0.0);
-    if !(0.0..=1.0).contains(&f.fail_rate) || !(0.0..=1.0).contains(&f.spike_rate) {
-        return Err(opts.error("fail_rate and spike_rate are probabilities between 0 and 1"));
-    }
-    f.spike_ns = opts.take_micros("spike")?.map(|d| d.as_nanos() as u64).unwrap_or(100_000);
-    f.errno = opts.take_num("errno")?.unwrap_or(libc::EIO);
-    f.seed = opts.take_num("seed")?.unwrap_or(0x10_9a7);
-    Ok(f)
 }
 
 struct Counters {
@@ -194,7 +114,6 @@ struct Shared {
     config: EmuConfig,
     counters: Mutex<Counters>,
     store: Store,
-    queues_opened: AtomicU64,
 }
 
 /// The emulated SSD.
@@ -210,14 +129,7 @@ impl EmuDevice {
             None => Store::memory(config.size, config.populate)?,
         };
         let counters = Counters { model: Model::new(config.params.clone()), stats: DeviceStats::default() };
-        Ok(EmuDevice {
-            shared: Arc::new(Shared {
-                config: config.clone(),
-                counters: Mutex::new(counters),
-                store,
-                queues_opened: AtomicU64::new(0),
-            }),
-        })
+        Ok(EmuDevice { shared: Arc::new(Shared { config: config.clone(), counters: Mutex::new(counters), store }) })
     }
 }
 
@@ -265,12 +177,9 @@ impl Device for EmuDevice {
     }
 
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>> {
-        let id = self.shared.queues_opened.fetch_add(1, Ordering::Relaxed);
-        let faults = &self.shared.config.faults;
         Ok(Box::new(EmuQueue {
             shared: Arc::clone(&self.shared),
             in_flight: Vec::with_capacity(config.depth as usize),
-            rng: fastrand::Rng::with_seed(faults.seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         }))
     }
 
@@ -288,34 +197,27 @@ struct EmuQueue {
     shared: Arc<Shared>,
     /// (deadline, command), unordered: queues are shallow, a scan is cheapest.
     in_flight: Vec<(u64, Command)>,
-    rng: fastrand::Rng,
 }
 
 impl EmuQueue {
     /// Schedules the command on the shared model; returns (deadline, command number).
-    fn schedule(&self, now: u64, command: &Command) -> (u64, u64) {
+    fn schedule(&self, now: u64, command: &Command) -> u64 {
         let mut c = self.shared.counters.lock().expect("emu counters poisoned");
         let ranges = command.segments.iter().map(|s| (s.offset, s.len as u64));
         let schedule = c.model.schedule(now, command.op, ranges);
         c.stats.commands += 1;
         c.stats.segments += command.segments.len() as u64;
         c.stats.bytes += command.bytes();
-        (schedule.deadline_ns, c.stats.commands)
+        schedule.deadline_ns
     }
 
-    /// Moves the data of every segment that is in range and not failed by injection.
+    /// Moves the data of every segment that is in range.
     fn transfer(&mut self, command: &mut Command) {
         let store = &self.shared.store;
-        let faults = &self.shared.config.faults;
         for seg in &mut command.segments {
             let end = seg.offset.checked_add(seg.len as u64);
             if seg.len == 0 || end.is_none_or(|e| e > store.len()) {
                 seg.result = -libc::EINVAL;
-                continue;
-            }
-            let hit_range = faults.fail_range.is_some_and(|(a, b)| seg.offset < b && seg.offset + seg.len as u64 > a);
-            if hit_range || (faults.fail_rate > 0.0 && self.rng.f64() < faults.fail_rate) {
-                seg.result = -faults.errno;
                 continue;
             }
             // SAFETY: the range was checked against the store; the submitter guarantees the
@@ -335,20 +237,8 @@ impl EmuQueue {
 impl Queue for EmuQueue {
     unsafe fn submit(&mut self, mut command: Command) {
         let now = now_ns();
-        let (mut deadline, number) = self.schedule(now, &command);
-        let faults = &self.shared.config.faults;
-        assert!(faults.panic_nth != Some(number), "panic_nth={number}: injected panic in the emulated device");
-        if faults.hang_nth == Some(number) {
-            // Never completes; its buffers are never touched.
-            self.in_flight.push((u64::MAX, command));
-            return;
-        }
-        if faults.any_random() && faults.spike_rate > 0.0 && self.rng.f64() < faults.spike_rate {
-            deadline += faults.spike_ns;
-        }
-        if faults.fail_nth == Some(number) {
-            command.fail_all(faults.errno);
-        } else if command.op == Op::Flush {
+        let deadline = self.schedule(now, &command);
+        if command.op == Op::Flush {
             command.result = match self.shared.store.flush() {
                 Ok(()) => 0,
                 Err(_) => -libc::EIO,
@@ -405,6 +295,18 @@ impl Queue for EmuQueue {
     fn next_deadline_ns(&self) -> Option<u64> {
         self.in_flight.iter().map(|(d, _)| *d).min()
     }
+
+    fn cancel(&mut self, which: Cancel) -> Result<()> {
+        // The data moved at submission; a cancelled command comes back at once, failed.
+        let now = now_ns();
+        for (deadline, command) in &mut self.in_flight {
+            if (which == Cancel::All || which == Cancel::Tag(command.tag)) && *deadline > now {
+                *deadline = now;
+                command.fail_all(libc::ECANCELED);
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -412,7 +314,9 @@ mod tests {
     use super::*;
 
     fn open(spec: &str) -> EmuDevice {
-        let super::super::DeviceSpec::Emu(c) = super::super::DeviceSpec::parse(spec, None).unwrap() else { panic!() };
+        let super::super::spec::Backend::Emu(c) = super::super::DeviceSpec::parse(spec, None).unwrap().backend else {
+            panic!()
+        };
         EmuDevice::open(&c).unwrap()
     }
 
@@ -450,40 +354,19 @@ mod tests {
     }
 
     #[test]
-    fn range_fault_fails_only_the_segments_it_touches() {
-        let dev = open("emu:null,size=1m,fail_range=8k-12k");
-        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
-        let mut bufs = vec![0u8; 4 * 4096];
-        let mut cmd = Command::with_capacity(4);
-        cmd.reset(Op::Read, 1);
-        for i in 0..4u64 {
-            cmd.push(i * 4096, bufs[i as usize * 4096..].as_mut_ptr(), 4096);
-        }
-        let done = run(q.as_mut(), cmd);
-        let results: Vec<i32> = done.segments.iter().map(|s| s.result).collect();
-        assert_eq!(results, vec![4096, 4096, -libc::EIO, 4096]);
-    }
-
-    #[test]
-    fn nth_command_fails_whole_and_hang_never_completes() {
-        let dev = open("emu:null,size=1m,fail_nth=2,hang_nth=3");
+    fn a_cancelled_command_comes_back_at_once_failed() {
+        let dev = open("emu:custom,size=1m,cmd=1s");
         let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
         let mut buf = vec![0u8; 4096];
-        let mut cmds = Vec::new();
-        for tag in 1..=3 {
-            let mut cmd = Command::with_capacity(1);
-            cmd.reset(Op::Read, tag);
-            cmd.push(0, buf.as_mut_ptr(), 4096);
-            cmds.push(cmd);
-        }
-        let mut it = cmds.into_iter();
-        assert_eq!(run(q.as_mut(), it.next().unwrap()).segments[0].result, 4096);
-        assert_eq!(run(q.as_mut(), it.next().unwrap()).segments[0].result, -libc::EIO);
-        // SAFETY: a hung command never touches its buffer.
-        unsafe { q.submit(it.next().unwrap()) };
+        let mut cmd = Command::with_capacity(1);
+        cmd.reset(Op::Read, 5);
+        cmd.push(0, buf.as_mut_ptr(), 4096);
+        // SAFETY: the buffer outlives the wait below.
+        unsafe { q.submit(cmd) };
+        q.cancel(Cancel::Tag(5)).unwrap();
         let mut out = Vec::new();
-        assert_eq!(q.wait(&mut out, 2_000_000).unwrap(), 0);
-        assert_eq!(q.in_flight(), 1);
+        assert_eq!(q.reap(&mut out).unwrap(), 1);
+        assert_eq!(out[0].segments[0].result, -libc::ECANCELED);
     }
 
     #[test]
@@ -513,8 +396,11 @@ mod tests {
         assert!(e.contains("dram-ssd"), "{e}");
         assert!(DeviceSpec::parse("emu:dram-ssd,slots=0", None).is_err());
         assert!(DeviceSpec::parse("emu:dram-ssd,xfer=fast", None).is_err());
-        assert!(DeviceSpec::parse("emu:dram-ssd,fail_rate=2", None).is_err());
-        let DeviceSpec::Emu(c) = DeviceSpec::parse("emu:dram-ssd,size=4g,xfer=3us", None).unwrap() else { panic!() };
+        let super::super::spec::Backend::Emu(c) =
+            DeviceSpec::parse("emu:dram-ssd,size=4g,xfer=3us", None).unwrap().backend
+        else {
+            panic!()
+        };
         assert_eq!(c.size, 4 << 30);
         assert_eq!(c.params.read.xfer_ns, 3000.0);
         assert_eq!(c.params.read.cmd_ns, 1520.0);

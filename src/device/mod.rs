@@ -18,6 +18,7 @@
 //! (no device time, no data), [`psync`] (pread/pwrite), [`uring`] (io_uring).
 
 pub mod emu;
+pub mod fault;
 pub mod model;
 pub mod null;
 pub mod psync;
@@ -152,6 +153,12 @@ pub struct DeviceStats {
     pub bytes: u64,
     /// Nanoseconds with at least one command in service (timed devices only).
     pub busy_ns: u64,
+    /// Faults injected by the [`fault`] wrapper.
+    pub faults_injected: u64,
+    /// Times the [`fault`] wrapper's audit found a buffer changed while the
+    /// device owned it (a path that handed memory back too early): always 0
+    /// unless there is a bug.
+    pub ownership_violations: u64,
 }
 
 impl DeviceStats {
@@ -162,6 +169,8 @@ impl DeviceStats {
             segments: self.segments - earlier.segments,
             bytes: self.bytes - earlier.bytes,
             busy_ns: self.busy_ns - earlier.busy_ns,
+            faults_injected: self.faults_injected - earlier.faults_injected,
+            ownership_violations: self.ownership_violations - earlier.ownership_violations,
         }
     }
 }
@@ -189,7 +198,7 @@ impl Counters {
             commands: self.commands.load(Ordering::Relaxed),
             segments: self.segments.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
-            busy_ns: 0,
+            ..DeviceStats::default()
         }
     }
 }
@@ -283,7 +292,25 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// Which commands [`Queue::cancel`] asks the device to give up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// The command with this tag.
+    Tag(u64),
+    /// Every command in flight.
+    All,
+}
+
 /// One thread's channel to a device.
+///
+/// Ownership rule, the one every path relies on: from [`Queue::submit`]
+/// until the command is handed back by [`Queue::reap`] or [`Queue::wait`],
+/// the device owns the command's buffers and may read or write them at any
+/// moment. No error changes that. A failed `commit` hands the commands the
+/// device did not take back failed; a failed `reap` or `wait` leaves every
+/// command in flight (try again); a timeout is a [`Queue::cancel`] followed
+/// by more waiting. So a caller frees or reuses a buffer only after its
+/// command came back.
 pub trait Queue: Send {
     /// Hands a command to the device. It is returned by [`Queue::reap`] or
     /// [`Queue::wait`] with every segment's `result` set; a command the device
@@ -299,16 +326,30 @@ pub trait Queue: Send {
     unsafe fn submit(&mut self, command: Command);
     /// Makes submitted commands visible to the device (one `io_uring_enter`
     /// for a whole batch); a no-op for backends that start commands at once.
+    /// On an error, every submitted command the device did not accept is
+    /// handed back failed by the next `reap`/`wait`, and the ones it did
+    /// accept complete as usual: the caller goes on reaping either way.
     fn commit(&mut self) -> Result<()>;
     /// Moves completed commands into `out` without blocking; returns how many.
+    /// An error hands nothing back and leaves every command in flight.
     fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize>;
     /// Blocks until at least one command completes or `timeout_ns` passes
     /// (an interrupt-driven wait), then moves completed commands into `out`.
+    /// An error leaves every command in flight, as for `reap`.
     fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize>;
     /// Commands submitted and not yet reaped.
     fn in_flight(&self) -> usize;
     /// When the earliest in-flight command is expected to complete, if known.
     fn next_deadline_ns(&self) -> Option<u64> {
         None
+    }
+    /// Asks the device to give up on commands (a request timed out). It is a
+    /// request, not a release: each command still comes back through `reap`
+    /// or `wait`, with `-ECANCELED` in what the device gave up on, or with
+    /// its real results if it had finished or cannot be stopped (O_DIRECT
+    /// block I/O under way usually cannot). Only then are its buffers free.
+    fn cancel(&mut self, which: Cancel) -> Result<()> {
+        let _ = which;
+        Ok(())
     }
 }

@@ -3,9 +3,11 @@
 //!
 //! Each backend parses its own options (in its own file) from an
 //! [`Options`] list; a key no backend takes is an error that lists the keys
-//! that would have been accepted.
+//! that would have been accepted. The fault-injection options
+//! ([`fault::KNOWN`]) are taken first, from any backend's spec, and wrap the
+//! device in a [`FaultDevice`](fault::FaultDevice).
 
-use super::{Device, emu, null, psync, uring};
+use super::{Device, emu, fault, null, psync, uring};
 use crate::error::{Error, Result};
 use crate::units::{parse_duration_default_unit, parse_size};
 use std::sync::Arc;
@@ -85,15 +87,30 @@ impl Options {
             Some((key, _)) => Err(Error::spec(
                 "device spec",
                 self.spec.clone(),
-                format!("unknown option '{key}' for {}; known options: {}", self.backend, known.join(", ")),
+                format!(
+                    "unknown option '{key}' for {}; known options: {}; fault injection (any device): {}",
+                    self.backend,
+                    known.join(", "),
+                    fault::KNOWN.join(", ")
+                ),
             )),
         }
     }
 }
 
-/// A parsed device spec.
+/// A parsed device spec: a backend and, if any fault option was given, the
+/// faults to inject around it.
 #[derive(Debug, Clone)]
-pub enum DeviceSpec {
+pub struct DeviceSpec {
+    /// The backend and its options.
+    pub backend: Backend,
+    /// Faults to inject (and the ownership audit); `None` leaves the device unwrapped.
+    pub faults: Option<fault::FaultConfig>,
+}
+
+/// The backends iopath knows.
+#[derive(Debug, Clone)]
+pub enum Backend {
     /// The emulated SSD.
     Emu(emu::EmuConfig),
     /// No device time, no data.
@@ -108,39 +125,70 @@ impl DeviceSpec {
     /// Parses a spec string. `default_size` (the benchmark's `--size`) sizes
     /// emulated devices and files that must be created.
     pub fn parse(spec: &str, default_size: Option<u64>) -> Result<DeviceSpec> {
-        let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
+        // `emu:dram-ssd,k=v`, `null`, `null:size=1g` and `null,size=1g` all work.
+        let (kind, rest) = match spec.find([':', ',']) {
+            Some(i) if spec.as_bytes()[i] == b':' => (&spec[..i], &spec[i + 1..]),
+            Some(i) => (&spec[..i], &spec[i..]),
+            None => (spec, ""),
+        };
         let mut fields: Vec<&str> = rest.split(',').collect();
         let first = if fields.is_empty() { "" } else { fields.remove(0) };
-        match kind {
+        let options = |backend: &'static str, fields: &[&str]| -> Result<(Options, Option<fault::FaultConfig>)> {
+            let mut opts = Options::parse(backend, spec, fields)?;
+            let faults = fault::FaultConfig::take(&mut opts)?;
+            Ok((opts, faults))
+        };
+        let (backend, faults) = match kind {
             "emu" => {
-                emu::EmuConfig::parse(first, Options::parse("emu", spec, &fields)?, default_size).map(DeviceSpec::Emu)
+                let (opts, faults) = options("emu", &fields)?;
+                (Backend::Emu(emu::EmuConfig::parse(first, opts, default_size)?), faults)
             }
             "null" => {
-                // `null` and `null:size=1g` both work.
                 let mut all = fields.clone();
                 all.insert(0, first);
-                null::NullConfig::parse(Options::parse("null", spec, &all)?, default_size).map(DeviceSpec::Null)
+                let (opts, faults) = options("null", &all)?;
+                (Backend::Null(null::NullConfig::parse(opts, default_size)?), faults)
             }
-            "uring" => uring::UringConfig::parse(first, Options::parse("uring", spec, &fields)?, default_size)
-                .map(DeviceSpec::Uring),
-            "psync" => psync::PsyncConfig::parse(first, Options::parse("psync", spec, &fields)?, default_size)
-                .map(DeviceSpec::Psync),
-            _ => Err(Error::spec(
-                "device spec",
-                spec,
-                "expected emu:PRESET[,k=v] (presets: dram-ssd, optane, zssd, nand, null, custom), null, \
-                 uring:PATH[,k=v] or psync:PATH[,k=v]",
-            )),
+            "uring" => {
+                let (opts, faults) = options("uring", &fields)?;
+                (Backend::Uring(uring::UringConfig::parse(first, opts, default_size)?), faults)
+            }
+            "psync" => {
+                let (opts, faults) = options("psync", &fields)?;
+                (Backend::Psync(psync::PsyncConfig::parse(first, opts, default_size)?), faults)
+            }
+            _ => {
+                return Err(Error::spec(
+                    "device spec",
+                    spec,
+                    "expected emu:PRESET[,k=v] (presets: dram-ssd, optane, zssd, nand, null, custom), null, \
+                     uring:PATH[,k=v] or psync:PATH[,k=v]",
+                ));
+            }
+        };
+        Ok(DeviceSpec { backend, faults })
+    }
+
+    /// The target file or block device of a `uring:`/`psync:` spec, if any.
+    pub fn target_mut(&mut self) -> Option<&mut super::target::TargetConfig> {
+        match &mut self.backend {
+            Backend::Uring(c) => Some(&mut c.target),
+            Backend::Psync(c) => Some(&mut c.target),
+            Backend::Emu(_) | Backend::Null(_) => None,
         }
     }
 
-    /// Opens the device.
+    /// Opens the device (wrapped for fault injection when faults were given).
     pub fn open(&self) -> Result<Arc<dyn Device>> {
-        Ok(match self {
-            DeviceSpec::Emu(c) => Arc::new(emu::EmuDevice::open(c)?),
-            DeviceSpec::Null(c) => Arc::new(null::NullDevice::new(c)),
-            DeviceSpec::Uring(c) => Arc::new(uring::UringDevice::open(c)?),
-            DeviceSpec::Psync(c) => Arc::new(psync::PsyncDevice::open(c)?),
+        let device: Arc<dyn Device> = match &self.backend {
+            Backend::Emu(c) => Arc::new(emu::EmuDevice::open(c)?),
+            Backend::Null(c) => Arc::new(null::NullDevice::new(c)),
+            Backend::Uring(c) => Arc::new(uring::UringDevice::open(c)?),
+            Backend::Psync(c) => Arc::new(psync::PsyncDevice::open(c)?),
+        };
+        Ok(match &self.faults {
+            Some(faults) => Arc::new(fault::FaultDevice::new(device, faults.clone())),
+            None => device,
         })
     }
 }
@@ -179,8 +227,19 @@ mod tests {
 
     #[test]
     fn null_takes_size() {
-        let DeviceSpec::Null(c) = DeviceSpec::parse("null:size=2g", None).unwrap() else { panic!() };
+        let Backend::Null(c) = DeviceSpec::parse("null:size=2g", None).unwrap().backend else { panic!() };
         assert_eq!(c.size, 2 << 30);
-        assert!(matches!(DeviceSpec::parse("null", None).unwrap(), DeviceSpec::Null(_)));
+        assert!(matches!(DeviceSpec::parse("null", None).unwrap().backend, Backend::Null(_)));
+    }
+
+    #[test]
+    fn fault_options_work_on_every_backend() {
+        for spec in
+            ["emu:dram-ssd,fail_nth=3", "null,commit_fail_rate=0.5", "uring:/x,wait_fail_nth=2", "psync:/x,audit=1"]
+        {
+            let parsed = DeviceSpec::parse(spec, None).unwrap();
+            assert!(parsed.faults.is_some(), "{spec}");
+        }
+        assert!(DeviceSpec::parse("emu:dram-ssd", None).unwrap().faults.is_none());
     }
 }

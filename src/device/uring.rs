@@ -24,9 +24,10 @@
 
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
-use super::{Capabilities, Command, Counters, Device, DeviceStats, Op, Queue, QueueConfig};
+use super::{Cancel, Capabilities, Command, Counters, Device, DeviceStats, Op, Queue, QueueConfig};
 use crate::error::{Error, Result};
 use io_uring::{IoUring, opcode, squeue, types};
+use std::collections::VecDeque;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,8 @@ use std::sync::{Arc, Mutex};
 pub const MAX_SEGMENTS: usize = 256;
 const SQ_ENTRIES: u32 = 512;
 const SEG_BITS: u32 = 16;
+/// `user_data` of the cancellation requests themselves (their CQEs are not a command's).
+const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// How completions are delivered to the ring's owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,6 +292,13 @@ struct UringQueue {
     iopoll: bool,
     /// How this ring's completions are posted.
     taskrun: TaskRun,
+    /// `user_data` of the SQEs pushed into the ring and not yet taken by the
+    /// kernel, oldest first: the ones a failed enter leaves behind.
+    unsent: VecDeque<u64>,
+    /// Set when an enter failed for a reason other than a transient one: the
+    /// ring takes no more submissions (a later enter could still consume the
+    /// SQEs whose commands were handed back failed), only completions.
+    broken: Option<i32>,
 }
 
 fn os_err(context: &str, source: std::io::Error) -> Error {
@@ -357,6 +367,8 @@ impl UringQueue {
             ready: Vec::with_capacity(depth),
             in_flight: 0,
             iopoll,
+            unsent: VecDeque::with_capacity(SQ_ENTRIES as usize),
+            broken: None,
         })
     }
 
@@ -387,6 +399,7 @@ impl UringQueue {
         loop {
             // SAFETY: the entry's buffer belongs to a command held in `slots` until its CQE.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                self.unsent.push_back(entry.get_user_data());
                 return Ok(());
             }
             self.enter_submit()?;
@@ -394,41 +407,66 @@ impl UringQueue {
     }
 
     fn enter_submit(&mut self) -> std::io::Result<()> {
+        if let Some(errno) = self.broken {
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
         loop {
             match self.ring.submit() {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    // The kernel took every SQE but those still in the ring (SQPOLL takes
+                    // them on its own time; they are its, not ours, from here on).
+                    let left = if self.shared.config.sqpoll { 0 } else { self.ring.submission().len() };
+                    while self.unsent.len() > left {
+                        self.unsent.pop_front();
+                    }
+                    return Ok(());
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
                     // The kernel is out of room for completions: drain them, then retry.
                     self.drain_cq();
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.break_ring(e.raw_os_error().unwrap_or(libc::EIO));
+                    return Err(e);
+                }
             }
         }
     }
 
-    /// Moves CQEs into their commands; returns finished commands into the slot list.
-    fn drain_cq(&mut self) -> usize {
-        let mut finished = 0;
-        for cqe in self.ring.completion() {
-            let (user_data, result) = (cqe.user_data(), cqe.result());
-            let slot = (user_data >> SEG_BITS) as usize;
-            let seg = (user_data & ((1 << SEG_BITS) - 1)) as usize;
-            let s = &mut self.slots[slot];
-            let command = s.command.as_mut().expect("completion for a free slot");
-            if command.op == Op::Flush {
-                command.result = result.min(0);
-            } else {
-                command.segments[seg].result = result;
-            }
-            debug_assert!(s.remaining > 0);
-            s.remaining -= 1;
-            if s.remaining == 0 {
-                self.ready.push(slot);
-                finished += 1;
+    /// After an enter failed for good: the SQEs the kernel did not take never
+    /// will (nothing enters with SQEs to submit again, and without SQPOLL only
+    /// such an enter consumes them), so their segments fail and their buffers
+    /// go back to the caller. Commands the kernel took complete as usual.
+    fn break_ring(&mut self, errno: i32) {
+        self.broken = Some(errno);
+        if self.shared.config.sqpoll {
+            // The kernel thread may still take them: their buffers stay the kernel's.
+            return;
+        }
+        for user_data in std::mem::take(&mut self.unsent) {
+            if user_data != CANCEL_USER_DATA {
+                self.complete_sqe(user_data, -errno);
             }
         }
-        finished
+    }
+
+    /// Records the result of one SQE; a command is ready when its last SQE is.
+    fn complete_sqe(&mut self, user_data: u64, result: i32) {
+        complete_sqe(&mut self.slots, &mut self.ready, user_data, result);
+    }
+
+    /// Moves CQEs into their commands; returns how many CQEs there were.
+    fn drain_cq(&mut self) -> usize {
+        let UringQueue { ring, slots, ready, .. } = self;
+        let mut seen = 0;
+        for cqe in ring.completion() {
+            seen += 1;
+            if cqe.user_data() != CANCEL_USER_DATA {
+                complete_sqe(slots, ready, cqe.user_data(), cqe.result());
+            }
+        }
+        seen
     }
 
     fn collect_finished(&mut self, out: &mut Vec<Command>) -> usize {
@@ -442,14 +480,39 @@ impl UringQueue {
     }
 }
 
+/// Records the result of one SQE in its command; a command is ready (its slot
+/// pushed to `ready`) when its last SQE is.
+fn complete_sqe(slots: &mut [Slot], ready: &mut Vec<usize>, user_data: u64, result: i32) {
+    let slot = (user_data >> SEG_BITS) as usize;
+    let seg = (user_data & ((1 << SEG_BITS) - 1)) as usize;
+    let s = &mut slots[slot];
+    let command = s.command.as_mut().expect("completion for a free slot");
+    if command.op == Op::Flush {
+        command.result = result.min(0);
+    } else {
+        command.segments[seg].result = result;
+    }
+    debug_assert!(s.remaining > 0, "a completion for a finished command");
+    s.remaining -= 1;
+    if s.remaining == 0 {
+        ready.push(slot);
+    }
+}
+
 impl Queue for UringQueue {
     unsafe fn submit(&mut self, mut command: Command) {
-        let Some(slot) = self.free_slots.pop() else {
-            // More in flight than the queue was opened for: a caller bug, but never lose it.
-            debug_assert!(false, "uring queue over its depth");
-            command.fail_all(libc::EBUSY);
-            self.slots.push(Slot { command: Some(command), remaining: 0 });
-            self.ready.push(self.slots.len() - 1);
+        let free = self.free_slots.pop();
+        let (Some(slot), None) = (free, self.broken) else {
+            // More in flight than the queue was opened for (a caller bug), or a ring that
+            // takes no more submissions: never lose the command, hand it back failed.
+            debug_assert!(free.is_some(), "uring queue over its depth");
+            command.fail_all(self.broken.unwrap_or(libc::EBUSY));
+            let slot = free.unwrap_or_else(|| {
+                self.slots.push(Slot { command: None, remaining: 0 });
+                self.slots.len() - 1
+            });
+            self.slots[slot] = Slot { command: Some(command), remaining: 0 };
+            self.ready.push(slot);
             self.in_flight += 1;
             return;
         };
@@ -470,15 +533,8 @@ impl Queue for UringQueue {
             if let Err(err) = self.push(&entry.user_data(user_data)) {
                 // The rest of this command never reaches the kernel: fail those segments.
                 let errno = err.raw_os_error().unwrap_or(libc::EIO);
-                let s = &mut self.slots[slot];
-                let command = s.command.as_mut().expect("just stored");
-                for seg in command.segments.iter_mut().skip(i) {
-                    seg.result = -errno;
-                }
-                command.result = -errno;
-                s.remaining -= count - i;
-                if s.remaining == 0 {
-                    self.ready.push(slot);
+                for rest in i..count {
+                    self.complete_sqe(((slot as u64) << SEG_BITS) | rest as u64, -errno);
                 }
                 break;
             }
@@ -496,7 +552,7 @@ impl Queue for UringQueue {
         if self.in_flight == 0 {
             return Ok(0);
         }
-        if self.ring.completion().is_empty() {
+        if self.ring.completion().is_empty() && self.ready.is_empty() {
             // Deferred task work (and IOPOLL) posts completions only inside an enter.
             // Cooperative task work is run at the submitter's next kernel entry; the
             // ring's TASKRUN flag says some is pending (liburing's peek does the same).
@@ -506,7 +562,7 @@ impl Queue for UringQueue {
                 TaskRun::Plain => false,
             } || self.iopoll;
             if needs_enter {
-                // SAFETY: a plain GETEVENTS enter with no argument.
+                // SAFETY: a plain GETEVENTS enter with no argument; it submits nothing.
                 let r = unsafe {
                     self.ring.submitter().enter::<libc::sigset_t>(0, 0, 1 /* IORING_ENTER_GETEVENTS */, None)
                 };
@@ -528,7 +584,12 @@ impl Queue for UringQueue {
         }
         let ts = types::Timespec::new().sec(timeout_ns / 1_000_000_000).nsec((timeout_ns % 1_000_000_000) as u32);
         let args = types::SubmitArgs::new().timespec(&ts);
-        match self.ring.submitter().submit_with_args(1, &args) {
+        // Submits nothing: SQEs are sent by `commit` only (a broken ring's leftovers never).
+        // SAFETY: GETEVENTS with a valid extended argument that outlives the call.
+        let r = unsafe {
+            self.ring.submitter().enter(0, 1, 1 /* GETEVENTS */ | 8 /* EXT_ARG */, Some(&args))
+        };
+        match r {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
             Err(e) => return Err(os_err("io_uring_enter (wait)", e)),
@@ -540,16 +601,46 @@ impl Queue for UringQueue {
     fn in_flight(&self) -> usize {
         self.in_flight
     }
+
+    fn cancel(&mut self, which: Cancel) -> Result<()> {
+        if self.broken.is_some() {
+            return Ok(());
+        }
+        let mut targets = Vec::new();
+        for (slot, s) in self.slots.iter().enumerate() {
+            let Some(command) = &s.command else { continue };
+            if s.remaining == 0 || (which != Cancel::All && which != Cancel::Tag(command.tag)) {
+                continue;
+            }
+            let sqes = if command.op == Op::Flush { 1 } else { command.segments.len() };
+            targets.extend((0..sqes).map(|i| ((slot as u64) << SEG_BITS) | i as u64));
+        }
+        for user_data in targets {
+            // A segment that already finished answers ENOENT; one the kernel cannot stop
+            // (block I/O under way) answers EALREADY and completes on its own time.
+            let entry = opcode::AsyncCancel::new(user_data).build().user_data(CANCEL_USER_DATA);
+            self.push(&entry).map_err(|e| os_err("io_uring cancel", e))?;
+        }
+        self.commit()
+    }
 }
 
 impl Drop for UringQueue {
     fn drop(&mut self) {
-        // Buffers of commands still in the kernel must not be freed under it: wait them out.
+        // Buffers of commands still in the kernel must not be freed under it: wait them
+        // out, however long it takes (asking the kernel to cancel them after a second).
         let mut sink = Vec::new();
-        let mut rounds = 0;
-        while self.in_flight > 0 && rounds < 10_000 {
-            let _ = self.wait(&mut sink, 10_000_000);
-            rounds += 1;
+        let cancel_at = crate::clock::now_ns() + 1_000_000_000;
+        let mut cancelled = false;
+        while self.in_flight > 0 {
+            if !cancelled && crate::clock::now_ns() >= cancel_at {
+                cancelled = true;
+                let _ = self.cancel(Cancel::All);
+            }
+            if self.wait(&mut sink, 10_000_000).is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            sink.clear();
         }
     }
 }

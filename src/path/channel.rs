@@ -10,9 +10,12 @@ use super::completion::{CompletionKind, CompletionPolicy, Expect, WaitStats};
 use super::dispatch::Request;
 use super::waiter::{Doorbell, Outcome, Waiter};
 use crate::clock::now_ns;
-use crate::device::{Command, Op, Queue, Segment};
+use crate::device::{Cancel, Command, Op, Queue};
 use crate::error::{Error, Result};
 use std::sync::Arc;
+
+/// How long a thread backs off after a failed wait before it looks again.
+const QUEUE_ERROR_BACKOFF_US: u64 = 100;
 
 /// Buckets of the segments-per-command histogram: 1, 2, 3-4, 5-8, ..., 513-1024.
 pub const SEGMENT_BUCKETS: usize = 11;
@@ -48,6 +51,13 @@ pub struct PathStats {
     pub merge_wait_ns: u64,
     /// Sum of per-request device time (timed devices).
     pub device_ns: u64,
+    /// Device-queue calls (commit, reap, wait, cancel) that failed and were
+    /// handled: a failed commit's commands come back failed, a failed wait is
+    /// retried. None of them releases a buffer the device still owns.
+    pub queue_errors: u64,
+    /// Commands the path asked the device to cancel because they took longer
+    /// than the path's timeout.
+    pub cancels: u64,
     /// The completion policy's counters, plus sleeps while waiting on another thread.
     pub wait: WaitStats,
 }
@@ -64,6 +74,8 @@ impl PathStats {
         self.merged_requests += other.merged_requests;
         self.merge_wait_ns += other.merge_wait_ns;
         self.device_ns += other.device_ns;
+        self.queue_errors += other.queue_errors;
+        self.cancels += other.cancels;
         self.wait.add(&other.wait);
     }
 
@@ -81,6 +93,8 @@ impl PathStats {
             merged_requests: self.merged_requests - earlier.merged_requests,
             merge_wait_ns: self.merge_wait_ns - earlier.merge_wait_ns,
             device_ns: self.device_ns - earlier.device_ns,
+            queue_errors: self.queue_errors - earlier.queue_errors,
+            cancels: self.cancels - earlier.cancels,
             wait: self.wait.since(&earlier.wait),
         }
     }
@@ -116,9 +130,17 @@ pub fn request_result(op: Op, offset: u64, len: u32, result: i32) -> Result<()> 
     }
 }
 
-/// Checks one segment's result against what was asked.
-pub fn segment_result(op: Op, seg: &Segment) -> Result<()> {
-    request_result(op, seg.offset, seg.len, seg.result)
+/// Marks what the device gave up on in a command cancelled for taking too
+/// long as timed out (`-ECANCELED` becomes `-ETIMEDOUT`).
+pub fn timed_out(command: &mut Command) {
+    if command.result == -libc::ECANCELED {
+        command.result = -libc::ETIMEDOUT;
+    }
+    for seg in &mut command.segments {
+        if seg.result == -libc::ECANCELED {
+            seg.result = -libc::ETIMEDOUT;
+        }
+    }
 }
 
 /// One thread's channel.
@@ -133,7 +155,7 @@ pub struct Channel {
     done: Vec<Command>,
     queue_depth: usize,
     max_segments: usize,
-    timeout_ns: Option<u64>,
+    timeout_ns: u64,
     doorbell: Arc<Doorbell>,
     /// Hand-off waiters: one per queued-API slot, and the last for blocking calls.
     /// Never resized, so their addresses stay valid while other threads hold them.
@@ -148,15 +170,15 @@ pub struct Channel {
 
 impl Channel {
     /// A channel over `queue` (opened with `queue_depth`) for `queued_slots`
-    /// requests of the queued API; `timeout_ns` is `None` for devices that must
-    /// be waited for without limit.
+    /// requests of the queued API; a command in flight for longer than
+    /// `timeout_ns` is cancelled (and still waited for: see [`Queue::cancel`]).
     pub fn new(
         queue: Box<dyn Queue>,
         completion: CompletionKind,
         queued_slots: usize,
         queue_depth: usize,
         max_segments: usize,
-        timeout_ns: Option<u64>,
+        timeout_ns: u64,
     ) -> Channel {
         let doorbell = Arc::new(Doorbell::default());
         let policy = completion.build();
@@ -237,20 +259,41 @@ impl Channel {
         unsafe { self.submit_command(command) };
     }
 
-    /// Queues and commits one request.
+    /// Queues and commits one request. A failed commit is counted and
+    /// otherwise ignored: the queue hands the command back failed.
     ///
     /// # Safety
     ///
     /// As [`Channel::queue_one`].
-    pub unsafe fn send_one(&mut self, request: Request) -> Result<()> {
+    pub unsafe fn send_one(&mut self, request: Request) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.queue_one(request) };
-        self.commit()
+        self.commit();
     }
 
-    /// Sends queued commands to the device.
-    pub fn commit(&mut self) -> Result<()> {
-        self.queue.commit()
+    /// Sends queued commands to the device. A failure is counted and
+    /// otherwise needs nothing: the queue hands back failed whatever it did
+    /// not send ([`Queue::commit`]), and the rest completes as usual.
+    pub fn commit(&mut self) {
+        if self.queue.commit().is_err() {
+            self.stats.queue_errors += 1;
+        }
+    }
+
+    /// Asks the device to give up on commands that took too long; they still
+    /// come back (failed or with their results) through the usual waits.
+    pub fn cancel(&mut self, which: Cancel) {
+        self.stats.cancels += 1;
+        if self.queue.cancel(which).is_err() {
+            self.stats.queue_errors += 1;
+        }
+    }
+
+    /// After a failed wait or reap: counts it and lets the device make
+    /// progress before the next try (the commands are still in flight).
+    pub fn wait_failed(&mut self) {
+        self.stats.queue_errors += 1;
+        std::thread::sleep(std::time::Duration::from_micros(QUEUE_ERROR_BACKOFF_US));
     }
 
     /// Commands submitted and not yet handed back by the device.
@@ -260,46 +303,63 @@ impl Channel {
 
     /// The time limit for a wait starting now.
     pub fn limit_ns(&self) -> u64 {
-        self.timeout_ns.map_or(u64::MAX, |t| now_ns().saturating_add(t))
+        now_ns().saturating_add(self.timeout_ns)
     }
 
-    /// The timeout for requests on this channel's device, if it has one.
-    pub fn timeout_ns(&self) -> Option<u64> {
+    /// How long a command may be in flight before it is cancelled.
+    pub fn timeout_ns(&self) -> u64 {
         self.timeout_ns
     }
 
     /// The configured timeout, for messages.
     pub fn timeout_ms(&self) -> u64 {
-        self.timeout_ns.unwrap_or(0) / 1_000_000
+        self.timeout_ns / 1_000_000
     }
 
     /// Waits through the completion policy until at least one more command is
-    /// back or `limit_ns` passes; returns whether one came back.
-    pub fn wait_any(&mut self, limit_ns: u64) -> Result<bool> {
-        let n =
-            self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns, self.expect)?;
-        Ok(n > 0)
+    /// back or `limit_ns` passes; returns whether one came back. A failed
+    /// wait is counted, backed off from and reported as nothing back yet.
+    pub fn wait_any(&mut self, limit_ns: u64) -> bool {
+        match self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns, self.expect) {
+            Ok(n) => n > 0,
+            Err(_) => {
+                self.wait_failed();
+                false
+            }
+        }
     }
 
     /// Like [`Channel::wait_any`], for commands in flight on `device` (another
     /// thread's queue this thread serves for the moment), waiting through this
     /// channel's completion policy: a policy measures the thread that waits,
     /// so it must not pass from thread to thread with a shared queue.
-    pub fn wait_any_on(&mut self, device: &mut Channel, limit_ns: u64) -> Result<bool> {
-        let n = self.completion.wait(
+    pub fn wait_any_on(&mut self, device: &mut Channel, limit_ns: u64) -> bool {
+        match self.completion.wait(
             device.queue.as_mut(),
             &mut device.done,
             &mut self.stats.wait,
             limit_ns,
             device.expect,
-        )?;
-        Ok(n > 0)
+        ) {
+            Ok(n) => n > 0,
+            Err(_) => {
+                device.wait_failed();
+                false
+            }
+        }
     }
 
-    /// Picks up completed commands without waiting.
-    pub fn poll_any(&mut self) -> Result<usize> {
+    /// Picks up completed commands without waiting; returns how many (a
+    /// failed look is counted and returns 0).
+    pub fn poll_any(&mut self) -> usize {
         self.stats.wait.polls += 1;
-        self.queue.reap(&mut self.done)
+        match self.queue.reap(&mut self.done) {
+            Ok(n) => n,
+            Err(_) => {
+                self.stats.queue_errors += 1;
+                0
+            }
+        }
     }
 
     /// When the device expects to complete its next command, if it can tell.
@@ -317,37 +377,43 @@ impl Channel {
         self.done.pop()
     }
 
-    fn timeout_error(&self, request: Option<&Request>) -> Error {
-        let (op, offset) = request.map_or(("request", 0), |r| (r.op.name(), r.offset));
-        Error::Timeout { op, offset, timeout_ms: self.timeout_ms() }
-    }
-
-    /// Waits for the command with `tag` and hands it back whole (all segments' results).
-    pub fn wait_command(&mut self, tag: u64) -> Result<Command> {
-        let limit = self.limit_ns();
+    /// Waits for the command with `tag` and hands it back whole (all
+    /// segments' results). Never returns while the device owns the command:
+    /// past the timeout it is cancelled and waited for, and the segments the
+    /// device gave up on report `-ETIMEDOUT`.
+    pub fn wait_command(&mut self, tag: u64) -> Command {
+        let mut limit = self.limit_ns();
+        let mut cancelled = false;
         loop {
             if let Some(pos) = self.done.iter().position(|c| c.tag == tag) {
-                return Ok(self.done.swap_remove(pos));
+                let mut command = self.done.swap_remove(pos);
+                if cancelled {
+                    timed_out(&mut command);
+                }
+                return command;
             }
-            if !self.wait_any(limit)? && now_ns() >= limit {
-                return Err(self.timeout_error(None));
+            if !self.wait_any(limit) && !cancelled && now_ns() >= limit {
+                self.cancel(Cancel::Tag(tag));
+                cancelled = true;
+                limit = u64::MAX;
             }
         }
     }
 
     /// Waits for the single-segment request with `tag` and returns its result.
-    pub fn wait_for(&mut self, tag: u64) -> Result<Completed> {
-        let command = self.wait_command(tag)?;
-        Ok(self.finish(command))
+    pub fn wait_for(&mut self, tag: u64) -> Completed {
+        let command = self.wait_command(tag);
+        self.finish(command)
     }
 
     /// Turns a finished single-segment (or flush) command into a [`Completed`]
     /// and recycles the command.
     pub fn finish(&mut self, command: Command) -> Completed {
-        let (offset, len, result) = match command.segments.first() {
-            Some(seg) => (seg.offset, seg.len, segment_result(command.op, seg)),
-            None => (0, 0, request_result(command.op, 0, 0, command.result)),
+        let (offset, len, raw) = match command.segments.first() {
+            Some(seg) => (seg.offset, seg.len, seg.result),
+            None => (0, 0, command.result),
         };
+        let result = self.result_of(command.op, offset, len, raw);
         self.stats.requests += 1;
         self.stats.device_ns += command.device_ns;
         let completed =
@@ -356,26 +422,43 @@ impl Channel {
         completed
     }
 
+    /// [`request_result`], with this channel's timeout in a timeout error.
+    fn result_of(&self, op: Op, offset: u64, len: u32, raw: i32) -> Result<()> {
+        let mut result = request_result(op, offset, len, raw);
+        if let Err(Error::Timeout { timeout_ms, .. }) = &mut result {
+            *timeout_ms = self.timeout_ms();
+        }
+        result
+    }
+
     /// Waits until at least `min` commands have completed and moves every
     /// completed one to `out` as [`Completed`]; returns how many were moved.
-    pub fn reap_at_least(&mut self, min: usize, out: &mut Vec<Completed>) -> Result<usize> {
+    /// Past the timeout every command in flight is cancelled and still
+    /// waited for, as in [`Channel::wait_command`].
+    pub fn reap_at_least(&mut self, min: usize, out: &mut Vec<Completed>) -> usize {
         let min = min.min(self.done.len() + self.queue.in_flight());
-        let limit = self.limit_ns();
+        let mut limit = self.limit_ns();
+        let mut cancelled = false;
         if self.done.len() < min.max(1) {
             // Pick up whatever is already there without waiting.
-            self.queue.reap(&mut self.done)?;
+            self.poll_any();
         }
         while self.done.len() < min {
-            if !self.wait_any(limit)? && now_ns() >= limit {
-                return Err(self.timeout_error(None));
+            if !self.wait_any(limit) && !cancelled && now_ns() >= limit {
+                self.cancel(Cancel::All);
+                cancelled = true;
+                limit = u64::MAX;
             }
         }
         let n = self.done.len();
-        while let Some(command) = self.done.pop() {
+        while let Some(mut command) = self.done.pop() {
+            if cancelled {
+                timed_out(&mut command);
+            }
             let completed = self.finish(command);
             out.push(completed);
         }
-        Ok(n)
+        n
     }
 
     // ---- hand-off waiters (merging dispatch strategies) ----
@@ -440,10 +523,7 @@ impl Channel {
         let outcome: Outcome = waiter.outcome();
         self.stats.requests += 1;
         self.stats.device_ns += outcome.device_ns;
-        let mut result = request_result(request.op, request.offset, request.len, outcome.result);
-        if let Err(Error::Timeout { timeout_ms, .. }) = &mut result {
-            *timeout_ms = self.timeout_ms();
-        }
+        let result = self.result_of(request.op, request.offset, request.len, outcome.result);
         Completed {
             tag: request.tag,
             op: request.op,

@@ -48,3 +48,19 @@ pub fn with_loop_device(name: &str, f: impl FnOnce(&LoopDevice)) {
         Err(why) => eprintln!("SKIPPED {name}: no loop device ({why}); run as root with losetup to cover it"),
     }
 }
+
+/// Runs `f` on another thread and fails (instead of hanging the test run) if
+/// it has not finished after a generous two minutes.
+pub fn within_two_minutes(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = done_tx.send(());
+    });
+    match done_rx.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(()) => worker.join().unwrap(),
+        // The worker panicked: re-raise its panic.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => std::panic::resume_unwind(worker.join().unwrap_err()),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still not finished after 2 minutes: hung"),
+    }
+}

@@ -149,7 +149,7 @@ impl Combine {
         config: CombineConfig,
         device: &Arc<dyn Device>,
         completion: CompletionKind,
-        timeout_ns: Option<u64>,
+        timeout_ns: u64,
     ) -> Result<Combine> {
         let depth = (queue_depth_for(config.pipeline) as u32).min(device.capabilities().queue_depth);
         let queue = device.open_queue(&DeviceQueueConfig {
@@ -184,8 +184,11 @@ impl Combine {
         }
     }
 
-    /// Waits until `ready` holds for `channel`, serving whenever the role is free.
-    fn wait_serving(&self, channel: &mut Channel, ready: &dyn Fn(&Channel) -> bool) -> Result<()> {
+    /// Waits until `ready` holds for `channel`, serving whenever the role is
+    /// free. Returns only then: a request's buffer is its owner's again only
+    /// once the device handed its command back (device errors reach the
+    /// request as its outcome, never as an early return).
+    fn wait_serving(&self, channel: &mut Channel, ready: &dyn Fn(&Channel) -> bool) {
         let _rescue = RescueOnUnwind { combine: self, me: Arc::as_ptr(channel.doorbell()) };
         // Alone (nobody spinning) and the role is free: serve as the seed's STM does.
         if self.spinners.load(Ordering::Relaxed) == 0
@@ -193,23 +196,23 @@ impl Combine {
         {
             channel.doorbell().clear_takeover();
             let served = self.serve(&mut role, channel, ready, false);
-            self.release(role, served)?;
+            self.release(role, served);
         }
         let mut spin = channel.waiter_spin_ns;
         if self.config.rove && spin > 0 {
-            if self.rove(channel, ready)? {
-                return Ok(());
+            if self.rove(channel, ready) {
+                return;
             }
             spin = 0;
         }
         loop {
             if ready(channel) {
-                return Ok(());
+                return;
             }
             if let Some(mut role) = self.try_role() {
                 channel.doorbell().clear_takeover();
                 let served = self.serve(&mut role, channel, ready, false);
-                self.release(role, served)?;
+                self.release(role, served);
                 continue;
             }
             let doorbell = Arc::clone(channel.doorbell());
@@ -223,9 +226,9 @@ impl Combine {
     /// request, yield the CPU, and whenever the role is free take one
     /// non-blocking serving step (or, alone, serve as usual). Returns whether
     /// the request is done.
-    fn rove(&self, channel: &mut Channel, ready: &dyn Fn(&Channel) -> bool) -> Result<bool> {
+    fn rove(&self, channel: &mut Channel, ready: &dyn Fn(&Channel) -> bool) -> bool {
         if ready(channel) {
-            return Ok(true);
+            return true;
         }
         self.spinners.fetch_add(1, Ordering::SeqCst);
         let spinning = Spinning(&self.spinners);
@@ -237,18 +240,18 @@ impl Combine {
                 if let Some(mut role) = self.try_role() {
                     channel.doorbell().clear_takeover();
                     if !contended && self.spinners.load(Ordering::SeqCst) >= 2 {
-                        self.step(&mut role, channel)?;
+                        self.step(&mut role, channel);
                     } else {
                         let served = self.serve(&mut role, channel, ready, !contended);
-                        self.release(role, served)?;
+                        self.release(role, served);
                     }
                 }
                 if ready(channel) {
-                    return Ok(true);
+                    return true;
                 }
                 let before = now_ns();
                 if before >= end {
-                    return Ok(false);
+                    return false;
                 }
                 std::thread::yield_now();
                 let after = now_ns();
@@ -287,15 +290,14 @@ impl Combine {
 
     /// Gives the role up after serving: unless other spinning threads poll the
     /// device, hands it on (see [`Combine::hand_off`]).
-    fn release(&self, role: MutexGuard<'_, Role>, served: Result<Left>) -> Result<()> {
+    fn release(&self, role: MutexGuard<'_, Role>, served: Left) {
         match served {
-            Ok(Left::Roving) => {
+            Left::Roving => {
                 self.roved.store(true, Ordering::Relaxed);
                 drop(role);
             }
-            _ => self.hand_off(role),
+            Left::Finished => self.hand_off(role),
         }
-        served.map(|_| ())
     }
 
     /// Lets the role go such that whatever is left is served: if requests are
@@ -333,16 +335,16 @@ impl Combine {
 
     /// One serving step that never waits: picks up finished commands, sends
     /// the next batch if it is due, and completes the finished requests.
-    fn step(&self, role: &mut Role, channel: &Channel) -> Result<()> {
+    fn step(&self, role: &mut Role, channel: &Channel) {
         let Role { server, channel: device } = role;
         if server.in_flight() > 0 {
-            device.poll_any()?;
-            server.expire(device.timeout_ns());
+            device.poll_any();
+            server.expire(device);
         }
         if server.device_in_flight(device) < self.config.pipeline && server.has_work(&self.pending) {
             let send_time = server.send_time(device);
             if send_time == 0 || now_ns() >= send_time {
-                server.dispatch(device, &self.pending, 1)?;
+                server.dispatch(device, &self.pending, 1);
             }
         }
         if device.done_len() > 0 {
@@ -354,22 +356,14 @@ impl Combine {
         if self.roved.load(Ordering::Relaxed) != left_work {
             self.roved.store(left_work, Ordering::Relaxed);
         }
-        Ok(())
     }
 
     /// Serves until the own request is done and the budget allows no more
     /// (or, with `rove`, until other spinning threads can take over polling).
-    fn serve(
-        &self,
-        role: &mut Role,
-        channel: &mut Channel,
-        ready: &dyn Fn(&Channel) -> bool,
-        rove: bool,
-    ) -> Result<Left> {
+    fn serve(&self, role: &mut Role, channel: &mut Channel, ready: &dyn Fn(&Channel) -> bool, rove: bool) -> Left {
         let Role { server, channel: device } = role;
         let me: *const Doorbell = Arc::as_ptr(channel.doorbell());
         let mut budget = self.config.budget;
-        let timeout = device.timeout_ns();
         loop {
             let mine_done = ready(channel);
             let may_send = !mine_done || budget > 0;
@@ -381,7 +375,7 @@ impl Combine {
             // the device allows lets the batch grow.
             let send_time = if want_send { server.send_time(device) } else { u64::MAX };
             if send_time == 0 || (want_send && now_ns() >= send_time) {
-                server.dispatch(device, &self.pending, 1)?;
+                server.dispatch(device, &self.pending, 1);
                 if mine_done {
                     budget -= 1;
                 }
@@ -394,14 +388,14 @@ impl Combine {
             if server.in_flight() == 0 && !server.has_backlog() {
                 if mine_done || self.pending.is_empty() {
                     debug_assert!(mine_done, "own request neither pending, in flight nor done");
-                    return Ok(Left::Finished);
+                    return Left::Finished;
                 }
                 continue;
             }
             if rove && self.spinners.load(Ordering::Relaxed) >= 2 {
-                return Ok(Left::Roving);
+                return Left::Roving;
             }
-            server.wait_by(device, channel, timeout, send_time)?;
+            server.wait_by(device, channel, send_time);
         }
     }
 }
@@ -457,7 +451,7 @@ impl Dispatch for Combine {
         // SAFETY: the waiter lives in the channel, which waits for it before it is dropped.
         unsafe { self.pending.push(waiter) };
         fence(Ordering::SeqCst);
-        self.wait_serving(channel, &|c: &Channel| c.blocking_waiter().is_done())?;
+        self.wait_serving(channel, &|c: &Channel| c.blocking_waiter().is_done());
         Ok(channel.collect_blocking())
     }
 
@@ -476,7 +470,7 @@ impl Dispatch for Combine {
 
     fn reap(&self, channel: &mut Channel, min: usize, out: &mut Vec<Completed>) -> Result<usize> {
         let target = min.min(channel.queued_waiting());
-        self.wait_serving(channel, &|c: &Channel| c.queued_done() >= target)?;
+        self.wait_serving(channel, &|c: &Channel| c.queued_done() >= target);
         Ok(channel.collect_queued(out))
     }
 

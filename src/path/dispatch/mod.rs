@@ -141,7 +141,7 @@ impl DispatchKind {
         device: &Arc<dyn Device>,
         completion: CompletionKind,
         path: &PathConfig,
-        timeout_ns: Option<u64>,
+        timeout_ns: u64,
     ) -> Result<Box<dyn Dispatch>> {
         let max_segments = path.max_segments.unwrap_or(usize::MAX).min(device.capabilities().max_segments).max(1);
         let combine = || {

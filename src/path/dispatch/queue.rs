@@ -27,7 +27,7 @@
 use super::serve::{MergeMode, Server};
 use super::{Dispatch, Request};
 use crate::clock::{ThreadUsage, now_ns};
-use crate::device::{Device, Op, QueueConfig as DeviceQueueConfig};
+use crate::device::{Cancel, Device, Op, QueueConfig as DeviceQueueConfig};
 use crate::error::{Error, Result};
 use crate::path::PathStats;
 use crate::path::channel::{Channel, Completed};
@@ -99,7 +99,7 @@ impl QueueDispatch {
         device: Arc<dyn Device>,
         completion: CompletionKind,
         config: QueueConfig,
-        timeout_ns: Option<u64>,
+        timeout_ns: u64,
     ) -> Result<QueueDispatch> {
         let shared = Arc::new(Shared {
             pending: PendingList::default(),
@@ -190,7 +190,6 @@ impl Drop for QueueDispatch {
 fn dispatcher(shared: &Shared, channel: &mut Channel, server: &mut Server) {
     let config = shared.config;
     let polls = channel.completion().spins();
-    let timeout = channel.timeout_ns();
     let mut since_publish = 0u32;
     loop {
         let queued = shared.pending.len();
@@ -209,34 +208,24 @@ fn dispatcher(shared: &Shared, channel: &mut Channel, server: &mut Server) {
             // An idle device gets a large batch in pieces, so the first piece's submitters
             // can issue again while the rest is in service (double buffering).
             let spread = if in_device == 0 && config.merge == MergeMode::Temporal { config.pipeline } else { 1 };
-            if let Err(e) = server.dispatch(channel, &shared.pending, spread) {
-                // The batch could not be sent: fail it rather than lose it.
-                server.fail_older_than(u64::MAX, e.errno().unwrap_or(libc::EIO));
-            }
+            // A failed commit needs nothing here: the device hands the commands it did
+            // not take back failed, and their requests fail when they are finished. The
+            // commands it did take are the device's until it hands them back.
+            server.dispatch(channel, &shared.pending, spread);
             continue;
         }
         if server.in_flight() > 0 || server.has_backlog() {
             if channel.done_len() == 0 {
-                let result = if polls {
-                    channel.poll_any().map(|n| n > 0)
+                // A failed look or wait is counted and retried (the commands are still the
+                // device's); a command that takes too long is cancelled and still waited for.
+                if polls {
+                    channel.poll_any();
                 } else {
                     let limit = if queued > 0 { first.saturating_add(config.unplug_ns) } else { u64::MAX };
-                    server.wait(channel, timeout, limit)
-                };
-                if result.is_err() {
-                    if timeout.is_some() {
-                        // A timed (emulated) device moved the data at submission: its
-                        // commands can be abandoned and their owners told.
-                        server.fail_older_than(u64::MAX, libc::EIO);
-                    } else {
-                        // On a real device the kernel may still write into the buffers:
-                        // failing their owners now would let them free memory under a
-                        // read. Keep waiting for the completions instead.
-                        std::thread::sleep(std::time::Duration::from_micros(100));
-                    }
+                    server.wait(channel, limit);
                 }
                 if polls && channel.done_len() == 0 {
-                    check_timeouts(server, timeout);
+                    server.expire(channel);
                     continue;
                 }
             }
@@ -272,39 +261,29 @@ fn dispatcher(shared: &Shared, channel: &mut Channel, server: &mut Server) {
 
 /// After the dispatcher panicked: requests fail (ENOTRECOVERABLE, "state not
 /// recoverable": this engine's path is gone) instead of waiting forever.
-/// Commands still in the device are waited out first (for a while), because
-/// their buffers belong to the waiters, which may free them once told.
+/// Commands still in the device are cancelled and waited for first, however
+/// long that takes, because their buffers belong to the waiters, which may
+/// free them once told. The command whose submission panicked (an orphan:
+/// the device may never have seen it) fails at once.
 fn after_panic(shared: &Shared, channel: &mut Channel, server: &mut Server) {
     shared.dead.store(true, Ordering::SeqCst);
     fence(Ordering::SeqCst);
-    let give_up = now_ns() + 10_000_000_000;
-    while channel.in_flight() > 0 && now_ns() < give_up {
-        let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let _ = channel.wait_any(now_ns() + 1_000_000);
+    let steps = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        channel.cancel(Cancel::All);
+        while channel.in_flight() > 0 {
+            channel.wait_any(now_ns() + 1_000_000);
             server.finish_done(channel);
-        }));
-        if step.is_err() {
-            break;
         }
+        server.finish_done(channel);
+    }));
+    if steps.is_err() {
+        // The device panics again: what it holds stays its own (never handed back).
+        eprintln!("iopath: the device panicked again while the dispatcher drained it; its requests stay waiting");
     }
-    // A timed (emulated) device moved the data at submission: what is left can be
-    // abandoned. On a real device a command that never came back keeps its owner
-    // waiting rather than have the kernel write into memory it freed.
-    if channel.timeout_ns().is_some() {
-        server.fail_older_than(u64::MAX, libc::ENOTRECOVERABLE);
-    }
+    server.fail_orphans(u64::MAX, libc::ENOTRECOVERABLE);
     server.fail_backlog(libc::ENOTRECOVERABLE);
     shared.fail_pending();
     *shared.background.lock().unwrap_or_else(|e| e.into_inner()) = channel.stats;
-}
-
-fn check_timeouts(server: &mut Server, timeout: Option<u64>) {
-    if let (Some(t), Some(oldest)) = (timeout, server.oldest_submitted_ns()) {
-        let now = now_ns();
-        if now >= oldest.saturating_add(t) {
-            server.fail_older_than(now - t, libc::ETIMEDOUT);
-        }
-    }
 }
 
 impl QueueDispatch {

@@ -13,8 +13,7 @@
 //! the device: the disk-era block layer).
 
 use crate::clock::now_ns;
-use crate::device::{Command, Op};
-use crate::error::Result;
+use crate::device::{Cancel, Command, Op};
 use crate::path::channel::Channel;
 use crate::path::waiter::{Doorbell, Outcome, PendingList, Waiter};
 
@@ -43,6 +42,20 @@ struct Batch {
     tag: u64,
     submitted_ns: u64,
     waiters: Vec<*const Waiter>,
+    /// The device was asked to give up on it (it took longer than the timeout).
+    cancelled: bool,
+    /// Its submission panicked (a bug in a backend): the device may never
+    /// hand it back, so it is failed once the timeout has passed.
+    orphan: bool,
+}
+
+/// Marks the batch being submitted an orphan if the submission unwinds.
+struct OrphanOnUnwind<'a>(&'a mut Batch);
+
+impl Drop for OrphanOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.orphan = true;
+    }
 }
 
 /// Fewest segments per command when a batch is spread over several: below
@@ -127,9 +140,9 @@ impl Server {
         channel.next_deadline_ns().map_or(0, |d| d.saturating_sub(SEND_LEAD_NS))
     }
 
-    /// When the oldest command in flight was sent.
+    /// When the oldest command in flight that has not been cancelled was sent.
     pub fn oldest_submitted_ns(&self) -> Option<u64> {
-        self.batches.iter().map(|b| b.submitted_ns).min()
+        self.batches.iter().filter(|b| !b.cancelled).map(|b| b.submitted_ns).min()
     }
 
     /// Every request taken and not yet completed (in the backlog or in the
@@ -153,12 +166,13 @@ impl Server {
 
     /// Takes every pending waiter and sends them, with any backlog, as merged
     /// commands while the device queue has room; returns how many requests
-    /// were newly taken. With `spread` > 1 a large batch is cut into up to
+    /// were newly taken. A failed commit needs nothing more: the device hands
+    /// back failed what it did not take ([`crate::device::Queue::commit`]). With `spread` > 1 a large batch is cut into up to
     /// `spread` commands of at least [`SPREAD_MIN_SEGMENTS`] each, so that the
     /// first comes back (and its submitters can issue again) while the next is
     /// in service: a lone submitter at depth 32 otherwise leaves the device
     /// idle between its batches while it reaps and resubmits.
-    pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList, spread: usize) -> Result<usize> {
+    pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList, spread: usize) -> usize {
         if self.sent > 0 {
             // The last dispatch was cut short by a panic (and the role taken over):
             // what it sent belongs to its batches already.
@@ -168,7 +182,7 @@ impl Server {
         let backlog = self.taken.len();
         let n = pending.take_all(&mut self.taken);
         if self.taken.is_empty() {
-            return Ok(0);
+            return 0;
         }
         let now = now_ns();
         for &w in &self.taken[backlog..] {
@@ -202,8 +216,8 @@ impl Server {
         }
         self.taken.drain(..start);
         self.sent = 0;
-        channel.commit()?;
-        Ok(n)
+        channel.commit();
+        n
     }
 
     /// Where the command starting at `taken[start]` ends (at most `max_segments` long).
@@ -247,12 +261,15 @@ impl Server {
         }
         let mut waiters = self.spare.pop().unwrap_or_default();
         waiters.extend_from_slice(group);
-        self.batches.push(Batch { tag, submitted_ns: now, waiters });
+        self.batches.push(Batch { tag, submitted_ns: now, waiters, cancelled: false, orphan: false });
         // From here on these requests belong to the batch (even if the submission panics).
         self.sent = end;
+        let batch = self.batches.last_mut().expect("just pushed");
+        let guard = OrphanOnUnwind(batch);
         // SAFETY: each owner keeps its buffer valid until its waiter is completed,
         // which happens only after this command is handed back.
         unsafe { channel.submit_command(command) };
+        std::mem::forget(guard);
     }
 
     /// Completes the waiters of every command the device has handed back to
@@ -271,11 +288,16 @@ impl Server {
         let mut finished = 0;
         while let Some(command) = channel.pop_done() {
             let Some(pos) = self.batches.iter().position(|b| b.tag == command.tag) else {
-                // A command given up on (timed out) that came back after all.
+                // Every command comes back exactly once; an orphan that came back after
+                // it was failed is the one way to get here.
                 channel.recycle(command);
                 continue;
             };
             let batch = self.batches.swap_remove(pos);
+            let mut command = command;
+            if batch.cancelled {
+                crate::path::channel::timed_out(&mut command);
+            }
             let outcome = |result| Outcome { result, device_ns: command.device_ns, submitted_ns: batch.submitted_ns };
             if command.op == Op::Flush {
                 for &w in &batch.waiters {
@@ -308,12 +330,12 @@ impl Server {
         unsent
     }
 
-    /// Fails every request of every command sent before `cutoff_ns` with
-    /// `-errno` (a command the device never completed) and forgets them.
-    pub fn fail_older_than(&mut self, cutoff_ns: u64, errno: i32) -> usize {
+    /// Fails the requests of orphan commands (their submission panicked)
+    /// sent before `cutoff_ns`; returns how many requests were failed.
+    pub fn fail_orphans(&mut self, cutoff_ns: u64, errno: i32) -> usize {
         let mut failed = 0;
         self.batches.retain_mut(|b| {
-            if b.submitted_ns > cutoff_ns {
+            if !b.orphan || b.submitted_ns > cutoff_ns {
                 return true;
             }
             for &w in &b.waiters {
@@ -326,53 +348,59 @@ impl Server {
     }
 
     /// Waits for completions (through the channel's completion policy) until
-    /// one arrives or the oldest command has been in flight for `timeout_ns`;
-    /// commands older than that are failed with ETIMEDOUT. Returns whether a
-    /// command came back.
-    pub fn wait(&mut self, channel: &mut Channel, timeout_ns: Option<u64>, limit_ns: u64) -> Result<bool> {
-        let limit = self.wait_limit(timeout_ns, limit_ns);
-        let got = channel.wait_any(limit)?;
+    /// one arrives or the oldest command has been in flight for the timeout,
+    /// then cancels what took too long ([`Server::expire`]). Returns whether
+    /// a command came back.
+    pub fn wait(&mut self, channel: &mut Channel, limit_ns: u64) -> bool {
+        let limit = self.wait_limit(channel.timeout_ns(), limit_ns);
+        let got = channel.wait_any(limit);
         if !got {
-            self.expire(timeout_ns);
+            self.expire(channel);
         }
-        Ok(got)
+        got
     }
 
     /// Like [`Server::wait`] for commands sent on `device`, a queue shared by
     /// the threads that take turns serving, waited for by `waiter` through its
     /// own completion policy ([`Channel::wait_any_on`]).
-    pub fn wait_by(
-        &mut self,
-        device: &mut Channel,
-        waiter: &mut Channel,
-        timeout_ns: Option<u64>,
-        limit_ns: u64,
-    ) -> Result<bool> {
-        let limit = self.wait_limit(timeout_ns, limit_ns);
-        let got = waiter.wait_any_on(device, limit)?;
+    pub fn wait_by(&mut self, device: &mut Channel, waiter: &mut Channel, limit_ns: u64) -> bool {
+        let limit = self.wait_limit(device.timeout_ns(), limit_ns);
+        let got = waiter.wait_any_on(device, limit);
         if !got {
-            self.expire(timeout_ns);
+            self.expire(device);
         }
-        Ok(got)
+        got
     }
 
     /// `limit_ns`, or earlier when the oldest command's time runs out.
-    fn wait_limit(&self, timeout_ns: Option<u64>, limit_ns: u64) -> u64 {
-        match (timeout_ns, self.oldest_submitted_ns()) {
-            (Some(t), Some(oldest)) => limit_ns.min(oldest.saturating_add(t)),
-            _ => limit_ns,
+    fn wait_limit(&self, timeout_ns: u64, limit_ns: u64) -> u64 {
+        match self.oldest_submitted_ns() {
+            Some(oldest) => limit_ns.min(oldest.saturating_add(timeout_ns)),
+            None => limit_ns,
         }
     }
 
-    /// Fails (ETIMEDOUT) every command in flight for longer than `timeout_ns`;
-    /// returns how many requests were failed.
-    pub fn expire(&mut self, timeout_ns: Option<u64>) -> usize {
-        match (timeout_ns, self.oldest_submitted_ns()) {
-            (Some(t), Some(oldest)) if now_ns() >= oldest.saturating_add(t) => {
-                self.fail_older_than(now_ns().saturating_sub(t), libc::ETIMEDOUT)
-            }
-            _ => 0,
+    /// Asks the device to cancel every command in flight for longer than the
+    /// channel's timeout (their requests fail with ETIMEDOUT once the device
+    /// hands them back) and fails orphans that old; returns how many
+    /// commands were cancelled or failed.
+    pub fn expire(&mut self, channel: &mut Channel) -> usize {
+        let Some(oldest) = self.batches.iter().filter(|b| !b.cancelled).map(|b| b.submitted_ns).min() else {
+            return 0;
+        };
+        let timeout = channel.timeout_ns();
+        let now = now_ns();
+        if now < oldest.saturating_add(timeout) {
+            return 0;
         }
+        let cutoff = now - timeout;
+        let mut expired = 0;
+        for b in self.batches.iter_mut().filter(|b| !b.cancelled && !b.orphan && b.submitted_ns <= cutoff) {
+            b.cancelled = true;
+            channel.cancel(Cancel::Tag(b.tag));
+            expired += 1;
+        }
+        expired + self.fail_orphans(cutoff, libc::ETIMEDOUT)
     }
 }
 
