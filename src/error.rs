@@ -36,6 +36,17 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// iopath refuses to write to a target that may hold someone's data.
+    #[error("refusing to write to '{path}': {why}; {fix}")]
+    Refused {
+        /// The file or device node.
+        path: PathBuf,
+        /// What it holds, or why it is protected.
+        why: String,
+        /// What to do instead (and the flag that allows it).
+        fix: String,
+    },
+
     /// A buffer, offset or length does not meet the device's alignment rule.
     #[error(
         "{what} {value:#x} is not a multiple of {align} bytes; the device (O_DIRECT) needs \

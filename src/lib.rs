@@ -28,6 +28,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod path;
+pub mod pattern;
 pub mod units;
 
 pub use buffer::IoBuf;

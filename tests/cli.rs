@@ -167,6 +167,7 @@ fn verify_passes_on_a_loop_device() {
                 "300",
                 "--iodepth",
                 depth,
+                "--allow-overwrite",
             ]);
             assert!(v["jobs"][0]["iopath"]["verified_blocks"].as_u64().unwrap() > 0);
         }
@@ -247,13 +248,14 @@ fn permission_denied_is_explained() {
     let spec = format!("psync:{}", file.display());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_iopath"));
     cmd.args(["bench", "--device", &spec, "--ios", "1"]);
+    use std::os::unix::fs::PermissionsExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        // Root bypasses file modes: run as nobody instead.
+        // Root bypasses file modes: run as nobody instead, on a file only root may read.
         use std::os::unix::process::CommandExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         cmd.uid(65534).gid(65534);
     } else {
-        use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
     }
     let o = match cmd.output() {

@@ -10,7 +10,6 @@ pub mod report;
 pub mod run;
 pub mod stats;
 pub mod svg;
-pub mod verify;
 pub mod workload;
 
 pub use run::{BenchConfig, BenchResult, run};

@@ -8,9 +8,9 @@
 
 use super::hogs::{HogConfig, Hogs};
 use super::stats::{DirStats, Measurements};
-use super::verify;
 use super::workload::{Generator, Rw};
 use crate::clock::{ThreadUsage, now_ns};
+use crate::device::target::Guard;
 use crate::device::{DeviceSpec, Op};
 use crate::engine::{Engine, Handle, HandleOptions};
 use crate::error::{Error, Result};
@@ -58,6 +58,9 @@ pub struct BenchConfig {
     pub progress: bool,
     /// Competing busy threads run during the timed phase.
     pub hogs: HogConfig,
+    /// What may be written to a file or block device iopath did not create.
+    /// A read-only workload opens its target read-only whatever this says.
+    pub guard: Guard,
 }
 
 impl Default for BenchConfig {
@@ -78,8 +81,22 @@ impl Default for BenchConfig {
             seed: 0x10_9a7,
             progress: false,
             hogs: HogConfig::default(),
+            guard: Guard::Protect { allow_overwrite: false, allow_fs: false },
         }
     }
+}
+
+/// How `--verify` knows what a block must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VerifyMode {
+    /// Not verifying.
+    Off,
+    /// Each thread lays its slice out first and tracks what it writes.
+    LayOut,
+    /// A read-only run on a file or device: every sector must be an intact
+    /// iopath sector laid out earlier (by iopath creating the file, or by an
+    /// earlier write run with `--verify`), whatever its version.
+    Existing,
 }
 
 /// The outcome of one benchmark.
@@ -111,7 +128,23 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     if config.rwmixread > 100 {
         return Err(Error::spec("--rwmixread", config.rwmixread.to_string(), "a percentage from 0 to 100"));
     }
-    let device = DeviceSpec::parse(&config.device, config.size)?.open()?;
+    let mut spec = DeviceSpec::parse(&config.device, config.size)?;
+    let read_only = !config.rw.writes();
+    spec.protect(config.guard, read_only);
+    let verify = match (config.verify, read_only && spec.holds_user_data()) {
+        (false, _) => VerifyMode::Off,
+        (true, false) => VerifyMode::LayOut,
+        (true, true) => VerifyMode::Existing,
+    };
+    if verify == VerifyMode::Existing && !config.block_size.is_multiple_of(crate::pattern::SECTOR as u64) {
+        return Err(Error::spec(
+            "--bs",
+            config.block_size.to_string(),
+            "a read-only run with --verify checks the 512-byte sectors iopath laid out earlier: use a block \
+             size that is a multiple of 512",
+        ));
+    }
+    let device = spec.open()?;
     let size = config.size.unwrap_or(device.size());
     if size > device.size() {
         return Err(Error::OutOfRange { offset: 0, len: size, size: device.size() });
@@ -124,7 +157,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
         ));
     }
     let engine = Engine::with_device(device, config.path.clone())?;
-    run_on(&engine, config, size)
+    run_with(&engine, config, size, verify)
 }
 
 struct ThreadOutcome {
@@ -136,8 +169,14 @@ struct ThreadOutcome {
     end_ns: u64,
 }
 
-/// Runs the benchmark on an engine that is already open.
+/// Runs the benchmark on an engine that is already open. With `--verify`,
+/// the engine's device is treated as scratch space: each thread lays its
+/// slice out first.
 pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchResult> {
+    run_with(engine, config, size, if config.verify { VerifyMode::LayOut } else { VerifyMode::Off })
+}
+
+fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode) -> Result<BenchResult> {
     let barrier = Arc::new(Barrier::new(config.threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
@@ -149,10 +188,18 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
     let outcomes: Vec<Result<ThreadOutcome>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..config.threads)
             .map(|thread| {
-                let (barrier, stop, progress) = (Arc::clone(&barrier), Arc::clone(&stop), Arc::clone(&progress));
+                let job = Job {
+                    engine,
+                    config,
+                    size,
+                    verify,
+                    barrier: Arc::clone(&barrier),
+                    stop: Arc::clone(&stop),
+                    progress: Arc::clone(&progress),
+                };
                 std::thread::Builder::new()
                     .name(format!("iopath-io-{thread}"))
-                    .spawn_scoped(scope, move || worker(engine, config, size, thread, &barrier, &stop, &progress))
+                    .spawn_scoped(scope, move || worker(&job, thread))
                     .expect("spawn benchmark thread")
             })
             .collect();
@@ -244,9 +291,21 @@ fn update_progress(bar: &indicatif::ProgressBar, config: &BenchConfig, start_ns:
     bar.set_message(format!("{} IOs, {:.0} IOPS", ios, iops));
 }
 
+/// What every benchmark thread shares.
+struct Job<'a> {
+    engine: &'a Engine,
+    config: &'a BenchConfig,
+    size: u64,
+    verify: VerifyMode,
+    barrier: Arc<Barrier>,
+    stop: Arc<AtomicBool>,
+    progress: Arc<AtomicU64>,
+}
+
 /// Where a thread's run stands.
 struct ThreadRun<'a> {
     config: &'a BenchConfig,
+    verify: VerifyMode,
     generator: Generator,
     /// Last version written to each block of the slice (verify only).
     versions: Vec<u64>,
@@ -286,46 +345,46 @@ impl ThreadRun<'_> {
 
     /// Prepares a buffer for a write (verify) and returns the version it carries.
     fn prepare_write(&mut self, buf: &mut [u8], block: u64) {
-        if self.config.verify {
+        if self.verify == VerifyMode::LayOut {
             let offset = self.generator.offset(block);
-            verify::fill(buf, offset, self.versions[block as usize] + 1);
+            crate::pattern::fill(buf, offset, self.versions[block as usize] + 1);
         }
     }
 
     /// Records a finished write or checks a finished read (verify).
     fn settle(&mut self, op: Op, buf: &[u8], block: u64) -> Result<()> {
-        if !self.config.verify {
-            return Ok(());
-        }
         let b = block as usize;
-        match op {
-            Op::Write => self.versions[b] += 1,
-            _ => {
-                let offset = self.generator.offset(block);
-                verify::check(buf, offset, self.versions[b])
-                    .map_err(|detail| self.fail(Error::Verify { offset, detail }))?;
-                self.verified_blocks += 1;
+        let offset = self.generator.offset(block);
+        let checked = match (self.verify, op) {
+            (VerifyMode::Off, _) => return Ok(()),
+            (VerifyMode::LayOut, Op::Write) => {
+                self.versions[b] += 1;
+                return Ok(());
             }
-        }
+            (VerifyMode::LayOut, _) => crate::pattern::check(buf, offset, self.versions[b]),
+            (VerifyMode::Existing, _) => crate::pattern::check_any(buf, offset).map_err(|detail| {
+                format!(
+                    "{detail}. A read-only run with --verify checks the pattern iopath laid out earlier and \
+                     writes nothing: lay one out first with `iopath bench --device {} --rw write --verify \
+                     --bs {}` (iopath also lays it out in a file it creates)",
+                    self.config.device, self.config.block_size
+                )
+            }),
+        };
+        checked.map_err(|detail| self.fail(Error::Verify { offset, detail }))?;
+        self.verified_blocks += 1;
         Ok(())
     }
 }
 
-fn worker(
-    engine: &Engine,
-    config: &BenchConfig,
-    size: u64,
-    thread: usize,
-    barrier: &Barrier,
-    stop: &AtomicBool,
-    progress: &AtomicU64,
-) -> Result<ThreadOutcome> {
+fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
+    let config = job.config;
     // Every thread must reach the barrier, even when its set-up fails.
-    let setup = setup_thread(engine, config, size, thread, stop, progress);
+    let setup = setup_thread(job, thread);
     if setup.is_err() {
-        stop.store(true, Ordering::Relaxed);
+        job.stop.store(true, Ordering::Relaxed);
     }
-    barrier.wait();
+    job.barrier.wait();
     let (mut handle, mut run) = setup?;
     let usage_before = ThreadUsage::now();
     let path_before = handle.stats();
@@ -340,16 +399,10 @@ fn worker(
     Ok(ThreadOutcome { read: run.read, write: run.write, usage, path, verified_blocks: run.verified_blocks, end_ns })
 }
 
-fn setup_thread<'a>(
-    engine: &Engine,
-    config: &'a BenchConfig,
-    size: u64,
-    thread: usize,
-    stop: &'a AtomicBool,
-    progress: &'a AtomicU64,
-) -> Result<(Handle, ThreadRun<'a>)> {
+fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a>)> {
+    let (engine, config) = (job.engine, job.config);
     let generator =
-        Generator::new(config.rw, config.rwmixread, size, config.block_size, config.threads, thread, config.seed)?;
+        Generator::new(config.rw, config.rwmixread, job.size, config.block_size, config.threads, thread, config.seed)?;
     if config.verify && generator.blocks < config.iodepth as u64 {
         return Err(Error::spec(
             "--iodepth",
@@ -360,7 +413,7 @@ fn setup_thread<'a>(
     let bs = config.block_size as usize;
     let handle =
         engine.handle(HandleOptions { depth: config.iodepth, buffers: config.iodepth as usize, buffer_size: bs })?;
-    let versions = if config.verify { lay_out(engine, &generator)? } else { Vec::new() };
+    let versions = if job.verify == VerifyMode::LayOut { lay_out(engine, &generator)? } else { Vec::new() };
     let limit = match (config.ios, config.runtime) {
         (Some(n), _) => n,
         (None, Some(_)) => u64::MAX,
@@ -368,13 +421,14 @@ fn setup_thread<'a>(
     };
     let run = ThreadRun {
         config,
+        verify: job.verify,
         generator,
         versions,
         read: DirStats::default(),
         write: DirStats::default(),
         verified_blocks: 0,
-        stop,
-        progress,
+        stop: &job.stop,
+        progress: &job.progress,
         deadline_ns: u64::MAX,
         issued: 0,
         limit,
@@ -395,7 +449,7 @@ fn lay_out(engine: &Engine, generator: &Generator) -> Result<Vec<u64>> {
         let buf = handle.buffer(0).expect("prefill buffer is idle");
         for i in 0..n {
             let at = (i * bs) as usize;
-            verify::fill(&mut buf[at..at + bs as usize], generator.offset(block + i), 1);
+            crate::pattern::fill(&mut buf[at..at + bs as usize], generator.offset(block + i), 1);
         }
         handle.write_from(0, generator.offset(block), (n * bs) as usize)?;
         block += n;

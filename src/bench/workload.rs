@@ -52,6 +52,11 @@ impl Rw {
         })
     }
 
+    /// Whether the pattern writes at all (`read` and `randread` do not).
+    pub fn writes(self) -> bool {
+        !matches!(self, Rw::Read | Rw::RandRead)
+    }
+
     /// Whether offsets are random.
     pub fn is_random(self) -> bool {
         matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)

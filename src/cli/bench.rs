@@ -27,6 +27,30 @@ impl HogArgs {
     }
 }
 
+/// What a run may overwrite (shared with `compare`).
+#[derive(Args, Debug, Clone)]
+pub struct SafetyArgs {
+    /// Let a write workload overwrite an existing file iopath did not create, or a block
+    /// device. Without it such a target is refused, and a file iopath creates is marked
+    /// (extended attribute user.iopath) so later runs may write to it.
+    #[arg(long, help_heading = "Safety")]
+    pub allow_overwrite: bool,
+    /// With --allow-overwrite: also a target that holds a file system, partition table,
+    /// LVM/RAID/LUKS volume or swap signature. A mounted device is refused even then.
+    #[arg(long, requires = "allow_overwrite", help_heading = "Safety")]
+    pub allow_fs_overwrite: bool,
+}
+
+impl SafetyArgs {
+    /// The guard these flags ask for.
+    pub fn guard(&self) -> iopath::device::target::Guard {
+        iopath::device::target::Guard::Protect {
+            allow_overwrite: self.allow_overwrite,
+            allow_fs: self.allow_fs_overwrite,
+        }
+    }
+}
+
 /// Output formats.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum OutputFormat {
@@ -123,6 +147,8 @@ pub struct BenchArgs {
     seed: u64,
     #[command(flatten)]
     hogs: HogArgs,
+    #[command(flatten)]
+    safety: SafetyArgs,
     /// table or json.
     #[arg(long, value_enum, default_value = "table")]
     output_format: OutputFormat,
@@ -151,6 +177,7 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
         seed: args.seed,
         progress: !args.no_progress,
         hogs: args.hogs.config(args.hogs.cpu_hogs),
+        guard: args.safety.guard(),
     };
     let result = bench::run(&config)?;
     match args.output_format {

@@ -1,6 +1,6 @@
 //! `iopath compare`: a matrix of paths x workloads on one device.
 
-use super::bench::{DEVICES_HELP, OutputFormat};
+use super::bench::{DEVICES_HELP, OutputFormat, SafetyArgs};
 use super::path_args::{PathKnobs, duration_arg, presets_help, resolve_path};
 use clap::Args;
 use iopath::bench::compare::Comparison;
@@ -82,6 +82,8 @@ pub struct CompareArgs {
     repeat: usize,
     #[command(flatten)]
     knobs: PathKnobs,
+    #[command(flatten)]
+    safety: SafetyArgs,
     /// table or json.
     #[arg(long, value_enum, default_value = "table")]
     output_format: OutputFormat,
@@ -131,6 +133,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             seed: 0x10_9a7,
             progress: false,
             hogs: Default::default(),
+            guard: args.safety.guard(),
         });
     }
     let show = !args.no_progress && std::io::stderr().is_terminal();

@@ -39,6 +39,10 @@ pub struct EmuConfig {
     pub file: Option<PathBuf>,
     /// Allocate the memory store up front so no request pays a page fault (default on).
     pub populate: bool,
+    /// With `file`: map it copy-on-write, so nothing written reaches the file.
+    pub read_only: bool,
+    /// With `file`: what may be written to an existing file iopath did not create.
+    pub guard: super::target::Guard,
 }
 
 const KNOWN: &[&str] =
@@ -100,8 +104,17 @@ impl EmuConfig {
         // memory costs ~1-20 µs here, paid by whichever thread copies the data (the
         // merging paths' serving thread), which cost STM ~3% of peak on writes.
         let populate = opts.take_bool("populate")?.unwrap_or(true);
+        let read_only = opts.take_bool("readonly")?.unwrap_or(false);
         opts.finish(KNOWN)?;
-        Ok(EmuConfig { preset: name.to_string(), params, size, file, populate })
+        Ok(EmuConfig {
+            preset: name.to_string(),
+            params,
+            size,
+            file,
+            populate,
+            read_only,
+            guard: super::target::Guard::Off,
+        })
     }
 }
 
@@ -125,7 +138,7 @@ impl EmuDevice {
     /// Opens an emulated device.
     pub fn open(config: &EmuConfig) -> Result<EmuDevice> {
         let store = match &config.file {
-            Some(path) => Store::file(path, config.size)?,
+            Some(path) => Store::file(path, config.size, config.read_only, config.guard)?,
             None => Store::memory(config.size, config.populate)?,
         };
         let counters = Counters { model: Model::new(config.params.clone()), stats: DeviceStats::default() };

@@ -18,10 +18,10 @@ pub struct PsyncConfig {
 }
 
 impl PsyncConfig {
-    /// Parses `psync:PATH[,direct=0|1][,size=N]`.
+    /// Parses `psync:PATH[,direct=0|1][,size=N][,readonly=1]`.
     pub fn parse(path: &str, mut opts: Options, default_size: Option<u64>) -> Result<PsyncConfig> {
         let target = TargetConfig::parse(path, &mut opts, default_size)?;
-        opts.finish(&["direct", "size"])?;
+        opts.finish(&["direct", "size", "readonly"])?;
         Ok(PsyncConfig { target })
     }
 }

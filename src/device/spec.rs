@@ -169,12 +169,32 @@ impl DeviceSpec {
         Ok(DeviceSpec { backend, faults })
     }
 
-    /// The target file or block device of a `uring:`/`psync:` spec, if any.
-    pub fn target_mut(&mut self) -> Option<&mut super::target::TargetConfig> {
+    /// Whether the device keeps data someone else may own: a file or block
+    /// device, or an emulated device backed by a file (not emulated memory,
+    /// which exists only for the run, nor `null`).
+    pub fn holds_user_data(&self) -> bool {
+        match &self.backend {
+            Backend::Uring(_) | Backend::Psync(_) => true,
+            Backend::Emu(c) => c.file.is_some(),
+            Backend::Null(_) => false,
+        }
+    }
+
+    /// Says what may be written: `read_only` opens files and block devices
+    /// read-only (and maps an emulated device's file copy-on-write); `guard`
+    /// decides what an existing target iopath did not create may have
+    /// written to it.
+    pub fn protect(&mut self, guard: super::target::Guard, read_only: bool) {
         match &mut self.backend {
-            Backend::Uring(c) => Some(&mut c.target),
-            Backend::Psync(c) => Some(&mut c.target),
-            Backend::Emu(_) | Backend::Null(_) => None,
+            Backend::Uring(uring::UringConfig { target, .. }) | Backend::Psync(psync::PsyncConfig { target }) => {
+                target.guard = guard;
+                target.read_only |= read_only;
+            }
+            Backend::Emu(c) => {
+                c.guard = guard;
+                c.read_only |= read_only;
+            }
+            Backend::Null(_) => {}
         }
     }
 

@@ -4,6 +4,7 @@
 //! costs only the pages that are written. A file-backed store is mapped
 //! shared and made durable by a flush (`msync`).
 
+use super::target::{Guard, check_guard, mark_owned};
 use crate::error::{Error, Result};
 use memmap2::{MmapMut, MmapOptions};
 use std::fs::OpenOptions;
@@ -44,25 +45,46 @@ impl Store {
         Ok(Store { map, base, file: None })
     }
 
-    /// A file of `size` bytes (created or grown as needed) mapped shared.
-    pub fn file(path: &Path, size: u64) -> Result<Store> {
+    /// A file of `size` bytes (created or grown as needed) mapped shared; with
+    /// `read_only`, mapped copy-on-write so nothing written reaches the file.
+    /// An existing file is written to only as `guard` allows.
+    pub fn file(path: &Path, size: u64, read_only: bool, guard: Guard) -> Result<Store> {
         let target = |action, source| Error::Target { action, path: path.to_path_buf(), source };
+        let created = !path.exists();
+        if !created && !read_only {
+            check_guard(path, false, guard)?;
+        }
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
-            .create(true)
+            .write(!read_only)
+            .create(!read_only)
             .truncate(false)
             .open(path)
             .map_err(|e| target("open", e))?;
+        if created {
+            mark_owned(&file);
+        }
         let len = file.metadata().map_err(|e| target("stat", e))?.len();
         if len < size {
+            if read_only {
+                return Err(Error::Refused {
+                    path: path.to_path_buf(),
+                    why: format!("it holds {len} bytes, fewer than the device size {size}"),
+                    fix: "give the emulated device a size= no larger than the file; a read-only device does \
+                          not extend it"
+                        .into(),
+                });
+            }
             file.set_len(size).map_err(|e| target("size", e))?;
         }
+        let mut options = MmapOptions::new();
+        options.len(size as usize);
         // SAFETY: the mapping is private to this store; other processes changing the
         // file underneath would only change the bytes we read, which is the file's contract.
-        let mut map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }.map_err(|e| target("map", e))?;
+        let map = unsafe { if read_only { options.map_copy(&file) } else { options.map_mut(&file) } };
+        let mut map = map.map_err(|e| target("map", e))?;
         let base = map.as_mut_ptr();
-        Ok(Store { map, base, file: Some(path.to_path_buf()) })
+        Ok(Store { map, base, file: (!read_only).then(|| path.to_path_buf()) })
     }
 
     /// Size in bytes.

@@ -1,14 +1,43 @@
 //! Opening a real target (file or block device) for the `psync` and `uring`
 //! backends: O_DIRECT by default, a missing file created and laid out at the
-//! requested size (as fio does), and the alignment O_DIRECT needs found out.
+//! requested size (as fio does, but with iopath's self-describing pattern,
+//! so a later read-only `--verify` can check it), the alignment O_DIRECT
+//! needs found out, and a [`Guard`] that keeps `bench` and `compare` from
+//! destroying data iopath did not put there.
+//!
+//! What the guard refuses, unless the caller allows it: writing to an
+//! existing file iopath did not create (iopath marks the files it creates
+//! with the extended attribute `user.iopath`), writing to any block device,
+//! and, even then, writing to a target that holds a file system, partition
+//! table, volume or swap signature. A block device opened for writing is
+//! opened `O_EXCL`, so the kernel itself refuses one that is mounted or in
+//! use. A read-only open never writes: no lay-out, no extension.
 
 use super::spec::Options;
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+
+/// What a caller lets iopath write to a target it did not create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Guard {
+    /// No checks: the caller names its own file and means to write to it
+    /// (the library's default: a program that opens its own data file).
+    #[default]
+    Off,
+    /// Write only to files iopath created, unless allowed (`bench` and
+    /// `compare` use this).
+    Protect {
+        /// Existing files and block devices may be overwritten (`--allow-overwrite`).
+        allow_overwrite: bool,
+        /// Even one that holds a file system, partition table, volume or swap
+        /// signature (`--allow-fs-overwrite`, on top of `allow_overwrite`).
+        allow_fs: bool,
+    },
+}
 
 /// How to open a file or block device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,17 +48,22 @@ pub struct TargetConfig {
     pub direct: bool,
     /// Size to create or extend a regular file to; `None` uses the existing size.
     pub size: Option<u64>,
+    /// Open read-only (`readonly=1`): nothing is ever written, not even a lay-out.
+    pub read_only: bool,
+    /// What may be written to a target iopath did not create.
+    pub guard: Guard,
 }
 
 impl TargetConfig {
-    /// Parses the common options `direct=` and `size=` after a path.
+    /// Parses the common options `direct=`, `size=` and `readonly=` after a path.
     pub fn parse(path: &str, opts: &mut Options, default_size: Option<u64>) -> Result<TargetConfig> {
         if path.is_empty() {
             return Err(opts.error("a path is required, e.g. uring:/dev/loop0 or psync:/tmp/iopath.img"));
         }
         let direct = opts.take_bool("direct")?.unwrap_or(true);
         let size = opts.take_size("size")?.or(default_size);
-        Ok(TargetConfig { path: PathBuf::from(path), direct, size })
+        let read_only = opts.take_bool("readonly")?.unwrap_or(false);
+        Ok(TargetConfig { path: PathBuf::from(path), direct, size, read_only, guard: Guard::Off })
     }
 }
 
@@ -48,15 +82,25 @@ pub struct Target {
     pub is_block_device: bool,
     /// Whether it was opened with O_DIRECT.
     pub direct: bool,
+    /// Whether it was opened read-only.
+    pub read_only: bool,
+    /// Whether this open created it.
+    pub created: bool,
 }
 
 const LAYOUT_CHUNK: usize = 1 << 20;
+/// The extended attribute iopath puts on files it creates.
+pub const OWNER_XATTR: &str = "user.iopath";
+const OWNER_VALUE: &[u8] = b"created by iopath: its benchmarks may overwrite it";
+/// How much of a target is read to look for signatures (btrfs's is at 64 KiB + 64).
+const PROBE_BYTES: usize = 68 * 1024;
 
 impl Target {
     /// Opens (creating and laying out if needed) the target.
     pub fn open(config: &TargetConfig) -> Result<Target> {
         let path = &config.path;
         let err = |action, source| Error::Target { action, path: path.clone(), source };
+        let mut created = false;
         if !path.exists() {
             let Some(size) = config.size else {
                 return Err(err(
@@ -67,28 +111,63 @@ impl Target {
                     ),
                 ));
             };
-            lay_out(path, 0, size).map_err(|e| err("create", e))?;
+            create(path, size).map_err(|e| err("create", e))?;
+            created = true;
         }
         let meta = std::fs::metadata(path).map_err(|e| err("stat", e))?;
         let is_block_device = meta.file_type().is_block_device();
         if !is_block_device && !meta.is_file() {
             return Err(err(
                 "open",
-                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file or a block device"),
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a regular file or a block device (a /proc or /sys file cannot be benchmarked)",
+                ),
             ));
         }
-        if !is_block_device
-            && let Some(size) = config.size
-            && meta.len() < size
-        {
+        if !config.read_only && !created && config.guard != Guard::Off {
+            check_guard(path, is_block_device, config.guard)?;
+        }
+        let short = !is_block_device && config.size.is_some_and(|s| meta.len() < s);
+        if short {
+            let size = config.size.expect("short implies a size");
+            if config.read_only {
+                return Err(Error::Refused {
+                    path: path.clone(),
+                    why: format!("it holds {} bytes, fewer than the {size} asked for", meta.len()),
+                    fix: "give a --size no larger than the file (or none: the whole file is used); a read-only \
+                          run does not extend it"
+                        .into(),
+                });
+            }
             lay_out(path, meta.len(), size).map_err(|e| err("lay out", e))?;
         }
         let mut options = OpenOptions::new();
-        options.read(true).write(true);
+        options.read(true).write(!config.read_only);
+        let mut flags = 0;
         if config.direct {
-            options.custom_flags(libc::O_DIRECT);
+            flags |= libc::O_DIRECT;
         }
-        let file = options.open(path).map_err(|e| err("open", e))?;
+        if is_block_device && !config.read_only && config.guard != Guard::Off {
+            // The kernel refuses an exclusive open of a device that is mounted or in use.
+            flags |= libc::O_EXCL;
+        }
+        options.custom_flags(flags);
+        let file = options.open(path).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) && flags & libc::O_EXCL != 0 {
+                Error::Refused {
+                    path: path.clone(),
+                    why: "the kernel says it is in use: mounted, active swap, or part of an LVM, RAID or \
+                          device-mapper device"
+                        .into(),
+                    fix: "unmount it (or stop what holds it) first; a read-only workload (--rw read or \
+                          randread) can run on it as it is"
+                        .into(),
+                }
+            } else {
+                err("open", e)
+            }
+        })?;
         let (full_size, alignment) = if is_block_device {
             (
                 block_device_size(&file).map_err(|e| err("size", e))?,
@@ -111,31 +190,136 @@ impl Target {
             alignment: if config.direct { alignment } else { 1 },
             is_block_device,
             direct: config.direct,
+            read_only: config.read_only,
+            created,
         })
     }
 
     /// A short description for reports.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({}, {}, {} bytes)",
+            "{} ({}, {}{}, {} bytes)",
             self.path.display(),
             if self.is_block_device { "block device" } else { "file" },
             if self.direct { format!("O_DIRECT, {}-byte alignment", self.alignment) } else { "buffered".into() },
+            if self.read_only { ", read-only" } else { "" },
             self.size
         )
     }
 }
 
-/// Writes zeros from `from` to `to` (fio's lay-out), then syncs.
+/// Refuses (with what to do instead) a target iopath may not write to.
+pub(crate) fn check_guard(path: &Path, is_block_device: bool, guard: Guard) -> Result<()> {
+    let Guard::Protect { allow_overwrite, allow_fs } = guard else { return Ok(()) };
+    if !is_block_device && is_owned(path) {
+        return Ok(());
+    }
+    let mut probe = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(PROBE_BYTES as u64).read_to_end(&mut probe))
+        .map_err(|source| Error::Target { action: "read", path: path.to_path_buf(), source })?;
+    if let Some((what, at)) = signature(&probe)
+        && !(allow_overwrite && allow_fs)
+    {
+        return Err(Error::Refused {
+            path: path.to_path_buf(),
+            why: format!("it holds {what} (signature at byte {at})"),
+            fix: "a write workload would destroy it. Use a read-only workload (--rw read or randread), or, if \
+                  it really may be destroyed, add both --allow-overwrite and --allow-fs-overwrite (wipefs \
+                  shows and removes such signatures)"
+                .into(),
+        });
+    }
+    if allow_overwrite {
+        return Ok(());
+    }
+    let why = if is_block_device {
+        "it is a block device, and a write workload overwrites whatever it holds".to_string()
+    } else {
+        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        format!("it is an existing file ({len} bytes) that iopath did not create, and a write workload overwrites it")
+    };
+    Err(Error::Refused {
+        path: path.to_path_buf(),
+        why,
+        fix: "use a read-only workload (--rw read or randread), or a path that does not exist yet (iopath \
+              creates and lays it out), or add --allow-overwrite if its contents may be destroyed"
+            .into(),
+    })
+}
+
+/// Whether iopath created the file (its `user.iopath` attribute is set).
+pub fn is_owned(path: &Path) -> bool {
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
+    let name = std::ffi::CString::new(OWNER_XATTR).expect("no NUL");
+    let mut value = [0u8; 64];
+    // SAFETY: both strings are NUL-terminated; the value buffer is valid for its length.
+    let n = unsafe { libc::getxattr(c_path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+    n > 0 && value[..n as usize] == OWNER_VALUE[..(n as usize).min(OWNER_VALUE.len())]
+}
+
+/// Marks a file as created by iopath; false where the file system keeps no user attributes.
+pub(crate) fn mark_owned(file: &File) -> bool {
+    let name = std::ffi::CString::new(OWNER_XATTR).expect("no NUL");
+    // SAFETY: a valid fd, a NUL-terminated name and a value valid for its length.
+    let rc =
+        unsafe { libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), OWNER_VALUE.as_ptr().cast(), OWNER_VALUE.len(), 0) };
+    rc == 0
+}
+
+/// Known signatures of file systems, partition tables, volumes and swap:
+/// (what, byte offset, magic bytes). The offsets are those libblkid probes.
+const SIGNATURES: &[(&str, usize, &[u8])] = &[
+    ("an ext2/ext3/ext4 file system", 1080, &[0x53, 0xef]),
+    ("an XFS file system", 0, b"XFSB"),
+    ("a btrfs file system", 65600, b"_BHRfS_M"),
+    ("an F2FS file system", 1024, &[0x10, 0x20, 0xf5, 0xf2]),
+    ("a squashfs image", 0, b"hsqs"),
+    ("an NTFS file system", 3, b"NTFS    "),
+    ("an exFAT file system", 3, b"EXFAT   "),
+    ("a FAT file system", 82, b"FAT32   "),
+    ("a FAT file system", 54, b"FAT1"),
+    ("an ISO 9660 image", 32769, b"CD001"),
+    ("a GPT partition table", 512, b"EFI PART"),
+    ("a GPT partition table", 4096, b"EFI PART"),
+    ("a LUKS encrypted volume", 0, b"LUKS\xba\xbe"),
+    ("an LVM physical volume", 512, b"LABELONE"),
+    ("an LVM physical volume", 0, b"LABELONE"),
+    ("Linux swap space", 4086, b"SWAPSPACE2"),
+    ("Linux swap space", 4086, b"SWAP-SPACE"),
+    ("an MD RAID member", 4096, &[0xfc, 0x4e, 0x2b, 0xa9]),
+    ("an MD RAID member", 0, &[0xfc, 0x4e, 0x2b, 0xa9]),
+    ("a DOS partition table or boot sector", 510, &[0x55, 0xaa]),
+];
+
+/// The first known signature in the leading bytes of a target, and where it is.
+pub fn signature(bytes: &[u8]) -> Option<(&'static str, usize)> {
+    SIGNATURES
+        .iter()
+        .find(|(_, at, magic)| bytes.get(*at..*at + magic.len()) == Some(magic))
+        .map(|(what, at, _)| (*what, *at))
+}
+
+/// Creates a missing file (never an existing one), lays it out and marks it as iopath's.
+fn create(path: &Path, size: u64) -> std::io::Result<()> {
+    let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    // Where the file system keeps no user attributes, later runs need --allow-overwrite.
+    mark_owned(&file);
+    drop(file);
+    lay_out(path, 0, size)
+}
+
+/// Writes iopath's self-describing pattern (version 1) from `from` to `to`, then syncs.
 fn lay_out(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
-    let mut file = OpenOptions::new().write(true).create(true).truncate(false).open(path)?;
+    let mut file = OpenOptions::new().write(true).open(path)?;
     use std::io::Seek;
     file.seek(std::io::SeekFrom::Start(from))?;
-    let zeros = vec![0u8; LAYOUT_CHUNK];
+    let mut chunk = vec![0u8; LAYOUT_CHUNK];
     let mut pos = from;
     while pos < to {
         let n = ((to - pos) as usize).min(LAYOUT_CHUNK);
-        file.write_all(&zeros[..n])?;
+        crate::pattern::fill(&mut chunk[..n], pos, 1);
+        file.write_all(&chunk[..n])?;
         pos += n as u64;
     }
     file.sync_all()
@@ -181,7 +365,14 @@ mod tests {
     fn missing_file_is_created_and_laid_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.img");
-        let t = Target::open(&TargetConfig { path: path.clone(), direct: true, size: Some(3 << 20) }).unwrap();
+        let t = Target::open(&TargetConfig {
+            path: path.clone(),
+            direct: true,
+            size: Some(3 << 20),
+            read_only: false,
+            guard: Guard::Off,
+        })
+        .unwrap();
         assert_eq!(t.size, 3 << 20);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 << 20);
         assert!(t.alignment >= 512 && t.alignment.is_power_of_two());
@@ -190,14 +381,27 @@ mod tests {
     #[test]
     fn missing_file_without_size_says_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
-        let e = Target::open(&TargetConfig { path: dir.path().join("nope"), direct: true, size: None }).unwrap_err();
+        let e = Target::open(&TargetConfig {
+            path: dir.path().join("nope"),
+            direct: true,
+            size: None,
+            read_only: false,
+            guard: Guard::Off,
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("--size"), "{e}");
     }
 
     #[test]
     fn missing_directory_is_a_clear_error() {
-        let e = Target::open(&TargetConfig { path: "/nonexistent-dir/x.img".into(), direct: true, size: Some(4096) })
-            .unwrap_err();
+        let e = Target::open(&TargetConfig {
+            path: "/nonexistent-dir/x.img".into(),
+            direct: true,
+            size: Some(4096),
+            read_only: false,
+            guard: Guard::Off,
+        })
+        .unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("/nonexistent-dir/x.img"), "{msg}");
         assert!(msg.contains("directory must exist"), "{msg}");
@@ -205,7 +409,14 @@ mod tests {
 
     #[test]
     fn not_a_file_is_rejected() {
-        let e = Target::open(&TargetConfig { path: "/dev/null".into(), direct: false, size: None }).unwrap_err();
+        let e = Target::open(&TargetConfig {
+            path: "/dev/null".into(),
+            direct: false,
+            size: None,
+            read_only: false,
+            guard: Guard::Off,
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }

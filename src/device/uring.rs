@@ -78,10 +78,10 @@ pub struct UringConfig {
     pub iopoll: IoPoll,
 }
 
-const KNOWN: &[&str] = &["direct", "size", "taskrun", "fixedbufs", "fixedfiles", "sqpoll", "iopoll"];
+const KNOWN: &[&str] = &["direct", "size", "readonly", "taskrun", "fixedbufs", "fixedfiles", "sqpoll", "iopoll"];
 
 impl UringConfig {
-    /// Parses `uring:PATH[,direct=1][,size=N][,taskrun=defer|coop|plain][,fixedbufs=1]
+    /// Parses `uring:PATH[,direct=1][,size=N][,readonly=1][,taskrun=defer|coop|plain][,fixedbufs=1]
     /// [,fixedfiles=1][,sqpoll=0][,iopoll=auto|on|off]`.
     pub fn parse(path: &str, mut opts: Options, default_size: Option<u64>) -> Result<UringConfig> {
         let target = TargetConfig::parse(path, &mut opts, default_size)?;
