@@ -152,6 +152,13 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// Ctrl-C or SIGTERM arrived before there was anything to report.
+    #[error("interrupted (Ctrl-C or SIGTERM) while {during}")]
+    Interrupted {
+        /// What iopath was doing.
+        during: String,
+    },
+
     /// `--verify` found data that is not what was written.
     #[error("verify failed at offset {offset}: {detail}")]
     Verify {

@@ -29,6 +29,7 @@ pub mod engine;
 pub mod error;
 pub mod path;
 pub mod pattern;
+pub mod signal;
 pub mod units;
 
 pub use buffer::IoBuf;

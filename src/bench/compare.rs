@@ -58,6 +58,11 @@ pub struct Comparison {
     pub cells: Vec<Cell>,
     /// The path throughput is normalized to, if it was run.
     pub baseline: Option<String>,
+    /// Cells the matrix has; fewer ran if it was interrupted.
+    pub planned: usize,
+    /// Ctrl-C or SIGTERM ended the comparison early: `cells` holds what ran
+    /// (the last one possibly cut short).
+    pub interrupted: bool,
 }
 
 /// Runs every (path, workload) pair. `configs` gives one bench config per
@@ -72,12 +77,23 @@ pub fn compare(
 ) -> Result<Comparison> {
     let total = configs.len() * workloads.len();
     let mut cells = Vec::with_capacity(total);
-    for &rw in workloads {
+    'matrix: for &rw in workloads {
         for config in configs {
+            if crate::signal::interrupted() {
+                break 'matrix;
+            }
             let config = BenchConfig { rw, ..config.clone() };
             let mut runs = Vec::new();
             for _ in 0..repeat.max(1) {
-                runs.push(run(&config)?);
+                match run(&config) {
+                    Ok(result) => runs.push(result),
+                    // Interrupted before it measured anything (while laying out): nothing to keep.
+                    Err(crate::Error::Interrupted { .. }) => break 'matrix,
+                    Err(e) => return Err(e),
+                }
+                if crate::signal::interrupted() {
+                    break;
+                }
             }
             let repeats_iops: Vec<f64> = runs.iter().map(|r| r.measurements.total_iops()).collect();
             runs.sort_by(|a, b| a.measurements.total_iops().total_cmp(&b.measurements.total_iops()));
@@ -89,7 +105,8 @@ pub fn compare(
     }
     let paths: Vec<String> = configs.iter().map(|c| c.path_name.clone()).collect();
     let baseline = paths.iter().find(|p| p.as_str() == baseline).cloned();
-    Ok(Comparison { paths, workloads: workloads.to_vec(), cells, baseline })
+    let interrupted = crate::signal::interrupted();
+    Ok(Comparison { paths, workloads: workloads.to_vec(), cells, baseline, planned: total, interrupted })
 }
 
 /// A latency quantile of a cell, both directions together (`u64::MAX` if it has none).
@@ -222,6 +239,13 @@ impl Comparison {
                 first.result.device_description,
             ));
         }
+        if self.interrupted {
+            out.push_str(&format!(
+                "PARTIAL: interrupted after {} of {} cells; cells that did not run show -\n\n",
+                self.cells.len(),
+                self.planned
+            ));
+        }
         if let Some(base) = &self.baseline {
             let source = if base == "scsi-intr" { " (seed 000 Table 7)" } else { "" };
             out.push_str(&self.matrix(&format!("Throughput relative to {base}{source}"), |cell| {
@@ -296,6 +320,8 @@ impl Comparison {
             "fio version": format!("iopath-{}", env!("CARGO_PKG_VERSION")),
             "jobs": jobs,
             "compare": {
+                "partial": self.interrupted,
+                "cells_planned": self.planned,
                 "baseline": self.baseline,
                 "paths": self.paths,
                 "workloads": self.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),

@@ -60,6 +60,7 @@ fn opt_f64(v: Option<f64>) -> Value {
 fn iopath_object(r: &BenchResult) -> Value {
     let m = &r.measurements;
     json!({
+        "partial": r.interrupted,
         "device": r.device_description,
         "path": r.config.path_name,
         "dispatch": r.config.path.dispatch.name(),
@@ -183,6 +184,7 @@ pub fn to_json(results: &[BenchResult]) -> Value {
     json!({
         "fio version": format!("iopath-{}", env!("CARGO_PKG_VERSION")),
         "timestamp": timestamp,
+        "iopath_partial": results.iter().any(|r| r.interrupted),
         "jobs": results.iter().map(job_json).collect::<Vec<_>>(),
     })
 }
@@ -250,6 +252,12 @@ pub fn to_table(r: &BenchResult) -> String {
         format_size(r.size),
         m.wall_ns as f64 / 1e9
     ));
+    if r.interrupted {
+        out.push_str(&format!(
+            "PARTIAL: interrupted after {:.2} s; the figures cover only that time\n",
+            m.wall_ns as f64 / 1e9
+        ));
+    }
     out.push_str(&format!("device: {}\n", r.device_description));
     let polling = match c.path.dispatch {
         crate::path::DispatchKind::Combine | crate::path::DispatchKind::Hybrid => {

@@ -112,6 +112,9 @@ pub struct BenchResult {
     pub size: u64,
     /// What was measured.
     pub measurements: Measurements,
+    /// The run was cut short by Ctrl-C or SIGTERM: the figures cover only
+    /// the time it ran.
+    pub interrupted: bool,
 }
 
 /// Opens the device and engine a config names and runs the benchmark.
@@ -252,6 +255,9 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         end_ns = end_ns.max(o.end_ns);
     }
     m.wall_ns = end_ns - start_ns;
+    if crate::signal::interrupted() && m.total_ios() == 0 {
+        return Err(Error::Interrupted { during: "setting up, before any I/O was measured".into() });
+    }
     let bytes = (m.read.bytes + m.write.bytes).max(1);
     let read_fraction = if m.read.bytes + m.write.bytes == 0 {
         config.rw.read_fraction(config.rwmixread)
@@ -266,6 +272,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         completion_source: engine.device().completion_source(polled),
         size,
         measurements: m,
+        interrupted: crate::signal::interrupted(),
     })
 }
 
@@ -322,7 +329,10 @@ struct ThreadRun<'a> {
 
 impl ThreadRun<'_> {
     fn should_stop(&self, now: u64) -> bool {
-        now >= self.deadline_ns || self.issued >= self.limit || self.stop.load(Ordering::Relaxed)
+        now >= self.deadline_ns
+            || self.issued >= self.limit
+            || self.stop.load(Ordering::Relaxed)
+            || crate::signal::interrupted()
     }
 
     fn fail(&self, error: Error) -> Error {
@@ -445,6 +455,9 @@ fn lay_out(engine: &Engine, generator: &Generator) -> Result<Vec<u64>> {
     let mut handle = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: chunk })?;
     let mut block = 0;
     while block < generator.blocks {
+        if crate::signal::interrupted() {
+            return Err(Error::Interrupted { during: "laying out the region for --verify".into() });
+        }
         let n = per_write.min(generator.blocks - block);
         let buf = handle.buffer(0).expect("prefill buffer is idle");
         for i in 0..n {

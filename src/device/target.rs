@@ -300,13 +300,18 @@ pub fn signature(bytes: &[u8]) -> Option<(&'static str, usize)> {
         .map(|(what, at, _)| (*what, *at))
 }
 
-/// Creates a missing file (never an existing one), lays it out and marks it as iopath's.
+/// Creates a missing file (never an existing one), lays it out and marks it
+/// as iopath's. A lay-out that fails or is interrupted removes the file again.
 fn create(path: &Path, size: u64) -> std::io::Result<()> {
     let file = OpenOptions::new().write(true).create_new(true).open(path)?;
     // Where the file system keeps no user attributes, later runs need --allow-overwrite.
     mark_owned(&file);
     drop(file);
-    lay_out(path, 0, size)
+    let laid = lay_out(path, 0, size);
+    if laid.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    laid
 }
 
 /// Writes iopath's self-describing pattern (version 1) from `from` to `to`, then syncs.
@@ -317,6 +322,9 @@ fn lay_out(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
     let mut chunk = vec![0u8; LAYOUT_CHUNK];
     let mut pos = from;
     while pos < to {
+        if crate::signal::interrupted() {
+            return Err(std::io::Error::new(std::io::ErrorKind::Interrupted, "interrupted (Ctrl-C or SIGTERM)"));
+        }
         let n = ((to - pos) as usize).min(LAYOUT_CHUNK);
         crate::pattern::fill(&mut chunk[..n], pos, 1);
         file.write_all(&chunk[..n])?;
