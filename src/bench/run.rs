@@ -128,6 +128,12 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     if config.block_size == 0 {
         return Err(Error::ZeroLength { offset: 0 });
     }
+    if config.runtime == Some(Duration::ZERO) {
+        return Err(Error::spec("--runtime", "0", "a run must last longer than 0, e.g. --runtime 2s"));
+    }
+    if config.ios == Some(0) {
+        return Err(Error::spec("--ios", "0", "each thread must issue at least one request"));
+    }
     if config.rwmixread > 100 {
         return Err(Error::spec("--rwmixread", config.rwmixread.to_string(), "a percentage from 0 to 100"));
     }
@@ -148,6 +154,18 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
         ));
     }
     let device = spec.open()?;
+    let align = device.capabilities().alignment as u64;
+    if !config.block_size.is_multiple_of(align) {
+        return Err(Error::spec(
+            "--bs",
+            config.block_size.to_string(),
+            format!(
+                "{} needs every request aligned to {align} bytes (O_DIRECT): use a block size that is a \
+                 multiple of {align} (e.g. --bs 4k), or open it buffered with direct=0 in the device spec",
+                config.device
+            ),
+        ));
+    }
     let size = config.size.unwrap_or(device.size());
     if size > device.size() {
         return Err(Error::OutOfRange { offset: 0, len: size, size: device.size() });

@@ -136,6 +136,15 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             guard: args.safety.guard(),
         });
     }
+    // Found out now, not after the whole matrix has run: the chart's file can be written.
+    let chart = match &args.plot {
+        Some(file) => Some(std::fs::File::create(file).map_err(|source| iopath::Error::Target {
+            action: "create the chart file",
+            path: file.clone(),
+            source,
+        })?),
+        None => None,
+    };
     let show = !args.no_progress && std::io::stderr().is_terminal();
     let baseline = if policies { configs[0].path_name.clone() } else { args.baseline.clone() };
     let mut sections = Vec::new();
@@ -184,9 +193,10 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
         }
     }
-    if let Some(file) = &args.plot {
+    if let (Some(file), Some(mut chart)) = (&args.plot, chart) {
         let svg = if sections.len() == 1 { sections[0].1.to_svg() } else { contention_svg(&sections) };
-        std::fs::write(file, svg).map_err(|source| iopath::Error::Target {
+        use std::io::Write;
+        chart.write_all(svg.as_bytes()).map_err(|source| iopath::Error::Target {
             action: "write the chart to",
             path: file.clone(),
             source,

@@ -125,6 +125,19 @@ impl Target {
                 ),
             ));
         }
+        if !is_block_device && let Some(fs) = pseudo_file_system(path) {
+            return Err(err(
+                "open",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "it is on {fs}, where the kernel makes files up as they are read: there is no data to \
+                         benchmark. Use a file on a real file system (e.g. /tmp/iopath.img, created at --size) \
+                         or a block device"
+                    ),
+                ),
+            ));
+        }
         if !config.read_only && !created && config.guard != Guard::Off {
             check_guard(path, is_block_device, config.guard)?;
         }
@@ -246,6 +259,26 @@ pub(crate) fn check_guard(path: &Path, is_block_device: bool, guard: Guard) -> R
               creates and lays it out), or add --allow-overwrite if its contents may be destroyed"
             .into(),
     })
+}
+
+/// The name of the pseudo file system `path` is on (procfs, sysfs, ...), if it is on one.
+fn pseudo_file_system(path: &Path) -> Option<&'static str> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a writable statfs.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    match st.f_type as i64 {
+        0x9fa0 => Some("procfs (/proc)"),
+        0x6265_6572 => Some("sysfs (/sys)"),
+        0x6462_6720 => Some("debugfs"),
+        0x7472_6163 => Some("tracefs"),
+        0x2762_0000 | 0x6367_7270 => Some("cgroupfs"),
+        0x1cd1 => Some("devpts"),
+        _ => None,
+    }
 }
 
 /// Whether iopath created the file (its `user.iopath` attribute is set).
