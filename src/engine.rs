@@ -9,9 +9,10 @@
 
 use crate::device::{Capabilities, Device, DeviceSpec, Op, QueueConfig};
 use crate::error::{Error, Result};
+use crate::path::PathConfig;
 use crate::path::channel::{Channel, Completed, PathStats};
+use crate::path::dispatch::Dispatch;
 use crate::path::dispatch::{BLOCKING_TAG, Request};
-use crate::path::{Dispatch, PathConfig};
 use memmap2::MmapMut;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -172,14 +173,7 @@ impl Handle {
         let polled = shared.path.completion != crate::path::CompletionKind::Interrupt;
         let queue = shared.device.open_queue(&QueueConfig { depth: queue_depth, registered, polled, shared: false })?;
         let timeout_ns = shared.path.timeout.as_nanos().min(u64::MAX as u128) as u64;
-        let mut channel = Channel::new(
-            queue,
-            shared.path.completion,
-            depth as usize,
-            queue_depth as usize,
-            caps.max_segments,
-            timeout_ns,
-        );
+        let mut channel = Channel::new(queue, shared.path.completion, depth as usize, queue_depth as usize, timeout_ns);
         channel.waiter_spin_ns = shared.path.waiter_spin_ns();
         Ok(Handle {
             shared,

@@ -18,9 +18,6 @@
 //! # Ok::<(), iopath::Error>(())
 //! ```
 
-#![deny(missing_docs)]
-#![deny(unsafe_op_in_unsafe_fn)]
-
 pub mod bench;
 pub mod buffer;
 pub mod clock;

@@ -154,7 +154,6 @@ pub struct Channel {
     pool: Vec<Command>,
     done: Vec<Command>,
     queue_depth: usize,
-    max_segments: usize,
     timeout_ns: u64,
     doorbell: Arc<Doorbell>,
     /// Hand-off waiters: one per queued-API slot, and the last for blocking calls.
@@ -177,7 +176,6 @@ impl Channel {
         completion: CompletionKind,
         queued_slots: usize,
         queue_depth: usize,
-        max_segments: usize,
         timeout_ns: u64,
     ) -> Channel {
         let doorbell = Arc::new(Doorbell::default());
@@ -191,7 +189,6 @@ impl Channel {
             pool: (0..queue_depth).map(|_| Command::with_capacity(1)).collect(),
             done: Vec::with_capacity(queue_depth),
             queue_depth,
-            max_segments,
             timeout_ns,
             waiters: (0..=queued_slots).map(|_| Waiter::new(Arc::clone(&doorbell))).collect(),
             waiting: Vec::with_capacity(queued_slots),
@@ -204,11 +201,6 @@ impl Channel {
     /// Most commands this channel's queue may have in flight.
     pub fn queue_depth(&self) -> usize {
         self.queue_depth
-    }
-
-    /// Most segments one command to this channel's device may carry.
-    pub fn max_segments(&self) -> usize {
-        self.max_segments
     }
 
     /// The completion policy.

@@ -5,14 +5,14 @@
 //! names one of each, plus the knobs they share. Named presets reproduce the
 //! seeds' designs.
 
-pub mod channel;
+pub(crate) mod channel;
 pub mod completion;
 pub mod dispatch;
-pub mod waiter;
+pub(crate) mod waiter;
 
-pub use channel::{Channel, PathStats};
+pub use channel::{Completed, PathStats, SEGMENT_BUCKETS, segment_bucket, segment_bucket_label};
 pub use completion::{CompletionKind, CompletionPolicy, WaitStats};
-pub use dispatch::{Dispatch, DispatchKind};
+pub use dispatch::DispatchKind;
 
 use crate::error::{Error, Result};
 use std::time::Duration;

@@ -188,10 +188,18 @@ impl Waiter {
         self.done.store(false, Ordering::Relaxed);
     }
 
-    /// Server: the request (valid between taking the waiter and completing it).
-    pub fn request(&self) -> Request {
-        debug_assert!(!self.is_done());
-        // SAFETY: published before the acquire that handed the waiter to this server.
+    /// Server: the request.
+    ///
+    /// # Safety
+    ///
+    /// The caller took this waiter from a [`PendingList`] (or holds the
+    /// serving role while it is listed there) and has not completed it: the
+    /// owner wrote the request before publishing the waiter and writes it
+    /// again only after it is completed.
+    pub unsafe fn request(&self) -> Request {
+        debug_assert!(!self.is_done(), "request of a waiter that is not in flight");
+        // SAFETY: the caller's contract: published before the acquire that handed the
+        // waiter over, and not rewritten until it is completed.
         unsafe { *self.request.get() }
     }
 
@@ -219,10 +227,16 @@ impl Waiter {
     }
 
     /// Server: records the outcome, marks the waiter done and rings its owner.
-    /// The server must not touch the waiter afterwards.
-    pub fn complete(&self, outcome: Outcome) {
+    ///
+    /// # Safety
+    ///
+    /// The caller took this waiter from a [`PendingList`] and completes it
+    /// once; it must not touch the waiter afterwards (its owner may re-arm
+    /// or free it the moment it sees `done`).
+    pub unsafe fn complete(&self, outcome: Outcome) {
         debug_assert!(!self.is_done(), "waiter completed twice");
-        // SAFETY: only the server that took this waiter writes the outcome, before `done`.
+        // SAFETY: the caller's contract: only the thread that took this waiter writes the
+        // outcome, once, before the release store of `done`.
         unsafe { *self.outcome.get() = outcome };
         let doorbell = Arc::clone(&self.doorbell);
         self.done.store(true, Ordering::Release);
@@ -235,14 +249,19 @@ impl Waiter {
     /// completing thread itself (`completer` is the address of its owner's
     /// doorbell; only compared, never dereferenced) there is nobody to wake,
     /// so the doorbell is left alone.
-    pub fn complete_by(&self, outcome: Outcome, completer: *const Doorbell) {
+    ///
+    /// # Safety
+    ///
+    /// As [`Waiter::complete`].
+    pub unsafe fn complete_by(&self, outcome: Outcome, completer: *const Doorbell) {
         if std::ptr::eq(Arc::as_ptr(&self.doorbell), completer) {
             debug_assert!(!self.is_done(), "waiter completed twice");
             // SAFETY: as in `complete`; the owner is the caller, so nobody else reads it now.
             unsafe { *self.outcome.get() = outcome };
             self.done.store(true, Ordering::Release);
         } else {
-            self.complete(outcome);
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { self.complete(outcome) };
         }
     }
 
@@ -250,6 +269,61 @@ impl Waiter {
     /// take over once the role is released.
     pub fn owner_doorbell(&self) -> Arc<Doorbell> {
         Arc::clone(&self.doorbell)
+    }
+}
+
+/// A waiter taken from a [`PendingList`] and not yet completed: the right
+/// to read its request and to complete it, once. Only
+/// [`PendingList::take_all`] makes one (a taken waiter is the taker's
+/// alone), and completing consumes it, so the type system holds the rules
+/// the server relies on: a request read after it was published, and
+/// completed exactly once. The waiter itself is alive until then: its owner
+/// promised that when it pushed it ([`PendingList::push`]).
+pub struct Taken(std::ptr::NonNull<Waiter>);
+
+// SAFETY: a waiter is Sync (its fields are atomics and cells handed over with
+// acquire/release), so the right to touch it may move to another thread.
+unsafe impl Send for Taken {}
+
+impl Taken {
+    fn waiter(&self) -> &Waiter {
+        // SAFETY: alive until completed (the pusher's promise), and completing consumes `self`.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The request.
+    pub fn request(&self) -> Request {
+        // SAFETY: taken from the list (published with release, taken with acquire) and
+        // not completed, so the owner does not write the request now.
+        unsafe { self.waiter().request() }
+    }
+
+    /// When the owner armed it.
+    pub fn arrived_ns(&self) -> u64 {
+        self.waiter().arrived_ns()
+    }
+
+    /// The owner's doorbell, to ask it to take the serving role over.
+    pub fn owner_doorbell(&self) -> Arc<Doorbell> {
+        self.waiter().owner_doorbell()
+    }
+
+    /// Records the outcome and wakes the owner ([`Waiter::complete`]).
+    pub fn complete(self, outcome: Outcome) {
+        // SAFETY: taken and not completed; `self` is consumed, so this happens once.
+        unsafe { self.waiter().complete(outcome) }
+    }
+
+    /// [`Waiter::complete_by`]: no wake-up when `completer` is the owner's doorbell.
+    pub fn complete_by(self, outcome: Outcome, completer: *const Doorbell) {
+        // SAFETY: as in `complete`.
+        unsafe { self.waiter().complete_by(outcome, completer) }
+    }
+}
+
+impl std::fmt::Debug for Taken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Taken({:p})", self.0)
     }
 }
 
@@ -305,33 +379,44 @@ impl PendingList {
         if self.is_empty() { 0 } else { self.first_arrival_ns.load(Ordering::Relaxed) }
     }
 
-    /// The most recently pushed waiter, if any. Only the serving thread may
-    /// call this, and only use the result while it holds the serving role.
-    pub fn peek(&self) -> Option<&Waiter> {
+    /// The most recently pushed waiter, if any.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the serving role of this list (the only right to
+    /// take, and so complete, its waiters) and drops the reference before it
+    /// lets the role go: a waiter is alive until it is completed.
+    pub unsafe fn peek(&self) -> Option<&Waiter> {
         let head = self.head.load(Ordering::Acquire);
-        // SAFETY: pending waiters are alive until completed, and only the serving
-        // thread (our caller) completes them.
+        // SAFETY: the caller's contract: pending waiters are alive until completed, and
+        // only the holder of the role (the caller) takes and completes them.
         unsafe { head.as_ref() }
     }
 
-    /// Every pending waiter, newest first. Only the serving thread may call
-    /// this, and only use the result while it holds the serving role.
-    pub fn iter_held(&self) -> impl Iterator<Item = &Waiter> {
-        // SAFETY: as in `peek`: only the serving thread takes (and so unlinks) nodes,
+    /// Every pending waiter, newest first.
+    ///
+    /// # Safety
+    ///
+    /// As [`PendingList::peek`], for every waiter the iterator yields.
+    pub unsafe fn iter_held(&self) -> impl Iterator<Item = &Waiter> {
+        // SAFETY: as in `peek`: only the holder of the role takes (and so unlinks) nodes,
         // and a pending waiter is alive until completed; pushes only add a new head.
-        std::iter::successors(unsafe { self.head.load(Ordering::Acquire).as_ref() }, |w| unsafe {
-            w.next.load(Ordering::Relaxed).as_ref()
+        let head = unsafe { self.head.load(Ordering::Acquire).as_ref() };
+        std::iter::successors(head, |w| {
+            // SAFETY: `w` is pending (see above), so its `next` is a pending waiter or null.
+            unsafe { w.next.load(Ordering::Relaxed).as_ref() }
         })
     }
 
     /// Takes every pending waiter, oldest first, appending them to `out`.
-    pub fn take_all(&self, out: &mut Vec<*const Waiter>) -> usize {
+    pub fn take_all(&self, out: &mut Vec<Taken>) -> usize {
         let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
         let start = out.len();
-        while !node.is_null() {
-            out.push(node);
-            // SAFETY: the node was published by `push` and stays alive until completed.
-            node = unsafe { (*node).next.load(Ordering::Relaxed) };
+        while let Some(taken) = std::ptr::NonNull::new(node) {
+            // SAFETY: the node was published by `push` and stays alive until completed;
+            // the swap above made this thread the only one that holds it.
+            node = unsafe { taken.as_ref() }.next.load(Ordering::Relaxed);
+            out.push(Taken(taken));
         }
         let taken = out.len() - start;
         self.count.fetch_sub(taken as isize, Ordering::AcqRel);
@@ -371,13 +456,13 @@ mod tests {
                 for _ in 0..10_000 {
                     list.take_all(&mut mine);
                 }
-                taken.lock().unwrap().extend(mine.into_iter().map(|p| p as usize));
+                taken.lock().unwrap().extend(mine.into_iter().map(|t| t.0.as_ptr() as usize));
             });
         });
         let mut all = taken.into_inner().unwrap();
         let mut rest = Vec::new();
         list.take_all(&mut rest);
-        all.extend(rest.into_iter().map(|p| p as usize));
+        all.extend(rest.into_iter().map(|t| t.0.as_ptr() as usize));
         all.sort();
         let before = all.len();
         all.dedup();
@@ -397,7 +482,8 @@ mod tests {
                 if round % 2 == 0 {
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 }
-                w.complete(Outcome { result: 512, device_ns: round, submitted_ns: 0 });
+                // SAFETY: this thread stands in for the server that took the waiter.
+                unsafe { w.complete(Outcome { result: 512, device_ns: round, submitted_ns: 0 }) };
             });
             let (ok, _) = doorbell.wait_until(0, u64::MAX, || waiter.is_done());
             assert!(ok);

@@ -157,7 +157,7 @@ impl Combine {
             shared: true,
             ..DeviceQueueConfig::depth(depth)
         })?;
-        let channel = Channel::new(queue, completion, 0, depth as usize, config.max_segments, timeout_ns);
+        let channel = Channel::new(queue, completion, 0, depth as usize, timeout_ns);
         let server = Server::new(MergeMode::Temporal, config.max_segments, channel.queue_depth().saturating_sub(1));
         Ok(Combine {
             pending: PendingList::default(),
@@ -307,8 +307,10 @@ impl Combine {
     /// may sleep: whoever held it either serves its request or wakes somebody
     /// who will.
     fn hand_off(&self, role: MutexGuard<'_, Role>) {
-        let successor =
-            self.pending.peek().or_else(|| role.server.outstanding_waiters().next()).map(|w| w.owner_doorbell());
+        // SAFETY: this thread holds the role (`role`), and the reference is gone (turned
+        // into a doorbell) before the role is let go below.
+        let pending = unsafe { self.pending.peek() }.map(|w| w.owner_doorbell());
+        let successor = pending.or_else(|| role.server.outstanding_waiters().next().map(|w| w.owner_doorbell()));
         self.roved.store(false, Ordering::Relaxed);
         drop(role);
         fence(Ordering::SeqCst);
@@ -325,7 +327,8 @@ impl Combine {
             return;
         }
         if let Some(role) = self.try_role() {
-            let successor = self.pending.peek().map(|w| w.owner_doorbell());
+            // SAFETY: this thread holds the role, and drops the reference before letting it go.
+            let successor = unsafe { self.pending.peek() }.map(|w| w.owner_doorbell());
             drop(role);
             if let Some(doorbell) = successor {
                 doorbell.request_takeover();
@@ -426,13 +429,12 @@ impl Drop for RescueOnUnwind<'_> {
         }
         // WouldBlock: another thread holds the role and serves or hands off as usual.
         let Some(role) = self.combine.try_role() else { return };
-        let successor = self
-            .combine
-            .pending
-            .iter_held()
-            .chain(role.server.outstanding_waiters())
-            .map(|w| w.owner_doorbell())
-            .find(|d| !std::ptr::eq(Arc::as_ptr(d), self.me));
+        let not_mine = |d: &Arc<Doorbell>| !std::ptr::eq(Arc::as_ptr(d), self.me);
+        // SAFETY: this thread holds the role, and the references are gone (turned into
+        // doorbells) before it lets the role go.
+        let pending = unsafe { self.combine.pending.iter_held() }.map(|w| w.owner_doorbell()).find(not_mine);
+        let successor =
+            pending.or_else(|| role.server.outstanding_waiters().map(|w| w.owner_doorbell()).find(not_mine));
         drop(role);
         if let Some(doorbell) = successor {
             doorbell.request_takeover();
@@ -441,10 +443,6 @@ impl Drop for RescueOnUnwind<'_> {
 }
 
 impl Dispatch for Combine {
-    fn name(&self) -> &'static str {
-        "combine"
-    }
-
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         let waiter = channel.blocking_waiter();
         waiter.arm(request);

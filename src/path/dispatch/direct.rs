@@ -14,10 +14,6 @@ use crate::path::channel::{Channel, Completed};
 pub struct Direct;
 
 impl Dispatch for Direct {
-    fn name(&self) -> &'static str {
-        "direct"
-    }
-
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { channel.send_one(request) };

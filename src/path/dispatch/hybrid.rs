@@ -27,10 +27,6 @@ impl Hybrid {
 }
 
 impl Dispatch for Hybrid {
-    fn name(&self) -> &'static str {
-        "hybrid"
-    }
-
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.combine.blocking(channel, request) }

@@ -1,17 +1,17 @@
 //! Dispatch strategies: who sends requests to the device, and when.
 //!
-//! One file per strategy:
-//! [`direct`] (the caller sends its own request, no hand-off),
-//! [`combine`] (STM: one winner merges everyone's pending requests),
-//! [`queue`] (ATM / 2Q / the disk-era elevator: a plugged queue and a dispatcher thread),
-//! [`hybrid`] (HTM: blocking requests combine, queued ones go to the queue).
-//! [`serve`] is the merging core they share.
+//! One file per strategy (crate-internal: [`DispatchKind`] names them):
+//! `direct` (the caller sends its own request, no hand-off),
+//! `combine` (STM: one winner merges everyone's pending requests),
+//! `queue` (ATM / 2Q / the disk-era elevator: a plugged queue and a dispatcher thread),
+//! `hybrid` (HTM: blocking requests combine, queued ones go to the queue).
+//! `serve` is the merging core they share.
 
-pub mod combine;
-pub mod direct;
-pub mod hybrid;
-pub mod queue;
-pub mod serve;
+pub(crate) mod combine;
+pub(crate) mod direct;
+pub(crate) mod hybrid;
+pub(crate) mod queue;
+pub(crate) mod serve;
 
 use super::PathConfig;
 use super::channel::{Channel, Completed};
@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 /// One request as the engine hands it to a dispatch strategy.
 #[derive(Debug, Clone, Copy)]
-pub struct Request {
+pub(crate) struct Request {
     /// Direction.
     pub op: Op,
     /// Device offset in bytes.
@@ -48,13 +48,10 @@ pub const ELEVATOR_THRESH: usize = 4;
 pub const ELEVATOR_UNPLUG_NS: u64 = 3_000_000;
 
 /// Tag of the one blocking request a channel can have outstanding.
-pub const BLOCKING_TAG: u64 = u64::MAX;
+pub(crate) const BLOCKING_TAG: u64 = u64::MAX;
 
 /// Who sends requests to the device and when.
-pub trait Dispatch: Send + Sync {
-    /// Name used on the command line and in reports.
-    fn name(&self) -> &'static str;
-
+pub(crate) trait Dispatch: Send + Sync {
     /// Carries out one blocking request and returns when it is complete; the
     /// result's `device_ns` is the device time the request saw.
     ///
@@ -136,7 +133,7 @@ impl DispatchKind {
     }
 
     /// Builds the strategy for `device`; strategies with a dispatcher start it here.
-    pub fn build(
+    pub(crate) fn build(
         self,
         device: &Arc<dyn Device>,
         completion: CompletionKind,

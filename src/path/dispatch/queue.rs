@@ -79,15 +79,13 @@ impl Shared {
         let mut taken = Vec::new();
         self.pending.take_all(&mut taken);
         for w in taken {
-            // SAFETY: a taken waiter is alive until completed; it is never used again.
-            unsafe { (*w).complete(Outcome { result: -libc::ENOTRECOVERABLE, device_ns: 0, submitted_ns: 0 }) };
+            w.complete(Outcome { result: -libc::ENOTRECOVERABLE, device_ns: 0, submitted_ns: 0 });
         }
     }
 }
 
 /// A queue with a dispatcher thread.
 pub struct QueueDispatch {
-    name: &'static str,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -126,7 +124,7 @@ impl QueueDispatch {
                         polled: completion != CompletionKind::Interrupt,
                         ..DeviceQueueConfig::depth(depth)
                     })
-                    .map(|queue| Channel::new(queue, completion, 0, depth as usize, config.max_segments, timeout_ns));
+                    .map(|queue| Channel::new(queue, completion, 0, depth as usize, timeout_ns));
                 match channel {
                     Ok(mut channel) => {
                         let _ = ready_tx.send(Ok(()));
@@ -146,7 +144,7 @@ impl QueueDispatch {
             })
             .map_err(|source| Error::Os { context: "cannot start the dispatcher thread".into(), source })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(QueueDispatch { name, shared, thread: Some(thread) }),
+            Ok(Ok(())) => Ok(QueueDispatch { shared, thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -305,10 +303,6 @@ impl QueueDispatch {
 }
 
 impl Dispatch for QueueDispatch {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         let waiter = channel.blocking_waiter();
         waiter.arm(request);

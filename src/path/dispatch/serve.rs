@@ -15,7 +15,7 @@
 use crate::clock::now_ns;
 use crate::device::{Cancel, Command, Op};
 use crate::path::channel::Channel;
-use crate::path::waiter::{Doorbell, Outcome, PendingList, Waiter};
+use crate::path::waiter::{Doorbell, Outcome, PendingList, Taken};
 
 /// How requests may be combined into one command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub const SEND_LEAD_NS: u64 = 2_000;
 struct Batch {
     tag: u64,
     submitted_ns: u64,
-    waiters: Vec<*const Waiter>,
+    waiters: Vec<Taken>,
     /// The device was asked to give up on it (it took longer than the timeout).
     cancelled: bool,
     /// Its submission panicked (a bug in a backend): the device may never
@@ -67,39 +67,14 @@ pub struct Server {
     mode: MergeMode,
     max_segments: usize,
     max_commands: usize,
-    /// Requests taken from the pending list but not yet sent because the
-    /// device queue was full; sent first, before anything newer.
-    taken: Vec<*const Waiter>,
-    /// How many of `taken` have been sent in the dispatch under way.
-    sent: usize,
+    /// Requests taken from the pending list and not sent yet (the device
+    /// queue was full, or the dispatch under way has not reached them); sent
+    /// first, before anything newer. A request leaves it only to join a
+    /// batch or to be failed, so a send cut short by a panic loses none.
+    taken: Vec<Taken>,
     batches: Vec<Batch>,
-    spare: Vec<Vec<*const Waiter>>,
+    spare: Vec<Vec<Taken>>,
     next_tag: u64,
-}
-
-// SAFETY: the raw waiter pointers are only dereferenced by the thread holding the
-// serving role, and every waiter stays alive until it is completed (Channel::drop).
-unsafe impl Send for Server {}
-
-fn request_of(w: *const Waiter) -> crate::path::dispatch::Request {
-    // SAFETY: taken from a PendingList; alive until completed (see above).
-    unsafe { (*w).request() }
-}
-
-fn arrival(w: *const Waiter) -> u64 {
-    // SAFETY: as above.
-    unsafe { (*w).arrived_ns() }
-}
-
-fn complete(w: *const Waiter, outcome: Outcome) {
-    // SAFETY: as above; after this call the pointer is never used again.
-    unsafe { (*w).complete(outcome) }
-}
-
-fn complete_by(w: *const Waiter, outcome: Outcome, completer: *const Doorbell) {
-    // SAFETY: as above; after this call the pointer is never used again. `completer`
-    // is only compared.
-    unsafe { (*w).complete_by(outcome, completer) }
 }
 
 impl Server {
@@ -111,7 +86,6 @@ impl Server {
             max_segments: max_segments.max(1),
             max_commands: max_commands.max(1),
             taken: Vec::new(),
-            sent: 0,
             batches: Vec::new(),
             spare: Vec::new(),
             next_tag: 1,
@@ -146,12 +120,10 @@ impl Server {
     }
 
     /// Every request taken and not yet completed (in the backlog or in the
-    /// device). Only the holder of the serving role may call this, and only
-    /// use the result while it holds the role.
-    pub fn outstanding_waiters(&self) -> impl Iterator<Item = &Waiter> {
-        let unsent = self.taken.get(self.sent..).unwrap_or_default();
-        // SAFETY: taken from a PendingList and not yet completed, so alive (see above).
-        unsent.iter().chain(self.batches.iter().flat_map(|b| b.waiters.iter())).map(|&w| unsafe { &*w })
+    /// device). Safe: the waiters it lists are completed only through
+    /// `&mut self`, so they are alive while the borrow lasts.
+    pub fn outstanding_waiters(&self) -> impl Iterator<Item = &Taken> {
+        self.taken.iter().chain(self.batches.iter().flat_map(|b| b.waiters.iter()))
     }
 
     /// Whether requests taken earlier still wait for room in the device queue.
@@ -173,34 +145,24 @@ impl Server {
     /// in service: a lone submitter at depth 32 otherwise leaves the device
     /// idle between its batches while it reaps and resubmits.
     pub fn dispatch(&mut self, channel: &mut Channel, pending: &PendingList, spread: usize) -> usize {
-        if self.sent > 0 {
-            // The last dispatch was cut short by a panic (and the role taken over):
-            // what it sent belongs to its batches already.
-            self.taken.drain(..self.sent);
-            self.sent = 0;
-        }
         let backlog = self.taken.len();
         let n = pending.take_all(&mut self.taken);
         if self.taken.is_empty() {
             return 0;
         }
         let now = now_ns();
-        for &w in &self.taken[backlog..] {
-            // SAFETY: just taken; alive until completed.
-            channel.stats.merge_wait_ns += now.saturating_sub(unsafe { (*w).arrived_ns() });
+        for w in &self.taken[backlog..] {
+            channel.stats.merge_wait_ns += now.saturating_sub(w.arrived_ns());
         }
         channel.stats.merged_requests += n as u64;
-        // Sorted and sent in place, so that a panic while sending (a bug in a
-        // backend) leaves every unsent request where `fail_backlog` finds it.
-        let taken = &mut self.taken;
         match self.mode {
             // Reads, then writes, then flushes, each in arrival order. An unstable sort
             // with the arrival time as the last key gives that order without the
             // buffer a stable sort allocates for every batch.
-            MergeMode::Temporal => taken.sort_unstable_by_key(|&w| (op_rank(request_of(w).op), arrival(w))),
-            MergeMode::Spatial => taken.sort_unstable_by_key(|&w| {
-                let r = request_of(w);
-                (op_rank(r.op), r.offset, arrival(w))
+            MergeMode::Temporal => self.taken.sort_unstable_by_key(|w| (op_rank(w.request().op), w.arrived_ns())),
+            MergeMode::Spatial => self.taken.sort_unstable_by_key(|w| {
+                let r = w.request();
+                (op_rank(r.op), r.offset, w.arrived_ns())
             }),
         }
         let per_command = if spread > 1 {
@@ -208,30 +170,27 @@ impl Server {
         } else {
             self.max_segments
         };
-        let mut start = 0;
-        while start < self.taken.len() && self.batches.len() < self.max_commands {
-            let end = self.group_end(&self.taken, start, per_command);
-            self.send(channel, start, end, now);
-            start = end;
+        while !self.taken.is_empty() && self.batches.len() < self.max_commands {
+            let len = self.group_len(per_command);
+            self.send(channel, len, now);
         }
-        self.taken.drain(..start);
-        self.sent = 0;
         channel.commit();
         n
     }
 
-    /// Where the command starting at `taken[start]` ends (at most `max_segments` long).
-    fn group_end(&self, taken: &[*const Waiter], start: usize, max_segments: usize) -> usize {
-        let first = request_of(taken[start]);
+    /// How many of the requests at the front of `taken` go into one command
+    /// (at most `max_segments`).
+    fn group_len(&self, max_segments: usize) -> usize {
+        let taken = &self.taken;
+        let first = taken[0].request();
         if first.op == Op::Flush {
             // One flush covers every write before it: all pending flushes share one command.
-            let flushes = taken[start..].iter().take_while(|&&w| request_of(w).op == Op::Flush).count();
-            return start + flushes;
+            return taken.iter().take_while(|w| w.request().op == Op::Flush).count();
         }
-        let mut end = start + 1;
+        let mut len = 1;
         let mut next_offset = first.offset + first.len as u64;
-        while end < taken.len() && end - start < max_segments {
-            let r = request_of(taken[end]);
+        while len < taken.len() && len < max_segments {
+            let r = taken[len].request();
             let fits = r.op == first.op
                 && match self.mode {
                     MergeMode::Temporal => true,
@@ -241,29 +200,27 @@ impl Server {
                 break;
             }
             next_offset = r.offset + r.len as u64;
-            end += 1;
+            len += 1;
         }
-        end
+        len
     }
 
-    /// Sends `taken[start..end]` as one command.
-    fn send(&mut self, channel: &mut Channel, start: usize, end: usize, now: u64) {
-        let group = &self.taken[start..end];
-        let op = request_of(group[0]).op;
+    /// Sends the first `len` requests of `taken` as one command.
+    fn send(&mut self, channel: &mut Channel, len: usize, now: u64) {
+        let op = self.taken[0].request().op;
         let tag = self.next_tag;
         self.next_tag += 1;
         let mut command: Command = channel.take_command(op, tag);
         if op != Op::Flush {
-            for &w in group {
-                let r = request_of(w);
+            for w in &self.taken[..len] {
+                let r = w.request();
                 command.push(r.offset, r.buf, r.len);
             }
         }
         let mut waiters = self.spare.pop().unwrap_or_default();
-        waiters.extend_from_slice(group);
-        self.batches.push(Batch { tag, submitted_ns: now, waiters, cancelled: false, orphan: false });
+        waiters.extend(self.taken.drain(..len));
         // From here on these requests belong to the batch (even if the submission panics).
-        self.sent = end;
+        self.batches.push(Batch { tag, submitted_ns: now, waiters, cancelled: false, orphan: false });
         let batch = self.batches.last_mut().expect("just pushed");
         let guard = OrphanOnUnwind(batch);
         // SAFETY: each owner keeps its buffer valid until its waiter is completed,
@@ -299,19 +256,18 @@ impl Server {
                 crate::path::channel::timed_out(&mut command);
             }
             let outcome = |result| Outcome { result, device_ns: command.device_ns, submitted_ns: batch.submitted_ns };
+            let mut waiters = batch.waiters;
             if command.op == Op::Flush {
-                for &w in &batch.waiters {
-                    complete_by(w, outcome(command.result), me);
+                for w in waiters.drain(..) {
+                    w.complete_by(outcome(command.result), me);
                 }
             } else {
-                debug_assert_eq!(batch.waiters.len(), command.segments.len());
-                for (&w, seg) in batch.waiters.iter().zip(&command.segments) {
-                    complete_by(w, outcome(seg.result), me);
+                debug_assert_eq!(waiters.len(), command.segments.len());
+                for (w, seg) in waiters.drain(..).zip(&command.segments) {
+                    w.complete_by(outcome(seg.result), me);
                 }
             }
             channel.recycle(command);
-            let mut waiters = batch.waiters;
-            waiters.clear();
             self.spare.push(waiters);
             finished += 1;
         }
@@ -320,13 +276,10 @@ impl Server {
 
     /// Fails every request taken but not yet sent; returns how many.
     pub fn fail_backlog(&mut self, errno: i32) -> usize {
-        // Those before `sent` went out in commands (a send was cut short by a panic).
-        let unsent = self.taken.len() - self.sent;
-        for &w in &self.taken[self.sent..] {
-            complete(w, Outcome { result: -errno, device_ns: 0, submitted_ns: 0 });
+        let unsent = self.taken.len();
+        for w in self.taken.drain(..) {
+            w.complete(Outcome { result: -errno, device_ns: 0, submitted_ns: 0 });
         }
-        self.taken.clear();
-        self.sent = 0;
         unsent
     }
 
@@ -338,8 +291,8 @@ impl Server {
             if !b.orphan || b.submitted_ns > cutoff_ns {
                 return true;
             }
-            for &w in &b.waiters {
-                complete(w, Outcome { result: -errno, device_ns: 0, submitted_ns: b.submitted_ns });
+            for w in b.waiters.drain(..) {
+                w.complete(Outcome { result: -errno, device_ns: 0, submitted_ns: b.submitted_ns });
                 failed += 1;
             }
             false
