@@ -6,15 +6,13 @@
 //! their timer slack to 1 ns first: the default 50 µs slack would otherwise be
 //! added to every emulated interrupt.
 
+use crate::sys;
 use std::cell::Cell;
 
 /// Nanoseconds on the CLOCK_MONOTONIC clock.
 #[inline]
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    sys::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 thread_local! {
@@ -26,8 +24,7 @@ thread_local! {
 pub fn minimize_timer_slack() {
     SLACK_SET.with(|set| {
         if !set.get() {
-            // SAFETY: PR_SET_TIMERSLACK takes an unsigned long and touches only this thread.
-            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+            sys::set_timer_slack_ns(1);
             set.set(true);
         }
     });
@@ -37,18 +34,7 @@ pub fn minimize_timer_slack() {
 /// wake-up: this is what an interrupt costs on this machine).
 pub fn sleep_until_ns(deadline_ns: u64) {
     minimize_timer_slack();
-    let ts = libc::timespec {
-        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
-    };
-    loop {
-        // SAFETY: `ts` is a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
-        let rc =
-            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
-        if rc != libc::EINTR {
-            return;
-        }
-    }
+    sys::sleep_until_ns(deadline_ns);
 }
 
 /// CPU time and context switches of the calling thread, from `getrusage(RUSAGE_THREAD)`.
@@ -67,10 +53,7 @@ pub struct ThreadUsage {
 impl ThreadUsage {
     /// Reads the calling thread's usage now.
     pub fn now() -> ThreadUsage {
-        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `ru` is a valid, writable rusage; RUSAGE_THREAD is supported on Linux.
-        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        let ru = sys::thread_rusage();
         let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
         ThreadUsage {
             user_ns: tv(ru.ru_utime),

@@ -16,35 +16,17 @@ const FIRST_NOTICE: &[u8] = b"\niopath: interrupted: finishing the requests in f
 (marked partial); press Ctrl-C again to exit at once\n";
 
 extern "C" fn on_signal(signal: libc::c_int) {
-    // Only async-signal-safe calls in here: atomics, write(2) and _exit(2).
+    // Only async-signal-safe work in here: atomics, write(2) and _exit(2).
     if INTERRUPTED.swap(true, Ordering::SeqCst) {
-        // SAFETY: _exit is async-signal-safe and ends the process at once.
-        unsafe { libc::_exit(128 + signal) };
+        crate::sys::exit_now(128 + signal);
     }
     SIGNAL.store(signal, Ordering::SeqCst);
-    // SAFETY: write(2) to stderr with a static buffer is async-signal-safe; a short or
-    // failed write of a notice loses nothing.
-    let _ = unsafe { libc::write(2, FIRST_NOTICE.as_ptr().cast(), FIRST_NOTICE.len()) };
+    crate::sys::write_stderr_raw(FIRST_NOTICE);
 }
 
 /// Catches SIGINT and SIGTERM (see the module comment).
 pub fn install() -> std::io::Result<()> {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is valid; the handler is an `extern "C" fn(c_int)`
-        // that only does async-signal-safe work; SA_RESTART keeps system calls of the
-        // other threads from failing with EINTR.
-        let rc = unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    crate::sys::on_signals(&[libc::SIGINT, libc::SIGTERM], on_signal)
 }
 
 /// Whether SIGINT or SIGTERM arrived (after [`install`]), or [`interrupt`] was called.

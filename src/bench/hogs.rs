@@ -60,16 +60,10 @@ fn pin_to(cpu: usize) -> Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(Error::spec("--hog-cpus", cpu.to_string(), "no such CPU; see nproc"));
     }
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it; sched_setaffinity(0)
-    // applies to the calling thread only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(Error::last_os(format!("cannot pin a hog to CPU {cpu} (see nproc for the CPUs there are)")));
-        }
-    }
-    Ok(())
+    crate::sys::pin_to_cpu(cpu).map_err(|source| Error::Os {
+        context: format!("cannot pin a hog to CPU {cpu} (see nproc for the CPUs there are)"),
+        source,
+    })
 }
 
 impl Hogs {

@@ -7,7 +7,7 @@ use super::spec::Options;
 use super::target::{Target, TargetConfig};
 use super::{Capabilities, Command, Counters, Device, DeviceStats, Finished, Op, Queue, QueueConfig};
 use crate::error::Result;
-use std::os::unix::io::AsRawFd;
+use crate::sys;
 use std::sync::Arc;
 
 /// Options of the psync backend.
@@ -92,48 +92,43 @@ struct PsyncQueue {
 /// # Safety
 ///
 /// `buf` must be valid for `len` bytes (writable for reads).
-unsafe fn transfer(fd: i32, op: Op, offset: u64, buf: *mut u8, len: usize) -> i32 {
+unsafe fn transfer(file: &std::fs::File, op: Op, offset: u64, buf: *mut u8, len: usize) -> i32 {
     let mut done = 0usize;
     while done < len {
         // SAFETY: `buf + done .. buf + len` lies inside the caller's valid buffer.
-        let n = unsafe {
+        let moved = unsafe {
             let p = buf.add(done);
-            let at = (offset + done as u64) as libc::off_t;
+            let at = offset + done as u64;
             match op {
-                Op::Read => libc::pread(fd, p.cast(), len - done, at),
-                _ => libc::pwrite(fd, p.cast(), len - done, at),
+                Op::Read => sys::pread(file, p, len - done, at),
+                _ => sys::pwrite(file, p, len - done, at),
             }
         };
-        if n < 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            if errno == libc::EINTR {
-                continue;
-            }
-            return -errno;
-        }
-        if n == 0 {
+        match moved {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return -e.raw_os_error().unwrap_or(libc::EIO),
             // End of file: report what was moved; the engine treats a short read as an error.
-            break;
+            Ok(0) => break,
+            Ok(n) => done += n,
         }
-        done += n as usize;
     }
     done as i32
 }
 
 impl Queue for PsyncQueue {
     unsafe fn submit(&mut self, mut command: Command) {
-        let fd = self.shared.target.file.as_raw_fd();
+        let file = &self.shared.target.file;
         self.shared.counters.record(&command);
         if command.op == Op::Flush {
-            // SAFETY: fdatasync on a valid fd.
-            let rc = unsafe { libc::fdatasync(fd) };
-            command.result =
-                if rc < 0 { -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) } else { 0 };
+            command.result = match sys::fdatasync(file) {
+                Ok(()) => 0,
+                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+            };
         }
         let op = command.op;
         for seg in &mut command.segments {
             // SAFETY: the submitter guarantees each buffer for the command's lifetime.
-            seg.result = unsafe { transfer(fd, op, seg.offset, seg.buf, seg.len as usize) };
+            seg.result = unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) };
         }
         self.done.push(command);
     }

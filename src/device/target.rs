@@ -15,10 +15,10 @@
 
 use super::spec::Options;
 use crate::error::{Error, Result};
+use crate::sys;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// What a caller lets iopath write to a target it did not create.
@@ -183,8 +183,8 @@ impl Target {
         })?;
         let (full_size, alignment) = if is_block_device {
             (
-                block_device_size(&file).map_err(|e| err("size", e))?,
-                block_device_sector(&file).map_err(|e| err("query", e))?,
+                sys::block_device_size(&file).map_err(|e| err("size", e))?,
+                sys::block_device_sector(&file).map_err(|e| err("query", e))?,
             )
         } else {
             (meta.len().max(config.size.unwrap_or(0)), file_dio_alignment(&file))
@@ -263,14 +263,7 @@ pub(crate) fn check_guard(path: &Path, is_block_device: bool, guard: Guard) -> R
 
 /// The name of the pseudo file system `path` is on (procfs, sysfs, ...), if it is on one.
 fn pseudo_file_system(path: &Path) -> Option<&'static str> {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a writable statfs.
-    if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    match st.f_type as i64 {
+    match sys::file_system_type(path).ok()? {
         0x9fa0 => Some("procfs (/proc)"),
         0x6265_6572 => Some("sysfs (/sys)"),
         0x6462_6720 => Some("debugfs"),
@@ -283,21 +276,12 @@ fn pseudo_file_system(path: &Path) -> Option<&'static str> {
 
 /// Whether iopath created the file (its `user.iopath` attribute is set).
 pub fn is_owned(path: &Path) -> bool {
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
-    let name = std::ffi::CString::new(OWNER_XATTR).expect("no NUL");
-    let mut value = [0u8; 64];
-    // SAFETY: both strings are NUL-terminated; the value buffer is valid for its length.
-    let n = unsafe { libc::getxattr(c_path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
-    n > 0 && value[..n as usize] == OWNER_VALUE[..(n as usize).min(OWNER_VALUE.len())]
+    sys::get_xattr(path, OWNER_XATTR).is_some_and(|v| v == OWNER_VALUE)
 }
 
 /// Marks a file as created by iopath; false where the file system keeps no user attributes.
 pub(crate) fn mark_owned(file: &File) -> bool {
-    let name = std::ffi::CString::new(OWNER_XATTR).expect("no NUL");
-    // SAFETY: a valid fd, a NUL-terminated name and a value valid for its length.
-    let rc =
-        unsafe { libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), OWNER_VALUE.as_ptr().cast(), OWNER_VALUE.len(), 0) };
-    rc == 0
+    sys::set_xattr(file, OWNER_XATTR, OWNER_VALUE).is_ok()
 }
 
 /// Known signatures of file systems, partition tables, volumes and swap:
@@ -366,36 +350,9 @@ fn lay_out(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
     file.sync_all()
 }
 
-fn block_device_size(file: &File) -> std::io::Result<u64> {
-    let mut size: u64 = 0;
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-    // SAFETY: the ioctl writes one u64 into `size`, which is valid and writable.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size) };
-    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(size) }
-}
-
-fn block_device_sector(file: &File) -> std::io::Result<u32> {
-    let mut sector: libc::c_int = 0;
-    // BLKSSZGET = _IO(0x12, 104): logical block size.
-    const BLKSSZGET: libc::c_ulong = 0x1268;
-    // SAFETY: the ioctl writes one int into `sector`, which is valid and writable.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) };
-    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(sector.max(1) as u32) }
-}
-
 /// The O_DIRECT alignment of a regular file from statx(STATX_DIOALIGN), or 512.
 fn file_dio_alignment(file: &File) -> u32 {
-    // SAFETY: an all-zero statx is a valid value for the kernel to overwrite.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, and a writable statx buffer.
-    let rc =
-        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
-    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align > 0 {
-        stx.stx_dio_offset_align.max(stx.stx_dio_mem_align)
-    } else {
-        512
-    }
+    sys::dio_alignment(file).unwrap_or(512)
 }
 
 #[cfg(test)]

@@ -24,26 +24,6 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
-    let ts = timeout_ns.map(|ns| libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    });
-    let ts_ptr = ts.as_ref().map_or(ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; FUTEX_WAIT only
-    // compares it with `expected` and sleeps. Spurious returns are handled by every caller.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, ts_ptr);
-    }
-}
-
-fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a valid address only wakes threads waiting on it.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
-    }
-}
-
 /// A channel's wake-up word: rung whenever one of its waiters completes or
 /// is asked to take over serving.
 #[derive(Debug, Default)]
@@ -82,7 +62,7 @@ impl Doorbell {
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) != 0 {
             self.seq.fetch_add(1, Ordering::SeqCst);
-            futex_wake_all(&self.seq);
+            crate::sys::futex_wake_all(&self.seq);
         }
     }
 
@@ -124,7 +104,7 @@ impl Doorbell {
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             if !ready() {
                 let left = (limit_ns - now).min(1_000_000_000);
-                futex_wait(&self.seq, seen, Some(left));
+                crate::sys::futex_wait(&self.seq, seen, Some(left));
                 sleeps += 1;
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);

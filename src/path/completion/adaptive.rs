@@ -557,10 +557,7 @@ fn read_pressure(file: &Option<File>, buf: &mut [u8; 128]) -> u64 {
 /// This thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID: exact, unlike
 /// getrusage, which may count in scheduler ticks).
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is valid and writable; the clock exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::sys::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 #[derive(Debug, Clone, Copy, Default)]

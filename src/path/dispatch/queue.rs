@@ -114,8 +114,7 @@ impl QueueDispatch {
         let thread = std::thread::Builder::new()
             .name(format!("iopath-{name}"))
             .spawn(move || {
-                // SAFETY: gettid has no preconditions.
-                thread_shared.tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+                thread_shared.tid.store(crate::sys::gettid(), Ordering::Relaxed);
                 // The queue is opened on this thread: io_uring's SINGLE_ISSUER needs that.
                 let caps = device.capabilities();
                 let depth = (super::serve::queue_depth_for(config.pipeline) as u32).min(caps.queue_depth);

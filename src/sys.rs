@@ -1,0 +1,239 @@
+//! The system calls iopath makes itself, in one place, each behind a safe
+//! function whose `unsafe` block says why the call is sound.
+//!
+//! Everything else in the crate calls these (io_uring goes through the
+//! `io-uring` crate, memory maps through `memmap2`). A reviewer checks the
+//! raw calls here; the rest of the code cannot misuse them.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::AtomicU32;
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte in it"))
+}
+
+// ---- time ----
+
+/// Reads a clock (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, ...) in nanoseconds.
+#[inline]
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the clocks iopath reads always exist
+    // on Linux (a failure would leave zeros, never touch other memory).
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sets the calling thread's timer slack (how late the kernel may end its sleeps).
+pub fn set_timer_slack_ns(ns: u64) {
+    // SAFETY: PR_SET_TIMERSLACK takes an unsigned long and touches only this thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Sleeps until CLOCK_MONOTONIC reads `deadline_ns` (restarting after signals).
+pub fn sleep_until_ns(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    loop {
+        // SAFETY: `ts` is a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
+        let rc =
+            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+        if rc != libc::EINTR {
+            return;
+        }
+    }
+}
+
+/// The calling thread's resource usage (`getrusage(RUSAGE_THREAD)`).
+pub fn thread_rusage() -> libc::rusage {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_THREAD is supported on Linux.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    ru
+}
+
+// ---- threads ----
+
+/// The calling thread's kernel id.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it (cpu is in range);
+    // sched_setaffinity(0) applies to the calling thread only.
+    check(unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    })
+}
+
+/// Sleeps while `word` holds `expected`, until woken or `timeout_ns` passes
+/// (a private futex; spurious returns are the caller's to handle).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; FUTEX_WAIT only
+    // compares it with `expected` and sleeps; `ts_ptr` is null or points at `ts`.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, ts_ptr);
+    }
+}
+
+/// Wakes every thread sleeping in [`futex_wait`] on `word`.
+pub fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid address only wakes threads waiting on it.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+    }
+}
+
+// ---- signals ----
+
+/// Calls `handler` on each of `signals` (SA_RESTART, so other threads' calls
+/// are not cut short). The handler must do only async-signal-safe work.
+pub fn on_signals(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int)) -> io::Result<()> {
+    for &signal in signals {
+        // SAFETY: a zeroed sigaction is valid; the handler has the signature sa_sigaction
+        // expects without SA_SIGINFO; the mask is initialised before use.
+        check(unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut())
+        })?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to stderr with one write(2): async-signal-safe.
+pub fn write_stderr_raw(bytes: &[u8]) {
+    // SAFETY: write(2) of a valid buffer to fd 2; a short or failed write loses a notice only.
+    let _ = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+}
+
+/// Ends the process at once (no destructors, no flushing): async-signal-safe.
+pub fn exit_now(status: i32) -> ! {
+    // SAFETY: _exit has no preconditions and does not return.
+    unsafe { libc::_exit(status) }
+}
+
+// ---- files and block devices ----
+
+/// `pread(2)`: reads at most `buf.len()` bytes at `offset`.
+///
+/// # Safety
+///
+/// `buf` must be valid for `len` writable bytes.
+pub unsafe fn pread(file: &File, buf: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; the fd is open for as long as `file`.
+    let n = unsafe { libc::pread(file.as_raw_fd(), buf.cast(), len, offset as libc::off_t) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// `pwrite(2)`: writes at most `len` bytes from `buf` at `offset`.
+///
+/// # Safety
+///
+/// `buf` must be valid for `len` readable bytes.
+pub unsafe fn pwrite(file: &File, buf: *const u8, len: usize, offset: u64) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; the fd is open for as long as `file`.
+    let n = unsafe { libc::pwrite(file.as_raw_fd(), buf.cast(), len, offset as libc::off_t) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// `fdatasync(2)`.
+pub fn fdatasync(file: &File) -> io::Result<()> {
+    // SAFETY: fdatasync on an fd that is open for as long as `file`.
+    check(unsafe { libc::fdatasync(file.as_raw_fd()) })
+}
+
+/// The size of a block device in bytes (`BLKGETSIZE64`).
+pub fn block_device_size(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    // SAFETY: the ioctl writes one u64 into `size`, which is valid and writable.
+    check(unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size) })?;
+    Ok(size)
+}
+
+/// The logical block size of a block device (`BLKSSZGET`).
+pub fn block_device_sector(file: &File) -> io::Result<u32> {
+    let mut sector: libc::c_int = 0;
+    // BLKSSZGET = _IO(0x12, 104): logical block size.
+    const BLKSSZGET: libc::c_ulong = 0x1268;
+    // SAFETY: the ioctl writes one int into `sector`, which is valid and writable.
+    check(unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) })?;
+    Ok(sector.max(1) as u32)
+}
+
+/// The O_DIRECT alignment of an open regular file (`statx` STATX_DIOALIGN),
+/// if the file system reports one.
+pub fn dio_alignment(file: &File) -> Option<u32> {
+    // SAFETY: an all-zero statx is a valid value for the kernel to overwrite.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, and a writable statx buffer.
+    let rc =
+        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    (rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align > 0)
+        .then(|| stx.stx_dio_offset_align.max(stx.stx_dio_mem_align))
+}
+
+/// The `f_type` magic number of the file system `path` is on.
+pub fn file_system_type(path: &Path) -> io::Result<i64> {
+    let c_path = c_path(path)?;
+    // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a writable statfs.
+    check(unsafe { libc::statfs(c_path.as_ptr(), &mut st) })?;
+    Ok(st.f_type as i64)
+}
+
+/// The value of extended attribute `name` of `path` (at most 256 bytes), if set.
+pub fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let c_path = c_path(path).ok()?;
+    let name = CString::new(name).ok()?;
+    let mut value = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated; the value buffer is valid for its length.
+    let n = unsafe { libc::getxattr(c_path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+    (n >= 0).then(|| {
+        value.truncate(n as usize);
+        value
+    })
+}
+
+/// Sets extended attribute `name` of an open file.
+pub fn set_xattr(file: &File, name: &str, value: &[u8]) -> io::Result<()> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid fd, a NUL-terminated name and a value valid for its length.
+    check(unsafe { libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) })
+}
+
+/// The effective user id.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
