@@ -166,7 +166,7 @@ impl Target {
             flags |= libc::O_EXCL;
         }
         options.custom_flags(flags);
-        let file = options.open(path).map_err(|e| {
+        let file = open_exclusive(&options, path, flags & libc::O_EXCL != 0).map_err(|e| {
             if e.raw_os_error() == Some(libc::EBUSY) && flags & libc::O_EXCL != 0 {
                 Error::Refused {
                     path: path.clone(),
@@ -218,6 +218,23 @@ impl Target {
             if self.read_only { ", read-only" } else { "" },
             self.size
         )
+    }
+}
+
+/// Opens `path`; an exclusive open that finds the device busy is retried for
+/// a second before the answer counts. The previous user of the device may
+/// still be letting go: an io_uring instance of a process that just exited
+/// holds its files until the kernel's asynchronous ring teardown has run.
+/// A mounted device stays busy.
+fn open_exclusive(options: &OpenOptions, path: &Path, exclusive: bool) -> std::io::Result<File> {
+    let give_up = crate::clock::now_ns() + 1_000_000_000;
+    loop {
+        match options.open(path) {
+            Err(e) if exclusive && e.raw_os_error() == Some(libc::EBUSY) && crate::clock::now_ns() < give_up => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => return result,
+        }
     }
 }
 
