@@ -27,6 +27,7 @@ pub mod error;
 pub mod path;
 pub mod pattern;
 pub mod signal;
+mod sync;
 pub mod sys;
 pub mod units;
 

@@ -48,9 +48,9 @@ use crate::path::PathStats;
 use crate::path::channel::{Channel, Completed};
 use crate::path::completion::CompletionKind;
 use crate::path::waiter::{Doorbell, PendingList};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, fence, yield_now};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, TryLockError};
 
 /// Knobs of the combining strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +177,7 @@ impl Combine {
             // served: take the role over rather than leave them stranded. The server
             // keeps what it had sent and what it had not apart even then.
             Err(TryLockError::Poisoned(poisoned)) => {
+                #[cfg(not(loom))]
                 self.role.clear_poison();
                 Some(poisoned.into_inner())
             }
@@ -253,7 +254,7 @@ impl Combine {
                 if before >= end {
                     return false;
                 }
-                std::thread::yield_now();
+                yield_now();
                 let after = now_ns();
                 if !contended && YIELDS.with(|w| w.contended_after(after - before)) {
                     self.contended_until.store(after + CONTENDED_HOLD_NS, Ordering::Relaxed);
@@ -481,5 +482,88 @@ impl Dispatch for Combine {
         // A waiter that found the role taken by this reader may have gone to sleep.
         self.hand_off(role);
         stats
+    }
+}
+
+/// Model checks of the serving-role hand-off (`RUSTFLAGS="--cfg loom" cargo
+/// test --release --lib loom`): in every interleaving (up to a preemption
+/// bound) every blocking request is served, whoever holds the role and
+/// however the threads that find it taken go to sleep. A request left
+/// without a server would leave its owner asleep for good, which loom
+/// reports as a deadlock.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use crate::engine::{Engine, HandleOptions};
+    use crate::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig};
+
+    fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(bound);
+        builder.check(f);
+    }
+
+    /// Threads that sleep as soon as they find the role taken (no spinning),
+    /// the case the hand-off rule exists for.
+    fn engine(polling: CombinePolling) -> Engine {
+        let path = PathConfig {
+            waiter_spin: Some(std::time::Duration::ZERO),
+            combine_polling: polling,
+            ..PathConfig::new(DispatchKind::Combine, CompletionKind::Poll)
+        };
+        Engine::open("null,size=1m", path).expect("null device")
+    }
+
+    fn one_read(engine: &Engine, offset: u64) {
+        let mut handle = engine.handle(HandleOptions::default()).expect("handle");
+        let mut buf = [0u8; 512];
+        handle.read_at(&mut buf, offset).expect("read");
+    }
+
+    #[test]
+    fn loom_two_blocking_requests_are_both_served() {
+        for polling in [CombinePolling::Shared, CombinePolling::Winner] {
+            model(3, move || {
+                let engine = engine(polling);
+                let other = {
+                    let engine = engine.clone();
+                    loom::thread::spawn(move || one_read(&engine, 512))
+                };
+                one_read(&engine, 0);
+                other.join().unwrap();
+            });
+        }
+    }
+
+    #[test]
+    fn loom_three_blocking_requests_are_all_served() {
+        model(2, || {
+            let engine = engine(CombinePolling::Shared);
+            let others: Vec<_> = [512, 1024]
+                .into_iter()
+                .map(|offset| {
+                    let engine = engine.clone();
+                    loom::thread::spawn(move || one_read(&engine, offset))
+                })
+                .collect();
+            one_read(&engine, 0);
+            for t in others {
+                t.join().unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn loom_a_reader_of_the_counters_never_strands_a_request() {
+        model(3, || {
+            let engine = engine(CombinePolling::Shared);
+            let reader = {
+                let engine = engine.clone();
+                loom::thread::spawn(move || {
+                    engine.background_stats();
+                })
+            };
+            one_read(&engine, 0);
+            reader.join().unwrap();
+        });
     }
 }
