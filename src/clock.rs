@@ -5,13 +5,23 @@
 //! latencies measured by the benchmark share one time base. Sleeping threads set
 //! their timer slack to 1 ns first: the default 50 µs slack would otherwise be
 //! added to every emulated interrupt.
+//!
+//! In the crate's own tests the clock is a seam: `sim` installs a simulated
+//! clock on a thread (and the threads a path starts inherit it), so path
+//! logic, emulated device times and timeouts run on deterministic time:
+//! every read advances it by a fixed step, a sleep jumps to its deadline.
 
 use crate::sys;
 use std::cell::Cell;
 
-/// Nanoseconds on the CLOCK_MONOTONIC clock.
+/// Nanoseconds on the CLOCK_MONOTONIC clock (in the crate's tests, the
+/// thread's simulated clock if one is installed).
 #[inline]
 pub fn now_ns() -> u64 {
+    #[cfg(test)]
+    if let Some(t) = sim::read() {
+        return t;
+    }
     sys::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
@@ -33,8 +43,72 @@ pub fn minimize_timer_slack() {
 /// Sleeps until the monotonic clock reads at least `deadline_ns` (a real timer
 /// wake-up: this is what an interrupt costs on this machine).
 pub fn sleep_until_ns(deadline_ns: u64) {
+    #[cfg(test)]
+    if sim::sleep_until(deadline_ns) {
+        return;
+    }
     minimize_timer_slack();
     sys::sleep_until_ns(deadline_ns);
+}
+
+/// Simulated time for the crate's deterministic tests.
+#[cfg(test)]
+pub(crate) mod sim {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A clock that moves only when it is read (by `step_ns` per read) or
+    /// slept on (to the deadline), shared by the threads of one test.
+    #[derive(Debug)]
+    pub(crate) struct SimClock {
+        now: AtomicU64,
+        step_ns: u64,
+    }
+
+    thread_local! {
+        static CURRENT: RefCell<Option<Arc<SimClock>>> = const { RefCell::new(None) };
+    }
+
+    /// Simulated time on this thread until dropped.
+    pub(crate) struct Simulated;
+
+    impl Drop for Simulated {
+        fn drop(&mut self) {
+            CURRENT.with(|c| *c.borrow_mut() = None);
+        }
+    }
+
+    /// Installs a simulated clock starting at `start_ns` on this thread.
+    pub(crate) fn start(start_ns: u64, step_ns: u64) -> Simulated {
+        let clock = Arc::new(SimClock { now: AtomicU64::new(start_ns), step_ns });
+        CURRENT.with(|c| *c.borrow_mut() = Some(clock));
+        Simulated
+    }
+
+    /// The clock of this thread, for a thread it starts to inherit.
+    pub(crate) fn current() -> Option<Arc<SimClock>> {
+        CURRENT.with(|c| c.borrow().clone())
+    }
+
+    /// Installs an inherited clock (if any) on this thread.
+    pub(crate) fn inherit(clock: Option<Arc<SimClock>>) {
+        CURRENT.with(|c| *c.borrow_mut() = clock);
+    }
+
+    pub(super) fn read() -> Option<u64> {
+        CURRENT.with(|c| c.borrow().as_ref().map(|clock| clock.now.fetch_add(clock.step_ns, Ordering::SeqCst)))
+    }
+
+    pub(super) fn sleep_until(deadline_ns: u64) -> bool {
+        CURRENT.with(|c| match c.borrow().as_ref() {
+            Some(clock) => {
+                clock.now.fetch_max(deadline_ns, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        })
+    }
 }
 
 /// CPU time and context switches of the calling thread, from `getrusage(RUSAGE_THREAD)`.

@@ -10,6 +10,9 @@ pub mod completion;
 pub mod dispatch;
 pub(crate) mod waiter;
 
+#[cfg(test)]
+mod sim_tests;
+
 pub use channel::{Completed, PathStats, SEGMENT_BUCKETS, segment_bucket, segment_bucket_label};
 pub use completion::{CompletionKind, CompletionPolicy, WaitStats};
 pub use dispatch::DispatchKind;

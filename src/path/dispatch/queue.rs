@@ -111,9 +111,13 @@ impl QueueDispatch {
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = Arc::clone(&shared);
+        #[cfg(test)]
+        let clock = crate::clock::sim::current();
         let thread = std::thread::Builder::new()
             .name(format!("iopath-{name}"))
             .spawn(move || {
+                #[cfg(test)]
+                crate::clock::sim::inherit(clock);
                 thread_shared.tid.store(crate::sys::gettid(), Ordering::Relaxed);
                 // The queue is opened on this thread: io_uring's SINGLE_ISSUER needs that.
                 let caps = device.capabilities();
