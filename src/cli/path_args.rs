@@ -1,7 +1,7 @@
 //! Flags that choose and tune an I/O path, shared by `bench` and `compare`.
 
 use clap::Args;
-use iopath::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig};
+use iopath::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig, PathSpec};
 use iopath::units::{parse_duration, parse_duration_default_unit};
 use std::time::Duration;
 
@@ -68,62 +68,19 @@ impl PathKnobs {
     }
 }
 
-/// Knobs a path name may set after `@`, as `--help` names them.
-const PATH_KNOBS: &str =
-    "combine-polling, combine-budget, pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments";
-
-/// Applies one `knob=value` from a path name (`stm@combine-polling=winner`).
-fn apply_path_knob(path: &mut PathConfig, setting: &str) -> iopath::Result<()> {
-    let Some((knob, value)) = setting.split_once('=') else {
-        return Err(iopath::Error::spec("path knob", setting, format!("expected knob=value; knobs: {PATH_KNOBS}")));
-    };
-    let number = |what: &str| {
-        value.parse::<usize>().map_err(|_| iopath::Error::spec("path knob value", setting, format!("expected {what}")))
-    };
-    match knob {
-        "combine-polling" => path.combine_polling = CombinePolling::parse(value)?,
-        "combine-budget" => {
-            path.combine_budget = value.parse().map_err(|_| {
-                iopath::Error::spec("path knob value", setting, "expected a number of batches (at most 4294967295)")
-            })?
-        }
-        "pipeline" => path.pipeline = number("a number of commands")?,
-        "unplug-thresh" => path.unplug_thresh = Some(number("a number of requests")?),
-        "max-segments" => path.max_segments = Some(number("a number of segments")?),
-        "waiter-spin" => path.waiter_spin = Some(parse_duration_default_unit(value, 1e3)?),
-        "unplug-us" => path.unplug = Some(parse_duration_default_unit(value, 1e3)?),
-        _ => {
-            return Err(iopath::Error::spec("path knob", knob, format!("knobs a path name can set: {PATH_KNOBS}")));
-        }
-    }
-    Ok(())
-}
-
 /// Resolves a path from a preset name (or `dispatch+completion`), each
 /// optionally followed by `@knob=value` settings (`stm@combine-polling=winner`,
 /// so `compare` can put two settings of one design side by side), and
-/// optional overrides; returns it with the name to show.
+/// optional overrides; returns it with the name to show. The knobs of the
+/// name win over the flags.
 pub fn resolve_path(
     name: &str,
     dispatch: Option<&str>,
     completion: Option<&str>,
     knobs: &PathKnobs,
 ) -> iopath::Result<(PathConfig, String)> {
-    let (name, settings) = match name.split_once('@') {
-        Some((base, settings)) => (base, Some(settings)),
-        None => (name, None),
-    };
-    let mut path = match name.split_once('+') {
-        // DISPATCH+COMPLETION, or PRESET+COMPLETION (a preset's dispatch with another completion).
-        Some((d, c)) => {
-            let dispatch = match PathConfig::preset(d) {
-                Ok(preset) => preset.dispatch,
-                Err(_) => DispatchKind::parse(d)?,
-            };
-            PathConfig::new(dispatch, CompletionKind::parse(c)?)
-        }
-        None => PathConfig::preset(name)?,
-    };
+    let spec = PathSpec::parse(name)?;
+    let mut path = spec.base.clone();
     if let Some(d) = dispatch {
         path.dispatch = DispatchKind::parse(d)?;
     }
@@ -131,16 +88,8 @@ pub fn resolve_path(
         path.completion = CompletionKind::parse(c)?;
     }
     knobs.apply(&mut path);
-    for setting in settings.iter().flat_map(|s| s.split('@')) {
-        apply_path_knob(&mut path, setting)?;
-    }
-    let mut shown = match path.preset_name() {
-        Some(preset) => preset.to_string(),
-        None => path.label(),
-    };
-    if let Some(settings) = settings {
-        shown = format!("{shown}@{settings}");
-    }
+    spec.apply_knobs(&mut path)?;
+    let shown = spec.shown_name(&path);
     Ok((path, shown))
 }
 

@@ -197,6 +197,94 @@ impl PathConfig {
     }
 }
 
+/// Knobs a path name may set after `@`, as `--help` names them.
+pub const PATH_KNOBS: &str =
+    "combine-polling, combine-budget, pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments";
+
+/// A path as written on the command line: a preset (`stm`), a
+/// `DISPATCH+COMPLETION` pair (`combine+hybrid`) or `PRESET+COMPLETION`
+/// (`stm+interrupt`), each optionally followed by `@knob=value` settings
+/// (`stm@combine-polling=winner@pipeline=1`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathSpec {
+    /// The path the name gives, with default knobs.
+    pub base: PathConfig,
+    /// The text after the first `@`, if any (`combine-polling=winner@pipeline=1`).
+    pub settings: Option<String>,
+}
+
+impl PathSpec {
+    /// Parses a path name; the `@` settings are checked here, applied by
+    /// [`PathSpec::apply_knobs`].
+    pub fn parse(text: &str) -> Result<PathSpec> {
+        let (name, settings) = match text.split_once('@') {
+            Some((base, settings)) => (base, Some(settings.to_string())),
+            None => (text, None),
+        };
+        let base = match name.split_once('+') {
+            // DISPATCH+COMPLETION, or PRESET+COMPLETION (a preset's dispatch with another completion).
+            Some((d, c)) => {
+                let dispatch = match PathConfig::preset(d) {
+                    Ok(preset) => preset.dispatch,
+                    Err(_) => DispatchKind::parse(d)?,
+                };
+                PathConfig::new(dispatch, CompletionKind::parse(c)?)
+            }
+            None => PathConfig::preset(name)?,
+        };
+        let spec = PathSpec { base, settings };
+        spec.apply_knobs(&mut spec.base.clone())?;
+        Ok(spec)
+    }
+
+    /// Applies the `@knob=value` settings to `path`.
+    pub fn apply_knobs(&self, path: &mut PathConfig) -> Result<()> {
+        for setting in self.settings.iter().flat_map(|s| s.split('@')) {
+            apply_knob(path, setting)?;
+        }
+        Ok(())
+    }
+
+    /// The name to show for `path` (this spec with whatever overrides were
+    /// applied): the preset it matches, or `dispatch+completion`, followed
+    /// by the `@` settings.
+    pub fn shown_name(&self, path: &PathConfig) -> String {
+        let base = match path.preset_name() {
+            Some(preset) => preset.to_string(),
+            None => path.label(),
+        };
+        match &self.settings {
+            Some(settings) => format!("{base}@{settings}"),
+            None => base,
+        }
+    }
+}
+
+/// Applies one `knob=value` from a path name (`stm@combine-polling=winner`).
+fn apply_knob(path: &mut PathConfig, setting: &str) -> Result<()> {
+    let Some((knob, value)) = setting.split_once('=') else {
+        return Err(Error::spec("path knob", setting, format!("expected knob=value; knobs: {PATH_KNOBS}")));
+    };
+    let number = |what: &str| {
+        value.parse::<usize>().map_err(|_| Error::spec("path knob value", setting, format!("expected {what}")))
+    };
+    match knob {
+        "combine-polling" => path.combine_polling = CombinePolling::parse(value)?,
+        "combine-budget" => {
+            path.combine_budget = value.parse().map_err(|_| {
+                Error::spec("path knob value", setting, "expected a number of batches (at most 4294967295)")
+            })?
+        }
+        "pipeline" => path.pipeline = number("a number of commands")?,
+        "unplug-thresh" => path.unplug_thresh = Some(number("a number of requests")?),
+        "max-segments" => path.max_segments = Some(number("a number of segments")?),
+        "waiter-spin" => path.waiter_spin = Some(crate::units::parse_duration_default_unit(value, 1e3)?),
+        "unplug-us" => path.unplug = Some(crate::units::parse_duration_default_unit(value, 1e3)?),
+        _ => return Err(Error::spec("path knob", knob, format!("knobs a path name can set: {PATH_KNOBS}"))),
+    }
+    Ok(())
+}
+
 impl Default for PathConfig {
     fn default() -> Self {
         PathConfig::preset("sync-path").expect("sync-path preset exists")
