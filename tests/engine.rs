@@ -635,3 +635,43 @@ fn a_panic_while_combining_hands_the_role_on_instead_of_hanging() {
         });
     }
 }
+
+#[test]
+fn a_device_queue_full_of_finished_commands_does_not_livelock_the_server() {
+    // One request per command and more requests than the serving queue has slots:
+    // the queue fills with commands the device handed back while a backlog waits.
+    // (Found by `iopath soak --seed 1 --round 204 --dir /tmp`: the server kept trying
+    // to send the backlog before finishing anything, and spun for good.)
+    for dispatch in [DispatchKind::Combine, DispatchKind::Queue, DispatchKind::Hybrid] {
+        for spec in ["emu:null,size=1m,spike_rate=0.05,spike=2ms", "emu:dram-ssd,size=1m,spike_rate=0.05,spike=2ms"] {
+            let p = PathConfig { max_segments: Some(1), ..path(dispatch, CompletionKind::Poll) };
+            let what = format!("{spec} on {}", p.label());
+            within_two_minutes(&what.clone(), move || {
+                let engine = Engine::open(spec, p).unwrap();
+                std::thread::scope(|s| {
+                    for t in 0..16u64 {
+                        let engine = engine.clone();
+                        s.spawn(move || {
+                            let mut h =
+                                engine.handle(HandleOptions { depth: 4, buffers: 4, buffer_size: 512 }).unwrap();
+                            let mut done = Vec::new();
+                            for round in 0..50u64 {
+                                if t % 2 == 0 {
+                                    h.read_into(0, (t * 64 + round % 64) * 512, 512).unwrap();
+                                } else {
+                                    for slot in 0..4 {
+                                        h.submit(Op::Read, slot, (t * 64 + slot as u64) * 512, 512).unwrap();
+                                    }
+                                    h.commit().unwrap();
+                                    while h.queued() > 0 {
+                                        h.reap(1, &mut done).unwrap();
+                                    }
+                                }
+                            }
+                        });
+                    }
+                });
+            });
+        }
+    }
+}

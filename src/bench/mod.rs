@@ -8,6 +8,7 @@ pub mod compare;
 pub mod hogs;
 pub mod report;
 pub mod run;
+pub mod soak;
 pub mod stats;
 pub mod svg;
 pub mod workload;

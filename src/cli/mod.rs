@@ -3,6 +3,7 @@
 mod bench;
 mod compare;
 mod path_args;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run a matrix of paths x workloads side by side and compare them.
     Compare(compare::CompareArgs),
+    /// Hammer random paths, devices and faults, checking every byte (reproducible from a seed).
+    Soak(soak::SoakArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -36,5 +39,6 @@ pub fn main() -> iopath::Result<()> {
     match cli.command {
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Soak(args) => soak::run(args),
     }
 }

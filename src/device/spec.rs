@@ -33,7 +33,11 @@ impl Options {
                     format!("option '{field}' for {backend} must look like key=value"),
                 ));
             };
-            items.push((key.trim().to_ascii_lowercase(), value.trim().to_string()));
+            let key = key.trim().to_ascii_lowercase();
+            if items.iter().any(|(k, _)| *k == key) {
+                return Err(Error::spec("device spec", spec, format!("option '{key}' is given twice")));
+            }
+            items.push((key, value.trim().to_string()));
         }
         Ok(Options { backend, spec: spec.to_string(), items })
     }

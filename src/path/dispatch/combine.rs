@@ -345,7 +345,7 @@ impl Combine {
             device.poll_any();
             server.expire(device);
         }
-        if server.device_in_flight(device) < self.config.pipeline && server.has_work(&self.pending) {
+        if server.can_send(device, self.config.pipeline) && server.has_work(&self.pending) {
             let send_time = server.send_time(device);
             if send_time == 0 || now_ns() >= send_time {
                 server.dispatch(device, &self.pending, 1);
@@ -373,7 +373,7 @@ impl Combine {
             let may_send = !mine_done || budget > 0;
             // Requests already taken (a backlog) are always sent; the budget only
             // limits taking new ones.
-            let want_send = server.device_in_flight(device) < self.config.pipeline
+            let want_send = server.can_send(device, self.config.pipeline)
                 && (server.has_backlog() || (may_send && !self.pending.is_empty()));
             // Sending before paying for wake-ups keeps the device busy; sending as late as
             // the device allows lets the batch grow.
@@ -381,7 +381,8 @@ impl Combine {
             if send_time == 0 || (want_send && now_ns() >= send_time) {
                 server.dispatch(device, &self.pending, 1);
                 if mine_done {
-                    budget -= 1;
+                    // A backlog is sent even with the budget spent (see `want_send`).
+                    budget = budget.saturating_sub(1);
                 }
                 continue;
             }

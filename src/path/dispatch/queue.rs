@@ -204,7 +204,7 @@ fn dispatcher(shared: &Shared, channel: &mut Channel, server: &mut Server) {
                     || (config.idle_dispatch && now >= server.send_time(channel))
                     || shared.urgent.load(Ordering::SeqCst) > 0
                     || shared.stop.load(Ordering::Relaxed));
-        if due && in_device < config.pipeline {
+        if due && server.can_send(channel, config.pipeline) {
             shared.urgent.store(0, Ordering::SeqCst);
             // An idle device gets a large batch in pieces, so the first piece's submitters
             // can issue again while the rest is in service (double buffering).

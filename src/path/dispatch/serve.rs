@@ -98,6 +98,16 @@ impl Server {
         self.batches.len()
     }
 
+    /// Whether a dispatch now could send a command: fewer than `pipeline`
+    /// commands in the device, and a free slot in the device queue. The
+    /// second matters when the queue is full of commands the device handed
+    /// back and nobody has finished yet: sending must wait for finishing, or
+    /// a loop that sends before it finishes spins for good (found by `iopath
+    /// soak`: max-segments=1 and 12 threads filled the queue that way).
+    pub fn can_send(&self, channel: &Channel, pipeline: usize) -> bool {
+        self.device_in_flight(channel) < pipeline && self.batches.len() < self.max_commands
+    }
+
     /// Commands still in the device.
     pub fn device_in_flight(&self, channel: &Channel) -> usize {
         self.batches.len().saturating_sub(channel.done_len())
