@@ -2,25 +2,9 @@
 
 mod common;
 
+use common::{fails, iopath, stderr};
 use serde_json::Value;
-use std::process::{Command, Output};
-
-fn iopath(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iopath")).args(args).output().expect("run iopath")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
-
-/// Runs a command that must fail cleanly and returns its message.
-fn fails(args: &[&str]) -> String {
-    let o = iopath(args);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "{args:?} should fail");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    err
-}
+use std::process::Command;
 
 fn bench_json(args: &[&str]) -> Value {
     let mut all = vec!["bench", "--output-format", "json", "--no-progress"];

@@ -16,38 +16,13 @@ use proptest::prelude::*;
 fn device_spec_like() -> impl Strategy<Value = String> {
     let backend = one_of(&["emu:", "null", "null:", "null,", "uring:", "psync:", "floppy:", ""], "[a-z]{0,5}:");
     let first = one_of(&["dram-ssd", "custom", "nand", "/nonexistent-iopath/x.img", ""], "[a-z/.]{0,12}");
-    let key = one_of(
-        &[
-            "size",
-            "file",
-            "slots",
-            "channels",
-            "cmd",
-            "xfer",
-            "rcmd",
-            "wxfer",
-            "flush",
-            "populate",
-            "readonly",
-            "direct",
-            "taskrun",
-            "iopoll",
-            "sqpoll",
-            "audit",
-            "fail_nth",
-            "fail_range",
-            "fail_rate",
-            "commit_fail_nth",
-            "commit_fail_rate",
-            "wait_fail_rate",
-            "errno",
-            "spike",
-            "spike_rate",
-            "hang_nth",
-            "seed",
-        ],
-        "[a-z_]{0,8}",
-    );
+    // Every backend's keys and the fault wrapper's.
+    let mut keys: Vec<&'static str> = vec![
+        "size", "file", "slots", "channels", "cmd", "xfer", "rcmd", "wxfer", "flush", "populate", "readonly", "direct",
+        "taskrun", "iopoll", "sqpoll",
+    ];
+    keys.extend_from_slice(iopath::device::fault::KNOWN);
+    let key = one_of(&keys, "[a-z_]{0,8}");
     let value = prop_oneof![
         one_of(
             &["0", "1", "-1", "18446744073709551616", "1.5", "NaN", "inf", "4k-8k", "8k-4k", "-", "16777216t"],
@@ -68,7 +43,7 @@ fn device_spec_like() -> impl Strategy<Value = String> {
 }
 
 /// One of `known`, or text matching `other`.
-fn one_of(known: &[&'static str], other: &'static str) -> impl Strategy<Value = String> {
+fn one_of(known: &[&'static str], other: &'static str) -> impl Strategy<Value = String> + use<> {
     let known: Vec<String> = known.iter().map(|s| s.to_string()).collect();
     prop_oneof![3 => proptest::sample::select(known), 1 => other]
 }

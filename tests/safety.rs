@@ -4,31 +4,9 @@
 
 mod common;
 
+use common::{fails, iopath, stderr, succeeds};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn iopath(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iopath")).args(args).output().expect("run iopath")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Runs iopath, expects it to fail, and returns its message.
-fn refused(args: &[&str]) -> String {
-    let o = iopath(args);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "iopath {args:?} should have been refused");
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
-
-fn succeeds(args: &[&str]) -> String {
-    let o = iopath(args);
-    assert!(o.status.success(), "iopath {args:?}: {}", stderr(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use std::process::Command;
 
 /// A file with content somebody cares about.
 fn precious(path: &Path) -> Vec<u8> {
@@ -49,16 +27,16 @@ fn an_existing_file_is_never_overwritten_without_permission() {
         (format!("uring:{p}"), "randwrite"),
         (format!("emu:dram-ssd,size=256k,file={p}"), "write"),
     ] {
-        let err = refused(&["bench", "--device", &device, "--rw", rw, "--ios", "10", "--no-progress"]);
+        let err = fails(&["bench", "--device", &device, "--rw", rw, "--ios", "10", "--no-progress"]);
         assert!(err.contains("refusing to write") && err.contains("--allow-overwrite"), "{device}: {err}");
         assert!(err.contains("did not create"), "{device}: {err}");
         // --verify on a write workload lays the region out first: refused the same way.
-        let err = refused(&["bench", "--device", &device, "--rw", rw, "--verify", "--ios", "10"]);
+        let err = fails(&["bench", "--device", &device, "--rw", rw, "--verify", "--ios", "10"]);
         assert!(err.contains("--allow-overwrite"), "{device}: {err}");
         assert!(std::fs::read(&notes).unwrap() == before, "{device}: the file changed");
     }
     // A larger --size would extend it: refused too, and unchanged.
-    let err = refused(&["bench", "--device", &format!("psync:{p}"), "--size", "1m", "--rw", "write", "--ios", "1"]);
+    let err = fails(&["bench", "--device", &format!("psync:{p}"), "--size", "1m", "--rw", "write", "--ios", "1"]);
     assert!(err.contains("--allow-overwrite"), "{err}");
     assert!(std::fs::read(&notes).unwrap() == before, "the file changed");
 }
@@ -75,12 +53,12 @@ fn read_workloads_open_read_only_and_never_write() {
         let out = succeeds(&["bench", "--device", &device, "--rw", "randread", "--ios", "50", "--no-progress"]);
         assert!(out.contains("IOPS"), "{out}");
         // --verify on a read workload checks a pattern iopath laid out; these notes hold none.
-        let err = refused(&["bench", "--device", &device, "--rw", "read", "--verify", "--ios", "5"]);
+        let err = fails(&["bench", "--device", &device, "--rw", "read", "--verify", "--ios", "5"]);
         assert!(err.contains("no iopath pattern") && err.contains("--rw write --verify"), "{device}: {err}");
         assert!(std::fs::read(&notes).unwrap() == before, "{device}: a read workload changed the file");
     }
     // A read-only run asked for more than the file holds says so instead of extending it.
-    let err = refused(&["bench", "--device", &format!("psync:{p}"), "--size", "1m", "--ios", "1"]);
+    let err = fails(&["bench", "--device", &format!("psync:{p}"), "--size", "1m", "--ios", "1"]);
     assert!(err.contains("fewer than") && err.contains("--size"), "{err}");
     assert!(std::fs::read(&notes).unwrap() == before, "the file changed");
 }
@@ -129,7 +107,7 @@ fn files_iopath_created_are_its_own_and_carry_a_pattern_to_verify() {
     // Rewritten with --verify: every sector still describes itself, whatever the block size.
     succeeds(&["bench", "--device", &spec, "--rw", "randwrite", "--verify", "--bs", "16k", "--ios", "50"]);
     succeeds(&["bench", "--device", &spec, "--rw", "randread", "--verify", "--bs", "4k", "--ios", "200"]);
-    let err = refused(&["bench", "--device", &spec, "--rw", "randread", "--verify", "--bs", "1000", "--ios", "1"]);
+    let err = fails(&["bench", "--device", &spec, "--rw", "randread", "--verify", "--bs", "1000", "--ios", "1"]);
     assert!(err.contains("--bs") && err.contains("512"), "{err}");
 }
 
@@ -157,11 +135,11 @@ fn a_file_system_is_refused_even_with_allow_overwrite() {
     fake_ext4(&disk);
     let before = std::fs::read(&disk).unwrap();
     let spec = format!("psync:{}", disk.display());
-    let err = refused(&["bench", "--device", &spec, "--rw", "write", "--ios", "5", "--allow-overwrite"]);
+    let err = fails(&["bench", "--device", &spec, "--rw", "write", "--ios", "5", "--allow-overwrite"]);
     assert!(err.contains("ext2/ext3/ext4") && err.contains("--allow-fs-overwrite"), "{err}");
     assert!(std::fs::read(&disk).unwrap() == before, "the file system image changed");
     // The second flag alone is not enough either.
-    let err = refused(&["bench", "--device", &spec, "--rw", "write", "--ios", "5", "--allow-fs-overwrite"]);
+    let err = fails(&["bench", "--device", &spec, "--rw", "write", "--ios", "5", "--allow-fs-overwrite"]);
     assert!(err.contains("--allow-overwrite"), "{err}");
     succeeds(&["bench", "--device", &spec, "--rw", "write", "--ios", "5", "--allow-overwrite", "--allow-fs-overwrite"]);
 }
@@ -170,7 +148,7 @@ fn a_file_system_is_refused_even_with_allow_overwrite() {
 fn block_devices_need_permission_and_mounted_ones_are_refused() {
     common::with_loop_device("block_devices_need_permission_and_mounted_ones_are_refused", |dev| {
         let spec = format!("uring:{}", dev.path.display());
-        let err = refused(&["bench", "--device", &spec, "--rw", "randwrite", "--ios", "10"]);
+        let err = fails(&["bench", "--device", &spec, "--rw", "randwrite", "--ios", "10"]);
         assert!(err.contains("block device") && err.contains("--allow-overwrite"), "{err}");
         succeeds(&["bench", "--device", &spec, "--rw", "randread", "--ios", "10"]);
         succeeds(&["bench", "--device", &spec, "--rw", "randwrite", "--ios", "10", "--allow-overwrite"]);
@@ -180,7 +158,7 @@ fn block_devices_need_permission_and_mounted_ones_are_refused() {
             eprintln!("SKIPPED the file-system part: mkfs.ext4 is not available here");
             return;
         }
-        let err = refused(&["bench", "--device", &spec, "--rw", "randwrite", "--ios", "10", "--allow-overwrite"]);
+        let err = fails(&["bench", "--device", &spec, "--rw", "randwrite", "--ios", "10", "--allow-overwrite"]);
         assert!(err.contains("ext2/ext3/ext4"), "{err}");
         // Mounted: the kernel itself refuses an exclusive open, even with both flags.
         let mnt = tempfile::tempdir().unwrap();
@@ -190,7 +168,7 @@ fn block_devices_need_permission_and_mounted_ones_are_refused() {
             return;
         }
         let before = std::fs::read(&dev.path).unwrap();
-        let err = refused(&[
+        let err = fails(&[
             "bench",
             "--device",
             &spec,

@@ -2,7 +2,33 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
+
+/// Runs the `iopath` binary.
+pub fn iopath(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iopath")).args(args).output().expect("run iopath")
+}
+
+/// What a run printed on stderr.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// Runs a command that must fail cleanly (no panic) and returns its message.
+pub fn fails(args: &[&str]) -> String {
+    let o = iopath(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    err
+}
+
+/// Runs a command that must succeed and returns what it printed on stdout.
+pub fn succeeds(args: &[&str]) -> String {
+    let o = iopath(args);
+    assert!(o.status.success(), "iopath {args:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
 
 /// A loop device with direct I/O over a file in /dev/shm, detached on drop.
 pub struct LoopDevice {
