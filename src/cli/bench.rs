@@ -72,17 +72,24 @@ fn rw_arg(s: &str) -> Result<Rw, String> {
 pub const DEVICES_HELP: &str = "\
 DEVICES:
   emu:PRESET[,k=v...]   emulated SSD; presets dram-ssd (7 us/4KiB, seed 000), optane, zssd, nand, null, custom.
-                        Options: size=, file= (data in a file, durable after flush), populate=0|1
-                        (default 1: memory allocated up front, no page faults during the run; the very
-                        first time on a fresh VM this takes ~3 s per GiB, later ~0.1 s), slots=, channels=,
-                        cmd=, xfer= (per 4 KiB), rcmd=, rxfer=, wcmd=, wxfer=, flush= (times take ns/us/ms;
-                        a bare number is us), faults: fail_nth=, fail_range=A-B, fail_rate=, errno=,
-                        spike_rate=, spike=, hang_nth=, panic_nth=, seed=.
+                        Options: size=, file= (data in a file, durable after flush), readonly=1 (with file=:
+                        mapped copy-on-write), populate=0|1 (default 1: memory allocated up front, no page
+                        faults during the run; the very first time on a fresh VM this takes ~3 s per GiB,
+                        later ~0.1 s), slots=, channels=, cmd=, xfer= (per 4 KiB), rcmd=, rxfer=, wcmd=,
+                        wxfer=, flush= (times take ns/us/ms; a bare number is us).
   null[:size=N]         completes at once, moves no data: pure software cost.
-  uring:PATH[,k=v...]   io_uring, O_DIRECT. Options: direct=0|1, size=, taskrun=defer|coop|plain,
+  uring:PATH[,k=v...]   io_uring, O_DIRECT. Options: direct=0|1, size=, readonly=1, taskrun=defer|coop|plain,
                         fixedbufs=0|1, fixedfiles=0|1, sqpoll=0|1, iopoll=auto|on|off.
-  psync:PATH[,k=v...]   pread/pwrite. Options: direct=0|1, size=.
-  A missing file is created and laid out at --size.
+  psync:PATH[,k=v...]   pread/pwrite. Options: direct=0|1, size=, readonly=1.
+  A missing file is created, laid out with iopath's self-describing pattern at --size, and marked
+  as iopath's (xattr user.iopath); write workloads refuse other existing files and block devices
+  unless --allow-overwrite is given, and file systems even then (see Safety below).
+  FAULTS, on any device (the device is wrapped; the wrapper also audits that no buffer changes while
+  the device owns it): fail_nth= (the Nth command is refused), fail_range=A-B, fail_rate= (segments
+  fail), commit_fail_nth=, commit_fail_rate= (a commit fails: its commands come back failed),
+  wait_fail_nth=, wait_fail_rate= (a wait fails: commands stay in flight), hang_nth= (never completes
+  until cancelled at --timeout), spike_rate=, spike= (completion held back; cannot be cancelled),
+  panic_nth= (a bug in a backend), errno=, seed=, audit=1 (the audit alone).
 ";
 
 fn bench_help() -> String {

@@ -49,7 +49,9 @@ pub struct PathKnobs {
     /// batch is sent while the current one is in service).
     #[arg(long, default_value_t = iopath::path::DEFAULT_PIPELINE, help_heading = "Path knobs")]
     pub pipeline: usize,
-    /// Time after which a request on the emulated device counts as hung.
+    /// How long a device command may take before the device is asked to cancel it
+    /// (io_uring: IORING_OP_ASYNC_CANCEL); it is still waited for, and its requests
+    /// then fail with a timeout error unless it completed after all.
     #[arg(long, default_value = "30s", value_parser = duration_arg, help_heading = "Path knobs")]
     pub timeout: Duration,
 }

@@ -27,9 +27,10 @@ pub struct PathConfig {
     pub dispatch: DispatchKind,
     /// How waiters learn of completions.
     pub completion: CompletionKind,
-    /// How long a request on a timed (emulated) device may take before it is
-    /// reported as timed out. Real devices are waited for without limit: the
-    /// kernel owns the buffer until it answers.
+    /// How long a device command may take before the path asks the device
+    /// to cancel it ([`crate::device::Queue::cancel`]). The command is still
+    /// waited for (the device owns its buffers until it hands it back); its
+    /// requests then fail with [`Error::Timeout`] unless it completed after all.
     pub timeout: Duration,
     /// Queue strategies: dispatch when this many requests are queued
     /// (default 32 for `queue`/`twoq`/`hybrid`, 4 for `elevator`).
