@@ -394,7 +394,8 @@ impl ThreadRun<'_> {
                 format!(
                     "{detail}. A read-only run with --verify checks the pattern iopath laid out earlier and \
                      writes nothing: lay one out first with `iopath bench --device {} --rw write --verify \
-                     --bs {}` (iopath also lays it out in a file it creates)",
+                     --bs {}` (plus --allow-overwrite if iopath did not create the target, which destroys \
+                     what it holds; iopath lays the pattern out in any file it creates)",
                     self.config.device, self.config.block_size
                 )
             }),
