@@ -22,6 +22,7 @@ pub mod bench;
 pub mod buffer;
 pub mod clock;
 pub mod device;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod path;

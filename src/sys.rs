@@ -237,3 +237,75 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+// ---- probes for `iopath doctor` ----
+
+/// Creates an io_uring with `flags` (IORING_SETUP_*) and closes it again:
+/// whether this kernel (and its seccomp policy and sysctls) accepts them.
+pub fn io_uring_setup_works(entries: u32, flags: u32) -> io::Result<()> {
+    // struct io_uring_params is 120 bytes: sq_entries, cq_entries, flags, sq_thread_cpu,
+    // sq_thread_idle, features, wq_fd, resv[3], then the two offset tables.
+    let mut params = [0u32; 30];
+    params[2] = flags;
+    if flags & (1 << 1) != 0 {
+        // IORING_SETUP_SQPOLL: idle time of the kernel thread (ms).
+        params[4] = 10;
+    }
+    // SAFETY: io_uring_setup reads and writes exactly one io_uring_params (120 bytes),
+    // which `params` is; the returned fd is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, entries, params.as_mut_ptr()) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is closed exactly once.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}
+
+/// A system call that does nothing (`getppid`), for measuring the cost of one.
+#[inline(never)]
+pub fn null_syscall() {
+    // SAFETY: getppid has no preconditions and no side effects.
+    unsafe { libc::syscall(libc::SYS_getppid) };
+}
+
+/// Sleeps for `ns` (relative), restarting after signals.
+pub fn sleep_ns(ns: u64) {
+    let ts =
+        libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: a valid timespec; a null remainder is allowed.
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, std::ptr::null_mut()) };
+}
+
+/// The soft and hard limits of locked memory (RLIMIT_MEMLOCK), in bytes
+/// (`u64::MAX` for unlimited).
+pub fn memlock_limit() -> (u64, u64) {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: a valid, writable rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
+    (rl.rlim_cur, rl.rlim_max)
+}
+
+/// The kernel's release and machine (`uname -r`, `uname -m`).
+pub fn kernel_release() -> (String, String) {
+    // SAFETY: an all-zero utsname is a valid value for uname to overwrite.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid, writable utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return ("unknown".into(), "unknown".into());
+    }
+    let text = |field: &[libc::c_char]| {
+        let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    (text(&u.release), text(&u.machine))
+}
+
+/// The device number (major, minor) of a block device node, or of the
+/// device holding a file.
+pub fn device_numbers(path: &Path) -> io::Result<(u32, u32, bool)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path)?;
+    let (dev, is_block) = if meta.file_type().is_block_device() { (meta.rdev(), true) } else { (meta.dev(), false) };
+    Ok((libc::major(dev), libc::minor(dev), is_block))
+}

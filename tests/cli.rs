@@ -443,3 +443,41 @@ fn combine_polling_and_per_path_knobs_are_chosen_shown_and_checked() {
     let err = fails(&["bench", "--path", "stm@pipeline=many", "--ios", "1"]);
     assert!(err.contains("expected a number of commands"), "{err}");
 }
+
+#[test]
+fn doctor_reports_the_machine_and_recommends_a_path() {
+    let out = common::succeeds(&["doctor", "--no-trials"]);
+    for needle in
+        ["kernel", "io_uring", "DEFER_TASKRUN", "memlock", "cpus", "wake-up of a sleeping thread", "timer sleep"]
+    {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let o = iopath(&[
+        "doctor",
+        "emu:nand,size=16m",
+        "--threads",
+        "1,4",
+        "--trial-time",
+        "200ms",
+        "--output-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["costs_ns"]["syscall"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["recommendations"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["trials"].as_array().unwrap().len() >= 6);
+    // A file: its O_DIRECT alignment, and never a write.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.img");
+    std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
+    let out = common::succeeds(&["doctor", &file.display().to_string(), "--threads", "1", "--trial-time", "200ms"]);
+    assert!(out.contains("O_DIRECT alignment") && out.contains("recommended   1 thread(s):"), "{out}");
+    assert!(std::fs::read(&file).unwrap().iter().all(|&b| b == 7), "doctor wrote to the file");
+    let err = fails(&["doctor", "/nonexistent-iopath.img"]);
+    assert!(err.contains("never creates or writes"), "{err}");
+    common::with_loop_device("doctor_on_a_loop_device", |dev| {
+        let out = common::succeeds(&["doctor", &dev.path.display().to_string(), "--no-trials"]);
+        assert!(out.contains("loop backing file") && out.contains("no poll queues"), "{out}");
+    });
+}

@@ -2,6 +2,7 @@
 
 mod bench;
 mod compare;
+mod doctor;
 mod path_args;
 mod soak;
 
@@ -31,6 +32,8 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Hammer random paths, devices and faults, checking every byte (reproducible from a seed).
     Soak(soak::SoakArgs),
+    /// What this machine and a device support, what waiting costs here, and which path to use.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -40,5 +43,6 @@ pub fn main() -> iopath::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
