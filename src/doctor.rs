@@ -71,6 +71,8 @@ pub struct DeviceFacts {
     pub nr_requests: Option<String>,
     /// `queue/rotational`.
     pub rotational: Option<String>,
+    /// `queue/max_sectors_kb`: the largest request the device takes whole.
+    pub max_sectors_kb: Option<String>,
     /// A loop device's backing file and whether it uses direct I/O.
     pub loop_backing: Option<String>,
     /// Why kernel polling is or is not available for it.
@@ -322,14 +324,6 @@ fn cpu_facts() -> CpuFacts {
     CpuFacts { cpus, pressure_some_avg10, load1 }
 }
 
-/// The whole device a (partition) block device belongs to, as sysfs names it.
-fn sysfs_queue_dir(major: u32, minor: u32) -> Option<(String, std::path::PathBuf)> {
-    let dev = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
-    let whole = if dev.join("partition").exists() { dev.parent()?.to_path_buf() } else { dev };
-    let name = whole.file_name()?.to_string_lossy().into_owned();
-    Some((name, whole))
-}
-
 fn device_facts(target: &Path) -> Result<DeviceFacts> {
     let (major, minor, is_block) = sys::device_numbers(target).map_err(|source| Error::Target {
         action: "examine",
@@ -346,7 +340,7 @@ fn device_facts(target: &Path) -> Result<DeviceFacts> {
             facts.dio_alignment = sys::dio_alignment(&f);
         }
     }
-    if let Some((name, dir)) = sysfs_queue_dir(major, minor) {
+    if let Some((name, dir)) = crate::device::target::block_queue_dir(major, minor) {
         let q = dir.join("queue");
         facts.logical_block_size = read_trim(q.join("logical_block_size")).and_then(|s| s.parse().ok());
         if is_block {
@@ -357,6 +351,7 @@ fn device_facts(target: &Path) -> Result<DeviceFacts> {
         facts.scheduler = read_trim(q.join("scheduler"));
         facts.nomerges = read_trim(q.join("nomerges"));
         facts.nr_requests = read_trim(q.join("nr_requests"));
+        facts.max_sectors_kb = read_trim(q.join("max_sectors_kb"));
         facts.rotational = read_trim(q.join("rotational"));
         if name.starts_with("loop") {
             let backing = read_trim(dir.join("loop/backing_file")).unwrap_or_default();
@@ -582,6 +577,7 @@ impl Report {
             out.push_str(&show("nomerges", &d.nomerges));
             out.push_str(&show("nr_requests", &d.nr_requests));
             out.push_str(&show("rotational", &d.rotational));
+            out.push_str(&show("max_sectors_kb", &d.max_sectors_kb));
             out.push_str(&show("loop backing file", &d.loop_backing));
             out.push_str(&format!("  {:<21} {}\n", "kernel polling", d.polling));
         }
@@ -648,6 +644,7 @@ impl Report {
                 "nomerges": d.nomerges,
                 "nr_requests": d.nr_requests,
                 "rotational": d.rotational,
+                "max_sectors_kb": d.max_sectors_kb,
                 "loop_backing": d.loop_backing,
                 "kernel_polling": d.polling,
             })),

@@ -718,3 +718,30 @@ fn uring_cancels_a_command_and_still_hands_it_back() {
     }
     assert_eq!((out[0].tag, out[0].segments[0].result), (9, 4096));
 }
+
+#[test]
+fn requests_to_a_block_device_are_no_larger_than_it_takes_whole() {
+    // A request the kernel would split never goes out: split polled requests hang on
+    // Debian's 6.1 NVMe driver (found by scripts/nvme-guest).
+    common::with_loop_device("requests_to_a_block_device_are_no_larger_than_it_takes_whole", |dev| {
+        let name = dev.path.file_name().unwrap().to_string_lossy().into_owned();
+        let read = |f: &str| -> u32 {
+            std::fs::read_to_string(format!("/sys/block/{name}/queue/{f}")).unwrap().trim().parse().unwrap()
+        };
+        let limit = (read("max_sectors_kb") * 1024).min(read("max_segments") * 4096).min(1 << 20);
+        for backend in ["uring", "psync"] {
+            let device = open_device(&format!("{backend}:{}", dev.path.display()), None).unwrap();
+            assert_eq!(device.capabilities().max_segment_bytes, limit, "{backend}");
+        }
+        let err = common::fails(&[
+            "bench",
+            "--device",
+            &format!("uring:{}", dev.path.display()),
+            "--bs",
+            &format!("{}", limit * 2),
+            "--ios",
+            "1",
+        ]);
+        assert!(err.contains("--bs") && err.contains("in one request"), "{err}");
+    });
+}

@@ -166,6 +166,14 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             ),
         ));
     }
+    let largest = device.capabilities().max_segment_bytes as u64;
+    if config.block_size > largest {
+        return Err(Error::spec(
+            "--bs",
+            config.block_size.to_string(),
+            format!("{} takes at most {largest} bytes in one request: use a smaller --bs", config.device),
+        ));
+    }
     let size = config.size.unwrap_or(device.size());
     if size > device.size() {
         return Err(Error::OutOfRange { offset: 0, len: size, size: device.size() });
@@ -466,10 +474,12 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
     Ok((handle, run))
 }
 
-/// Writes version 1 of every block of the thread's slice, in large writes.
+/// Writes version 1 of every block of the thread's slice, in large writes
+/// (no larger than the device takes in one request).
 fn lay_out(engine: &Engine, generator: &Generator) -> Result<Vec<u64>> {
     let bs = generator.block_size;
-    let per_write = (PREFILL_CHUNK / bs).max(1);
+    let largest = PREFILL_CHUNK.min(engine.device().capabilities().max_segment_bytes as u64);
+    let per_write = (largest / bs).max(1);
     let chunk = (per_write * bs) as usize;
     let mut handle = engine.handle(HandleOptions { depth: 1, buffers: 1, buffer_size: chunk })?;
     let mut block = 0;

@@ -57,7 +57,7 @@ impl Device for PsyncDevice {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             max_segments: 1024,
-            max_segment_bytes: 1 << 20,
+            max_segment_bytes: self.shared.target.max_segment_bytes(),
             alignment: self.shared.target.alignment,
             queue_depth: 4096,
             kernel_poll: false,

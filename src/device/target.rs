@@ -86,6 +86,47 @@ pub struct Target {
     pub read_only: bool,
     /// Whether this open created it.
     pub created: bool,
+    /// The largest request the block device takes whole (`queue/max_sectors_kb`,
+    /// `queue/max_segments` pages); a larger one is split by the kernel, which
+    /// polled (IOPOLL) requests do not survive on every kernel (Debian's 6.1
+    /// with NVMe poll queues never completes them).
+    pub max_io_bytes: Option<u32>,
+}
+
+/// Largest segment iopath sends to a file or block device.
+pub const MAX_SEGMENT_BYTES: u32 = 1 << 20;
+
+impl Target {
+    /// The largest segment to send: [`MAX_SEGMENT_BYTES`], or less where the
+    /// block device takes less in one request.
+    pub fn max_segment_bytes(&self) -> u32 {
+        self.max_io_bytes.map_or(MAX_SEGMENT_BYTES, |m| m.clamp(4096, MAX_SEGMENT_BYTES))
+    }
+}
+
+/// The sysfs directory of the whole block device `major:minor` (or of the
+/// device a partition belongs to) and its kernel name.
+pub fn block_queue_dir(major: u32, minor: u32) -> Option<(String, PathBuf)> {
+    let dev = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let whole = if dev.join("partition").exists() { dev.parent()?.to_path_buf() } else { dev };
+    let name = whole.file_name()?.to_string_lossy().into_owned();
+    Some((name, whole))
+}
+
+/// The largest request a block device node takes without the kernel
+/// splitting it: `queue/max_sectors_kb`, and `queue/max_segments` pages (a
+/// buffer's pages need not be contiguous, so each may be a segment of its
+/// own; an NVMe device with 127 segments splits a 512 KiB request).
+fn max_io_bytes(path: &Path) -> Option<u32> {
+    let (major, minor, _) = sys::device_numbers(path).ok()?;
+    let (_, dir) = block_queue_dir(major, minor)?;
+    let read = |name: &str| -> Option<u32> { std::fs::read_to_string(dir.join(name)).ok()?.trim().parse().ok() };
+    let sectors = read("queue/max_sectors_kb").and_then(|kb| kb.checked_mul(1024));
+    let segments = read("queue/max_segments").and_then(|n| n.checked_mul(4096));
+    match (sectors, segments) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 const LAYOUT_CHUNK: usize = 1 << 20;
@@ -205,6 +246,7 @@ impl Target {
             direct: config.direct,
             read_only: config.read_only,
             created,
+            max_io_bytes: if is_block_device { max_io_bytes(path) } else { None },
         })
     }
 

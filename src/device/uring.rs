@@ -242,7 +242,7 @@ impl Device for UringDevice {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             max_segments: MAX_SEGMENTS,
-            max_segment_bytes: 1 << 20,
+            max_segment_bytes: self.shared.target.max_segment_bytes(),
             alignment: self.shared.target.alignment,
             queue_depth: SQ_ENTRIES,
             kernel_poll: self.shared.iopoll,
