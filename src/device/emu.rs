@@ -8,11 +8,14 @@
 //! emulated interrupt costs what a wake-up costs on this machine.
 //!
 //! Faults are injected by the [`fault`](super::fault) wrapper, which works on
-//! every backend (`emu:dram-ssd,fail_rate=0.01` wraps this device).
+//! every backend (`emu:dram-ssd,fail_rate=0.01` wraps this device). A
+//! volatile write cache and power cuts (`wcache=1`, `cut_after=N`) are in
+//! [`volatile`](super::volatile).
 
 use super::model::{Model, ModelParams, Preset, preset, presets};
 use super::spec::Options;
 use super::store::Store;
+use super::volatile::{CutMode, CutPlan, VolatileCache};
 use super::{Cancel, Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
 use crate::clock::{now_ns, sleep_until_ns};
 use crate::error::Result;
@@ -43,10 +46,29 @@ pub struct EmuConfig {
     pub read_only: bool,
     /// With `file`: what may be written to an existing file iopath did not create.
     pub guard: super::target::Guard,
+    /// A volatile write cache (writes durable only after a flush) and when power is cut.
+    pub write_cache: Option<CutPlan>,
 }
 
-const KNOWN: &[&str] =
-    &["size", "file", "slots", "channels", "cmd", "xfer", "rcmd", "rxfer", "wcmd", "wxfer", "flush", "populate"];
+const KNOWN: &[&str] = &[
+    "size",
+    "file",
+    "slots",
+    "channels",
+    "cmd",
+    "xfer",
+    "rcmd",
+    "rxfer",
+    "wcmd",
+    "wxfer",
+    "flush",
+    "populate",
+    "wcache",
+    "cut_after",
+    "cut_random",
+    "cut",
+    "cut_seed",
+];
 
 impl EmuConfig {
     /// Parses `PRESET` and the options of an `emu:` spec.
@@ -105,6 +127,7 @@ impl EmuConfig {
         // merging paths' serving thread), which cost STM ~3% of peak on writes.
         let populate = opts.take_bool("populate")?.unwrap_or(true);
         let read_only = opts.take_bool("readonly")?.unwrap_or(false);
+        let write_cache = parse_cut_plan(&mut opts)?;
         opts.finish(KNOWN)?;
         Ok(EmuConfig {
             preset: name.to_string(),
@@ -114,8 +137,38 @@ impl EmuConfig {
             populate,
             read_only,
             guard: super::target::Guard::Off,
+            write_cache,
         })
     }
+}
+
+/// `wcache=1`, `cut_after=N`, `cut_random=N`, `cut=tear|drop`, `cut_seed=S`.
+fn parse_cut_plan(opts: &mut Options) -> Result<Option<CutPlan>> {
+    let enabled = opts.take_bool("wcache")?;
+    let after = opts.take_num::<u64>("cut_after")?;
+    let random = opts.take_num::<u64>("cut_random")?;
+    let mode = match opts.take("cut").as_deref() {
+        None | Some("tear") => CutMode::Tear,
+        Some("drop") => CutMode::Drop,
+        Some(other) => return Err(opts.error(format!("cut={other}: a power cut either 'tear's or 'drop's"))),
+    };
+    let seed = opts.take_num::<u64>("cut_seed")?.unwrap_or(1);
+    let cutting = after.is_some() || random.is_some();
+    match enabled {
+        Some(false) if cutting => {
+            return Err(opts.error("a power cut needs the volatile write cache; drop wcache=0"));
+        }
+        Some(false) | None if !cutting => return Ok(None),
+        _ => {}
+    }
+    if after.is_some() && random.is_some() {
+        return Err(opts.error("give either cut_after=N or cut_random=N, not both"));
+    }
+    if random == Some(0) {
+        return Err(opts.error("cut_random=N picks a point in the first N commands; N must be at least 1"));
+    }
+    let after = after.or_else(|| random.map(|n| fastrand::Rng::with_seed(seed).u64(1..=n)));
+    Ok(Some(CutPlan { after, mode, seed }))
 }
 
 struct Counters {
@@ -127,6 +180,7 @@ struct Shared {
     config: EmuConfig,
     counters: Mutex<Counters>,
     store: Store,
+    cache: Option<Mutex<VolatileCache>>,
 }
 
 /// The emulated SSD.
@@ -142,7 +196,48 @@ impl EmuDevice {
             None => Store::memory(config.size, config.populate)?,
         };
         let counters = Counters { model: Model::new(config.params.clone()), stats: DeviceStats::default() };
-        Ok(EmuDevice { shared: Arc::new(Shared { config: config.clone(), counters: Mutex::new(counters), store }) })
+        let cache = config.write_cache.map(|plan| Mutex::new(VolatileCache::new(plan)));
+        Ok(EmuDevice {
+            shared: Arc::new(Shared { config: config.clone(), counters: Mutex::new(counters), store, cache }),
+        })
+    }
+
+    fn cache(&self) -> Option<std::sync::MutexGuard<'_, VolatileCache>> {
+        self.shared.cache.as_ref().map(|c| c.lock().expect("emu write cache poisoned"))
+    }
+
+    /// Cuts the power now (needs `wcache=1`): what was written since the last
+    /// flush survives or not as the `cut` option says, and every command fails
+    /// with `EIO` until [`EmuDevice::power_on`]. Returns false without a write cache.
+    pub fn power_cut(&self) -> bool {
+        self.cache().map(|mut c| c.cut(&self.shared.store)).is_some()
+    }
+
+    /// Plans a power cut just before the command after `commands` more commands.
+    pub fn cut_after(&self, commands: u64) -> bool {
+        self.cache().map(|mut c| c.cut_after(commands)).is_some()
+    }
+
+    /// Powers the device back on after a cut, with an empty write cache.
+    pub fn power_on(&self) {
+        if let Some(mut c) = self.cache() {
+            c.power_on();
+        }
+    }
+
+    /// Whether the power is on (always, without a write cache).
+    pub fn powered(&self) -> bool {
+        self.cache().is_none_or(|c| c.powered())
+    }
+
+    /// Commands the device accepted since it was (last) powered on; 0 without a write cache.
+    pub fn commands_since_power_on(&self) -> u64 {
+        self.cache().map_or(0, |c| c.commands())
+    }
+
+    /// Sectors written since the last flush (what a cut now could lose).
+    pub fn unflushed_sectors(&self) -> usize {
+        self.cache().map_or(0, |c| c.dirty_sectors())
     }
 }
 
@@ -152,7 +247,7 @@ impl Device for EmuDevice {
         let p = &c.params;
         let us = |ns: f64| ns / 1000.0;
         format!(
-            "emu:{} ({} slot(s), {} channel(s), read {:.2}+{:.2} us/4KiB, write {:.2}+{:.2} us/4KiB, {} in {})",
+            "emu:{} ({} slot(s), {} channel(s), read {:.2}+{:.2} us/4KiB, write {:.2}+{:.2} us/4KiB, {} in {}{})",
             c.preset,
             p.slots,
             p.channels,
@@ -162,6 +257,7 @@ impl Device for EmuDevice {
             us(p.write.xfer_ns),
             format_size(c.size),
             c.file.as_ref().map_or("memory".to_string(), |f| f.display().to_string()),
+            if c.write_cache.is_some() { ", volatile write cache" } else { "" },
         )
     }
 
@@ -250,15 +346,46 @@ impl EmuQueue {
 impl Queue for EmuQueue {
     unsafe fn submit(&mut self, mut command: Command) {
         let now = now_ns();
+        let shared = Arc::clone(&self.shared);
+        let mut cache = shared.cache.as_ref().map(|c| c.lock().expect("emu write cache poisoned"));
+        if let Some(cache) = cache.as_mut()
+            && !cache.admit(&shared.store)
+        {
+            // No power: the command fails at once, as on a device that dropped off the bus.
+            command.fail_all(libc::EIO);
+            self.in_flight.push((now, command));
+            return;
+        }
         let deadline = self.schedule(now, &command);
         if command.op == Op::Flush {
             command.result = match self.shared.store.flush() {
                 Ok(()) => 0,
                 Err(_) => -libc::EIO,
             };
+            if command.result == 0
+                && let Some(cache) = cache.as_mut()
+            {
+                cache.flushed();
+            }
         } else {
+            if command.op == Op::Write
+                && let Some(cache) = cache.as_mut()
+            {
+                for seg in &command.segments {
+                    if seg.len > 0
+                        && seg.offset.checked_add(seg.len as u64).is_some_and(|end| end <= shared.store.len())
+                    {
+                        // SAFETY: the submitter guarantees the buffer holds `len` bytes while the
+                        // command is in flight (see `Queue::submit`).
+                        let data = unsafe { std::slice::from_raw_parts(seg.buf, seg.len as usize) };
+                        cache.before_write(&shared.store, seg.offset, data);
+                    }
+                }
+            }
+            // Under the cache's lock, so a cut sees each write whole or not at all.
             self.transfer(&mut command);
         }
+        drop(cache);
         command.device_ns = deadline - now;
         self.in_flight.push((deadline, command));
     }
@@ -325,6 +452,12 @@ impl Queue for EmuQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl EmuDevice {
+        fn write_cache_absent(&self) -> bool {
+            !self.power_cut() && self.powered()
+        }
+    }
 
     fn open(spec: &str) -> EmuDevice {
         let super::super::spec::Backend::Emu(c) = super::super::DeviceSpec::parse(spec, None).unwrap().backend else {
@@ -400,6 +533,119 @@ mod tests {
         let on_disk = std::fs::read(&path).unwrap();
         assert_eq!(on_disk.len(), 65536);
         assert!(on_disk[4096..8192].iter().all(|&b| b == 0x5a));
+    }
+
+    fn write(q: &mut dyn Queue, offset: u64, byte: u8, len: usize) -> i32 {
+        let mut buf = vec![byte; len];
+        let mut cmd = Command::with_capacity(1);
+        cmd.reset(Op::Write, 1);
+        cmd.push(offset, buf.as_mut_ptr(), len as u32);
+        run(q, cmd).segments[0].result
+    }
+
+    fn flush(q: &mut dyn Queue) -> i32 {
+        let mut cmd = Command::with_capacity(0);
+        cmd.reset(Op::Flush, 2);
+        run(q, cmd).result
+    }
+
+    fn contents(dev: &EmuDevice, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        // SAFETY: the test reads inside the store into a buffer of `len` bytes.
+        unsafe { dev.shared.store.read(offset, buf.as_mut_ptr(), len) };
+        buf
+    }
+
+    #[test]
+    fn a_power_cut_drops_what_was_not_flushed_and_keeps_what_was() {
+        let dev = open("emu:null,size=64k,wcache=1,cut=drop");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        assert_eq!(write(q.as_mut(), 0, 1, 4096), 4096);
+        assert_eq!(flush(q.as_mut()), 0);
+        assert_eq!(write(q.as_mut(), 0, 2, 1024), 1024);
+        assert_eq!(write(q.as_mut(), 8192, 3, 4096), 4096);
+        // Reads see the cache before the cut.
+        assert_eq!(contents(&dev, 0, 1024), vec![2; 1024]);
+        assert_eq!(dev.unflushed_sectors(), 2 + 8);
+        assert!(dev.power_cut());
+        assert!(!dev.powered());
+        assert_eq!(contents(&dev, 0, 4096), vec![1; 4096]);
+        assert_eq!(contents(&dev, 8192, 4096), vec![0; 4096]);
+        // Without power every command fails, flushes too.
+        assert_eq!(write(q.as_mut(), 0, 9, 512), -libc::EIO);
+        assert_eq!(flush(q.as_mut()), -libc::EIO);
+        dev.power_on();
+        assert_eq!(write(q.as_mut(), 0, 9, 512), 512);
+    }
+
+    #[test]
+    fn a_torn_cut_keeps_writes_whole_lost_or_torn_by_sector() {
+        let dev = open("emu:null,size=1m,wcache=1,cut_seed=7");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        // 30 writes of 8 sectors, each a different byte, then 30 more over the same places.
+        for round in 0..2u8 {
+            for w in 0..30u8 {
+                assert_eq!(write(q.as_mut(), w as u64 * 4096, 1 + w + round * 30, 4096), 4096);
+            }
+        }
+        dev.power_cut();
+        let mut fates = [0usize; 3]; // whole-old, whole-new, mixed
+        for w in 0..30u8 {
+            let block = contents(&dev, w as u64 * 4096, 4096);
+            let mut seen = Vec::new();
+            for sector in block.chunks(512) {
+                let first = sector[0];
+                assert!([0, 1 + w, 31 + w].contains(&first), "sector holds {first}, written nowhere");
+                assert!(sector.iter().all(|&b| b == first), "a sector was torn inside");
+                seen.push(first);
+            }
+            seen.dedup();
+            fates[if seen.len() > 1 {
+                2
+            } else if seen[0] == 0 {
+                0
+            } else {
+                1
+            }] += 1;
+        }
+        assert!(fates.iter().all(|&n| n > 0), "whole, lost and torn outcomes all occur: {fates:?}");
+    }
+
+    #[test]
+    fn cut_after_counts_commands_and_fails_the_next() {
+        let dev = open("emu:null,size=64k,cut_after=2,cut=drop");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        assert_eq!(write(q.as_mut(), 0, 1, 512), 512);
+        assert_eq!(flush(q.as_mut()), 0);
+        assert!(dev.powered());
+        assert_eq!(write(q.as_mut(), 512, 1, 512), -libc::EIO);
+        assert!(!dev.powered());
+        assert_eq!(contents(&dev, 0, 1024), [vec![1; 512], vec![0; 512]].concat());
+        dev.power_on();
+        assert!(dev.cut_after(0));
+        assert_eq!(write(q.as_mut(), 0, 5, 512), -libc::EIO);
+    }
+
+    #[test]
+    fn cut_options_are_checked() {
+        use super::super::DeviceSpec;
+        for bad in [
+            "emu:null,wcache=0,cut_after=3",
+            "emu:null,cut_after=1,cut_random=4",
+            "emu:null,cut=melt",
+            "emu:null,cut_random=0",
+        ] {
+            let e = DeviceSpec::parse(bad, None).unwrap_err().to_string();
+            assert!(e.contains("cut"), "{bad}: {e}");
+        }
+        let super::super::spec::Backend::Emu(c) =
+            DeviceSpec::parse("emu:null,cut_random=10,cut_seed=3", None).unwrap().backend
+        else {
+            panic!()
+        };
+        let plan = c.write_cache.unwrap();
+        assert!((1..=10).contains(&plan.after.unwrap()));
+        assert!(open("emu:null").write_cache_absent());
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod spec;
 pub mod store;
 pub mod target;
 pub mod uring;
+pub mod volatile;
 
 use crate::error::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
