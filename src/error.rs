@@ -159,6 +159,26 @@ pub enum Error {
         during: String,
     },
 
+    /// The device holds no iopath file system, or a damaged one.
+    #[error("{why}")]
+    Format {
+        /// What is wrong, and what to do.
+        why: String,
+    },
+
+    /// A file operation was refused (no such file, name taken, no space, ...).
+    #[error("cannot {op} '{name}': {why}")]
+    File {
+        /// "create", "open", "write", "rename", ...
+        op: &'static str,
+        /// The file's name.
+        name: String,
+        /// The matching errno (ENOENT, EEXIST, ENOSPC, ...).
+        errno: i32,
+        /// Why, and what to do.
+        why: String,
+    },
+
     /// `--verify` found data that is not what was written.
     #[error("verify failed at offset {offset}: {detail}")]
     Verify {
@@ -192,6 +212,8 @@ impl Error {
             Error::Device { errno, .. } => Some(*errno),
             Error::Target { source, .. } | Error::Os { source, .. } => source.raw_os_error(),
             Error::Timeout { .. } => Some(libc::ETIMEDOUT),
+            Error::File { errno, .. } => Some(*errno),
+            Error::Format { .. } => Some(libc::EUCLEAN),
             _ => None,
         }
     }

@@ -25,6 +25,7 @@ pub mod device;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+pub mod fs;
 pub mod path;
 pub mod pattern;
 pub mod signal;

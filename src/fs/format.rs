@@ -1,0 +1,604 @@
+//! The on-device format of an iopath file system (version 1).
+//!
+//! Everything is in 4 KiB blocks; numbers are little-endian.
+//!
+//! ```text
+//!  block 0            superblock (first 512-byte sector; never rewritten after mkfs)
+//!  block 1            journal header (first sector): where replay starts
+//!  inode_start..      inode table: 8 inodes of 512 bytes per block
+//!  bitmap_start..     free-space bitmap: one bit per block of the device, 1 = in use
+//!  journal_start..    the journal: a ring of transactions (descriptor, images, commit)
+//!  data_start..       file data and overflow extent blocks
+//! ```
+//!
+//! Every structure that is rewritten in place and must be read whole (the
+//! superblock, the journal header, an inode, a journal commit) fits in one
+//! 512-byte sector, the unit a device writes atomically, and carries a
+//! CRC-32 so a torn or foreign block is recognised rather than trusted.
+//! Inode-table and bitmap blocks are only rewritten in place from the
+//! journal (checkpoint), so a torn in-place write is repaired by replay.
+
+use crate::error::{Error, Result};
+
+/// Block size of the file system.
+pub const BLOCK: usize = 4096;
+/// Block size as a u64.
+pub const BLOCK_U64: u64 = BLOCK as u64;
+/// Bytes of one inode.
+pub const INODE_SIZE: usize = 512;
+/// Inodes per inode-table block.
+pub const INODES_PER_BLOCK: usize = BLOCK / INODE_SIZE;
+/// Longest file name in bytes.
+pub const MAX_NAME: usize = 255;
+/// Extents held in the inode itself.
+pub const INLINE_EXTENTS: usize = 11;
+/// Extents held by one overflow block.
+pub const OVERFLOW_EXTENTS: usize = (BLOCK - 16 - 4) / 16;
+/// Block numbers one journal descriptor names.
+pub const DESCRIPTOR_TARGETS: usize = (BLOCK - 32 - 4) / 8;
+/// Bits (blocks) one bitmap block covers.
+pub const BITS_PER_BITMAP_BLOCK: u64 = BLOCK_U64 * 8;
+
+const SUPER_MAGIC: &[u8; 8] = b"IOPATHFS";
+const HEADER_MAGIC: &[u8; 8] = b"IOPJHEAD";
+const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
+const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
+const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
+/// Format version this code reads and writes.
+pub const VERSION: u32 = 1;
+/// Bit set in an extent's physical block number while its data is not yet written.
+const UNWRITTEN: u64 = 1 << 63;
+
+/// A 4 KiB metadata block image.
+pub type Block = Box<[u8; BLOCK]>;
+
+/// A zeroed block image.
+pub fn zero_block() -> Block {
+    Box::new([0u8; BLOCK])
+}
+
+fn get_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// CRC-32 (IEEE) of `bytes`.
+pub fn crc(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// Seals a 512-byte record: the CRC of its first 508 bytes goes in its last 4.
+fn seal_sector(sector: &mut [u8]) {
+    let c = crc(&sector[..508]);
+    put_u32(sector, 508, c);
+}
+
+fn sector_sealed(sector: &[u8]) -> bool {
+    crc(&sector[..508]) == get_u32(sector, 508)
+}
+
+/// An error for a device whose file system cannot be used as it is.
+pub fn corrupt(why: impl Into<String>) -> Error {
+    Error::Format { why: why.into() }
+}
+
+/// Where everything is on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    /// Blocks on the device the file system uses.
+    pub blocks: u64,
+    /// First inode-table block.
+    pub inode_start: u64,
+    /// Inode-table blocks.
+    pub inode_blocks: u64,
+    /// First bitmap block.
+    pub bitmap_start: u64,
+    /// Bitmap blocks.
+    pub bitmap_blocks: u64,
+    /// First journal block.
+    pub journal_start: u64,
+    /// Journal blocks.
+    pub journal_blocks: u64,
+    /// First data block.
+    pub data_start: u64,
+    /// Random identifier of this file system, stamped on every journal block.
+    pub volume_id: u64,
+}
+
+impl Superblock {
+    /// Lays out a file system of `blocks` blocks with `inodes` inodes and a journal of `journal_blocks`.
+    pub fn layout(blocks: u64, inodes: u64, journal_blocks: u64, volume_id: u64) -> Result<Superblock> {
+        let inode_blocks = inodes.div_ceil(INODES_PER_BLOCK as u64).max(1);
+        let bitmap_blocks = blocks.div_ceil(BITS_PER_BITMAP_BLOCK);
+        let inode_start = 2;
+        let bitmap_start = inode_start + inode_blocks;
+        let journal_start = bitmap_start + bitmap_blocks;
+        let data_start = journal_start + journal_blocks;
+        if journal_blocks < 16 {
+            return Err(Error::spec(
+                "journal size",
+                journal_blocks.to_string(),
+                "the journal needs at least 16 blocks (64 KiB)",
+            ));
+        }
+        if data_start + 16 > blocks {
+            return Err(Error::spec(
+                "device size",
+                format!("{blocks} blocks"),
+                format!(
+                    "too small for {inodes} inodes and a journal of {journal_blocks} blocks (metadata alone takes \
+                     {data_start} blocks); use a larger device or fewer inodes / a smaller journal"
+                ),
+            ));
+        }
+        Ok(Superblock {
+            blocks,
+            inode_start,
+            inode_blocks,
+            bitmap_start,
+            bitmap_blocks,
+            journal_start,
+            journal_blocks,
+            data_start,
+            volume_id,
+        })
+    }
+
+    /// Number of inodes.
+    pub fn inodes(&self) -> u64 {
+        self.inode_blocks * INODES_PER_BLOCK as u64
+    }
+
+    /// The block image.
+    pub fn encode(&self) -> Block {
+        let mut b = zero_block();
+        b[..8].copy_from_slice(SUPER_MAGIC);
+        put_u32(&mut b[..], 8, VERSION);
+        put_u32(&mut b[..], 12, BLOCK as u32);
+        for (i, v) in [
+            self.blocks,
+            self.inode_start,
+            self.inode_blocks,
+            self.bitmap_start,
+            self.bitmap_blocks,
+            self.journal_start,
+            self.journal_blocks,
+            self.data_start,
+            self.volume_id,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            put_u64(&mut b[..], 16 + 8 * i, v);
+        }
+        seal_sector(&mut b[..512]);
+        b
+    }
+
+    /// Reads a superblock image of a device of `device_blocks` blocks, checking it whole.
+    pub fn decode(b: &[u8], device_blocks: u64) -> Result<Superblock> {
+        if &b[..8] != SUPER_MAGIC {
+            return Err(Error::Format {
+                why: "no iopath file system here (block 0 has no iopath superblock); create one with \
+                      `iopath mkfs DEVICE` (it erases what the device holds)"
+                    .into(),
+            });
+        }
+        if !sector_sealed(&b[..512]) {
+            return Err(corrupt("the superblock's checksum does not match: it is damaged"));
+        }
+        let version = get_u32(b, 8);
+        if version != VERSION {
+            return Err(corrupt(format!("format version {version}; this iopath reads version {VERSION}")));
+        }
+        if get_u32(b, 12) as usize != BLOCK {
+            return Err(corrupt(format!("block size {} (this iopath uses {BLOCK})", get_u32(b, 12))));
+        }
+        let f = |i: usize| get_u64(b, 16 + 8 * i);
+        let sb = Superblock {
+            blocks: f(0),
+            inode_start: f(1),
+            inode_blocks: f(2),
+            bitmap_start: f(3),
+            bitmap_blocks: f(4),
+            journal_start: f(5),
+            journal_blocks: f(6),
+            data_start: f(7),
+            volume_id: f(8),
+        };
+        let consistent = sb.inode_start == 2
+            && sb.bitmap_start == sb.inode_start + sb.inode_blocks
+            && sb.journal_start == sb.bitmap_start + sb.bitmap_blocks
+            && sb.data_start == sb.journal_start + sb.journal_blocks
+            && sb.bitmap_blocks == sb.blocks.div_ceil(BITS_PER_BITMAP_BLOCK)
+            && sb.data_start < sb.blocks
+            && sb.journal_blocks >= 16;
+        if !consistent {
+            return Err(corrupt("the superblock's layout does not add up"));
+        }
+        if sb.blocks > device_blocks {
+            return Err(corrupt(format!(
+                "the file system has {} blocks but the device only {device_blocks}: it was made on a larger device",
+                sb.blocks
+            )));
+        }
+        Ok(sb)
+    }
+}
+
+/// Where journal replay starts: the oldest transaction not yet written in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalHeader {
+    /// Sequence number of the first transaction to replay.
+    pub tail_seq: u64,
+    /// Its position (block index inside the journal area).
+    pub tail_pos: u64,
+}
+
+impl JournalHeader {
+    /// The block image.
+    pub fn encode(&self, volume_id: u64) -> Block {
+        let mut b = zero_block();
+        b[..8].copy_from_slice(HEADER_MAGIC);
+        put_u64(&mut b[..], 8, volume_id);
+        put_u64(&mut b[..], 16, self.tail_seq);
+        put_u64(&mut b[..], 24, self.tail_pos);
+        seal_sector(&mut b[..512]);
+        b
+    }
+
+    /// Reads and checks a header image.
+    pub fn decode(b: &[u8], sb: &Superblock) -> Result<JournalHeader> {
+        if &b[..8] != HEADER_MAGIC || !sector_sealed(&b[..512]) || get_u64(b, 8) != sb.volume_id {
+            return Err(corrupt("the journal header is damaged"));
+        }
+        let h = JournalHeader { tail_seq: get_u64(b, 16), tail_pos: get_u64(b, 24) };
+        if h.tail_pos >= sb.journal_blocks {
+            return Err(corrupt("the journal header points outside the journal"));
+        }
+        Ok(h)
+    }
+}
+
+/// One run of a file's blocks: `len` blocks from file block `logical` at device block `physical`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// First block of the file it maps.
+    pub logical: u32,
+    /// Blocks.
+    pub len: u32,
+    /// First device block.
+    pub physical: u64,
+    /// Allocated but not yet written: reads as zeros.
+    pub unwritten: bool,
+}
+
+impl Extent {
+    /// One past the last file block it maps.
+    pub fn end(&self) -> u64 {
+        self.logical as u64 + self.len as u64
+    }
+
+    fn encode(&self, b: &mut [u8]) {
+        put_u32(b, 0, self.logical);
+        put_u32(b, 4, self.len);
+        put_u64(b, 8, self.physical | if self.unwritten { UNWRITTEN } else { 0 });
+    }
+
+    fn decode(b: &[u8]) -> Extent {
+        let p = get_u64(b, 8);
+        Extent { logical: get_u32(b, 0), len: get_u32(b, 4), physical: p & !UNWRITTEN, unwritten: p & UNWRITTEN != 0 }
+    }
+}
+
+/// A file as stored in its inode (and overflow blocks).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Inode {
+    /// File name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last data change, nanoseconds since the Unix epoch.
+    pub mtime_ns: u64,
+    /// Bumped each time the slot is reused.
+    pub generation: u64,
+    /// Sorted, non-overlapping extents.
+    pub extents: Vec<Extent>,
+    /// Overflow blocks holding the extents past the first [`INLINE_EXTENTS`], in order.
+    pub overflow: Vec<u64>,
+}
+
+const INODE_IN_USE: u32 = 1;
+
+impl Inode {
+    /// Overflow blocks needed for `extents` extents.
+    pub fn overflow_needed(extents: usize) -> usize {
+        extents.saturating_sub(INLINE_EXTENTS).div_ceil(OVERFLOW_EXTENTS)
+    }
+
+    /// Writes the inode into its 512-byte slot and its overflow blocks (as many as
+    /// `self.overflow` names, which must be [`Inode::overflow_needed`]).
+    pub fn encode(&self, slot: &mut [u8], overflow: &mut [Block]) {
+        debug_assert_eq!(overflow.len(), Inode::overflow_needed(self.extents.len()));
+        slot.fill(0);
+        put_u32(slot, 0, INODE_IN_USE);
+        put_u16(slot, 4, self.name.len() as u16);
+        let inline = self.extents.len().min(INLINE_EXTENTS);
+        put_u16(slot, 6, inline as u16);
+        put_u64(slot, 8, self.size);
+        put_u64(slot, 16, self.mtime_ns);
+        put_u64(slot, 24, self.overflow.first().copied().unwrap_or(0));
+        put_u64(slot, 32, self.generation);
+        put_u32(slot, 40, self.extents.len() as u32);
+        slot[64..64 + self.name.len()].copy_from_slice(self.name.as_bytes());
+        for (i, e) in self.extents[..inline].iter().enumerate() {
+            e.encode(&mut slot[320 + 16 * i..336 + 16 * i]);
+        }
+        seal_sector(&mut slot[..]);
+        for (n, block) in overflow.iter_mut().enumerate() {
+            block.fill(0);
+            block[..4].copy_from_slice(OVERFLOW_MAGIC);
+            let first = INLINE_EXTENTS + n * OVERFLOW_EXTENTS;
+            let chunk = &self.extents[first..(first + OVERFLOW_EXTENTS).min(self.extents.len())];
+            put_u32(&mut block[..], 4, chunk.len() as u32);
+            put_u64(&mut block[..], 8, self.overflow.get(n + 1).copied().unwrap_or(0));
+            for (i, e) in chunk.iter().enumerate() {
+                e.encode(&mut block[16 + 16 * i..32 + 16 * i]);
+            }
+            let c = crc(&block[..BLOCK - 4]);
+            put_u32(&mut block[..], BLOCK - 4, c);
+        }
+    }
+
+    /// Clears a slot (the file is gone).
+    pub fn encode_free(slot: &mut [u8]) {
+        slot.fill(0);
+    }
+
+    /// Reads slot `index`; `Ok(None)` for a free slot. `read_overflow` fetches an overflow block.
+    pub fn decode(
+        slot: &[u8],
+        index: u64,
+        mut read_overflow: impl FnMut(u64) -> Result<Block>,
+        sb: &Superblock,
+    ) -> Result<Option<Inode>> {
+        if slot.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        let bad = |why: &str| corrupt(format!("inode {index} is damaged: {why}"));
+        if !sector_sealed(slot) {
+            return Err(bad("checksum mismatch"));
+        }
+        if get_u32(slot, 0) != INODE_IN_USE {
+            return Err(bad("unknown flags"));
+        }
+        let name_len = get_u16(slot, 4) as usize;
+        if name_len == 0 || name_len > MAX_NAME {
+            return Err(bad("name length"));
+        }
+        let name = std::str::from_utf8(&slot[64..64 + name_len]).map_err(|_| bad("name is not UTF-8"))?.to_string();
+        let inline = get_u16(slot, 6) as usize;
+        let total = get_u32(slot, 40) as usize;
+        if inline > INLINE_EXTENTS || inline > total || (total > INLINE_EXTENTS && inline != INLINE_EXTENTS) {
+            return Err(bad("extent count"));
+        }
+        let mut inode = Inode {
+            name,
+            size: get_u64(slot, 8),
+            mtime_ns: get_u64(slot, 16),
+            generation: get_u64(slot, 32),
+            extents: (0..inline).map(|i| Extent::decode(&slot[320 + 16 * i..336 + 16 * i])).collect(),
+            overflow: Vec::new(),
+        };
+        let mut next = get_u64(slot, 24);
+        while inode.extents.len() < total {
+            if next < sb.data_start || next >= sb.blocks || inode.overflow.len() > total {
+                return Err(bad("overflow block number out of range"));
+            }
+            let block = read_overflow(next)?;
+            if &block[..4] != OVERFLOW_MAGIC || crc(&block[..BLOCK - 4]) != get_u32(&block[..], BLOCK - 4) {
+                return Err(bad("overflow block checksum mismatch"));
+            }
+            let count = get_u32(&block[..], 4) as usize;
+            if count == 0 || count > OVERFLOW_EXTENTS || inode.extents.len() + count > total {
+                return Err(bad("overflow extent count"));
+            }
+            inode.overflow.push(next);
+            inode.extents.extend((0..count).map(|i| Extent::decode(&block[16 + 16 * i..32 + 16 * i])));
+            next = get_u64(&block[..], 8);
+        }
+        if inode.overflow.len() != Inode::overflow_needed(total) {
+            return Err(bad("overflow chain length"));
+        }
+        let mut end = 0u64;
+        for e in &inode.extents {
+            let inside =
+                e.physical >= sb.data_start && e.physical.checked_add(e.len as u64).is_some_and(|p| p <= sb.blocks);
+            if e.len == 0 || (e.logical as u64) < end || !inside {
+                return Err(bad("extent out of order or outside the data area"));
+            }
+            end = e.end();
+        }
+        Ok(Some(inode))
+    }
+}
+
+/// A journal descriptor: the home blocks of the images that follow it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Transaction sequence number.
+    pub seq: u64,
+    /// Home block of each image that follows, in order.
+    pub targets: Vec<u64>,
+    /// Whether the commit block follows the images (else another descriptor).
+    pub last: bool,
+}
+
+impl Descriptor {
+    /// The block image.
+    pub fn encode(&self, volume_id: u64) -> Block {
+        debug_assert!(self.targets.len() <= DESCRIPTOR_TARGETS);
+        let mut b = zero_block();
+        b[..8].copy_from_slice(DESC_MAGIC);
+        put_u64(&mut b[..], 8, volume_id);
+        put_u64(&mut b[..], 16, self.seq);
+        put_u32(&mut b[..], 24, self.targets.len() as u32);
+        put_u32(&mut b[..], 28, self.last as u32);
+        for (i, t) in self.targets.iter().enumerate() {
+            put_u64(&mut b[..], 32 + 8 * i, *t);
+        }
+        let c = crc(&b[..BLOCK - 4]);
+        put_u32(&mut b[..], BLOCK - 4, c);
+        b
+    }
+
+    /// Reads a descriptor of transaction `seq`; `None` if the block is anything else.
+    pub fn decode(b: &[u8], volume_id: u64, seq: u64) -> Option<Descriptor> {
+        if &b[..8] != DESC_MAGIC || get_u64(b, 8) != volume_id || get_u64(b, 16) != seq {
+            return None;
+        }
+        if crc(&b[..BLOCK - 4]) != get_u32(b, BLOCK - 4) {
+            return None;
+        }
+        let count = get_u32(b, 24) as usize;
+        if count > DESCRIPTOR_TARGETS {
+            return None;
+        }
+        Some(Descriptor {
+            seq,
+            targets: (0..count).map(|i| get_u64(b, 32 + 8 * i)).collect(),
+            last: get_u32(b, 28) == 1,
+        })
+    }
+}
+
+/// The commit block: transaction `seq` of `blocks` journal blocks whose CRC is `data_crc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Commit {
+    /// Transaction sequence number.
+    pub seq: u64,
+    /// Journal blocks of the transaction before the commit block.
+    pub blocks: u32,
+    /// CRC over those blocks, in order.
+    pub data_crc: u32,
+}
+
+impl Commit {
+    /// The block image.
+    pub fn encode(&self, volume_id: u64) -> Block {
+        let mut b = zero_block();
+        b[..8].copy_from_slice(COMMIT_MAGIC);
+        put_u64(&mut b[..], 8, volume_id);
+        put_u64(&mut b[..], 16, self.seq);
+        put_u32(&mut b[..], 24, self.blocks);
+        put_u32(&mut b[..], 28, self.data_crc);
+        seal_sector(&mut b[..512]);
+        b
+    }
+
+    /// Reads the commit of transaction `seq`; `None` if the block is anything else.
+    pub fn decode(b: &[u8], volume_id: u64, seq: u64) -> Option<Commit> {
+        if &b[..8] != COMMIT_MAGIC || get_u64(b, 8) != volume_id || get_u64(b, 16) != seq || !sector_sealed(&b[..512]) {
+            return None;
+        }
+        Some(Commit { seq, blocks: get_u32(b, 24), data_crc: get_u32(b, 28) })
+    }
+}
+
+/// Checks a file name: 1 to 255 bytes, no `/` and no NUL.
+pub fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME || name.contains(['/', '\0']) {
+        return Err(Error::File {
+            op: "name",
+            name: name.chars().take(64).collect(),
+            errno: libc::EINVAL,
+            why: format!("a file name is 1 to {MAX_NAME} bytes without '/' or NUL"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sb() -> Superblock {
+        Superblock::layout(1 << 16, 64, 64, 42).unwrap()
+    }
+
+    #[test]
+    fn superblock_round_trips_and_damage_is_named() {
+        let s = sb();
+        let b = s.encode();
+        assert_eq!(Superblock::decode(&b[..], 1 << 16).unwrap(), s);
+        let mut torn = b.clone();
+        torn[20] ^= 1;
+        assert!(Superblock::decode(&torn[..], 1 << 16).unwrap_err().to_string().contains("checksum"));
+        assert!(Superblock::decode(&zero_block()[..], 1 << 16).unwrap_err().to_string().contains("iopath mkfs"));
+        assert!(Superblock::decode(&b[..], 1 << 10).unwrap_err().to_string().contains("larger device"));
+    }
+
+    #[test]
+    fn inode_round_trips_with_overflow_blocks() {
+        let s = sb();
+        let extents: Vec<Extent> = (0..300u32)
+            .map(|i| Extent {
+                logical: i * 2,
+                len: 1,
+                physical: s.data_start + 10 + i as u64 * 2,
+                unwritten: i % 7 == 0,
+            })
+            .collect();
+        let inode = Inode {
+            name: "é-file".into(),
+            size: 600 * 4096,
+            mtime_ns: 5,
+            generation: 3,
+            extents,
+            overflow: vec![s.data_start, s.data_start + 1],
+        };
+        let mut slot = [0u8; INODE_SIZE];
+        let mut blocks = vec![zero_block(), zero_block()];
+        assert_eq!(Inode::overflow_needed(300), 2);
+        inode.encode(&mut slot, &mut blocks);
+        let back = Inode::decode(&slot, 0, |n| Ok(blocks[(n - s.data_start) as usize].clone()), &s).unwrap().unwrap();
+        assert_eq!(back, inode);
+        slot[100] ^= 1;
+        assert!(Inode::decode(&slot, 0, |_| Ok(zero_block()), &s).is_err());
+        assert_eq!(Inode::decode(&[0u8; INODE_SIZE], 0, |_| Ok(zero_block()), &s).unwrap(), None);
+    }
+
+    #[test]
+    fn journal_records_are_recognised_only_for_their_volume_and_sequence() {
+        let d = Descriptor { seq: 9, targets: vec![3, 4, 5], last: true };
+        let b = d.encode(42);
+        assert_eq!(Descriptor::decode(&b[..], 42, 9), Some(d));
+        assert_eq!(Descriptor::decode(&b[..], 42, 10), None);
+        assert_eq!(Descriptor::decode(&b[..], 43, 9), None);
+        let c = Commit { seq: 9, blocks: 4, data_crc: 77 };
+        assert_eq!(Commit::decode(&c.encode(42)[..], 42, 9), Some(c));
+        assert_eq!(Commit::decode(&b[..], 42, 9), None);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("a").is_ok());
+        for bad in ["", "a/b", "x\0", &"n".repeat(256)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
