@@ -481,3 +481,31 @@ fn doctor_reports_the_machine_and_recommends_a_path() {
         assert!(out.contains("loop backing file") && out.contains("no poll queues"), "{out}");
     });
 }
+
+#[test]
+fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not() {
+    use common::succeeds;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let img = img.to_str().unwrap();
+    let out = succeeds(&["mkfs", img, "--size", "32m", "--inodes", "100"]);
+    assert!(out.contains("104 files at most"), "{out}");
+    let out = succeeds(&["ls", img]);
+    assert!(out.contains("0 file(s)"), "{out}");
+    // Made once, it is a file system: making it again (or a write benchmark) needs both flags.
+    let e = fails(&["mkfs", img]);
+    assert!(e.contains("iopath file system") && e.contains("--allow-fs-overwrite"), "{e}");
+    let spec = format!("uring:{img}");
+    let e = fails(&["bench", "--device", &spec, "--rw", "randwrite", "--runtime", "100ms", "--no-progress"]);
+    assert!(e.contains("iopath file system"), "{e}");
+    succeeds(&["mkfs", img, "--allow-overwrite", "--allow-fs-overwrite"]);
+    // A file someone else made is refused; one without a file system cannot be listed.
+    let other = dir.path().join("theirs.img");
+    std::fs::write(&other, vec![1u8; 1 << 20]).unwrap();
+    let e = fails(&["mkfs", other.to_str().unwrap()]);
+    assert!(e.contains("iopath did not create"), "{e}");
+    let e = fails(&["ls", other.to_str().unwrap()]);
+    assert!(e.contains("iopath mkfs"), "{e}");
+    let e = fails(&["mkfs", "emu:optane"]);
+    assert!(e.contains("file="), "{e}");
+}

@@ -76,7 +76,10 @@ DEVICES:
                         mapped copy-on-write), populate=0|1 (default 1: memory allocated up front, no page
                         faults during the run; the very first time on a fresh VM this takes ~3 s per GiB,
                         later ~0.1 s), slots=, channels=, cmd=, xfer= (per 4 KiB), rcmd=, rxfer=, wcmd=,
-                        wxfer=, flush= (times take ns/us/ms; a bare number is us).
+                        wxfer=, flush= (times take ns/us/ms; a bare number is us). wcache=1: a volatile
+                        write cache (writes survive a power cut only once flushed); cut_after=N or
+                        cut_random=N cuts the power before command N+1 (or at a random point), cut=tear|drop
+                        (each unflushed write kept, lost or torn by sector; or all lost), cut_seed=S.
   null[:size=N]         completes at once, moves no data: pure software cost.
   uring:PATH[,k=v...]   io_uring, O_DIRECT. Options: direct=0|1, size=, readonly=1, taskrun=defer|coop|plain,
                         fixedbufs=0|1, fixedfiles=0|1, sqpoll=0|1, iopoll=auto|on|off.

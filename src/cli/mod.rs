@@ -3,6 +3,7 @@
 mod bench;
 mod compare;
 mod doctor;
+mod mkfs;
 mod path_args;
 mod soak;
 
@@ -34,6 +35,10 @@ enum Command {
     Soak(soak::SoakArgs),
     /// What this machine and a device support, what waiting costs here, and which path to use.
     Doctor(doctor::DoctorArgs),
+    /// Make an iopath file system on a device (erases it).
+    Mkfs(mkfs::MkfsArgs),
+    /// List the files of an iopath file system.
+    Ls(mkfs::LsArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -44,5 +49,7 @@ pub fn main() -> iopath::Result<()> {
         Command::Compare(args) => compare::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Mkfs(args) => mkfs::run_mkfs(args),
+        Command::Ls(args) => mkfs::run_ls(args),
     }
 }

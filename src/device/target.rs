@@ -283,9 +283,6 @@ fn open_exclusive(options: &OpenOptions, path: &Path, exclusive: bool) -> std::i
 /// Refuses (with what to do instead) a target iopath may not write to.
 pub(crate) fn check_guard(path: &Path, is_block_device: bool, guard: Guard) -> Result<()> {
     let Guard::Protect { allow_overwrite, allow_fs } = guard else { return Ok(()) };
-    if !is_block_device && is_owned(path) {
-        return Ok(());
-    }
     let mut probe = Vec::new();
     File::open(path)
         .and_then(|f| f.take(PROBE_BYTES as u64).read_to_end(&mut probe))
@@ -296,13 +293,13 @@ pub(crate) fn check_guard(path: &Path, is_block_device: bool, guard: Guard) -> R
         return Err(Error::Refused {
             path: path.to_path_buf(),
             why: format!("it holds {what} (signature at byte {at})"),
-            fix: "a write workload would destroy it. Use a read-only workload (--rw read or randread), or, if \
-                  it really may be destroyed, add both --allow-overwrite and --allow-fs-overwrite (wipefs \
-                  shows and removes such signatures)"
+            fix: "writing to it would destroy it. For a benchmark use a read-only workload (--rw read or \
+                  randread); if it really may be destroyed, add both --allow-overwrite and \
+                  --allow-fs-overwrite (wipefs shows and removes such signatures)"
                 .into(),
         });
     }
-    if allow_overwrite {
+    if allow_overwrite || (!is_block_device && is_owned(path)) {
         return Ok(());
     }
     let why = if is_block_device {
@@ -348,6 +345,7 @@ pub(crate) fn mark_owned(file: &File) -> bool {
 const SIGNATURES: &[(&str, usize, &[u8])] = &[
     ("an ext2/ext3/ext4 file system", 1080, &[0x53, 0xef]),
     ("an XFS file system", 0, b"XFSB"),
+    ("an iopath file system", 0, b"IOPATHFS"),
     ("a btrfs file system", 65600, b"_BHRfS_M"),
     ("an F2FS file system", 1024, &[0x10, 0x20, 0xf5, 0xf2]),
     ("a squashfs image", 0, b"hsqs"),
