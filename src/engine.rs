@@ -15,10 +15,13 @@ use crate::path::dispatch::Dispatch;
 use crate::path::dispatch::{BLOCKING_TAG, Request};
 use memmap2::MmapMut;
 use std::cell::RefCell;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Marks the tag of a request on caller-owned memory ([`Handle::submit_raw`]).
+const RAW_TAG: u64 = 1 << 62;
 
 struct Shared {
     id: u64,
@@ -32,6 +35,10 @@ struct Shared {
 #[derive(Clone)]
 pub struct Engine {
     shared: Arc<Shared>,
+    /// Held by the engine's clones only (not by handles): when the last clone is
+    /// gone, the handles threads keep for it (thread-local) are dropped at their
+    /// next use of any engine, so a dropped engine does not keep its device open.
+    alive: Arc<()>,
 }
 
 /// Options for a [`Handle`].
@@ -66,6 +73,7 @@ impl Engine {
         let timeout_ns = path.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let dispatch = path.dispatch.build(&device, path.completion, &path, timeout_ns)?;
         Ok(Engine {
+            alive: Arc::new(()),
             shared: Arc::new(Shared {
                 id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
                 dispatch,
@@ -74,6 +82,11 @@ impl Engine {
                 path,
             }),
         })
+    }
+
+    /// A number no other engine in this process has (keys per-engine state such as thread-local handles).
+    pub fn id(&self) -> u64 {
+        self.shared.id
     }
 
     /// The device.
@@ -101,20 +114,23 @@ impl Engine {
         Handle::new(Arc::clone(&self.shared), options)
     }
 
+    /// A token that dies with the engine's last clone (see [`ThreadHandles`]).
+    pub(crate) fn liveness(&self) -> Weak<()> {
+        Arc::downgrade(&self.alive)
+    }
+
     fn with_thread_handle<T>(&self, f: impl FnOnce(&mut Handle) -> Result<T>) -> Result<T> {
         thread_local! {
-            static HANDLES: RefCell<Vec<(u64, Handle)>> = const { RefCell::new(Vec::new()) };
+            static HANDLES: RefCell<ThreadHandles> = const { RefCell::new(ThreadHandles::new()) };
         }
         HANDLES.with(|handles| {
             let mut handles = handles.borrow_mut();
-            let index = match handles.iter().position(|(id, _)| *id == self.shared.id) {
-                Some(i) => i,
-                None => {
-                    handles.push((self.shared.id, self.handle(HandleOptions::default())?));
-                    handles.len() - 1
-                }
+            let handle = match handles.take(self) {
+                Some(h) => h,
+                None => self.handle(HandleOptions::default())?,
             };
-            f(&mut handles[index].1)
+            let index = handles.put(self, handle);
+            f(handles.get(index))
         })
     }
 
@@ -131,6 +147,39 @@ impl Engine {
     /// Makes earlier writes durable. Callable from any thread.
     pub fn flush(&self) -> Result<()> {
         self.with_thread_handle(|h| h.flush())
+    }
+}
+
+/// Handles a thread keeps for the engines it uses (in thread-local storage),
+/// dropped once their engine is gone.
+pub(crate) struct ThreadHandles(Vec<(u64, Weak<()>, Handle)>);
+
+impl ThreadHandles {
+    /// None kept yet.
+    pub(crate) const fn new() -> ThreadHandles {
+        ThreadHandles(Vec::new())
+    }
+
+    /// Drops the handles of engines that are gone.
+    fn purge(&mut self) {
+        self.0.retain(|(_, alive, _)| alive.strong_count() > 0);
+    }
+
+    /// Takes this engine's handle out, if the thread has one.
+    pub(crate) fn take(&mut self, engine: &Engine) -> Option<Handle> {
+        self.purge();
+        let i = self.0.iter().position(|(id, _, _)| *id == engine.shared.id)?;
+        Some(self.0.swap_remove(i).2)
+    }
+
+    /// Keeps `handle` for `engine`; returns where it is.
+    pub(crate) fn put(&mut self, engine: &Engine, handle: Handle) -> usize {
+        self.0.push((engine.shared.id, engine.liveness(), handle));
+        self.0.len() - 1
+    }
+
+    fn get(&mut self, index: usize) -> &mut Handle {
+        &mut self.0[index].2
     }
 }
 
@@ -313,6 +362,32 @@ impl Handle {
         Ok(())
     }
 
+    /// Queues a read or write of memory the caller owns; the completion carries
+    /// `tag` (below 2^62). Call [`Handle::commit`] to send a batch.
+    ///
+    /// # Safety
+    ///
+    /// `buf` must be valid for `len` bytes, aligned as the device requires, and
+    /// left alone (not read, for a read; not written, for a write) until this
+    /// request is reaped; the handle must not be dropped before then unless it
+    /// is allowed to wait for the request (it does, in `Drop`).
+    pub unsafe fn submit_raw(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, tag: u64) -> Result<()> {
+        if self.queued >= self.depth {
+            return Err(Error::spec(
+                "submission",
+                format!("{} queued", self.queued),
+                format!("the handle was opened with depth {}; reap before submitting more", self.depth),
+            ));
+        }
+        debug_assert!(tag < RAW_TAG, "raw tags are below 2^62");
+        self.check(op, buf as usize, len, offset)?;
+        let request = Request { op, offset, buf, len: len as u32, tag: tag | RAW_TAG };
+        // SAFETY: the caller keeps the memory valid and untouched until the request is reaped.
+        unsafe { self.shared.dispatch.submit(&mut self.channel, request)? };
+        self.queued += 1;
+        Ok(())
+    }
+
     /// Sends every queued request to the device (one system call where the backend batches).
     pub fn commit(&mut self) -> Result<()> {
         self.shared.dispatch.commit(&mut self.channel)
@@ -323,8 +398,10 @@ impl Handle {
     pub fn reap(&mut self, min: usize, out: &mut Vec<Completed>) -> Result<usize> {
         let start = out.len();
         let n = self.shared.dispatch.reap(&mut self.channel, min, out)?;
-        for done in &out[start..] {
-            if let Some(busy) = self.buffer_busy.get_mut(done.tag as usize) {
+        for done in &mut out[start..] {
+            if done.tag & RAW_TAG != 0 {
+                done.tag &= !RAW_TAG;
+            } else if let Some(busy) = self.buffer_busy.get_mut(done.tag as usize) {
                 *busy = false;
             }
         }

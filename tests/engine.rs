@@ -745,3 +745,18 @@ fn requests_to_a_block_device_are_no_larger_than_it_takes_whole() {
         assert!(err.contains("--bs") && err.contains("in one request"), "{err}");
     });
 }
+
+#[test]
+fn a_dropped_engine_lets_go_of_its_device_in_every_thread_that_used_it() {
+    use iopath::device::Device;
+    let device: Arc<dyn Device> = open_device("emu:null,size=1m", None).unwrap();
+    let engine = Engine::with_device(Arc::clone(&device), PathConfig::preset("sync-path").unwrap()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    engine.read_at(&mut buf, 0).unwrap(); // keeps a handle for this thread
+    assert!(Arc::strong_count(&device) > 1);
+    drop(engine);
+    // The next use of any engine by this thread drops the dead engine's handle.
+    let other = Engine::open("emu:null,size=1m", PathConfig::preset("sync-path").unwrap()).unwrap();
+    other.read_at(&mut buf, 0).unwrap();
+    assert_eq!(Arc::strong_count(&device), 1, "the dropped engine's thread handle still holds the device");
+}

@@ -5,10 +5,21 @@
 
 use super::format::{BLOCK, BLOCK_U64};
 use crate::IoBuf;
-use crate::engine::Engine;
-use crate::error::Result;
+use crate::device::Op;
+use crate::engine::{Engine, Handle, HandleOptions, ThreadHandles};
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Requests one thread keeps in flight at most in a [`Batch`].
+pub const BATCH_DEPTH: u32 = 64;
+
+thread_local! {
+    /// Each thread's queued handle per engine, lent to one [`Batch`] at a time.
+    static QUEUES: RefCell<ThreadHandles> = const { RefCell::new(ThreadHandles::new()) };
+}
 
 /// Block I/O for the file layer.
 pub struct Disk {
@@ -94,5 +105,135 @@ impl Disk {
     pub fn flush(&self) -> Result<()> {
         self.counters.flushes.fetch_add(1, Relaxed);
         self.engine.flush()
+    }
+}
+
+impl Disk {
+    /// Starts a batch: requests sent together and waited for together, from this thread.
+    pub fn batch(&self) -> Result<Batch<'_>> {
+        let lent = QUEUES.with(|q| q.borrow_mut().take(&self.engine));
+        let handle = match lent {
+            Some(h) => h,
+            None => self.engine.handle(HandleOptions { depth: BATCH_DEPTH, buffers: 0, buffer_size: 0 })?,
+        };
+        Ok(Batch { disk: self, handle: Some(handle), in_flight: 0, error: None, buffers: PhantomData })
+    }
+}
+
+/// Reads and writes in flight together (the engine's queued API): a thread
+/// sends many, does other work while the device works, then waits for all.
+/// Buffers are borrowed until the batch is waited for or dropped (dropping
+/// waits too).
+pub struct Batch<'a> {
+    disk: &'a Disk,
+    handle: Option<Handle>,
+    in_flight: usize,
+    error: Option<Error>,
+    buffers: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Batch<'a> {
+    fn handle(&mut self) -> &mut Handle {
+        self.handle.as_mut().expect("a batch holds its handle until dropped")
+    }
+
+    /// Makes room for one more request by reaping at least one if the queue is full.
+    fn room(&mut self) -> Result<()> {
+        if self.handle().queued() >= BATCH_DEPTH {
+            self.reap(1)?;
+        }
+        Ok(())
+    }
+
+    fn reap(&mut self, min: usize) -> Result<()> {
+        let mut done = Vec::new();
+        let n = self.handle().reap(min, &mut done)?;
+        self.in_flight -= n;
+        for d in done {
+            if let Err(e) = d.result
+                && self.error.is_none()
+            {
+                self.error = Some(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`Handle::submit_raw`]: `buf` valid and untouched for `len` bytes until waited for.
+    unsafe fn submit(&mut self, op: Op, block: u64, buf: *mut u8, len: usize) -> Result<()> {
+        let max_io = self.disk.max_io;
+        let mut done = 0;
+        while done < len {
+            let chunk = (len - done).min(max_io);
+            self.room()?;
+            let at = block * BLOCK_U64 + done as u64;
+            // SAFETY: the caller's promise covers every chunk of `buf`.
+            unsafe { self.handle().submit_raw(op, buf.add(done), chunk, at, 0)? };
+            self.in_flight += 1;
+            let c = &self.disk.counters;
+            if op == Op::Read {
+                c.reads.fetch_add(1, Relaxed);
+                c.read_bytes.fetch_add(chunk as u64, Relaxed);
+            } else {
+                c.writes.fetch_add(1, Relaxed);
+                c.written_bytes.fetch_add(chunk as u64, Relaxed);
+            }
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    /// Queues a write of `buf` (whole blocks, aligned) at `block`.
+    pub fn write(&mut self, block: u64, buf: &'a [u8]) -> Result<()> {
+        debug_assert_eq!(buf.len() % BLOCK, 0);
+        // SAFETY: `buf` is borrowed for 'a, which outlives the batch's waiting for it.
+        unsafe { self.submit(Op::Write, block, buf.as_ptr().cast_mut(), buf.len()) }
+    }
+
+    /// Queues a read into `buf` (whole blocks, aligned) from `block`.
+    pub fn read(&mut self, block: u64, buf: &'a mut [u8]) -> Result<()> {
+        debug_assert_eq!(buf.len() % BLOCK, 0);
+        // SAFETY: `buf` is borrowed mutably for 'a, which outlives the batch's waiting for it.
+        unsafe { self.submit(Op::Read, block, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// Queues a read into memory the caller owns.
+    ///
+    /// # Safety
+    /// `buf` must be valid for `len` bytes (whole blocks, aligned), and nothing may read or
+    /// write it until the batch is waited for or dropped.
+    pub unsafe fn read_raw(&mut self, block: u64, buf: *mut u8, len: usize) -> Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.submit(Op::Read, block, buf, len) }
+    }
+
+    /// Sends what is queued to the device.
+    pub fn send(&mut self) -> Result<()> {
+        self.handle().commit()
+    }
+
+    /// Sends what is queued, waits for all of it; the first error, if any request failed.
+    pub fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.send()?;
+        while self.in_flight > 0 {
+            self.reap(1)?;
+        }
+        self.error.take().map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        let _ = self.finish();
+        let Some(handle) = self.handle.take() else { return };
+        if handle.queued() > 0 {
+            return; // reaping failed: dropping the handle waits out what is left
+        }
+        QUEUES.with(|q| q.borrow_mut().put(&self.disk.engine, handle));
     }
 }
