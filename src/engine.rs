@@ -20,8 +20,12 @@ use std::sync::{Arc, Weak};
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Marks the tag of a request on caller-owned memory ([`Handle::submit_raw`]).
-const RAW_TAG: u64 = 1 << 62;
+/// What a queued slot carries: a registered buffer, or caller-owned memory with the caller's tag.
+#[derive(Debug, Clone, Copy)]
+enum SlotUse {
+    Buffer(usize),
+    Raw(u64),
+}
 
 struct Shared {
     id: u64,
@@ -193,6 +197,9 @@ pub struct Handle {
     buffer_busy: Vec<bool>,
     depth: u32,
     queued: u32,
+    /// Queued requests by slot (the tag the path sees: 0..depth, like an NVMe command id).
+    slots: Vec<Option<SlotUse>>,
+    free_slots: Vec<u64>,
 }
 
 impl Handle {
@@ -232,6 +239,8 @@ impl Handle {
             buffer_busy: vec![false; options.buffers],
             depth,
             queued: 0,
+            slots: vec![None; depth as usize],
+            free_slots: (0..depth as u64).rev().collect(),
         })
     }
 
@@ -353,17 +362,32 @@ impl Handle {
         }
         let ptr = self.buffer_ptr(index, len)?;
         self.check(op, ptr as usize, len, offset)?;
-        let request = Request { op, offset, buf: ptr, len: len as u32, tag: index as u64 };
         // SAFETY: the buffer is marked busy until reaped, and the handle (which owns the
         // memory) waits out in-flight commands before it is dropped.
-        unsafe { self.shared.dispatch.submit(&mut self.channel, request)? };
+        unsafe { self.queue(op, ptr, len, offset, SlotUse::Buffer(index))? };
         self.buffer_busy[index] = true;
+        Ok(())
+    }
+
+    /// Sends a request in a free slot.
+    ///
+    /// # Safety
+    /// As [`Handle::submit_raw`].
+    unsafe fn queue(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, what: SlotUse) -> Result<()> {
+        let slot = self.free_slots.pop().expect("a slot is free while fewer than depth are queued");
+        let request = Request { op, offset, buf, len: len as u32, tag: slot };
+        // SAFETY: passed on from the caller.
+        if let Err(e) = unsafe { self.shared.dispatch.submit(&mut self.channel, request) } {
+            self.free_slots.push(slot);
+            return Err(e);
+        }
+        self.slots[slot as usize] = Some(what);
         self.queued += 1;
         Ok(())
     }
 
     /// Queues a read or write of memory the caller owns; the completion carries
-    /// `tag` (below 2^62). Call [`Handle::commit`] to send a batch.
+    /// `tag`. Call [`Handle::commit`] to send a batch.
     ///
     /// # Safety
     ///
@@ -379,13 +403,9 @@ impl Handle {
                 format!("the handle was opened with depth {}; reap before submitting more", self.depth),
             ));
         }
-        debug_assert!(tag < RAW_TAG, "raw tags are below 2^62");
         self.check(op, buf as usize, len, offset)?;
-        let request = Request { op, offset, buf, len: len as u32, tag: tag | RAW_TAG };
         // SAFETY: the caller keeps the memory valid and untouched until the request is reaped.
-        unsafe { self.shared.dispatch.submit(&mut self.channel, request)? };
-        self.queued += 1;
-        Ok(())
+        unsafe { self.queue(op, buf, len, offset, SlotUse::Raw(tag)) }
     }
 
     /// Sends every queued request to the device (one system call where the backend batches).
@@ -399,11 +419,16 @@ impl Handle {
         let start = out.len();
         let n = self.shared.dispatch.reap(&mut self.channel, min, out)?;
         for done in &mut out[start..] {
-            if done.tag & RAW_TAG != 0 {
-                done.tag &= !RAW_TAG;
-            } else if let Some(busy) = self.buffer_busy.get_mut(done.tag as usize) {
-                *busy = false;
+            let slot = done.tag;
+            match self.slots.get_mut(slot as usize).and_then(Option::take) {
+                Some(SlotUse::Buffer(index)) => {
+                    self.buffer_busy[index] = false;
+                    done.tag = index as u64;
+                }
+                Some(SlotUse::Raw(tag)) => done.tag = tag,
+                None => debug_assert!(false, "completion for slot {slot}, which holds no request"),
             }
+            self.free_slots.push(slot);
         }
         self.queued -= n as u32;
         Ok(n)

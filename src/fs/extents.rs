@@ -31,6 +31,12 @@ fn first_after(extents: &[Extent], block: u64) -> usize {
     extents.partition_point(|e| e.end() <= block)
 }
 
+/// Where file block `block` is: `Some((device block, unwritten))`, or `None` in a hole.
+pub fn locate(extents: &[Extent], block: u64) -> Option<(u64, bool)> {
+    let e = extents.get(first_after(extents, block))?;
+    (e.logical as u64 <= block).then(|| (e.physical + (block - e.logical as u64), e.unwritten))
+}
+
 /// The runs (mapped pieces and holes) covering file blocks `[first, end)`.
 pub fn runs(extents: &[Extent], first: u64, end: u64) -> Vec<Run> {
     let mut out = Vec::new();
@@ -185,6 +191,10 @@ mod tests {
             ]
         );
         assert_eq!(runs(&m, 3, 4), vec![Run { logical: 3, len: 1, physical: Some(101), unwritten: false }]);
+        assert_eq!(locate(&m, 3), Some((101, false)));
+        assert_eq!(locate(&m, 9), Some((51, true)));
+        assert_eq!(locate(&m, 5), None);
+        assert_eq!(locate(&m, 10), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! their free, because replaying an older transaction would otherwise write a
 //! stale image over whatever the block holds now (jbd2's revoke problem).
 
-use super::disk::Disk;
+use super::disk::{Batch, Disk};
 use super::format::{BLOCK, Block, Commit, DESCRIPTOR_TARGETS, Descriptor, JournalHeader, Superblock, corrupt, crc};
 use crate::IoBuf;
 use crate::error::Result;
@@ -45,6 +45,16 @@ pub struct Journal {
     /// Freed metadata blocks to release after the next checkpoint.
     held: Vec<(u64, u64)>,
     stats: JournalStats,
+}
+
+/// A transaction built and ready to write ([`Journal::prepare`]).
+pub struct Prepared {
+    head: u64,
+    need: u64,
+    body: IoBuf,
+    commit: IoBuf,
+    images: Vec<(u64, Block)>,
+    released: Vec<(u64, u64)>,
 }
 
 /// What the journal has done since mount.
@@ -169,19 +179,6 @@ impl Journal {
         Ok(buf)
     }
 
-    fn write_ring(&self, disk: &Disk, pos: u64, buf: &[u8]) -> Result<()> {
-        let n = self.sb.journal_blocks;
-        let count = (buf.len() / BLOCK) as u64;
-        let mut done = 0u64;
-        while done < count {
-            let p = (pos + done) % n;
-            let chunk = (count - done).min(n - p);
-            disk.write(self.sb.journal_start + p, &buf[done as usize * BLOCK..(done + chunk) as usize * BLOCK])?;
-            done += chunk;
-        }
-        Ok(())
-    }
-
     fn write_header(&self, disk: &Disk) -> Result<()> {
         let header = JournalHeader { tail_seq: self.next_seq, tail_pos: self.tail };
         let image = header.encode(self.sb.volume_id);
@@ -191,9 +188,10 @@ impl Journal {
         disk.flush()
     }
 
-    /// Commits `images` (home block, image) as one transaction, durable when this returns.
-    /// Data written before the call is durable too (the commit starts with a flush).
-    pub fn commit(&mut self, disk: &Disk, images: Vec<(u64, Block)>) -> Result<()> {
+    /// Builds transaction `images` (home block, image): its descriptors and images
+    /// in one buffer and its commit block, ready to write; makes room in the
+    /// journal first (a checkpoint) if it does not fit.
+    pub fn prepare(&mut self, disk: &Disk, images: Vec<(u64, Block)>) -> Result<Prepared> {
         let need = blocks_for(images.len());
         if need > self.sb.journal_blocks {
             return Err(corrupt(format!(
@@ -202,12 +200,12 @@ impl Journal {
                 need, self.sb.journal_blocks
             )));
         }
+        let mut released = Vec::new();
         if need > self.sb.journal_blocks - self.used {
-            self.checkpoint(disk)?;
+            released = self.checkpoint(disk)?;
         }
         let seq = self.next_seq;
         let vid = self.sb.volume_id;
-        // Descriptors and images, in one buffer: one write (two if it wraps).
         let body_blocks = need as usize - 1;
         let mut body = IoBuf::new(body_blocks * BLOCK);
         let mut at = 0;
@@ -227,24 +225,70 @@ impl Journal {
         let commit = Commit { seq, blocks: body_blocks as u32, data_crc: crc(&body) };
         let mut commit_block = IoBuf::new(BLOCK);
         commit_block.copy_from_slice(&commit.encode(vid)[..]);
+        let head = self.head;
+        Ok(Prepared { head, need, body, commit: commit_block, images, released })
+    }
 
-        // Ordered journaling, step after step: the transaction's blocks, wait;
-        // flush (they, and the data written before, are durable); the commit
-        // block, wait; flush (the commit is durable: a FUA write where devices have it).
-        self.write_ring(disk, self.head, &body)?;
-        disk.flush()?;
-        self.write_ring(disk, self.head + body_blocks as u64, &commit_block)?;
-        disk.flush()?;
+    /// Pieces `(device block, buffer range)` of `len` journal blocks from ring position `pos`.
+    fn ring_pieces(&self, pos: u64, len: u64) -> Vec<(u64, std::ops::Range<usize>)> {
+        let n = self.sb.journal_blocks;
+        let mut out = Vec::new();
+        let mut done = 0u64;
+        while done < len {
+            let p = (pos + done) % n;
+            let chunk = (len - done).min(n - p);
+            out.push((self.sb.journal_start + p, done as usize * BLOCK..(done + chunk) as usize * BLOCK));
+            done += chunk;
+        }
+        out
+    }
 
-        self.head = (self.head + need) % self.sb.journal_blocks;
-        self.used += need;
-        self.next_seq += 1;
-        self.stats.commits += 1;
-        self.stats.journal_blocks += need;
-        for (home, image) in images {
-            self.pending.insert(home, image);
+    /// Queues the transaction's descriptors and images (not the commit block) on a batch.
+    pub fn submit_body<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared) -> Result<()> {
+        for (block, range) in self.ring_pieces(p.head, p.need - 1) {
+            batch.write(block, &p.body[range])?;
         }
         Ok(())
+    }
+
+    /// Writes the transaction's descriptors and images and waits.
+    pub fn write_body(&self, disk: &Disk, p: &Prepared) -> Result<()> {
+        for (block, range) in self.ring_pieces(p.head, p.need - 1) {
+            disk.write(block, &p.body[range])?;
+        }
+        Ok(())
+    }
+
+    /// Writes the commit block and makes it durable (a write then a flush: the FUA
+    /// write of a device that has one). Call once everything it orders is durable.
+    pub fn write_commit(&self, disk: &Disk, p: &Prepared) -> Result<()> {
+        disk.write(self.sb.journal_start + (p.head + p.need - 1) % self.sb.journal_blocks, &p.commit)?;
+        disk.flush()
+    }
+
+    /// The transaction is durable: account for it; returns blocks a checkpoint made for it released.
+    pub fn committed(&mut self, p: Prepared) -> Vec<(u64, u64)> {
+        debug_assert_eq!(p.head, self.head);
+        self.head = (self.head + p.need) % self.sb.journal_blocks;
+        self.used += p.need;
+        self.next_seq += 1;
+        self.stats.commits += 1;
+        self.stats.journal_blocks += p.need;
+        for (home, image) in p.images {
+            self.pending.insert(home, image);
+        }
+        p.released
+    }
+
+    /// Commits `images` the conventional way, step after step: the transaction's
+    /// blocks, wait; flush (they, and data written before, are durable); the
+    /// commit block, wait; flush. Returns blocks a checkpoint released.
+    pub fn commit(&mut self, disk: &Disk, images: Vec<(u64, Block)>) -> Result<Vec<(u64, u64)>> {
+        let p = self.prepare(disk, images)?;
+        self.write_body(disk, &p)?;
+        disk.flush()?;
+        self.write_commit(disk, &p)?;
+        Ok(self.committed(p))
     }
 
     /// Metadata blocks freed by a committed transaction: reusable after the next checkpoint.

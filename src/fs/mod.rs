@@ -30,21 +30,33 @@
 //! once: its handles then fail with `ESTALE`.
 
 pub mod alloc;
+pub mod cache;
 pub mod disk;
 pub mod extents;
+mod file;
 pub mod format;
+pub mod fsync_path;
 pub mod journal;
+pub mod read_path;
+pub mod readahead;
+pub mod steps;
 
 use crate::IoBuf;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use alloc::Allocator;
+use cache::{CacheStats, Page, PageCache};
 use disk::Disk;
 use format::{BLOCK, BLOCK_U64, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, check_name, zero_block};
+pub use fsync_path::FsyncPath;
 use journal::{Journal, JournalStats};
+pub use read_path::ReadPath;
+use readahead::ReadAhead;
+use std::collections::BTreeMap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use steps::Steps;
 
 /// Blocks the file layer moves per device request at most (1 MiB).
 const MAX_IO_BLOCKS: u64 = 256;
@@ -66,6 +78,33 @@ pub struct FormatOptions {
 pub struct Formatted {
     /// The layout written.
     pub superblock: Superblock,
+}
+
+/// How a file system is mounted: the page cache and the paths it takes.
+#[derive(Debug, Clone, Copy)]
+pub struct MountOptions {
+    /// Page cache bound in bytes (default 64 MiB).
+    pub cache_bytes: u64,
+    /// What a cache miss does (default `aios`).
+    pub read_path: ReadPath,
+    /// How fsync orders data, journal and commit (default `aios`).
+    pub fsync_path: FsyncPath,
+    /// Largest read-ahead window in bytes (default 512 KiB; 0 turns read-ahead off).
+    pub readahead_bytes: u64,
+    /// Record the time of each step of the read and fsync paths ([`FileSystem::steps`]).
+    pub step_times: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            cache_bytes: 64 << 20,
+            read_path: ReadPath::default(),
+            fsync_path: FsyncPath::default(),
+            readahead_bytes: 512 << 10,
+            step_times: false,
+        }
+    }
 }
 
 /// What `mount` found.
@@ -105,24 +144,55 @@ pub struct FsStats {
     pub device_flushes: u64,
     /// Free blocks now.
     pub free_blocks: u64,
+    /// The page cache's counters.
+    pub cache: CacheStats,
 }
 
 /// A mounted file system. Cheap to clone; shared by threads.
 #[derive(Clone)]
 pub struct FileSystem {
     inner: Arc<Inner>,
+    mount: Arc<Mount>,
 }
 
 /// An open file. Cheap to clone; shared by threads.
 #[derive(Clone)]
 pub struct File {
     fs: Arc<Inner>,
+    /// Keeps the file system mounted while the file is open (only held).
+    _mount: Arc<Mount>,
     node: Arc<Node>,
+    /// Bypass the page cache (like `O_DIRECT`).
+    direct: bool,
+}
+
+/// Held by every [`FileSystem`] and [`File`] (not by the read-ahead thread):
+/// when the last is dropped, the file system is unmounted there and then
+/// (everything committed and checkpointed), never later from another thread.
+struct Mount {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let fs = &self.inner;
+        fs.readahead_jobs.lock().map(|mut j| j.take()).ok();
+        if !fs.unmounted.swap(true, Ordering::AcqRel) && !fs.aborted.load(Ordering::Acquire) {
+            // Leave a clean journal if the device lets us; errors have no one to go to.
+            let _ = fs.quiesce();
+        }
+    }
 }
 
 struct Inner {
     disk: Disk,
     sb: Superblock,
+    options: MountOptions,
+    cache: PageCache,
+    steps: Steps,
+    next_cache_id: AtomicU64,
+    /// Read-ahead jobs for the read-ahead thread.
+    readahead_jobs: Mutex<Option<std::sync::mpsc::Sender<ReadAheadJob>>>,
     meta: Mutex<Meta>,
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
@@ -135,13 +205,29 @@ struct Inner {
     flush_only: AtomicU64,
 }
 
+/// A window to read ahead: the file, and its blocks `[from, to)`.
+type ReadAheadJob = (Arc<Node>, u64, u64);
+
 struct Node {
     slot: u32,
     state: RwLock<NodeState>,
+    readahead: ReadAhead,
 }
 
 struct NodeState {
+    slot: u32,
+    /// The file as the next commit records it, except `inode.size`, which is the
+    /// size readers see: the inode records `disk_size`.
     inode: Inode,
+    /// The size the device can back: everything below it is written (or a hole).
+    /// A write through the cache grows `inode.size` only; writeback brings this up
+    /// to it (ext4's i_disksize), so a commit never records a size whose data is
+    /// only in the cache, whichever file's fsync commits it.
+    disk_size: u64,
+    /// Key of its pages in the cache (new on truncate and direct writes, which forget them).
+    cache_id: u64,
+    /// Pages written and not yet written back, by file block.
+    dirty: BTreeMap<u64, Arc<Page>>,
     /// False once unlinked or replaced.
     live: bool,
     /// Last transaction that changed this file's inode.
@@ -255,6 +341,9 @@ impl Meta {
         self.dirty.insert(self.inode_block(sb, slot));
         self.names.remove(&state.inode.name);
         self.slots[slot as usize] = None;
+        for page in std::mem::take(&mut state.dirty).into_values() {
+            page.data.write().expect("page lock poisoned").dirty = false;
+        }
         state.live = false;
         state.meta_tid = self.tid;
         state.layout_tid = self.tid;
@@ -319,6 +408,11 @@ impl FileSystem {
     /// Mounts the file system on the engine's device: replays the journal,
     /// loads and checks the metadata.
     pub fn mount(engine: Arc<Engine>) -> Result<(FileSystem, Mounted)> {
+        FileSystem::mount_with(engine, MountOptions::default())
+    }
+
+    /// Mounts with a page cache, read and fsync paths of the caller's choosing.
+    pub fn mount_with(engine: Arc<Engine>, options: MountOptions) -> Result<(FileSystem, Mounted)> {
         let disk = Disk::new(engine);
         if disk.blocks() < 2 {
             return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
@@ -389,13 +483,28 @@ impl FileSystem {
             for b in &inode.overflow {
                 meta.overflow.insert(*b, read_range(*b, 1)?.remove(0));
             }
-            let state = NodeState { inode, live: true, meta_tid: 0, layout_tid: 0 };
-            meta.slots[slot as usize] = Some(Arc::new(Node { slot: slot as u32, state: RwLock::new(state) }));
+            let state = NodeState {
+                slot: slot as u32,
+                disk_size: inode.size,
+                inode,
+                cache_id: slot + 1,
+                dirty: BTreeMap::new(),
+                live: true,
+                meta_tid: 0,
+                layout_tid: 0,
+            };
+            meta.slots[slot as usize] = Some(Node::new(state));
         }
         let files = meta.names.len();
+        let slots = sb.inodes();
         let inner = Inner {
             disk,
             sb,
+            options,
+            cache: PageCache::new((options.cache_bytes / BLOCK_U64) as usize),
+            steps: Steps::new(options.step_times),
+            next_cache_id: AtomicU64::new(slots + 1),
+            readahead_jobs: Mutex::new(None),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),
@@ -405,7 +514,18 @@ impl FileSystem {
             shared_commits: AtomicU64::new(0),
             flush_only: AtomicU64::new(0),
         };
-        Ok((FileSystem { inner: Arc::new(inner) }, Mounted { replayed, files }))
+        let inner = Arc::new(inner);
+        if options.readahead_bytes >= BLOCK_U64 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            *inner.readahead_jobs.lock().expect("read-ahead lock poisoned") = Some(tx);
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name("iopath-readahead".into())
+                .spawn(move || readahead_thread(weak, rx))
+                .map_err(|source| Error::Os { context: "cannot start the read-ahead thread".into(), source })?;
+        }
+        let mount = Arc::new(Mount { inner: Arc::clone(&inner) });
+        Ok((FileSystem { inner, mount }, Mounted { replayed, files }))
     }
 
     /// The layout.
@@ -440,18 +560,34 @@ impl FileSystem {
         let mut inode = Inode { name: name.to_string(), mtime_ns: now_ns(), ..Inode::default() };
         meta.store_inode(&fs.sb, slot as u32, &mut inode)?;
         let tid = meta.tid;
-        let state = NodeState { inode, live: true, meta_tid: tid, layout_tid: tid };
-        let node = Arc::new(Node { slot: slot as u32, state: RwLock::new(state) });
+        let state = NodeState {
+            slot: slot as u32,
+            disk_size: 0,
+            inode,
+            cache_id: fs.new_cache_id(),
+            dirty: BTreeMap::new(),
+            live: true,
+            meta_tid: tid,
+            layout_tid: tid,
+        };
+        let node = Node::new(state);
         meta.slots[slot] = Some(Arc::clone(&node));
         meta.names.insert(name.to_string(), slot as u32);
-        Ok(File { fs: Arc::clone(fs), node })
+        Ok(File { fs: Arc::clone(fs), _mount: Arc::clone(&self.mount), node, direct: false })
     }
 
     /// Opens an existing file; fails with `ENOENT` if there is none of that name.
     pub fn open(&self, name: &str) -> Result<File> {
         check_name(name)?;
         let node = self.inner.lookup(name).ok_or_else(|| file_error("open", name, libc::ENOENT, "no such file"))?;
-        Ok(File { fs: Arc::clone(&self.inner), node })
+        Ok(File { fs: Arc::clone(&self.inner), _mount: Arc::clone(&self.mount), node, direct: false })
+    }
+
+    /// Opens an existing file for access that bypasses the page cache (like `O_DIRECT`):
+    /// every read and write goes to the device; the file's dirty cached pages are
+    /// written back first, and a direct write makes the cache forget the file's pages.
+    pub fn open_direct(&self, name: &str) -> Result<File> {
+        Ok(File { direct: true, ..self.open(name)? })
     }
 
     /// Opens a file, creating it empty if there is none.
@@ -520,7 +656,7 @@ impl FileSystem {
             }
             meta.names.remove(from);
             src_state.inode.name = to.to_string();
-            meta.store_inode(&fs.sb, src.slot, &mut src_state.inode)?;
+            src_state.store(fs, &mut meta)?;
             meta.names.insert(to.to_string(), src.slot);
             src_state.meta_tid = meta.tid;
             return Ok(());
@@ -543,8 +679,18 @@ impl FileSystem {
 
     /// Makes everything done so far durable (all files' data and metadata).
     pub fn sync(&self) -> Result<()> {
-        let tid = self.inner.meta().tid;
-        self.inner.sync_through(tid)
+        self.inner.sync_all()
+    }
+
+    /// Time spent in each step of the read and fsync paths, as (step, total ns,
+    /// times), if the file system was mounted with `step_times`.
+    pub fn steps(&self) -> Option<Vec<(&'static str, u64, u64)>> {
+        self.inner.steps.enabled().then(|| self.inner.steps.all())
+    }
+
+    /// The options it was mounted with.
+    pub fn options(&self) -> MountOptions {
+        self.inner.options
     }
 
     /// Counters so far.
@@ -560,6 +706,7 @@ impl FileSystem {
             device_writes: c.writes.load(Ordering::Relaxed),
             device_flushes: c.flushes.load(Ordering::Relaxed),
             free_blocks: fs.meta().alloc.free_blocks(),
+            cache: fs.cache.stats(),
         }
     }
 
@@ -568,6 +715,7 @@ impl FileSystem {
     pub fn unmount(self) -> Result<()> {
         self.inner.quiesce()?;
         self.inner.unmounted.store(true, Ordering::Release);
+        self.inner.readahead_jobs.lock().map(|mut j| j.take()).ok();
         Ok(())
     }
 }
@@ -594,6 +742,10 @@ impl Inner {
         Ok(())
     }
 
+    fn new_cache_id(&self) -> u64 {
+        self.next_cache_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Makes transaction `tid` (and all before it) durable; a flush when it holds nothing.
     fn sync_through(&self, tid: u64) -> Result<()> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
@@ -607,35 +759,32 @@ impl Inner {
             self.shared_commits.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        let (taken, images, freed, freed_meta) = self.meta().take_transaction(&self.sb);
-        if images.is_empty() {
-            self.flush_only.fetch_add(1, Ordering::Relaxed);
-            self.disk.flush()?;
-        } else if let Err(e) = journal.commit(&self.disk, images) {
-            self.aborted.store(true, Ordering::Release);
-            return Err(e);
-        }
-        self.committed.store(taken, Ordering::Release);
-        journal.hold_until_checkpoint(freed_meta);
-        let mut released = freed;
-        if journal.wants_checkpoint() {
-            match journal.checkpoint(&self.disk) {
-                Ok(r) => released.extend(r),
-                Err(e) => {
-                    self.aborted.store(true, Ordering::Release);
-                    return Err(e);
-                }
+        fsync_path::commit(self, &mut journal, None)
+    }
+
+    /// Writes back every file's dirty pages, then commits.
+    fn sync_all(&self) -> Result<()> {
+        let nodes: Vec<Arc<Node>> = self.meta().slots.iter().flatten().cloned().collect();
+        for node in nodes {
+            let mut state = node.state.write().expect("file lock poisoned");
+            if state.live {
+                file::writeback_all(self, &mut state)?;
             }
         }
-        drop(journal);
-        self.meta().alloc.release(&released);
-        Ok(())
+        let tid = self.meta().tid;
+        self.sync_through(tid)
+    }
+
+    /// Posts a read-ahead of blocks `[from, to)` of `node` to the read-ahead thread.
+    fn post_readahead(&self, node: &Arc<Node>, from: u64, to: u64) {
+        if let Some(tx) = self.readahead_jobs.lock().expect("read-ahead lock poisoned").as_ref() {
+            let _ = tx.send((Arc::clone(node), from, to));
+        }
     }
 
     /// Commits everything and checkpoints.
     fn quiesce(&self) -> Result<()> {
-        let tid = self.meta().tid;
-        self.sync_through(tid)?;
+        self.sync_all()?;
         let mut journal = self.journal.lock().expect("journal lock poisoned");
         let released = journal.checkpoint(&self.disk)?;
         drop(journal);
@@ -644,300 +793,58 @@ impl Inner {
     }
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The last handle is gone: leave a clean journal if the device lets us.
-        if !self.unmounted.load(Ordering::Acquire) && !self.aborted.load(Ordering::Acquire) {
-            let _ = self.quiesce();
+impl NodeState {
+    /// Puts the file's inode (with its disk size) in the running transaction.
+    fn store(&mut self, fs: &Inner, meta: &mut Meta) -> Result<()> {
+        let size = self.inode.size;
+        self.inode.size = self.disk_size.min(size);
+        let stored = meta.store_inode(&fs.sb, self.slot, &mut self.inode);
+        self.inode.size = size;
+        stored
+    }
+}
+
+impl Node {
+    fn new(state: NodeState) -> Arc<Node> {
+        Arc::new(Node { slot: state.slot, state: RwLock::new(state), readahead: ReadAhead::default() })
+    }
+}
+
+impl Inner {
+    /// Read-ahead after a read of blocks `[first, end)`: hands the next window
+    /// to the read-ahead thread when the stream needs it.
+    fn readahead(&self, file: &File, state: &NodeState, first: u64, end: u64) {
+        let max = self.options.readahead_bytes / BLOCK_U64;
+        if let Some((from, to)) = file.node.readahead.on_read(first, end, max) {
+            let last = state.inode.size.div_ceil(BLOCK_U64);
+            if from < last {
+                self.post_readahead(&file.node, from, to.min(last));
+            }
         }
     }
 }
 
-impl std::fmt::Debug for File {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = self.state_read();
-        f.debug_struct("File").field("name", &state.inode.name).field("size", &state.inode.size).finish()
-    }
-}
-
-impl std::fmt::Debug for FileSystem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileSystem").field("superblock", &self.inner.sb).finish()
-    }
-}
-
-impl File {
-    fn state_read(&self) -> std::sync::RwLockReadGuard<'_, NodeState> {
-        self.node.state.read().expect("file lock poisoned")
-    }
-
-    fn live(&self, state: &NodeState, op: &'static str) -> Result<()> {
+/// The read-ahead thread: loads the windows readers hand it, while they copy.
+fn readahead_thread(fs: std::sync::Weak<Inner>, jobs: std::sync::mpsc::Receiver<ReadAheadJob>) {
+    while let Ok((node, from, to)) = jobs.recv() {
+        let Some(fs) = fs.upgrade() else { return };
+        if fs.unmounted.load(Ordering::Acquire) {
+            return;
+        }
+        let state = node.state.read().expect("file lock poisoned");
         if !state.live {
-            return Err(file_error(
-                op,
-                &state.inode.name,
-                libc::ESTALE,
-                "the file was unlinked or replaced while open",
-            ));
+            continue;
         }
-        Ok(())
-    }
-
-    /// The file's name now.
-    pub fn name(&self) -> String {
-        self.state_read().inode.name.clone()
-    }
-
-    /// Size in bytes.
-    pub fn len(&self) -> u64 {
-        self.state_read().inode.size
-    }
-
-    /// Whether the file is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Reads into `buf` from `offset`; returns the bytes read (fewer at the end of the file).
-    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        let state = self.state_read();
-        self.live(&state, "read")?;
-        let size = state.inode.size;
-        if offset >= size || buf.is_empty() {
-            return Ok(0);
+        let last = state.inode.size.div_ceil(BLOCK_U64);
+        let blocks: Vec<u64> = (from..to.min(last)).filter(|&b| fs.cache.peek((state.cache_id, b)).is_none()).collect();
+        if blocks.is_empty() {
+            continue;
         }
-        let n = (buf.len() as u64).min(size - offset) as usize;
-        let first = offset / BLOCK_U64;
-        let end = (offset + n as u64).div_ceil(BLOCK_U64);
-        for run in extents::pieces(extents::runs(&state.inode.extents, first, end), MAX_IO_BLOCKS) {
-            // The part of `buf` this run covers.
-            let run_start = (run.logical * BLOCK_U64).max(offset);
-            let run_end = ((run.logical + run.len) * BLOCK_U64).min(offset + n as u64);
-            let out = &mut buf[(run_start - offset) as usize..(run_end - offset) as usize];
-            match run.physical {
-                Some(physical) if !run.unwritten => {
-                    let mut block_buf = IoBuf::new(run.len as usize * BLOCK);
-                    self.fs.disk.read(physical, &mut block_buf)?;
-                    let skip = (run_start - run.logical * BLOCK_U64) as usize;
-                    out.copy_from_slice(&block_buf[skip..skip + out.len()]);
-                }
-                _ => out.fill(0),
+        if let Ok(pages) = read_path::load(&fs, &state, &blocks) {
+            for page in &pages {
+                page.speculative.store(true, Ordering::Relaxed);
             }
+            fs.cache.count_readahead(pages.len() as u64);
         }
-        Ok(n)
-    }
-
-    /// Writes `data` at `offset`, growing the file as needed (a gap reads as zeros).
-    pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
-        let mut state = self.node.state.write().expect("file lock poisoned");
-        self.write_locked(&mut state, data, offset)
-    }
-
-    /// Writes `data` at the end of the file; returns the offset it went to.
-    pub fn append(&self, data: &[u8]) -> Result<u64> {
-        let mut state = self.node.state.write().expect("file lock poisoned");
-        let offset = state.inode.size;
-        self.write_locked(&mut state, data, offset)?;
-        Ok(offset)
-    }
-
-    fn write_locked(&self, state: &mut NodeState, data: &[u8], offset: u64) -> Result<()> {
-        let fs = &self.fs;
-        self.live(state, "write")?;
-        fs.check_writable("write", &state.inode.name)?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        let end_byte = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| {
-            file_error("write", &state.inode.name, libc::EFBIG, format!("files end at {MAX_FILE_SIZE} bytes"))
-        })?;
-        let first = offset / BLOCK_U64;
-        let end = end_byte.div_ceil(BLOCK_U64);
-
-        // 1. Map the holes in the range, not yet written: until the data is on the
-        //    device, a commit by another thread records them as reading zeros.
-        if !self.map_holes(state, first, end)? {
-            // Blocks freed by changes not yet committed can be used once they are: commit, retry.
-            let tid = fs.meta().tid;
-            fs.sync_through(tid)?;
-            if !self.map_holes(state, first, end)? {
-                let free = fs.meta().alloc.allocatable();
-                return Err(file_error(
-                    "write",
-                    &state.inode.name,
-                    libc::ENOSPC,
-                    format!("no space left on the device ({free} blocks free)"),
-                ));
-            }
-        }
-
-        let old_size = state.inode.size;
-        if offset > old_size && offset / BLOCK_U64 > old_size / BLOCK_U64 {
-            self.zero_tail(state)?;
-        }
-        // 2. The data, whole blocks per device run; partial blocks at the edges are
-        //    read first where they hold data (read-modify-write).
-        for run in extents::pieces(extents::runs(&state.inode.extents, first, end), MAX_IO_BLOCKS) {
-            let physical = run.physical.expect("every block of the range is mapped now");
-            let mut buf = IoBuf::new(run.len as usize * BLOCK);
-            let run_first = run.logical * BLOCK_U64;
-            let run_end = run_first + run.len * BLOCK_U64;
-            let from = offset.max(run_first);
-            let to = end_byte.min(run_end);
-            let head = from > run_first;
-            let tail = to < run_end;
-            if !run.unwritten {
-                if head {
-                    self.fs.disk.read(physical, &mut buf[..BLOCK])?;
-                }
-                if tail && !(head && run.len == 1) {
-                    let last = run.len as usize - 1;
-                    self.fs.disk.read(physical + last as u64, &mut buf[last * BLOCK..])?;
-                }
-            }
-            // Bytes past the old end of the file read as zeros, whatever the block held.
-            if old_size < run_end {
-                buf[(old_size.max(run_first) - run_first) as usize..].fill(0);
-            }
-            buf[(from - run_first) as usize..(to - run_first) as usize]
-                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-            self.fs.disk.write(physical, &buf)?;
-        }
-
-        // 3. Now the blocks hold their data: mark them written, grow the size.
-        let mut meta = fs.meta();
-        let written = extents::mark_written(&mut state.inode.extents, first, end);
-        let grew = end_byte > state.inode.size;
-        if grew {
-            state.inode.size = end_byte;
-        }
-        state.inode.mtime_ns = now_ns();
-        meta.store_inode(&fs.sb, self.node.slot, &mut state.inode)?;
-        state.meta_tid = meta.tid;
-        if written || grew {
-            state.layout_tid = meta.tid;
-        }
-        Ok(())
-    }
-
-    /// Maps every hole in file blocks `[first, end)` to new blocks, not yet written.
-    /// Returns false, having taken nothing, when the device has too little space.
-    fn map_holes(&self, state: &mut NodeState, first: u64, end: u64) -> Result<bool> {
-        let fs = &self.fs;
-        let holes: Vec<_> =
-            extents::runs(&state.inode.extents, first, end).into_iter().filter(|r| r.physical.is_none()).collect();
-        if holes.is_empty() {
-            return Ok(true);
-        }
-        let mut meta = fs.meta();
-        let mut added = Vec::new();
-        let mut failed = false;
-        'holes: for hole in holes {
-            let mut at = hole.logical;
-            while at < hole.logical + hole.len {
-                let goal = extents::goal_for(&state.inode.extents, at);
-                let Some((physical, len)) = meta.allocate(&fs.sb, hole.logical + hole.len - at, goal) else {
-                    failed = true;
-                    break 'holes;
-                };
-                extents::insert_unwritten(&mut state.inode.extents, at, len, physical);
-                added.push((at, len));
-                at += len;
-            }
-        }
-        // The extent map may need more overflow blocks than are left, too.
-        if !failed && meta.store_inode(&fs.sb, self.node.slot, &mut state.inode).is_err() {
-            failed = true;
-        }
-        if failed {
-            // Give back what this write took (free once the running transaction commits).
-            for (logical, len) in added {
-                for (start, n) in extents::cut(&mut state.inode.extents, logical, logical + len) {
-                    meta.free_data(&fs.sb, start, n);
-                }
-            }
-            meta.store_inode(&fs.sb, self.node.slot, &mut state.inode)?;
-            return Ok(false);
-        }
-        state.meta_tid = meta.tid;
-        state.layout_tid = meta.tid;
-        Ok(true)
-    }
-
-    /// Growing the file past its last partial block: bytes past the old end in that
-    /// block may be stale (a write cut short by a crash, a shrink) and must read as zeros.
-    fn zero_tail(&self, state: &NodeState) -> Result<()> {
-        let size = state.inode.size;
-        if size.is_multiple_of(BLOCK_U64) {
-            return Ok(());
-        }
-        let block = size / BLOCK_U64;
-        if let Some(run) = extents::runs(&state.inode.extents, block, block + 1).into_iter().find(|r| r.has_data()) {
-            let physical = run.physical.expect("has data");
-            let mut buf = self.fs.disk.read_block(physical)?;
-            buf[(size % BLOCK_U64) as usize..].fill(0);
-            self.fs.disk.write(physical, &buf)?;
-        }
-        Ok(())
-    }
-
-    /// Sets the size: shrinking frees the blocks past it, growing leaves a hole (zeros).
-    pub fn truncate(&self, len: u64) -> Result<()> {
-        let fs = &self.fs;
-        let mut state = self.node.state.write().expect("file lock poisoned");
-        self.live(&state, "truncate")?;
-        fs.check_writable("truncate", &state.inode.name)?;
-        if len > MAX_FILE_SIZE {
-            return Err(file_error(
-                "truncate",
-                &state.inode.name,
-                libc::EFBIG,
-                format!("files end at {MAX_FILE_SIZE} bytes"),
-            ));
-        }
-        if len > state.inode.size {
-            self.zero_tail(&state)?;
-        }
-        let mut meta = fs.meta();
-        let keep = len.div_ceil(BLOCK_U64);
-        for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
-            meta.free_data(&fs.sb, start, n);
-        }
-        state.inode.size = len;
-        state.inode.mtime_ns = now_ns();
-        meta.store_inode(&fs.sb, self.node.slot, &mut state.inode)?;
-        state.meta_tid = meta.tid;
-        state.layout_tid = meta.tid;
-        Ok(())
-    }
-
-    /// Makes the file's data and metadata durable.
-    pub fn fsync(&self) -> Result<()> {
-        let state = self.state_read();
-        self.live(&state, "fsync")?;
-        let tid = state.meta_tid;
-        drop(state);
-        self.sync_tid(tid)
-    }
-
-    /// Makes the file's data durable, and the metadata needed to read it (size,
-    /// block map) but not its modification time.
-    pub fn fdatasync(&self) -> Result<()> {
-        let state = self.state_read();
-        self.live(&state, "fdatasync")?;
-        let tid = state.layout_tid;
-        drop(state);
-        self.sync_tid(tid)
-    }
-
-    fn sync_tid(&self, tid: u64) -> Result<()> {
-        let fs = &self.fs;
-        if fs.committed.load(Ordering::Acquire) >= tid {
-            // Nothing of this file's metadata is pending: its data needs a flush only.
-            fs.syncs.fetch_add(1, Ordering::Relaxed);
-            fs.flush_only.fetch_add(1, Ordering::Relaxed);
-            return fs.disk.flush();
-        }
-        fs.sync_through(tid)
     }
 }

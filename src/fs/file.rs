@@ -1,0 +1,627 @@
+//! Files: reads and writes through the page cache, or straight to the device
+//! (a file opened direct, like `O_DIRECT`), truncation, fsync and writeback.
+//!
+//! A write through the cache maps the file's holes at once (as blocks not
+//! yet written, which read as zeros until their data is on the device),
+//! copies into cache pages and marks them dirty; `fsync`, `fdatasync`, a
+//! file system `sync`, or too many dirty pages write them back: contiguous
+//! pages become one device command, all of them are in flight together
+//! (the engine's queued API), then the blocks are marked written in the
+//! same transaction that the fsync commits.
+
+use super::cache::Page;
+use super::disk::{Batch, Disk};
+use super::format::{BLOCK, BLOCK_U64};
+use super::{File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, NodeState, extents, file_error, fsync_path, now_ns, read_path};
+use crate::IoBuf;
+use crate::error::Result;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state_read();
+        f.debug_struct("File")
+            .field("name", &state.inode.name)
+            .field("size", &state.inode.size)
+            .field("direct", &self.direct)
+            .finish()
+    }
+}
+
+/// A file's dirty pages copied out for writing: contiguous ones in one buffer.
+pub(super) struct Writeback {
+    /// (device block, buffer of whole blocks).
+    runs: Vec<(u64, IoBuf)>,
+    /// The file blocks and their pages, as they were taken from the dirty set.
+    pages: BTreeMap<u64, Arc<Page>>,
+}
+
+impl Writeback {
+    /// Copies the file's dirty pages out (clearing their dirty mark; `restore` puts it back).
+    fn take(state: &mut NodeState) -> Writeback {
+        let pages = std::mem::take(&mut state.dirty);
+        let mut runs: Vec<(u64, u64, Vec<&Arc<Page>>)> = Vec::new(); // (first file block, device block, pages)
+        for (&block, page) in &pages {
+            let (physical, _) = extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped");
+            match runs.last_mut() {
+                Some((b, p, v))
+                    if *b + v.len() as u64 == block
+                        && *p + v.len() as u64 == physical
+                        && v.len() < MAX_IO_BLOCKS as usize =>
+                {
+                    v.push(page)
+                }
+                _ => runs.push((block, physical, vec![page])),
+            }
+        }
+        let runs = runs
+            .into_iter()
+            .map(|(_, physical, pages)| {
+                let mut buf = IoBuf::new(pages.len() * BLOCK);
+                for (i, page) in pages.iter().enumerate() {
+                    let mut data = page.data.write().expect("page lock poisoned");
+                    buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&data.buf);
+                    data.dirty = false;
+                }
+                (physical, buf)
+            })
+            .collect();
+        Writeback { runs, pages }
+    }
+
+    /// Whether there is nothing to write.
+    pub(super) fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Queues the writes on a batch.
+    pub(super) fn submit<'a>(&'a self, batch: &mut Batch<'a>) -> Result<()> {
+        for (physical, buf) in &self.runs {
+            batch.write(*physical, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Writes everything, all in flight together, and waits.
+    pub(super) fn write(&self, disk: &Disk) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let mut batch = disk.batch()?;
+        self.submit(&mut batch)?;
+        batch.wait()
+    }
+
+    /// The data is (or, on the aios fsync path, is about to be) on the device:
+    /// mark the blocks written in the file's map.
+    pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState) {
+        if self.is_empty() {
+            return;
+        }
+        let mut meta = fs.meta();
+        let mut changed = false;
+        for &block in self.pages.keys() {
+            changed |= extents::mark_written(&mut state.inode.extents, block, block + 1);
+        }
+        if state.dirty.is_empty() && state.disk_size != state.inode.size {
+            // Everything below the size is on the device now: the inode may say so.
+            state.disk_size = state.inode.size;
+            changed = true;
+        }
+        // Marking can only shrink the map (neighbours merge): this cannot run out of space.
+        if changed && state.store(fs, &mut meta).is_ok() {
+            state.meta_tid = meta.tid;
+            state.layout_tid = meta.tid;
+        }
+        fs.cache.count_writeback(self.pages.len() as u64);
+    }
+
+    /// The write failed: the pages are dirty again.
+    fn restore(self, state: &mut NodeState) {
+        for (block, page) in self.pages {
+            page.data.write().expect("page lock poisoned").dirty = true;
+            state.dirty.insert(block, page);
+        }
+    }
+}
+
+impl File {
+    fn state_read(&self) -> std::sync::RwLockReadGuard<'_, NodeState> {
+        self.node.state.read().expect("file lock poisoned")
+    }
+
+    fn state_write(&self) -> std::sync::RwLockWriteGuard<'_, NodeState> {
+        self.node.state.write().expect("file lock poisoned")
+    }
+
+    fn live(&self, state: &NodeState, op: &'static str) -> Result<()> {
+        if !state.live {
+            return Err(file_error(
+                op,
+                &state.inode.name,
+                libc::ESTALE,
+                "the file was unlinked or replaced while open",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The file's name now.
+    pub fn name(&self) -> String {
+        self.state_read().inode.name.clone()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.state_read().inode.size
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether this handle bypasses the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Reads into `buf` from `offset`; returns the bytes read (fewer at the end of the file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        if self.direct {
+            self.settle_for_direct(false)?;
+        }
+        let state = self.state_read();
+        self.live(&state, "read")?;
+        let size = state.inode.size;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(size - offset) as usize;
+        let buf = &mut buf[..n];
+        if self.direct {
+            self.read_direct(&state, buf, offset)?;
+        } else {
+            self.read_cached(&state, buf, offset)?;
+        }
+        Ok(n)
+    }
+
+    fn read_cached(&self, state: &NodeState, buf: &mut [u8], offset: u64) -> Result<()> {
+        let fs = &self.fs;
+        let n = buf.len() as u64;
+        let first = offset / BLOCK_U64;
+        let end = (offset + n).div_ceil(BLOCK_U64);
+        let t = fs.steps.start();
+        let mut pages: Vec<Option<Arc<Page>>> = Vec::with_capacity((end - first) as usize);
+        let mut missing = Vec::new();
+        for block in first..end {
+            let page = fs.cache.lookup((state.cache_id, block));
+            if page.is_none() {
+                missing.push(block);
+            }
+            pages.push(page);
+        }
+        fs.steps.lap(t, |s| &s.lookup);
+        fs.readahead(self, state, first, end);
+        if !missing.is_empty() {
+            let loaded = read_path::load(fs, state, &missing)?;
+            let mut loaded = loaded.into_iter();
+            for slot in pages.iter_mut().filter(|p| p.is_none()) {
+                *slot = loaded.next();
+            }
+        }
+        let t = fs.steps.start();
+        for (i, page) in pages.into_iter().enumerate() {
+            let mut page = page.expect("every block has its page now");
+            if !page.ready() && !fs.cache.wait_loaded(&page) {
+                // Its loader failed: load it here (and report the error if it fails again).
+                page = read_path::load(fs, state, &[first + i as u64])?.remove(0);
+            }
+            let block_start = (first + i as u64) * BLOCK_U64;
+            let from = offset.max(block_start);
+            let to = (offset + n).min(block_start + BLOCK_U64);
+            let data = page.data.read().expect("page lock poisoned");
+            buf[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data.buf[(from - block_start) as usize..(to - block_start) as usize]);
+        }
+        fs.steps.lap(t, |s| &s.copy);
+        Ok(())
+    }
+
+    fn read_direct(&self, state: &NodeState, buf: &mut [u8], offset: u64) -> Result<()> {
+        let n = buf.len() as u64;
+        let first = offset / BLOCK_U64;
+        let end = (offset + n).div_ceil(BLOCK_U64);
+        for run in extents::pieces(extents::runs(&state.inode.extents, first, end), MAX_IO_BLOCKS) {
+            let run_start = (run.logical * BLOCK_U64).max(offset);
+            let run_end = ((run.logical + run.len) * BLOCK_U64).min(offset + n);
+            let out = &mut buf[(run_start - offset) as usize..(run_end - offset) as usize];
+            match run.physical {
+                Some(physical) if !run.unwritten => {
+                    let mut block_buf = IoBuf::new(run.len as usize * BLOCK);
+                    self.fs.disk.read(physical, &mut block_buf)?;
+                    let skip = (run_start - run.logical * BLOCK_U64) as usize;
+                    out.copy_from_slice(&block_buf[skip..skip + out.len()]);
+                }
+                _ => out.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// Before direct access: write back what the cache holds dirty (and, for a
+    /// write, forget the cached pages: they would be stale).
+    fn settle_for_direct(&self, writing: bool) -> Result<()> {
+        let needs = {
+            let state = self.state_read();
+            !state.dirty.is_empty() || writing
+        };
+        if needs {
+            let mut state = self.state_write();
+            self.writeback(&mut state)?;
+            if writing {
+                state.cache_id = self.fs.new_cache_id();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`, growing the file as needed (a gap reads as zeros).
+    pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        let mut state = self.state_write();
+        self.write_locked(&mut state, data, offset)
+    }
+
+    /// Writes `data` at the end of the file; returns the offset it went to.
+    pub fn append(&self, data: &[u8]) -> Result<u64> {
+        let mut state = self.state_write();
+        let offset = state.inode.size;
+        self.write_locked(&mut state, data, offset)?;
+        Ok(offset)
+    }
+
+    fn write_locked(&self, state: &mut NodeState, data: &[u8], offset: u64) -> Result<()> {
+        let fs = &self.fs;
+        self.live(state, "write")?;
+        fs.check_writable("write", &state.inode.name)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end_byte = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| {
+            file_error("write", &state.inode.name, libc::EFBIG, format!("files end at {MAX_FILE_SIZE} bytes"))
+        })?;
+        let first = offset / BLOCK_U64;
+        let end = end_byte.div_ceil(BLOCK_U64);
+        if self.direct {
+            self.writeback(state)?;
+            state.cache_id = fs.new_cache_id();
+        }
+
+        // 1. Map the holes in the range, not yet written: until the data is on the
+        //    device, a commit records them as reading zeros.
+        if !self.map_holes(state, first, end)? {
+            // Blocks freed by changes not yet committed can be used once they are: commit, retry.
+            let tid = fs.meta().tid;
+            fs.sync_through(tid)?;
+            if !self.map_holes(state, first, end)? {
+                let free = fs.meta().alloc.allocatable();
+                return Err(file_error(
+                    "write",
+                    &state.inode.name,
+                    libc::ENOSPC,
+                    format!("no space left on the device ({free} blocks free)"),
+                ));
+            }
+        }
+        if self.direct {
+            self.write_direct(state, data, offset, end_byte)
+        } else {
+            self.write_cached(state, data, offset, end_byte)
+        }
+    }
+
+    fn write_cached(&self, state: &mut NodeState, data: &[u8], offset: u64, end_byte: u64) -> Result<()> {
+        let fs = &self.fs;
+        let first = offset / BLOCK_U64;
+        let end = end_byte.div_ceil(BLOCK_U64);
+        let old_size = state.inode.size;
+        if offset > old_size && offset / BLOCK_U64 > old_size / BLOCK_U64 {
+            self.zero_tail_cached(state)?;
+        }
+        for block in first..end {
+            let block_start = block * BLOCK_U64;
+            let from = offset.max(block_start);
+            let to = end_byte.min(block_start + BLOCK_U64);
+            let page = self.page_for_write(state, block, from == block_start && to == block_start + BLOCK_U64)?;
+            let mut d = page.data.write().expect("page lock poisoned");
+            d.buf[(from - block_start) as usize..(to - block_start) as usize]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            d.dirty = true;
+            drop(d);
+            state.dirty.insert(block, page);
+        }
+        let mut meta = fs.meta();
+        if end_byte > state.inode.size {
+            state.inode.size = end_byte;
+            state.layout_tid = meta.tid;
+        }
+        state.inode.mtime_ns = now_ns();
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        drop(meta);
+        // Too much dirty data: write this file's back now (no commit: the next fsync does that).
+        if state.dirty.len() > fs.cache.capacity() / 4 {
+            self.writeback(state)?;
+        }
+        Ok(())
+    }
+
+    /// The cached page of `block` for a write; `whole`: the write covers it all.
+    fn page_for_write(&self, state: &NodeState, block: u64, whole: bool) -> Result<Arc<Page>> {
+        let fs = &self.fs;
+        let key = (state.cache_id, block);
+        loop {
+            if let Some(page) = fs.cache.peek(key) {
+                if page.ready() || fs.cache.wait_loaded(&page) {
+                    return Ok(page);
+                }
+                continue; // its load failed and it left the index: look again
+            }
+            let on_device = matches!(extents::locate(&state.inode.extents, block), Some((_, false)));
+            if on_device && !whole && block * BLOCK_U64 < state.inode.size {
+                // Read-modify-write: the rest of the block must come from the device.
+                return Ok(read_path::load(fs, state, &[block])?.remove(0));
+            }
+            let page = Page::loading(key, IoBuf::new(BLOCK));
+            page.set_ready();
+            let there = fs.cache.insert(&page);
+            if Arc::ptr_eq(&there, &page) {
+                return Ok(page);
+            }
+        }
+    }
+
+    /// Growing the file past its last partial block: the bytes past the old end in
+    /// that block must read as zeros (the cached page has them; the device may not).
+    fn zero_tail_cached(&self, state: &mut NodeState) -> Result<()> {
+        let size = state.inode.size;
+        if size.is_multiple_of(BLOCK_U64) {
+            return Ok(());
+        }
+        let block = size / BLOCK_U64;
+        if !matches!(extents::locate(&state.inode.extents, block), Some((_, false)))
+            && !state.dirty.contains_key(&block)
+        {
+            return Ok(());
+        }
+        let page = self.page_for_write(state, block, false)?;
+        let mut d = page.data.write().expect("page lock poisoned");
+        d.buf[(size % BLOCK_U64) as usize..].fill(0);
+        d.dirty = true;
+        drop(d);
+        state.dirty.insert(block, page);
+        Ok(())
+    }
+
+    fn write_direct(&self, state: &mut NodeState, data: &[u8], offset: u64, end_byte: u64) -> Result<()> {
+        let fs = &self.fs;
+        let first = offset / BLOCK_U64;
+        let end = end_byte.div_ceil(BLOCK_U64);
+        let old_size = state.inode.size;
+        if offset > old_size && offset / BLOCK_U64 > old_size / BLOCK_U64 {
+            self.zero_tail_direct(state)?;
+        }
+        // 2. The data, whole blocks per device run; partial blocks at the edges are
+        //    read first where they hold data (read-modify-write).
+        for run in extents::pieces(extents::runs(&state.inode.extents, first, end), MAX_IO_BLOCKS) {
+            let physical = run.physical.expect("every block of the range is mapped now");
+            let mut buf = IoBuf::new(run.len as usize * BLOCK);
+            let run_first = run.logical * BLOCK_U64;
+            let run_end = run_first + run.len * BLOCK_U64;
+            let from = offset.max(run_first);
+            let to = end_byte.min(run_end);
+            let head = from > run_first;
+            let tail = to < run_end;
+            if !run.unwritten {
+                if head {
+                    self.fs.disk.read(physical, &mut buf[..BLOCK])?;
+                }
+                if tail && !(head && run.len == 1) {
+                    let last = run.len as usize - 1;
+                    self.fs.disk.read(physical + last as u64, &mut buf[last * BLOCK..])?;
+                }
+            }
+            // Bytes past the old end of the file read as zeros, whatever the block held.
+            if old_size < run_end {
+                buf[(old_size.max(run_first) - run_first) as usize..].fill(0);
+            }
+            buf[(from - run_first) as usize..(to - run_first) as usize]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            self.fs.disk.write(physical, &buf)?;
+        }
+
+        // 3. Now the blocks hold their data: mark them written, grow the size.
+        let mut meta = fs.meta();
+        let written = extents::mark_written(&mut state.inode.extents, first, end);
+        let grew = end_byte > state.inode.size;
+        if grew {
+            state.inode.size = end_byte;
+        }
+        // Direct writes are preceded by a writeback of the cached pages: all of it is on the device.
+        state.disk_size = state.inode.size;
+        state.inode.mtime_ns = now_ns();
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        if written || grew {
+            state.layout_tid = meta.tid;
+        }
+        Ok(())
+    }
+
+    /// Maps every hole in file blocks `[first, end)` to new blocks, not yet written.
+    /// Returns false, having taken nothing, when the device has too little space.
+    fn map_holes(&self, state: &mut NodeState, first: u64, end: u64) -> Result<bool> {
+        let fs = &self.fs;
+        let holes: Vec<_> =
+            extents::runs(&state.inode.extents, first, end).into_iter().filter(|r| r.physical.is_none()).collect();
+        if holes.is_empty() {
+            return Ok(true);
+        }
+        let mut meta = fs.meta();
+        let mut added = Vec::new();
+        let mut failed = false;
+        'holes: for hole in holes {
+            let mut at = hole.logical;
+            while at < hole.logical + hole.len {
+                let goal = extents::goal_for(&state.inode.extents, at);
+                let Some((physical, len)) = meta.allocate(&fs.sb, hole.logical + hole.len - at, goal) else {
+                    failed = true;
+                    break 'holes;
+                };
+                extents::insert_unwritten(&mut state.inode.extents, at, len, physical);
+                added.push((at, len));
+                at += len;
+            }
+        }
+        // The extent map may need more overflow blocks than are left, too.
+        if !failed && state.store(fs, &mut meta).is_err() {
+            failed = true;
+        }
+        if failed {
+            // Give back what this write took (free once the running transaction commits).
+            for (logical, len) in added {
+                for (start, n) in extents::cut(&mut state.inode.extents, logical, logical + len) {
+                    meta.free_data(&fs.sb, start, n);
+                }
+            }
+            state.store(fs, &mut meta)?;
+            return Ok(false);
+        }
+        state.meta_tid = meta.tid;
+        state.layout_tid = meta.tid;
+        Ok(true)
+    }
+
+    fn zero_tail_direct(&self, state: &NodeState) -> Result<()> {
+        let size = state.inode.size;
+        if size.is_multiple_of(BLOCK_U64) {
+            return Ok(());
+        }
+        let block = size / BLOCK_U64;
+        if let Some(run) = extents::runs(&state.inode.extents, block, block + 1).into_iter().find(|r| r.has_data()) {
+            let physical = run.physical.expect("has data");
+            let mut buf = self.fs.disk.read_block(physical)?;
+            buf[(size % BLOCK_U64) as usize..].fill(0);
+            self.fs.disk.write(physical, &buf)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the size: shrinking frees the blocks past it, growing leaves a hole (zeros).
+    pub fn truncate(&self, len: u64) -> Result<()> {
+        let fs = &self.fs;
+        let mut state = self.state_write();
+        self.live(&state, "truncate")?;
+        fs.check_writable("truncate", &state.inode.name)?;
+        if len > MAX_FILE_SIZE {
+            return Err(file_error(
+                "truncate",
+                &state.inode.name,
+                libc::EFBIG,
+                format!("files end at {MAX_FILE_SIZE} bytes"),
+            ));
+        }
+        // Dirty pages go to the device first; the cached pages are then forgotten (a new
+        // cache id), so nothing past the new end can be read back from the cache.
+        self.writeback(&mut state)?;
+        if len > state.inode.size {
+            self.zero_tail_direct(&state)?;
+        }
+        state.cache_id = fs.new_cache_id();
+        let mut meta = fs.meta();
+        let keep = len.div_ceil(BLOCK_U64);
+        for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
+            meta.free_data(&fs.sb, start, n);
+        }
+        state.inode.size = len;
+        state.disk_size = len;
+        state.inode.mtime_ns = now_ns();
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        state.layout_tid = meta.tid;
+        Ok(())
+    }
+
+    /// Writes the file's dirty pages to the device (not durable until a commit).
+    fn writeback(&self, state: &mut NodeState) -> Result<()> {
+        writeback_all(&self.fs, state)
+    }
+
+    /// Makes the file's data and metadata durable.
+    pub fn fsync(&self) -> Result<()> {
+        self.sync(false)
+    }
+
+    /// Makes the file's data durable, and the metadata needed to read it (size,
+    /// block map) but not its modification time.
+    pub fn fdatasync(&self) -> Result<()> {
+        self.sync(true)
+    }
+
+    fn sync(&self, data_only: bool) -> Result<()> {
+        let fs = &self.fs;
+        let op = if data_only { "fdatasync" } else { "fsync" };
+        let dirty = {
+            let state = self.state_read();
+            self.live(&state, op)?;
+            !state.dirty.is_empty()
+        };
+        if !dirty {
+            let state = self.state_read();
+            let tid = if data_only { state.layout_tid } else { state.meta_tid };
+            drop(state);
+            fs.syncs.fetch_add(1, Ordering::Relaxed);
+            if fs.committed.load(Ordering::Acquire) >= tid {
+                // Nothing of this file's metadata is pending: its data needs a flush only.
+                fs.flush_only.fetch_add(1, Ordering::Relaxed);
+                return fs.disk.flush();
+            }
+            return fs.sync_through(tid);
+        }
+        // Dirty pages: write them back inside the commit, as the fsync path orders it.
+        let mut state = self.state_write();
+        self.live(&state, op)?;
+        fs.check_writable(op, &state.inode.name)?;
+        fs.syncs.fetch_add(1, Ordering::Relaxed);
+        let wb = Writeback::take(&mut state);
+        let mut journal = fs.journal.lock().expect("journal lock poisoned");
+        match fsync_path::commit(fs, &mut journal, Some((&wb, &mut state))) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                wb.restore(&mut state);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Writes back every dirty page of `state` (for `sync` and unmount).
+pub(super) fn writeback_all(fs: &Inner, state: &mut NodeState) -> Result<()> {
+    if state.dirty.is_empty() {
+        return Ok(());
+    }
+    let wb = Writeback::take(state);
+    match wb.write(&fs.disk) {
+        Ok(()) => {
+            wb.finish(fs, state);
+            Ok(())
+        }
+        Err(e) => {
+            wb.restore(state);
+            Err(e)
+        }
+    }
+}

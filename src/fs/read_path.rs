@@ -1,0 +1,185 @@
+//! The two read paths: what happens between a page-cache miss and the data.
+//!
+//! - `conventional` does what Linux does (seed 002, Fig. 2), step after step
+//!   before the device gets the command: allocate a page, insert it into the
+//!   cache index (making room by eviction), map the block, build and send the
+//!   command; then wait; then copy.
+//! - `aios` does what seed 002's AIOS does: the page frame comes from a
+//!   per-thread pool filled in advance, the block map is always in memory,
+//!   the command goes straight to the thread's queue (a tag-indexed slot, no
+//!   other layer), and only then, while the device works, is the page put in
+//!   the index (lazy indexing) and the pool refilled. Two threads that miss
+//!   the same block at once both read it; the first to index its page wins,
+//!   the other's page is used for its own copy and then dropped (counted as
+//!   a duplicate), so each ends with correct data and the cache with one page.
+
+use super::cache::Page;
+use super::disk::Batch;
+use super::extents;
+use super::format::{BLOCK, BLOCK_U64};
+use super::{Inner, NodeState};
+use crate::IoBuf;
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Which read path a mounted file system takes on a cache miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadPath {
+    /// Allocate, index, map, submit, wait, copy: one step after another.
+    Conventional,
+    /// Pooled pages, submit first, index and refill while the device works (seed 002).
+    #[default]
+    Aios,
+}
+
+impl ReadPath {
+    /// Parses `conventional` or `aios`.
+    pub fn parse(text: &str) -> Result<ReadPath> {
+        match text {
+            "conventional" => Ok(ReadPath::Conventional),
+            "aios" => Ok(ReadPath::Aios),
+            _ => Err(Error::spec("read path", text, "conventional or aios")),
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPath::Conventional => "conventional",
+            ReadPath::Aios => "aios",
+        }
+    }
+}
+
+/// Page frames a thread keeps ready for the aios path.
+const POOL_TARGET: usize = 64;
+
+thread_local! {
+    static POOL: RefCell<Vec<IoBuf>> = const { RefCell::new(Vec::new()) };
+}
+
+fn pool_take() -> IoBuf {
+    // Fallback when the pool is empty: allocate on the critical path, as AIOS does.
+    POOL.with(|p| p.borrow_mut().pop()).unwrap_or_else(|| IoBuf::new(BLOCK))
+}
+
+fn pool_refill() {
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        while p.len() < POOL_TARGET {
+            p.push(IoBuf::new(BLOCK));
+        }
+    });
+}
+
+/// Loads blocks missing from the cache and returns their pages, ready, in
+/// order. The caller holds the file's lock (read or write).
+pub(super) fn load(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
+    match fs.options.read_path {
+        ReadPath::Conventional => conventional(fs, state, blocks),
+        ReadPath::Aios => aios(fs, state, blocks),
+    }
+}
+
+fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
+    let mut out = Vec::with_capacity(blocks.len());
+    let mut mine = Vec::new();
+    for &block in blocks {
+        let t = fs.steps.start();
+        let page = Page::loading((state.cache_id, block), IoBuf::new(BLOCK));
+        let t = fs.steps.lap(t, |s| &s.alloc);
+        let indexed = fs.cache.insert(&page);
+        fs.steps.lap(t, |s| &s.insert);
+        if Arc::ptr_eq(&indexed, &page) {
+            mine.push(page);
+        }
+        out.push(indexed);
+    }
+    let t = fs.steps.start();
+    let mut batch = fs.disk.batch()?;
+    let sent = start_reads(fs, state, &mut batch, &mine).and_then(|()| batch.send());
+    let t = fs.steps.lap(t, |s| &s.submit);
+    let result = sent.and_then(|()| batch.wait());
+    fs.steps.lap(t, |s| &s.device);
+    complete(fs, state, &mine, result)?;
+    wait_for_others(fs, out)
+}
+
+fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
+    let t = fs.steps.start();
+    let mine: Vec<Arc<Page>> = blocks.iter().map(|&b| Page::loading((state.cache_id, b), pool_take())).collect();
+    let t = fs.steps.lap(t, |s| &s.alloc);
+    let mut batch = fs.disk.batch()?;
+    let sent = start_reads(fs, state, &mut batch, &mine).and_then(|()| batch.send());
+    let t = fs.steps.lap(t, |s| &s.submit);
+    // While the device works: index the pages, refill the pool.
+    let mut indexed = Vec::with_capacity(mine.len());
+    if sent.is_ok() {
+        for page in &mine {
+            let there = fs.cache.insert(page);
+            if !Arc::ptr_eq(&there, page) {
+                fs.cache.count_duplicate();
+            }
+            indexed.push(there);
+        }
+        pool_refill();
+    }
+    let t = fs.steps.lap(t, |s| &s.insert);
+    let result = sent.and_then(|()| batch.wait());
+    fs.steps.lap(t, |s| &s.device);
+    complete(fs, state, &mine, result)?;
+    // Each caller reads its own page: correct either way, and a duplicate is then dropped.
+    Ok(mine)
+}
+
+/// Queues the reads of `pages` (zero-filling the ones in holes or not yet written).
+fn start_reads<'a>(fs: &Inner, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>]) -> Result<()> {
+    let _ = fs;
+    for page in pages {
+        match extents::locate(&state.inode.extents, page.key.1) {
+            Some((physical, false)) => {
+                let ptr = page.data.write().expect("page lock poisoned").buf.as_mut_ptr();
+                // SAFETY: the page is loading: nobody reads or writes its bytes until it is
+                // marked ready or failed, which happens after this batch is waited for (or
+                // dropped, which waits too); the frame lives as long as `pages` does.
+                unsafe { batch.read_raw(physical, ptr, BLOCK)? };
+            }
+            _ => page.data.write().expect("page lock poisoned").buf.fill(0),
+        }
+    }
+    Ok(())
+}
+
+/// Marks loaded pages ready (zeroing what lies past the end of the file) or failed.
+fn complete(fs: &Inner, state: &NodeState, pages: &[Arc<Page>], result: Result<()>) -> Result<()> {
+    let size = state.inode.size;
+    for page in pages {
+        if result.is_ok() {
+            let start = page.key.1 * BLOCK_U64;
+            if size < start + BLOCK_U64 {
+                let from = size.saturating_sub(start) as usize;
+                page.data.write().expect("page lock poisoned").buf[from..].fill(0);
+            }
+            page.set_ready();
+        } else {
+            fs.cache.remove(page);
+            page.set_failed();
+        }
+    }
+    fs.cache.loaded();
+    result
+}
+
+/// Waits for pages other threads are loading; a failed one is loaded again here.
+fn wait_for_others(fs: &Inner, pages: Vec<Arc<Page>>) -> Result<Vec<Arc<Page>>> {
+    let mut out = Vec::with_capacity(pages.len());
+    for page in pages {
+        if fs.cache.wait_loaded(&page) {
+            out.push(page);
+        } else {
+            return Err(Error::Device { op: "read", offset: page.key.1 * BLOCK_U64, len: BLOCK_U64, errno: libc::EIO });
+        }
+    }
+    Ok(out)
+}
