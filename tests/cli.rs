@@ -509,3 +509,41 @@ fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not(
     let e = fails(&["mkfs", "emu:optane"]);
     assert!(e.contains("file="), "{e}");
 }
+
+#[test]
+fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
+    let o = iopath(&[
+        "fsbench",
+        "--device",
+        "emu:optane,wcache=1",
+        "--file-size",
+        "16m",
+        "--region",
+        "4m",
+        "--cache",
+        "2m",
+        "--runtime",
+        "150ms",
+        "--output-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    let runs = v["runs"].as_array().unwrap();
+    // randread, hitsweep (4 cache sizes), seqread, region, fsync; two paths each.
+    assert_eq!(runs.len(), 2 * (1 + 4 + 1 + 1 + 1), "{v}");
+    for r in runs {
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["lat_ns"]["p99"].as_u64().unwrap() > 0, "{r}");
+    }
+    let randread = runs.iter().find(|r| r["workload"] == "randread").unwrap();
+    assert!(randread["steps_ns_per_op"]["device"].as_f64().unwrap() > 0.0, "{randread}");
+    let fsync = runs.iter().find(|r| r["workload"] == "fsync" && r["fsync_path"] == "conventional").unwrap();
+    assert!(fsync["steps_ns_per_op"]["fsync_journal"].as_f64().unwrap() > 0.0, "{fsync}");
+    let region = runs.iter().find(|r| r["workload"] == "region").unwrap();
+    assert_eq!(region["cache"]["readahead_pages"], 0, "{region}");
+    let e = fails(&["fsbench", "--workloads", "backup"]);
+    assert!(e.contains("randread"), "{e}");
+    let e = fails(&["fsbench", "--paths", "fast"]);
+    assert!(e.contains("conventional or aios"), "{e}");
+}

@@ -5,6 +5,7 @@
 //! JSON.
 
 pub mod compare;
+pub mod fsbench;
 pub mod hogs;
 pub mod report;
 pub mod run;

@@ -3,6 +3,7 @@
 mod bench;
 mod compare;
 mod doctor;
+mod fsbench;
 mod mkfs;
 mod path_args;
 mod soak;
@@ -35,6 +36,8 @@ enum Command {
     Soak(soak::SoakArgs),
     /// What this machine and a device support, what waiting costs here, and which path to use.
     Doctor(doctor::DoctorArgs),
+    /// The file layer's workloads with its read and fsync paths side by side.
+    Fsbench(fsbench::FsBenchArgs),
     /// Make an iopath file system on a device (erases it).
     Mkfs(mkfs::MkfsArgs),
     /// List the files of an iopath file system.
@@ -49,6 +52,7 @@ pub fn main() -> iopath::Result<()> {
         Command::Compare(args) => compare::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Fsbench(args) => fsbench::run(args),
         Command::Mkfs(args) => mkfs::run_mkfs(args),
         Command::Ls(args) => mkfs::run_ls(args),
     }

@@ -156,7 +156,13 @@ pub struct PageCache {
     capacity: usize,
     resident: AtomicUsize,
     counters: Counters,
+    /// Frames of evicted pages nobody else held, to be used again (no allocation,
+    /// no zeroing, no free: the kernel's per-CPU page lists do the same).
+    free_frames: Mutex<Vec<IoBuf>>,
 }
+
+/// Evicted frames kept for reuse at most.
+const FREE_FRAMES: usize = 1024;
 
 fn shard_of(key: &Key) -> usize {
     // Fibonacci hashing of both halves: neighbouring blocks land in different shards.
@@ -180,6 +186,7 @@ impl PageCache {
             capacity: capacity.max(16),
             resident: AtomicUsize::new(0),
             counters: Counters::default(),
+            free_frames: Mutex::new(Vec::new()),
         }
     }
 
@@ -233,7 +240,10 @@ impl PageCache {
 
     /// Waits until `page`, which another thread is loading, is ready (true) or failed (false).
     pub fn wait_loaded(&self, page: &Page) -> bool {
-        for _ in 0..64 {
+        // Loads take a device round trip (microseconds): spin that long before
+        // sleeping, since a wake-up costs more than that on these machines.
+        let spin_until = crate::clock::now_ns() + 200_000;
+        while crate::clock::now_ns() < spin_until {
             if page.ready() || page.failed() {
                 return page.ready();
             }
@@ -313,6 +323,7 @@ impl PageCache {
                         let old = fifo.ghost.pop_front().expect("non-empty");
                         fifo.ghosts.remove(&old);
                     }
+                    self.recycle(page);
                 }
             } else {
                 if freq > 0 {
@@ -320,9 +331,30 @@ impl PageCache {
                     fifo.main.push_back(page);
                     continue;
                 }
-                self.drop_from_index(&page);
+                if self.drop_from_index(&page) {
+                    self.recycle(page);
+                }
             }
         }
+    }
+
+    /// Keeps an evicted page's frame for reuse if nobody else holds the page.
+    fn recycle(&self, page: Arc<Page>) {
+        if let Ok(page) = Arc::try_unwrap(page) {
+            let frame = page.data.into_inner().map(|d| d.buf);
+            let mut free = self.free_frames.lock().expect("cache frames poisoned");
+            if let Ok(frame) = frame
+                && free.len() < FREE_FRAMES
+            {
+                free.push(frame);
+            }
+        }
+    }
+
+    /// A 4 KiB frame for a new page: a recycled one (holding old bytes: the caller
+    /// overwrites or zeroes it), else a fresh zeroed allocation.
+    pub fn frame(&self) -> IoBuf {
+        self.free_frames.lock().expect("cache frames poisoned").pop().unwrap_or_else(|| IoBuf::new(BLOCK))
     }
 
     /// Whether the page was already taken out of the index (removed after a failed load).

@@ -375,7 +375,9 @@ impl File {
                 // Read-modify-write: the rest of the block must come from the device.
                 return Ok(read_path::load(fs, state, &[block])?.remove(0));
             }
-            let page = Page::loading(key, IoBuf::new(BLOCK));
+            let mut frame = fs.cache.frame();
+            frame.fill(0);
+            let page = Page::loading(key, frame);
             page.set_ready();
             let there = fs.cache.insert(&page);
             if Arc::ptr_eq(&there, &page) {

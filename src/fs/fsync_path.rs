@@ -125,16 +125,20 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
         fs.steps.lap(t, |s| &s.fsync_flush);
         return Ok((tid, freed, freed_meta, Vec::new()));
     }
-    // Commit block built before anything is waited for.
-    let p = journal.prepare(&fs.disk, images)?;
+    // The data goes first; the journal blocks (and the commit block, not sent yet)
+    // are built while it is in flight, then sent to join it.
+    let mut prepared = None;
     {
         let mut batch = fs.disk.batch()?;
         if let Some(wb) = wb {
             wb.submit(&mut batch)?;
+            batch.send()?;
         }
-        journal.submit_body(&mut batch, &p)?;
+        let p = prepared.insert(journal.prepare(&fs.disk, images)?);
+        journal.submit_body(&mut batch, p)?;
         batch.wait()?;
     }
+    let p = prepared.expect("prepared above");
     let t = fs.steps.lap(t, |s| &s.fsync_data);
     fs.disk.flush()?; // the one ordering point
     let t = fs.steps.lap(t, |s| &s.fsync_flush);

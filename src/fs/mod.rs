@@ -89,7 +89,7 @@ pub struct MountOptions {
     pub read_path: ReadPath,
     /// How fsync orders data, journal and commit (default `aios`).
     pub fsync_path: FsyncPath,
-    /// Largest read-ahead window in bytes (default 512 KiB; 0 turns read-ahead off).
+    /// Largest read-ahead window in bytes (default 1 MiB; 0 turns read-ahead off).
     pub readahead_bytes: u64,
     /// Record the time of each step of the read and fsync paths ([`FileSystem::steps`]).
     pub step_times: bool,
@@ -101,7 +101,7 @@ impl Default for MountOptions {
             cache_bytes: 64 << 20,
             read_path: ReadPath::default(),
             fsync_path: FsyncPath::default(),
-            readahead_bytes: 512 << 10,
+            readahead_bytes: 1 << 20,
             step_times: false,
         }
     }
@@ -142,6 +142,10 @@ pub struct FsStats {
     pub device_writes: u64,
     /// See `device_reads`.
     pub device_flushes: u64,
+    /// Bytes the file layer read from the device.
+    pub device_read_bytes: u64,
+    /// Bytes the file layer wrote to the device.
+    pub device_written_bytes: u64,
     /// Free blocks now.
     pub free_blocks: u64,
     /// The page cache's counters.
@@ -204,6 +208,9 @@ struct Inner {
     shared_commits: AtomicU64,
     flush_only: AtomicU64,
 }
+
+/// Threads that load read-ahead windows.
+const READAHEAD_THREADS: usize = 1;
 
 /// A window to read ahead: the file, and its blocks `[from, to)`.
 type ReadAheadJob = (Arc<Node>, u64, u64);
@@ -518,11 +525,16 @@ impl FileSystem {
         if options.readahead_bytes >= BLOCK_U64 {
             let (tx, rx) = std::sync::mpsc::channel();
             *inner.readahead_jobs.lock().expect("read-ahead lock poisoned") = Some(tx);
-            let weak = Arc::downgrade(&inner);
-            std::thread::Builder::new()
-                .name("iopath-readahead".into())
-                .spawn(move || readahead_thread(weak, rx))
-                .map_err(|source| Error::Os { context: "cannot start the read-ahead thread".into(), source })?;
+            // One thread: two (one finishing a window while the other starts the next) cost
+            // more than they gave on two CPUs, where they poll alongside the reader.
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..READAHEAD_THREADS {
+                let (weak, rx) = (Arc::downgrade(&inner), Arc::clone(&rx));
+                std::thread::Builder::new()
+                    .name(format!("iopath-readahead-{i}"))
+                    .spawn(move || readahead_thread(weak, rx))
+                    .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
+            }
         }
         let mount = Arc::new(Mount { inner: Arc::clone(&inner) });
         Ok((FileSystem { inner, mount }, Mounted { replayed, files }))
@@ -705,6 +717,8 @@ impl FileSystem {
             device_reads: c.reads.load(Ordering::Relaxed),
             device_writes: c.writes.load(Ordering::Relaxed),
             device_flushes: c.flushes.load(Ordering::Relaxed),
+            device_read_bytes: c.read_bytes.load(Ordering::Relaxed),
+            device_written_bytes: c.written_bytes.load(Ordering::Relaxed),
             free_blocks: fs.meta().alloc.free_blocks(),
             cache: fs.cache.stats(),
         }
@@ -814,7 +828,9 @@ impl Inner {
     /// Read-ahead after a read of blocks `[first, end)`: hands the next window
     /// to the read-ahead thread when the stream needs it.
     fn readahead(&self, file: &File, state: &NodeState, first: u64, end: u64) {
-        let max = self.options.readahead_bytes / BLOCK_U64;
+        // New pages enter the cache's small queue (a tenth of it): a window larger
+        // than that is evicted before it is read.
+        let max = (self.options.readahead_bytes / BLOCK_U64).min(self.cache.capacity() as u64 / 10);
         if let Some((from, to)) = file.node.readahead.on_read(first, end, max) {
             let last = state.inode.size.div_ceil(BLOCK_U64);
             if from < last {
@@ -825,8 +841,10 @@ impl Inner {
 }
 
 /// The read-ahead thread: loads the windows readers hand it, while they copy.
-fn readahead_thread(fs: std::sync::Weak<Inner>, jobs: std::sync::mpsc::Receiver<ReadAheadJob>) {
-    while let Ok((node, from, to)) = jobs.recv() {
+fn readahead_thread(fs: std::sync::Weak<Inner>, jobs: Arc<Mutex<std::sync::mpsc::Receiver<ReadAheadJob>>>) {
+    loop {
+        let job = jobs.lock().expect("read-ahead queue poisoned").recv();
+        let Ok((node, from, to)) = job else { return };
         let Some(fs) = fs.upgrade() else { return };
         if fs.unmounted.load(Ordering::Acquire) {
             return;
@@ -840,7 +858,9 @@ fn readahead_thread(fs: std::sync::Weak<Inner>, jobs: std::sync::mpsc::Receiver<
         if blocks.is_empty() {
             continue;
         }
-        if let Ok(pages) = read_path::load(&fs, &state, &blocks) {
+        // Index first, then read (not lazily, even on the aios path): a reader that gets
+        // here before the window is read must find its pages and wait, not read them again.
+        if let Ok(pages) = read_path::load_indexed(&fs, &state, &blocks) {
             for page in &pages {
                 page.speculative.store(true, Ordering::Relaxed);
             }

@@ -59,16 +59,16 @@ thread_local! {
     static POOL: RefCell<Vec<IoBuf>> = const { RefCell::new(Vec::new()) };
 }
 
-fn pool_take() -> IoBuf {
-    // Fallback when the pool is empty: allocate on the critical path, as AIOS does.
-    POOL.with(|p| p.borrow_mut().pop()).unwrap_or_else(|| IoBuf::new(BLOCK))
+fn pool_take(fs: &Inner) -> IoBuf {
+    // Fallback when the pool is empty: get a frame on the critical path, as AIOS does.
+    POOL.with(|p| p.borrow_mut().pop()).unwrap_or_else(|| fs.cache.frame())
 }
 
-fn pool_refill() {
+fn pool_refill(fs: &Inner) {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         while p.len() < POOL_TARGET {
-            p.push(IoBuf::new(BLOCK));
+            p.push(fs.cache.frame());
         }
     });
 }
@@ -82,12 +82,18 @@ pub(super) fn load(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<
     }
 }
 
+/// Loads blocks indexing each page before its read (the conventional order), whatever
+/// the read path: for read-ahead, which readers may catch up with.
+pub(super) fn load_indexed(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
+    conventional(fs, state, blocks)
+}
+
 fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
     let mut out = Vec::with_capacity(blocks.len());
     let mut mine = Vec::new();
     for &block in blocks {
         let t = fs.steps.start();
-        let page = Page::loading((state.cache_id, block), IoBuf::new(BLOCK));
+        let page = Page::loading((state.cache_id, block), fs.cache.frame());
         let t = fs.steps.lap(t, |s| &s.alloc);
         let indexed = fs.cache.insert(&page);
         fs.steps.lap(t, |s| &s.insert);
@@ -108,7 +114,7 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
 
 fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
     let t = fs.steps.start();
-    let mine: Vec<Arc<Page>> = blocks.iter().map(|&b| Page::loading((state.cache_id, b), pool_take())).collect();
+    let mine: Vec<Arc<Page>> = blocks.iter().map(|&b| Page::loading((state.cache_id, b), pool_take(fs))).collect();
     let t = fs.steps.lap(t, |s| &s.alloc);
     let mut batch = fs.disk.batch()?;
     let sent = start_reads(fs, state, &mut batch, &mine).and_then(|()| batch.send());
@@ -123,7 +129,7 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
             }
             indexed.push(there);
         }
-        pool_refill();
+        pool_refill(fs);
     }
     let t = fs.steps.lap(t, |s| &s.insert);
     let result = sent.and_then(|()| batch.wait());
