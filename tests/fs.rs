@@ -641,3 +641,49 @@ fn direct_and_cached_handles_of_one_file_see_each_others_writes() {
     want[3000..8000].copy_from_slice(&bytes(2, 5000));
     assert_eq!(buf, want, "a cached read after a direct write is not stale");
 }
+
+/// On io_uring a request is not sent until the batch is: a batch deeper than its
+/// queue (read-ahead windows of 256 pages, writeback of hundreds of runs) must send
+/// before it waits for room (it hung forever before).
+#[test]
+fn batches_deeper_than_the_queue_complete_on_io_uring() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let spec = format!("uring:{},size=64m", img.display());
+    let device = DeviceSpec::parse(&spec, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount(Arc::clone(&eng)).unwrap();
+    let f = fs.create("f").unwrap();
+    // 600 dirty pages, every other block: 300 runs written back in one batch.
+    for i in 0..600u64 {
+        f.write_at(&bytes(i, 4096), i * 2 * 4096).unwrap();
+    }
+    f.fsync().unwrap();
+    drop((f, fs));
+    within(std::time::Duration::from_secs(60), move || {
+        let (fs, _) = FileSystem::mount(eng).unwrap();
+        let f = fs.open("f").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for i in 0..1200u64 {
+            f.read_at(&mut buf, i * 4096).unwrap();
+            if i % 2 == 0 {
+                assert_eq!(buf, bytes(i / 2, 4096), "block {i}");
+            }
+        }
+        assert!(fs.stats().cache.readahead_pages > 64, "{:?}", fs.stats().cache);
+    });
+}
+
+fn within(limit: std::time::Duration, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => t.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => t.join().unwrap(),
+        Err(_) => panic!("did not finish within {limit:?}"),
+    }
+}

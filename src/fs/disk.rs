@@ -137,9 +137,11 @@ impl<'a> Batch<'a> {
         self.handle.as_mut().expect("a batch holds its handle until dropped")
     }
 
-    /// Makes room for one more request by reaping at least one if the queue is full.
+    /// Makes room for one more request by reaping at least one if the queue is
+    /// full (sending what is queued first: a request not sent never completes).
     fn room(&mut self) -> Result<()> {
         if self.handle().queued() >= BATCH_DEPTH {
+            self.send()?;
             self.reap(1)?;
         }
         Ok(())

@@ -28,6 +28,23 @@
 //!
 //! A file that is unlinked (or replaced by a rename) while open is gone at
 //! once: its handles then fail with `ESTALE`.
+//!
+//! ```
+//! use iopath::fs::{FileSystem, FormatOptions};
+//! use iopath::{Engine, PathConfig};
+//! use std::sync::Arc;
+//! let engine = Arc::new(Engine::open("emu:optane,size=64m,wcache=1", PathConfig::preset("sync-path")?)?);
+//! FileSystem::format(Arc::clone(&engine), FormatOptions::default())?;
+//! let (fs, _) = FileSystem::mount(engine)?;
+//! let f = fs.create("log")?;
+//! f.append(b"record")?;
+//! f.fsync()?;
+//! fs.rename("log", "log.1")?;
+//! let mut buf = [0u8; 6];
+//! assert_eq!(fs.open("log.1")?.read_at(&mut buf, 0)?, 6);
+//! assert_eq!(&buf, b"record");
+//! # Ok::<(), iopath::Error>(())
+//! ```
 
 pub mod alloc;
 pub mod cache;
