@@ -3,7 +3,7 @@
 //! application expects from POSIX files.
 //!
 //! - [`FileSystem::format`] (`iopath mkfs`) writes the on-device format
-//!   ([`format`]); [`FileSystem::mount`] replays the journal ([`journal`]),
+//!   ([`mod@format`]); [`FileSystem::mount`] replays the journal ([`journal`]),
 //!   loads all metadata into memory and checks it.
 //! - [`File`]s are shared by threads: `read_at`, `write_at`, `append`,
 //!   `truncate`, `fsync`, `fdatasync`. Each file has its own lock (readers
