@@ -687,3 +687,84 @@ fn within(limit: std::time::Duration, f: impl FnOnce() + Send + 'static) {
         Err(_) => panic!("did not finish within {limit:?}"),
     }
 }
+
+/// A file system on a file-backed emulated device, and the same file reopened with
+/// a fault on the first `bad` data blocks (segments there fail with EIO).
+fn faulty_twin(dir: &std::path::Path, bad: u64) -> (String, String) {
+    let plain = format!("emu:null,size=16m,file={}", dir.join("emu.img").display());
+    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount(eng).unwrap();
+    let start = fs.superblock().data_start * 4096;
+    fs.unmount().unwrap();
+    let faulty = format!("{plain},fail_range={start}-{}", start + bad * 4096);
+    (plain, faulty)
+}
+
+fn mount_spec(spec: &str, options: MountOptions) -> FileSystem {
+    let device = DeviceSpec::parse(spec, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    FileSystem::mount_with(eng, options).unwrap().0
+}
+
+#[test]
+fn a_device_error_during_writeback_is_reported_and_loses_nothing_that_was_synced() {
+    for fsync_path in [FsyncPath::Conventional, FsyncPath::Aios] {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, faulty) = faulty_twin(dir.path(), 8);
+        let options = MountOptions { fsync_path, ..MountOptions::default() };
+        let fs = mount_spec(&faulty, options);
+        let victim = fs.create("victim").unwrap(); // its blocks come first: in the failing range
+        let other = fs.create("other").unwrap();
+        fs.sync().unwrap();
+        victim.write_at(&bytes(1, 32 * 1024), 0).unwrap();
+        other.write_at(&bytes(2, 64 * 1024), 0).unwrap(); // past the failing range
+        let e = victim.fsync().unwrap_err();
+        assert!(e.to_string().contains("device error on write"), "{fsync_path:?}: {e}");
+        let mut back = vec![0u8; 32 * 1024];
+        assert_eq!(victim.read_at(&mut back, 0).unwrap(), back.len());
+        assert_eq!(back, bytes(1, 32 * 1024), "{fsync_path:?}: the unwritten data is still in the cache");
+        match fsync_path {
+            FsyncPath::Conventional => {
+                // Nothing was committed: the file system goes on; the victim can go.
+                fs.unlink("victim").unwrap();
+                other.fsync().unwrap();
+                drop((victim, other));
+                fs.unmount().unwrap();
+                let fs = mount_spec(&plain, MountOptions::default());
+                assert_eq!(read_all(&fs, "other"), bytes(2, 64 * 1024));
+                assert!(!fs.exists("victim"));
+            }
+            FsyncPath::Aios => {
+                // The transaction already said "written": changes stop until a remount.
+                assert_eq!(errno(fs.create("more").unwrap_err()), libc::EROFS);
+                drop((victim, other, fs));
+                let fs = mount_spec(&plain, MountOptions::default());
+                assert_eq!(fs.open("victim").unwrap().len(), 0, "as of the last sync");
+                assert_eq!(fs.open("other").unwrap().len(), 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_device_error_on_read_is_reported_every_time_and_caches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, faulty) = faulty_twin(dir.path(), 4);
+    let fs = mount_spec(&plain, MountOptions::default());
+    laid_out(&fs, "f", 16); // blocks 0-3 land in the range that fails below
+    fs.unmount().unwrap();
+    for read_path in [ReadPath::Conventional, ReadPath::Aios] {
+        let fs = mount_spec(&faulty, MountOptions { read_path, readahead_bytes: 0, ..MountOptions::default() });
+        let f = fs.open("f").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..2 {
+            let e = f.read_at(&mut buf, 4096).unwrap_err();
+            assert!(e.to_string().contains("device error on read"), "{read_path:?}: {e}");
+        }
+        assert_eq!(f.read_at(&mut buf, 8 * 4096).unwrap(), 4096);
+        assert_eq!(buf, bytes(8, 4096));
+        assert_eq!(fs.stats().cache.resident, 1, "{read_path:?}: only the good page is cached");
+    }
+}

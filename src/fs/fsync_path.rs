@@ -50,9 +50,22 @@ impl FsyncPath {
 
 /// Commits the running transaction, making `data` (a file's dirty pages, with
 /// the file) durable in the same sequence. The caller holds the journal lock.
+///
+/// A failed data write on the conventional path changes nothing (the caller
+/// keeps the pages dirty and may try again); any other failure stops changes
+/// to the file system (`EROFS`) until a remount: on the aios path the
+/// transaction already records the data's blocks as written.
 pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<()> {
     let result = match fs.options.fsync_path {
-        FsyncPath::Conventional => conventional(fs, journal, data),
+        FsyncPath::Conventional => {
+            let t = fs.steps.start();
+            if let Some((wb, state)) = data {
+                wb.write(&fs.disk)?;
+                wb.finish(fs, state);
+            }
+            fs.steps.lap(t, |s| &s.fsync_data);
+            conventional(fs, journal)
+        }
         FsyncPath::Aios => overlapped(fs, journal, data),
     };
     let (tid, freed, freed_meta, mut released) = match result {
@@ -82,13 +95,8 @@ pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback
 
 type Committed = (u64, Vec<(u64, u64)>, Vec<(u64, u64)>, Vec<(u64, u64)>);
 
-fn conventional(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<Committed> {
+fn conventional(fs: &Inner, journal: &mut Journal) -> Result<Committed> {
     let t = fs.steps.start();
-    if let Some((wb, state)) = data {
-        wb.write(&fs.disk)?;
-        wb.finish(fs, state);
-    }
-    let t = fs.steps.lap(t, |s| &s.fsync_data);
     let (tid, images, freed, freed_meta) = fs.meta().take_transaction(&fs.sb);
     if images.is_empty() {
         fs.disk.flush()?;
