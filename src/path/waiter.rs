@@ -317,7 +317,8 @@ impl std::fmt::Debug for Taken {
 #[derive(Debug, Default)]
 pub struct PendingList {
     head: AtomicPtr<Waiter>,
-    /// Signed: a taker may subtract before a pusher has added.
+    /// Counted before a waiter is linked: it may run ahead of the list by the
+    /// pushes under way, never behind. (Signed, defensively.)
     count: AtomicIsize,
     first_arrival_ns: AtomicU64,
 }
@@ -335,6 +336,13 @@ impl PendingList {
     ///
     /// The waiter must stay alive and unmoved until it is completed.
     pub unsafe fn push(&self, waiter: &Waiter) {
+        // Counted (and, first in, its arrival time stored) before it is linked: a
+        // dispatcher that sees it in the list also sees when the oldest pending request
+        // arrived. (Stored after, a dispatcher in between read the previous batch's
+        // time, found the unplug timer long expired and sent the lone request at once.)
+        if self.count.fetch_add(1, Ordering::AcqRel) <= 0 {
+            self.first_arrival_ns.store(waiter.arrived_ns(), Ordering::Release);
+        }
         let node = waiter as *const Waiter as *mut Waiter;
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
@@ -344,9 +352,6 @@ impl PendingList {
                 Err(h) => head = h,
             }
         }
-        if self.count.fetch_add(1, Ordering::AcqRel) <= 0 {
-            self.first_arrival_ns.store(waiter.arrived_ns(), Ordering::Relaxed);
-        }
     }
 
     /// Whether nothing is pending.
@@ -354,14 +359,14 @@ impl PendingList {
         self.head.load(Ordering::Acquire).is_null()
     }
 
-    /// Waiters pending (may lag a push by a moment).
+    /// Waiters pending (may count a push a moment before its waiter is in the list).
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Acquire).max(0) as usize
     }
 
     /// When the oldest pending waiter arrived (0 if none).
     pub fn first_arrival_ns(&self) -> u64 {
-        if self.is_empty() { 0 } else { self.first_arrival_ns.load(Ordering::Relaxed) }
+        if self.is_empty() { 0 } else { self.first_arrival_ns.load(Ordering::Acquire) }
     }
 
     /// The most recently pushed waiter, if any.
