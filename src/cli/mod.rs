@@ -15,7 +15,8 @@ use clap::{Parser, Subcommand};
 /// iopath runs the I/O-path designs from the fast-storage research (polling
 /// versus interrupts, a fully synchronous path, temporal merging) on an
 /// emulated ultra-low-latency SSD or on real files and block devices, and
-/// reports what each costs.
+/// reports what each costs. Its file layer (`iopath mkfs`, `iopath fsbench`)
+/// puts files with a page cache and a journal on any of those devices.
 ///
 /// Start with:  iopath compare            (seed 000's designs side by side on the emulated DRAM-SSD)
 ///              iopath bench --device emu:dram-ssd --path sync-path --rw randread --runtime 2s
