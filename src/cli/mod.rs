@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 /// Start with:  iopath compare            (seed 000's designs side by side on the emulated DRAM-SSD)
 ///              iopath bench --device emu:dram-ssd --path sync-path --rw randread --runtime 2s
 #[derive(Parser)]
-#[command(name = "iopath", version, about, long_about, propagate_version = true)]
+#[command(name = "iopath", version, about, long_about, propagate_version = true, verbatim_doc_comment)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
