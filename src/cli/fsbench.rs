@@ -15,6 +15,7 @@ each workload on each file-layer path, one after another (with --repeat, in alte
 
   randread   buffered random reads over a file larger than the cache: misses
   hitsweep   random reads with the cache at 25/50/75/100% of the file, after a warm-up pass
+             (read-ahead off: the pass would otherwise keep loading into the measured run)
   seqread    each thread reads its share of the file sequentially (read-ahead)
   region     random reads inside the first --region bytes: read-ahead must stay off
   fsync      each thread appends --bs to its own file, fsync every --fsync-every appends
