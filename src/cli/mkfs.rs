@@ -32,7 +32,7 @@ pub struct MkfsArgs {
     /// Size of a file that does not exist yet (fio-style: 256m, 1g).
     #[arg(long, value_parser = size_arg)]
     size: Option<u64>,
-    /// Files the file system can hold (default: one per MiB, 64 to 1M).
+    /// Files the file system can hold (default: one per MiB, 64 to 65536; 512 bytes of memory each while mounted).
     #[arg(long)]
     inodes: Option<u64>,
     /// Journal size (default: 1/64 of the device, 1 MiB to 128 MiB).

@@ -84,7 +84,8 @@ pub const MAX_FILE_SIZE: u64 = (u32::MAX as u64) * BLOCK_U64;
 /// How `iopath mkfs` lays out a device.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FormatOptions {
-    /// Files the file system can hold (default: one per MiB of device, 64 to 1M).
+    /// Files the file system can hold (default: one per MiB of device, 64 to 65,536;
+    /// the inode table is kept in memory while mounted: 512 bytes per inode).
     pub inodes: Option<u64>,
     /// Journal size in blocks (default: 1/64 of the device, 256 to 32768 blocks).
     pub journal_blocks: Option<u64>,
@@ -402,7 +403,7 @@ impl FileSystem {
     pub fn format(engine: Arc<Engine>, options: FormatOptions) -> Result<Formatted> {
         let disk = Disk::new(engine);
         let blocks = disk.blocks();
-        let inodes = options.inodes.unwrap_or((blocks / 256).clamp(64, 1 << 20));
+        let inodes = options.inodes.unwrap_or((blocks / 256).clamp(64, 1 << 16));
         if inodes == 0 {
             return Err(Error::spec("inode count", "0", "a file system needs at least one inode"));
         }
