@@ -24,6 +24,7 @@
 use super::format::BLOCK;
 use crate::IoBuf;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
@@ -34,7 +35,30 @@ pub type Key = (u64, u64);
 const SHARDS: usize = 64;
 
 /// One part of the index.
-type Shard = HashMap<Key, Arc<Page>>;
+type Shard = HashMap<Key, Arc<Page>, BuildHasherDefault<KeyHasher>>;
+
+/// Hashes a page key with two multiplications (the keys are not chosen by an
+/// attacker, and SipHash cost a tenth of the read-ahead thread's time).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(29) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// Page states.
 const LOADING: u8 = 0;
@@ -176,7 +200,7 @@ impl PageCache {
         PageCache {
             loads: (Mutex::new(()), Condvar::new()),
             load_waiters: AtomicUsize::new(0),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             fifo: Mutex::new(Fifo {
                 small: VecDeque::new(),
                 main: VecDeque::new(),
@@ -243,11 +267,16 @@ impl PageCache {
         // Loads take a device round trip (microseconds): spin that long before
         // sleeping, since a wake-up costs more than that on these machines.
         let spin_until = crate::clock::now_ns() + 200_000;
-        while crate::clock::now_ns() < spin_until {
-            if page.ready() || page.failed() {
-                return page.ready();
+        loop {
+            for _ in 0..64 {
+                if page.ready() || page.failed() {
+                    return page.ready();
+                }
+                std::hint::spin_loop();
             }
-            std::hint::spin_loop();
+            if crate::clock::now_ns() >= spin_until {
+                break;
+            }
         }
         self.load_waiters.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut guard = self.loads.0.lock().expect("cache load lock poisoned");

@@ -7,7 +7,7 @@ use super::format::{BLOCK, BLOCK_U64};
 use crate::IoBuf;
 use crate::device::Op;
 use crate::engine::{Engine, Handle, HandleOptions, ThreadHandles};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -116,7 +116,7 @@ impl Disk {
             Some(h) => h,
             None => self.engine.handle(HandleOptions { depth: BATCH_DEPTH, buffers: 0, buffer_size: 0 })?,
         };
-        Ok(Batch { disk: self, handle: Some(handle), in_flight: 0, error: None, buffers: PhantomData })
+        Ok(Batch { disk: self, handle: Some(handle), in_flight: 0, completed: Vec::new(), buffers: PhantomData })
     }
 }
 
@@ -128,7 +128,8 @@ pub struct Batch<'a> {
     disk: &'a Disk,
     handle: Option<Handle>,
     in_flight: usize,
-    error: Option<Error>,
+    /// Reaped and not yet handed to the waiter: (tag, result).
+    completed: Vec<(u64, Result<()>)>,
     buffers: PhantomData<&'a mut [u8]>,
 }
 
@@ -151,19 +152,13 @@ impl<'a> Batch<'a> {
         let mut done = Vec::new();
         let n = self.handle().reap(min, &mut done)?;
         self.in_flight -= n;
-        for d in done {
-            if let Err(e) = d.result
-                && self.error.is_none()
-            {
-                self.error = Some(e);
-            }
-        }
+        self.completed.extend(done.into_iter().map(|d| (d.tag, d.result)));
         Ok(())
     }
 
     /// # Safety
     /// As [`Handle::submit_raw`]: `buf` valid and untouched for `len` bytes until waited for.
-    unsafe fn submit(&mut self, op: Op, block: u64, buf: *mut u8, len: usize) -> Result<()> {
+    unsafe fn submit(&mut self, op: Op, block: u64, buf: *mut u8, len: usize, tag: u64) -> Result<()> {
         let max_io = self.disk.max_io;
         let mut done = 0;
         while done < len {
@@ -171,7 +166,7 @@ impl<'a> Batch<'a> {
             self.room()?;
             let at = block * BLOCK_U64 + done as u64;
             // SAFETY: the caller's promise covers every chunk of `buf`.
-            unsafe { self.handle().submit_raw(op, buf.add(done), chunk, at, 0)? };
+            unsafe { self.handle().submit_raw(op, buf.add(done), chunk, at, tag)? };
             self.in_flight += 1;
             let c = &self.disk.counters;
             if op == Op::Read {
@@ -190,24 +185,25 @@ impl<'a> Batch<'a> {
     pub fn write(&mut self, block: u64, buf: &'a [u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         // SAFETY: `buf` is borrowed for 'a, which outlives the batch's waiting for it.
-        unsafe { self.submit(Op::Write, block, buf.as_ptr().cast_mut(), buf.len()) }
+        unsafe { self.submit(Op::Write, block, buf.as_ptr().cast_mut(), buf.len(), 0) }
     }
 
     /// Queues a read into `buf` (whole blocks, aligned) from `block`.
     pub fn read(&mut self, block: u64, buf: &'a mut [u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         // SAFETY: `buf` is borrowed mutably for 'a, which outlives the batch's waiting for it.
-        unsafe { self.submit(Op::Read, block, buf.as_mut_ptr(), buf.len()) }
+        unsafe { self.submit(Op::Read, block, buf.as_mut_ptr(), buf.len(), 0) }
     }
 
-    /// Queues a read into memory the caller owns.
+    /// Queues a read into memory the caller owns; its completion carries `tag`
+    /// ([`Batch::wait_each`]).
     ///
     /// # Safety
     /// `buf` must be valid for `len` bytes (whole blocks, aligned), and nothing may read or
-    /// write it until the batch is waited for or dropped.
-    pub unsafe fn read_raw(&mut self, block: u64, buf: *mut u8, len: usize) -> Result<()> {
+    /// write it until its completion is handed back or the batch is dropped.
+    pub unsafe fn read_raw(&mut self, block: u64, buf: *mut u8, len: usize, tag: u64) -> Result<()> {
         // SAFETY: passed on from the caller.
-        unsafe { self.submit(Op::Read, block, buf, len) }
+        unsafe { self.submit(Op::Read, block, buf, len, tag) }
     }
 
     /// Sends what is queued to the device.
@@ -217,15 +213,37 @@ impl<'a> Batch<'a> {
 
     /// Sends what is queued, waits for all of it; the first error, if any request failed.
     pub fn wait(mut self) -> Result<()> {
-        self.finish()
+        let mut first = None;
+        self.drain(|_, r| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        })?;
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Sends what is queued and hands each completion (tag, result) to `each` as it
+    /// arrives, until all are back: a caller can use the first while the rest are
+    /// still in flight. Errs only if waiting itself failed.
+    pub fn wait_each(mut self, each: impl FnMut(u64, Result<()>)) -> Result<()> {
+        self.drain(each)
+    }
+
+    fn drain(&mut self, mut each: impl FnMut(u64, Result<()>)) -> Result<()> {
+        self.send()?;
+        loop {
+            for (tag, result) in self.completed.drain(..) {
+                each(tag, result);
+            }
+            if self.in_flight == 0 {
+                return Ok(());
+            }
+            self.reap(1)?;
+        }
     }
 
     fn finish(&mut self) -> Result<()> {
-        self.send()?;
-        while self.in_flight > 0 {
-            self.reap(1)?;
-        }
-        self.error.take().map_or(Ok(()), Err)
+        self.drain(|_, _| {})
     }
 }
 

@@ -116,9 +116,23 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
     let mut batch = fs.disk.batch()?;
     let sent = start_reads(fs, state, &mut batch, &mine).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
-    let result = sent.and_then(|()| batch.wait());
+    // Each page is ready as soon as its own read is back: a reader (of a read-ahead
+    // window, say) goes on with the first pages while the rest are in flight.
+    let result = sent.and_then(|()| {
+        let mut first = None;
+        let waited = batch.wait_each(|tag, r| {
+            finish_page(fs, state, &mine[tag as usize], r.is_ok());
+            fs.cache.loaded();
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        });
+        waited.and(first.map_or(Ok(()), Err))
+    });
     fs.steps.lap(t, |s| &s.device);
-    complete(fs, state, &mine, result)?;
+    // The rest: pages with nothing to read (zeroed), or left over by an error.
+    let unfinished: Vec<Arc<Page>> = mine.iter().filter(|p| !p.ready() && !p.failed()).cloned().collect();
+    complete(fs, state, &unfinished, result)?;
     wait_for_others(fs, out)
 }
 
@@ -152,14 +166,14 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
 /// Queues the reads of `pages` (zero-filling the ones in holes or not yet written).
 fn start_reads<'a>(fs: &Inner, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>]) -> Result<()> {
     let _ = fs;
-    for page in pages {
+    for (i, page) in pages.iter().enumerate() {
         match extents::locate(&state.inode.extents, page.key.1) {
             Some((physical, false)) => {
                 let ptr = page.data.write().expect("page lock poisoned").buf.as_mut_ptr();
                 // SAFETY: the page is loading: nobody reads or writes its bytes until it is
                 // marked ready or failed, which happens after this batch is waited for (or
                 // dropped, which waits too); the frame lives as long as `pages` does.
-                unsafe { batch.read_raw(physical, ptr, BLOCK)? };
+                unsafe { batch.read_raw(physical, ptr, BLOCK, i as u64)? };
             }
             _ => page.data.write().expect("page lock poisoned").buf.fill(0),
         }
@@ -167,21 +181,26 @@ fn start_reads<'a>(fs: &Inner, state: &NodeState, batch: &mut Batch<'a>, pages: 
     Ok(())
 }
 
-/// Marks loaded pages ready (zeroing what lies past the end of the file) or failed.
-fn complete(fs: &Inner, state: &NodeState, pages: &[Arc<Page>], result: Result<()>) -> Result<()> {
-    let size = state.inode.size;
-    for page in pages {
-        if result.is_ok() {
-            let start = page.key.1 * BLOCK_U64;
-            if size < start + BLOCK_U64 {
-                let from = size.saturating_sub(start) as usize;
-                page.data.write().expect("page lock poisoned").buf[from..].fill(0);
-            }
-            page.set_ready();
-        } else {
-            fs.cache.remove(page);
-            page.set_failed();
+/// Marks a loaded page ready (zeroing what lies past the end of the file) or failed.
+fn finish_page(fs: &Inner, state: &NodeState, page: &Arc<Page>, ok: bool) {
+    if ok {
+        let size = state.inode.size;
+        let start = page.key.1 * BLOCK_U64;
+        if size < start + BLOCK_U64 {
+            let from = size.saturating_sub(start) as usize;
+            page.data.write().expect("page lock poisoned").buf[from..].fill(0);
         }
+        page.set_ready();
+    } else {
+        fs.cache.remove(page);
+        page.set_failed();
+    }
+}
+
+/// Marks loaded pages ready or, if `result` is an error, failed; wakes their waiters.
+fn complete(fs: &Inner, state: &NodeState, pages: &[Arc<Page>], result: Result<()>) -> Result<()> {
+    for page in pages {
+        finish_page(fs, state, page, result.is_ok());
     }
     fs.cache.loaded();
     result
