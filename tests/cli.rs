@@ -508,6 +508,8 @@ fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not(
     assert!(e.contains("iopath mkfs"), "{e}");
     let e = fails(&["mkfs", "emu:optane"]);
     assert!(e.contains("file="), "{e}");
+    let e = fails(&["ls", dir.path().join("missing.img").to_str().unwrap()]);
+    assert!(e.contains("no such file") && !e.contains("--size"), "{e}");
 }
 
 #[test]

@@ -98,6 +98,14 @@ pub fn run_mkfs(args: MkfsArgs) -> iopath::Result<()> {
 
 /// Runs `iopath ls`.
 pub fn run_ls(args: LsArgs) -> iopath::Result<()> {
+    // A bare path that does not exist: say so (opening it would suggest --size, which ls has not).
+    if !args.device.contains(':') && !std::path::Path::new(&args.device).exists() {
+        return Err(Error::spec(
+            "device",
+            args.device,
+            "no such file or device; make a file system with `iopath mkfs`",
+        ));
+    }
     let engine = open(&args.device, None, None)?;
     let (fs, mounted) = FileSystem::mount(engine)?;
     if mounted.replayed > 0 {
