@@ -129,11 +129,14 @@ impl Engine {
         }
         HANDLES.with(|handles| {
             let mut handles = handles.borrow_mut();
-            let handle = match handles.take(self) {
-                Some(h) => h,
-                None => self.handle(HandleOptions::default())?,
+            let index = match handles.position(self) {
+                Some(i) => i,
+                None => {
+                    handles.purge();
+                    let handle = self.handle(HandleOptions::default())?;
+                    handles.put(self, handle)
+                }
             };
-            let index = handles.put(self, handle);
             f(handles.get(index))
         })
     }
@@ -169,11 +172,21 @@ impl ThreadHandles {
         self.0.retain(|(_, alive, _)| alive.strong_count() > 0);
     }
 
-    /// Takes this engine's handle out, if the thread has one.
+    /// Where this engine's handle is, if the thread has one (no purge: this runs per I/O).
+    fn position(&self, engine: &Engine) -> Option<usize> {
+        self.0.iter().position(|(id, _, _)| *id == engine.shared.id)
+    }
+
+    /// Takes this engine's handle out, if the thread has one. When it has none (it
+    /// is about to open one), the handles of engines gone since are dropped.
     pub(crate) fn take(&mut self, engine: &Engine) -> Option<Handle> {
-        self.purge();
-        let i = self.0.iter().position(|(id, _, _)| *id == engine.shared.id)?;
-        Some(self.0.swap_remove(i).2)
+        match self.position(engine) {
+            Some(i) => Some(self.0.swap_remove(i).2),
+            None => {
+                self.purge();
+                None
+            }
+        }
     }
 
     /// Keeps `handle` for `engine`; returns where it is.
