@@ -225,7 +225,8 @@ impl PageCache {
             Some(p) => {
                 p.touch();
                 self.counters.hits.fetch_add(1, Relaxed);
-                if p.speculative.swap(false, Relaxed) {
+                // Read first: a hit on a hot page should not write to its cache line.
+                if p.speculative.load(Relaxed) && p.speculative.swap(false, Relaxed) {
                     self.counters.readahead_used.fetch_add(1, Relaxed);
                 }
             }

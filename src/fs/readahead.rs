@@ -58,7 +58,10 @@ impl ReadAhead {
         if max_window == 0 {
             return None;
         }
-        let mut st = self.inner.lock().expect("read-ahead lock poisoned");
+        // Never wait: with many readers of one file, a read that finds the state busy
+        // skips its bookkeeping (as Linux's unlocked file_ra_state may lose an update)
+        // rather than making every read of the file take turns.
+        let Ok(mut st) = self.inner.try_lock() else { return None };
         st.clock += 1;
         let now = st.clock;
         let Some(s) = st.streams.iter_mut().find(|s| s.next == first && first != end) else {
