@@ -768,3 +768,22 @@ fn a_device_error_on_read_is_reported_every_time_and_caches_nothing() {
         assert_eq!(fs.stats().cache.resident, 1, "{read_path:?}: only the good page is cached");
     }
 }
+
+#[test]
+fn each_sync_is_counted_once() {
+    let (_dev, fs) = fresh("emu:null,size=8m", FormatOptions::default());
+    let f = fs.create("f").unwrap();
+    f.write_at(b"x", 0).unwrap();
+    let s0 = fs.stats();
+    f.fsync().unwrap(); // dirty: writeback and commit
+    f.fsync().unwrap(); // nothing pending: a flush
+    f.write_at(b"y", 0).unwrap();
+    f.fdatasync().unwrap();
+    fs.sync().unwrap(); // nothing pending for the file system either
+    let direct = fs.open_direct("f").unwrap();
+    direct.write_at(b"z", 0).unwrap(); // no dirty pages, but its metadata (mtime) is pending
+    direct.fsync().unwrap();
+    let s = fs.stats();
+    assert_eq!(s.syncs - s0.syncs, 5, "{s:?}");
+    assert_eq!(s.flush_only - s0.flush_only, 1, "{s:?}");
+}

@@ -46,6 +46,14 @@ pub struct DiskCounters {
     pub written_bytes: AtomicU64,
 }
 
+impl DiskCounters {
+    fn count(&self, op: Op, bytes: usize) {
+        let (n, b) = if op == Op::Read { (&self.reads, &self.read_bytes) } else { (&self.writes, &self.written_bytes) };
+        n.fetch_add(1, Relaxed);
+        b.fetch_add(bytes as u64, Relaxed);
+    }
+}
+
 impl Disk {
     /// The device behind `engine`, used in 4 KiB blocks.
     pub fn new(engine: Arc<Engine>) -> Disk {
@@ -76,8 +84,7 @@ impl Disk {
         for (i, chunk) in buf.chunks_mut(self.max_io).enumerate() {
             let at = (block * BLOCK_U64) + (i * self.max_io) as u64;
             self.engine.read_at(chunk, at)?;
-            self.counters.reads.fetch_add(1, Relaxed);
-            self.counters.read_bytes.fetch_add(chunk.len() as u64, Relaxed);
+            self.counters.count(Op::Read, chunk.len());
         }
         Ok(())
     }
@@ -88,8 +95,7 @@ impl Disk {
         for (i, chunk) in buf.chunks(self.max_io).enumerate() {
             let at = (block * BLOCK_U64) + (i * self.max_io) as u64;
             self.engine.write_at(chunk, at)?;
-            self.counters.writes.fetch_add(1, Relaxed);
-            self.counters.written_bytes.fetch_add(chunk.len() as u64, Relaxed);
+            self.counters.count(Op::Write, chunk.len());
         }
         Ok(())
     }
@@ -168,14 +174,7 @@ impl<'a> Batch<'a> {
             // SAFETY: the caller's promise covers every chunk of `buf`.
             unsafe { self.handle().submit_raw(op, buf.add(done), chunk, at, tag)? };
             self.in_flight += 1;
-            let c = &self.disk.counters;
-            if op == Op::Read {
-                c.reads.fetch_add(1, Relaxed);
-                c.read_bytes.fetch_add(chunk as u64, Relaxed);
-            } else {
-                c.writes.fetch_add(1, Relaxed);
-                c.written_bytes.fetch_add(chunk as u64, Relaxed);
-            }
+            self.disk.counters.count(op, chunk);
             done += chunk;
         }
         Ok(())

@@ -205,7 +205,7 @@ impl File {
             pages.push(page);
         }
         fs.steps.lap(t, |s| &s.lookup);
-        fs.readahead(self, state, first, end);
+        fs.readahead(&self.node, state, first, end);
         if !missing.is_empty() {
             let loaded = read_path::load(fs, state, &missing)?;
             let mut loaded = loaded.into_iter();
@@ -576,22 +576,20 @@ impl File {
     fn sync(&self, data_only: bool) -> Result<()> {
         let fs = &self.fs;
         let op = if data_only { "fdatasync" } else { "fsync" };
-        let dirty = {
+        {
             let state = self.state_read();
             self.live(&state, op)?;
-            !state.dirty.is_empty()
-        };
-        if !dirty {
-            let state = self.state_read();
-            let tid = if data_only { state.layout_tid } else { state.meta_tid };
-            drop(state);
-            fs.syncs.fetch_add(1, Ordering::Relaxed);
-            if fs.committed.load(Ordering::Acquire) >= tid {
-                // Nothing of this file's metadata is pending: its data needs a flush only.
-                fs.flush_only.fetch_add(1, Ordering::Relaxed);
-                return fs.disk.flush();
+            if state.dirty.is_empty() {
+                let tid = if data_only { state.layout_tid } else { state.meta_tid };
+                drop(state);
+                if fs.committed.load(Ordering::Acquire) >= tid {
+                    // Nothing of this file's metadata is pending: its data needs a flush only.
+                    fs.syncs.fetch_add(1, Ordering::Relaxed);
+                    fs.flush_only.fetch_add(1, Ordering::Relaxed);
+                    return fs.disk.flush();
+                }
+                return fs.sync_through(tid); // counts itself
             }
-            return fs.sync_through(tid);
         }
         // Dirty pages: write them back inside the commit, as the fsync path orders it.
         let mut state = self.state_write();

@@ -845,14 +845,14 @@ impl Node {
 impl Inner {
     /// Read-ahead after a read of blocks `[first, end)`: hands the next window
     /// to the read-ahead thread when the stream needs it.
-    fn readahead(&self, file: &File, state: &NodeState, first: u64, end: u64) {
+    fn readahead(&self, node: &Arc<Node>, state: &NodeState, first: u64, end: u64) {
         // New pages enter the cache's small queue (a tenth of it): a window larger
         // than that is evicted before it is read.
         let max = (self.options.readahead_bytes / BLOCK_U64).min(self.cache.capacity() as u64 / 10);
-        if let Some((from, to)) = file.node.readahead.on_read(first, end, max) {
+        if let Some((from, to)) = node.readahead.on_read(first, end, max) {
             let last = state.inode.size.div_ceil(BLOCK_U64);
             if from < last {
-                self.post_readahead(&file.node, from, to.min(last));
+                self.post_readahead(node, from, to.min(last));
             }
         }
     }

@@ -114,7 +114,7 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
         return wait_for_others(fs, out);
     }
     let mut batch = fs.disk.batch()?;
-    let sent = start_reads(fs, state, &mut batch, &mine).and_then(|()| batch.send());
+    let sent = start_reads(state, &mut batch, &mine).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // Each page is ready as soon as its own read is back: a reader (of a read-ahead
     // window, say) goes on with the first pages while the rest are in flight.
@@ -141,7 +141,7 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
     let mine: Vec<Arc<Page>> = blocks.iter().map(|&b| Page::loading((state.cache_id, b), pool_take(fs))).collect();
     let t = fs.steps.lap(t, |s| &s.alloc);
     let mut batch = fs.disk.batch()?;
-    let sent = start_reads(fs, state, &mut batch, &mine).and_then(|()| batch.send());
+    let sent = start_reads(state, &mut batch, &mine).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // While the device works: index the pages, refill the pool.
     let mut indexed = Vec::with_capacity(mine.len());
@@ -164,8 +164,7 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
 }
 
 /// Queues the reads of `pages` (zero-filling the ones in holes or not yet written).
-fn start_reads<'a>(fs: &Inner, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>]) -> Result<()> {
-    let _ = fs;
+fn start_reads<'a>(state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>]) -> Result<()> {
     for (i, page) in pages.iter().enumerate() {
         match extents::locate(&state.inode.extents, page.key.1) {
             Some((physical, false)) => {
