@@ -173,16 +173,14 @@ pub struct FsStats {
 /// A mounted file system. Cheap to clone; shared by threads.
 #[derive(Clone)]
 pub struct FileSystem {
-    inner: Arc<Inner>,
     mount: Arc<Mount>,
 }
 
 /// An open file. Cheap to clone; shared by threads.
 #[derive(Clone)]
 pub struct File {
-    fs: Arc<Inner>,
-    /// Keeps the file system mounted while the file is open (only held).
-    _mount: Arc<Mount>,
+    /// The file system, kept mounted while the file is open.
+    fs: Arc<Mount>,
     node: Arc<Node>,
     /// Bypass the page cache (like `O_DIRECT`).
     direct: bool,
@@ -193,6 +191,13 @@ pub struct File {
 /// (everything committed and checkpointed), never later from another thread.
 struct Mount {
     inner: Arc<Inner>,
+}
+
+impl std::ops::Deref for Mount {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
 }
 
 impl Drop for Mount {
@@ -554,19 +559,18 @@ impl FileSystem {
                     .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
             }
         }
-        let mount = Arc::new(Mount { inner: Arc::clone(&inner) });
-        Ok((FileSystem { inner, mount }, Mounted { replayed, files }))
+        Ok((FileSystem { mount: Arc::new(Mount { inner }) }, Mounted { replayed, files }))
     }
 
     /// The layout.
     pub fn superblock(&self) -> &Superblock {
-        &self.inner.sb
+        &self.mount.sb
     }
 
     /// Creates an empty file; fails with `EEXIST` if the name is taken.
     pub fn create(&self, name: &str) -> Result<File> {
         check_name(name)?;
-        let fs = &self.inner;
+        let fs = &self.mount;
         fs.check_writable("create", name)?;
         let mut meta = fs.meta();
         if meta.names.contains_key(name) {
@@ -603,14 +607,14 @@ impl FileSystem {
         let node = Node::new(state);
         meta.slots[slot] = Some(Arc::clone(&node));
         meta.names.insert(name.to_string(), slot as u32);
-        Ok(File { fs: Arc::clone(fs), _mount: Arc::clone(&self.mount), node, direct: false })
+        Ok(File { fs: Arc::clone(fs), node, direct: false })
     }
 
     /// Opens an existing file; fails with `ENOENT` if there is none of that name.
     pub fn open(&self, name: &str) -> Result<File> {
         check_name(name)?;
-        let node = self.inner.lookup(name).ok_or_else(|| file_error("open", name, libc::ENOENT, "no such file"))?;
-        Ok(File { fs: Arc::clone(&self.inner), _mount: Arc::clone(&self.mount), node, direct: false })
+        let node = self.mount.lookup(name).ok_or_else(|| file_error("open", name, libc::ENOENT, "no such file"))?;
+        Ok(File { fs: Arc::clone(&self.mount), node, direct: false })
     }
 
     /// Opens an existing file for access that bypasses the page cache (like `O_DIRECT`):
@@ -633,13 +637,13 @@ impl FileSystem {
 
     /// Whether a file of this name exists.
     pub fn exists(&self, name: &str) -> bool {
-        self.inner.lookup(name).is_some()
+        self.mount.lookup(name).is_some()
     }
 
     /// Removes a file; its blocks are free once the removal is committed.
     pub fn unlink(&self, name: &str) -> Result<()> {
         check_name(name)?;
-        let fs = &self.inner;
+        let fs = &self.mount;
         fs.check_writable("unlink", name)?;
         loop {
             let node = fs.lookup(name).ok_or_else(|| file_error("unlink", name, libc::ENOENT, "no such file"))?;
@@ -657,7 +661,7 @@ impl FileSystem {
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         check_name(from)?;
         check_name(to)?;
-        let fs = &self.inner;
+        let fs = &self.mount;
         fs.check_writable("rename", from)?;
         loop {
             let src = fs.lookup(from).ok_or_else(|| file_error("rename", from, libc::ENOENT, "no such file"))?;
@@ -695,7 +699,7 @@ impl FileSystem {
 
     /// Every file, sorted by name.
     pub fn list(&self) -> Vec<Entry> {
-        let nodes: Vec<Arc<Node>> = self.inner.meta().slots.iter().flatten().cloned().collect();
+        let nodes: Vec<Arc<Node>> = self.mount.meta().slots.iter().flatten().cloned().collect();
         let mut out: Vec<Entry> = nodes
             .iter()
             .filter_map(|n| {
@@ -709,23 +713,23 @@ impl FileSystem {
 
     /// Makes everything done so far durable (all files' data and metadata).
     pub fn sync(&self) -> Result<()> {
-        self.inner.sync_all()
+        self.mount.sync_all()
     }
 
     /// Time spent in each step of the read and fsync paths, as (step, total ns,
     /// times), if the file system was mounted with `step_times`.
     pub fn steps(&self) -> Option<Vec<(&'static str, u64, u64)>> {
-        self.inner.steps.enabled().then(|| self.inner.steps.all())
+        self.mount.steps.enabled().then(|| self.mount.steps.all())
     }
 
     /// The options it was mounted with.
     pub fn options(&self) -> MountOptions {
-        self.inner.options
+        self.mount.options
     }
 
     /// Counters so far.
     pub fn stats(&self) -> FsStats {
-        let fs = &self.inner;
+        let fs = &self.mount;
         let c = fs.disk.counters();
         FsStats {
             journal: fs.journal.lock().expect("journal lock poisoned").stats(),
@@ -745,9 +749,9 @@ impl FileSystem {
     /// Commits everything, writes the metadata home and empties the journal,
     /// so the next mount replays nothing. Files still open stay usable.
     pub fn unmount(self) -> Result<()> {
-        self.inner.quiesce()?;
-        self.inner.unmounted.store(true, Ordering::Release);
-        self.inner.readahead_jobs.lock().map(|mut j| j.take()).ok();
+        self.mount.quiesce()?;
+        self.mount.unmounted.store(true, Ordering::Release);
+        self.mount.readahead_jobs.lock().map(|mut j| j.take()).ok();
         Ok(())
     }
 }
