@@ -117,12 +117,13 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
     let sent = start_reads(state, &mut batch, &mine).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // Each page is ready as soon as its own read is back: a reader (of a read-ahead
-    // window, say) goes on with the first pages while the rest are in flight.
+    // window, say) spinning on it goes on while the rest are in flight. Readers that
+    // went to sleep are woken once, at the end: a wake-up per page cost a cross-CPU
+    // wake-up each and halved sequential reads on io_uring (1,400 to 540-950 MB/s).
     let result = sent.and_then(|()| {
         let mut first = None;
         let waited = batch.wait_each(|tag, r| {
             finish_page(fs, state, &mine[tag as usize], r.is_ok());
-            fs.cache.loaded();
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
