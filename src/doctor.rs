@@ -371,7 +371,20 @@ fn device_facts(target: &Path) -> Result<DeviceFacts> {
     Ok(facts)
 }
 
+/// The candidate that runs the kernel's own synchronous path: pread on the
+/// same target (`psync:` device), each thread sleeping in the kernel per read.
+const PREAD_CANDIDATE: &str = "sync-intr on psync:";
+
 fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<Trial> {
+    // The pread candidate swaps the backend, keeping the target and its options.
+    let pread_spec;
+    let (spec, path_name) = match (path_name, spec.strip_prefix("uring:")) {
+        (PREAD_CANDIDATE, Some(rest)) => {
+            pread_spec = format!("psync:{}", rest.split(',').next().unwrap_or_default());
+            (pread_spec.as_str(), "sync-intr")
+        }
+        _ => (spec, path_name),
+    };
     let parsed = PathSpec::parse(path_name)?;
     let mut path = parsed.base.clone();
     parsed.apply_knobs(&mut path)?;
@@ -390,7 +403,7 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
     let m = &r.measurements;
     let lat = m.latency_histogram();
     Ok(Trial {
-        path: path_name.to_string(),
+        path: if spec.starts_with("psync:") { format!("{path_name} on {spec}") } else { path_name.to_string() },
         threads,
         iops: m.total_iops(),
         mean_ns: m.latency_ns_mean(),
@@ -399,12 +412,17 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
     })
 }
 
-/// The paths worth trying for `threads` blocking threads.
+/// The paths worth trying for `threads` blocking threads. Many threads also
+/// try plain pread (`psync:` on the same target): on a kernel block device
+/// without poll queues each request needs a sleep and a wake-up either way,
+/// and the kernel's own path does that with the least software (measured on
+/// a loop device over /dev/shm, 16 threads: pread 242-261K IOPS, the merging
+/// paths on io_uring 198-215K; ARCHITECTURE.md, "Real devices").
 fn candidates(threads: usize) -> &'static [&'static str] {
     if threads == 1 {
         &["sync-path", "sync-intr", "sync-path+hybrid", "stm"]
     } else {
-        &["stm", "stm+hybrid", "2q+hybrid", "htm+hybrid", "sync-intr"]
+        &["stm", "stm+hybrid", "2q+hybrid", "htm+hybrid", "sync-intr", PREAD_CANDIDATE]
     }
 }
 
@@ -432,7 +450,8 @@ fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&De
     if !others.is_empty() {
         why.push_str(&format!("; the others: {}", others.join(", ")));
     }
-    if let (Some(wake), true) = (costs.cross_cpu_wake_ns, pick.mean_ns > 0.0)
+    let pick_sleeps = pick.path.contains("intr") || pick.path.contains("interrupt");
+    if let (Some(wake), true, false) = (costs.cross_cpu_wake_ns, pick.mean_ns > 0.0, pick_sleeps)
         && wake > pick.mean_ns / 4.0
     {
         why.push_str(&format!(
@@ -442,7 +461,13 @@ fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&De
             pick.mean_ns / 1e3
         ));
     }
-    if device.is_some_and(|d| d.io_poll.as_deref() != Some("1")) {
+    if pick.path.contains("psync:") {
+        why.push_str(
+            "; with more threads than CPUs every read needs a sleep and a wake-up whichever path sends it, and the \
+             kernel's own pread does that with the least software: merging on io_uring saves no per-request kernel \
+             work on a device that takes one request per command",
+        );
+    } else if device.is_some_and(|d| d.io_poll.as_deref() != Some("1")) {
         why.push_str("; no kernel polling on this device, so polling means user-space spinning on the ring");
     }
     Some(Recommendation { threads, path: pick.path.clone(), why })
@@ -479,6 +504,9 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
     if let (Some(spec), true) = (&spec, config.measure) {
         for &threads in &config.threads {
             for &path in candidates(threads) {
+                if path == PREAD_CANDIDATE && !spec.starts_with("uring:") {
+                    continue;
+                }
                 if crate::signal::interrupted() {
                     break;
                 }
@@ -586,9 +614,10 @@ impl Report {
                 "trials        4 KiB random reads, read-only, on {}:\n",
                 self.spec.as_deref().unwrap_or("?")
             ));
+            let width = self.trials.iter().map(|t| t.path.len()).max().unwrap_or(0).max(14);
             for t in &self.trials {
                 out.push_str(&format!(
-                    "  {:>2} thread(s) {:<14} {:>9.0} IOPS  mean {:>8}  p99 {:>8}  CPU/IO {:>8}\n",
+                    "  {:>2} thread(s) {:<width$} {:>9.0} IOPS  mean {:>8}  p99 {:>8}  CPU/IO {:>8}\n",
                     t.threads,
                     t.path,
                     t.iops,
