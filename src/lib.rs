@@ -20,6 +20,7 @@
 
 pub mod bench;
 pub mod buffer;
+pub mod capi;
 pub mod clock;
 pub mod device;
 pub mod doctor;
