@@ -760,3 +760,20 @@ fn a_dropped_engine_lets_go_of_its_device_in_every_thread_that_used_it() {
     other.read_at(&mut buf, 0).unwrap();
     assert_eq!(Arc::strong_count(&device), 1, "the dropped engine's thread handle still holds the device");
 }
+
+/// A polled read of a file's hole never reaches a device, so it "worked" and
+/// IOPOLL was turned on for a sparse file on a device without poll queues;
+/// every read of written data then failed with EOPNOTSUPP (found through the
+/// LD_PRELOAD interposer, whose programs make sparse files with ftruncate).
+#[test]
+fn uring_on_a_sparse_file_does_not_mistake_a_hole_for_kernel_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sparse.img");
+    std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
+    let engine = Engine::open(&format!("uring:{}", file.display()), PathConfig::preset("sync-path").unwrap()).unwrap();
+    let data = IoBuf::from_slice(&[0x5a; 4096]);
+    engine.write_at(&data, 8192).unwrap();
+    let mut back = IoBuf::new(4096);
+    engine.read_at(&mut back, 8192).expect("a read of written data on a sparse file");
+    assert_eq!(&back[..], &data[..]);
+}

@@ -174,6 +174,12 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
     if !target.direct {
         return Err("IOPOLL needs O_DIRECT".into());
     }
+    if !target.is_block_device {
+        // A polled read of a file's hole (or of a file system that is not on a block
+        // device) never reaches a device and so "works"; later reads of written data
+        // then fail with EOPNOTSUPP. Ask the file system's device instead.
+        file_device_polls(target)?;
+    }
     let mut ring: IoUring =
         IoUring::builder().setup_iopoll().build(8).map_err(|e| format!("ring setup failed: {e}"))?;
     let len = target.alignment.max(512) as usize;
@@ -214,6 +220,24 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
                 .into())
         }
         r => Err(format!("polled read failed: {}", std::io::Error::from_raw_os_error(-r))),
+    }
+}
+
+/// Whether the block device under a regular file's file system has poll queues.
+fn file_device_polls(target: &Target) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = target.file.metadata().map_err(|e| format!("cannot stat the file: {e}"))?.dev();
+    let Some((name, dir)) = super::target::block_queue_dir(libc::major(dev), libc::minor(dev)) else {
+        return Err("the file's file system is not on a block device (tmpfs, overlayfs, ...), which has no poll \
+                    queues"
+            .into());
+    };
+    match std::fs::read_to_string(dir.join("queue/io_poll")).map(|s| s.trim().to_string()) {
+        Ok(v) if v == "1" => Ok(()),
+        _ => Err(format!(
+            "the file system's device {name} has no poll queues (queue/io_poll is not 1: NVMe poll_queues=0, loop, \
+             virtio)"
+        )),
     }
 }
 
