@@ -1,0 +1,87 @@
+//! What the interposer routes, from the environment.
+//!
+//! - `IOPATH_FILES`: glob patterns, separated by `:` or `,`, matched against
+//!   a file's absolute path (`*` and `?` stay within one path component,
+//!   `**` crosses them). Unset or empty: nothing is routed.
+//! - `IOPATH_PATH`: the iopath path spec for every routed file (default
+//!   `stm`: blocking threads' requests merged into shared device batches).
+//! - `IOPATH_LOG=1`: one line on stderr per routing decision and a summary
+//!   of routed and passed-through calls at exit.
+
+/// The interposer's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Patterns of files to route.
+    pub files: Vec<String>,
+    /// The path spec of each file's engine.
+    pub path: String,
+    /// Print routing decisions and a summary.
+    pub log: bool,
+}
+
+impl Config {
+    /// Reads the settings from the environment.
+    pub fn from_env() -> Config {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Config::from_values(var("IOPATH_FILES").as_deref(), var("IOPATH_PATH").as_deref(), var("IOPATH_LOG").as_deref())
+    }
+
+    /// Builds the settings from the variables' values.
+    pub fn from_values(files: Option<&str>, path: Option<&str>, log: Option<&str>) -> Config {
+        Config {
+            files: files.unwrap_or_default().split([':', ',']).filter(|p| !p.is_empty()).map(str::to_string).collect(),
+            path: path.unwrap_or("stm").to_string(),
+            log: log.is_some_and(|v| v != "0"),
+        }
+    }
+
+    /// Whether `path` matches one of the patterns.
+    pub fn wants(&self, path: &str) -> bool {
+        self.files.iter().any(|p| glob_match(p.as_bytes(), path.as_bytes()))
+    }
+}
+
+/// Shell-style matching: `?` one character and `*` any run, neither crossing
+/// `/`; `**` any run including `/`.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) if rest.first() == Some(&b'*') => {
+            let rest = &rest[1..];
+            (0..=text.len()).any(|i| glob_match(rest, &text[i..]))
+        }
+        Some((b'*', rest)) => {
+            let run = text.iter().position(|&c| c == b'/').unwrap_or(text.len());
+            (0..=run).any(|i| glob_match(rest, &text[i..]))
+        }
+        Some((b'?', rest)) => text.first().is_some_and(|&c| c != b'/') && glob_match(rest, &text[1..]),
+        Some((&c, rest)) => text.first() == Some(&c) && glob_match(rest, &text[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_as_a_shell_does() {
+        assert!(glob_match(b"/data/*.sst", b"/data/000012.sst"));
+        assert!(!glob_match(b"/data/*.sst", b"/data/sub/000012.sst"));
+        assert!(glob_match(b"/data/**.sst", b"/data/sub/000012.sst"));
+        assert!(glob_match(b"/dev/loop?", b"/dev/loop0"));
+        assert!(!glob_match(b"/dev/loop?", b"/dev/loop10"));
+        assert!(glob_match(b"/tmp/x.img", b"/tmp/x.img"));
+        assert!(!glob_match(b"/tmp/x.img", b"/tmp/x.img2"));
+        assert!(glob_match(b"*", b"file"));
+    }
+
+    #[test]
+    fn the_environment_lists_patterns_and_the_path() {
+        let c = Config::from_values(Some("/a/*:/b/**,/c"), None, Some("1"));
+        assert_eq!(c.files, vec!["/a/*", "/b/**", "/c"]);
+        assert_eq!(c.path, "stm");
+        assert!(c.log);
+        assert!(c.wants("/b/x/y"));
+        assert!(!Config::from_values(None, Some("2q"), Some("0")).wants("/a/x"));
+    }
+}

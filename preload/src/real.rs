@@ -1,0 +1,89 @@
+//! The C library's own functions, found behind this library with
+//! `dlsym(RTLD_NEXT)`: what every call goes to when iopath does not route it,
+//! and what the routed paths use for the file position and sizes.
+
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, iovec, mode_t, off_t, size_t, ssize_t};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// Declares a lazily resolved libc function: `real::NAME(args)` calls the
+/// next definition of the symbol after this library.
+macro_rules! next_symbol {
+    ($($name:ident : fn($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        /// The C library's own function of this name.
+        ///
+        /// # Safety
+        /// As the C function.
+        pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            static SLOT: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+            let mut f = SLOT.load(Ordering::Relaxed);
+            if f.is_null() {
+                f = resolve(concat!(stringify!($name), "\0"));
+                SLOT.store(f, Ordering::Relaxed);
+            }
+            // SAFETY: `f` is the C library's function with exactly this signature.
+            let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(f) };
+            // SAFETY: passed on from the caller.
+            unsafe { f($($arg),*) }
+        }
+    )*};
+}
+
+fn resolve(name: &str) -> *mut c_void {
+    // SAFETY: `name` is NUL-terminated; RTLD_NEXT looks past this library.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast::<c_char>()) };
+    if f.is_null() {
+        let msg = format!("iopath preload: the C library has no {}; cannot continue\n", name.trim_end_matches('\0'));
+        // SAFETY: writing a buffer we own to stderr; abort is always sound.
+        unsafe {
+            libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len());
+            libc::abort();
+        }
+    }
+    f
+}
+
+next_symbol! {
+    open: fn(path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    open64: fn(path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    openat: fn(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    openat64: fn(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    creat: fn(path: *const c_char, mode: mode_t) -> c_int;
+    creat64: fn(path: *const c_char, mode: mode_t) -> c_int;
+    close: fn(fd: c_int) -> c_int;
+    close_range: fn(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    dup: fn(fd: c_int) -> c_int;
+    dup2: fn(fd: c_int, to: c_int) -> c_int;
+    dup3: fn(fd: c_int, to: c_int, flags: c_int) -> c_int;
+    fcntl: fn(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
+    fcntl64: fn(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
+    ftruncate: fn(fd: c_int, len: off_t) -> c_int;
+    ftruncate64: fn(fd: c_int, len: off_t) -> c_int;
+    pread: fn(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
+    pread64: fn(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
+    pwrite: fn(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
+    pwrite64: fn(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
+    preadv: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+    preadv64: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+    pwritev: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+    pwritev64: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+    preadv2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    preadv64v2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    pwritev2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    pwritev64v2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    read: fn(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    write: fn(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fsync: fn(fd: c_int) -> c_int;
+    fdatasync: fn(fd: c_int) -> c_int;
+}
+
+/// The file position of `fd` (the kernel's, shared by its duplicates), or -1.
+pub fn position(fd: c_int) -> off_t {
+    // SAFETY: lseek only reads and sets the descriptor's offset.
+    unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) }
+}
+
+/// Sets the file position of `fd`.
+pub fn set_position(fd: c_int, pos: off_t) {
+    // SAFETY: as above.
+    unsafe { libc::lseek(fd, pos, libc::SEEK_SET) };
+}

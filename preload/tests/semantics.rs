@@ -1,0 +1,81 @@
+//! The interposer keeps the kernel's semantics: `tests/c/preload_test.c`
+//! runs as it is (the kernel's answers) and under `LD_PRELOAD` with its
+//! scratch files routed, for several iopath paths; every check must pass in
+//! every run, and the routed runs must really have routed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// This build's `libiopath_preload.so`.
+fn preload_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps, deps.parent().unwrap_or(deps)]
+        .into_iter()
+        .map(|d| d.join("libiopath_preload.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no libiopath_preload.so near {}", deps.display()))
+}
+
+fn compile_test_program(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let out = std::env::temp_dir().join(format!("iopath-preload-test-{name}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(root.join("tests/c/preload_test.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-lpthread")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cc ({e}): install a C compiler (apt-get install gcc)"));
+    assert!(status.success(), "cc failed on tests/c/preload_test.c");
+    out
+}
+
+/// Runs the program; returns (stdout, stderr) after checking it passed.
+fn run(program: &Path, env: &[(&str, String)]) -> (String, String) {
+    let dir = tempfile::tempdir_in(std::env::var("IOPATH_TEST_DIR").unwrap_or_else(|_| "/var/tmp".into()))
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let out = Command::new(program).arg(dir.path()).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{env:?}:\n{stdout}{stderr}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    (stdout, stderr)
+}
+
+#[test]
+fn programs_see_the_kernels_semantics_with_and_without_the_interposer() {
+    let program = compile_test_program("semantics");
+    run(&program, &[]);
+    let library = preload_library().display().to_string();
+    for path in ["stm", "sync-path", "2q", "sync-intr", "stm+adaptive"] {
+        let (_, stderr) = run(
+            &program,
+            &[
+                ("LD_PRELOAD", library.clone()),
+                ("IOPATH_FILES", "/**/data.img:/**/buffered.img".into()),
+                ("IOPATH_PATH", path.into()),
+                ("IOPATH_LOG", "1".into()),
+            ],
+        );
+        assert!(stderr.contains(&format!("routed through {path}")), "{path}: {stderr}");
+        assert!(stderr.contains("buffered.img: not routed: opened without O_DIRECT"), "{stderr}");
+        let routed: u64 = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("iopath: ")?.split_once(" calls routed")?.0.parse().ok())
+            .unwrap_or_else(|| panic!("{path}: no summary line: {stderr}"));
+        assert!(routed > 10_000, "{path}: only {routed} calls routed: {stderr}");
+    }
+    let _ = std::fs::remove_file(program);
+}
+
+#[test]
+fn without_patterns_nothing_is_routed_and_nothing_is_printed() {
+    let program = compile_test_program("inactive");
+    let library = preload_library().display().to_string();
+    let (_, stderr) = run(&program, &[("LD_PRELOAD", library), ("IOPATH_LOG", "1".into())]);
+    assert!(!stderr.contains("iopath:"), "{stderr}");
+    let _ = std::fs::remove_file(program);
+}
