@@ -42,6 +42,9 @@ static CONFIG: OnceLock<Config> = OnceLock::new();
 static FORKED: AtomicBool = AtomicBool::new(false);
 /// Whether any pattern is set (otherwise every hook passes straight through).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// `IOPATH_LOG` is set: calls are counted for the summary (a shared counter
+/// per call is a cache line every thread writes, so only then).
+static COUNTING: AtomicBool = AtomicBool::new(false);
 static ROUTED_CALLS: AtomicU64 = AtomicU64::new(0);
 static PASSED_CALLS: AtomicU64 = AtomicU64::new(0);
 
@@ -88,6 +91,7 @@ extern "C" fn on_load() {
     if !c.files.is_empty() {
         // SAFETY: registers a handler that only stores to an atomic.
         unsafe { libc::pthread_atfork(None, None, Some(in_child_after_fork)) };
+        COUNTING.store(c.log, Ordering::SeqCst);
         ACTIVE.store(true, Ordering::SeqCst);
         log(&format!("routing O_DIRECT files matching {} through {}", c.files.join(":"), c.path));
     }
@@ -182,38 +186,58 @@ fn routed(route: &fds::Route, fd: c_int, write: bool, pieces: &[Piece], offset: 
 }
 
 fn counted(r: Option<ssize_t>) -> Option<ssize_t> {
-    match r {
-        Some(_) => ROUTED_CALLS.fetch_add(1, Ordering::Relaxed),
-        None => PASSED_CALLS.fetch_add(1, Ordering::Relaxed),
-    };
+    if COUNTING.load(Ordering::Relaxed) {
+        match r {
+            Some(_) => ROUTED_CALLS.fetch_add(1, Ordering::Relaxed),
+            None => PASSED_CALLS.fetch_add(1, Ordering::Relaxed),
+        };
+    }
     r
 }
 
-fn pieces_of(iov: *const iovec, count: c_int) -> Option<Vec<Piece>> {
+fn pieces_of(iov: *const iovec, count: c_int) -> Pieces {
     if iov.is_null() || !(1..=libc::UIO_MAXIOV).contains(&count) {
-        return None;
+        return Pieces::Bad;
     }
     // SAFETY: the caller passes `count` iovecs (the C contract).
     let iov = unsafe { std::slice::from_raw_parts(iov, count as usize) };
-    Some(iov.iter().map(|v| Piece { ptr: v.iov_base.cast(), len: v.iov_len as u64 }).collect())
+    Pieces::Many(iov.iter().map(|v| Piece { ptr: v.iov_base.cast(), len: v.iov_len as u64 }).collect())
+}
+
+/// The pieces of a call: one buffer on the stack, or a vector's.
+enum Pieces {
+    One([Piece; 1]),
+    Many(Vec<Piece>),
+    /// A NULL buffer or a bad vector: the C library gives the kernel's answer.
+    Bad,
+}
+
+impl Pieces {
+    fn get(&self) -> Option<&[Piece]> {
+        match self {
+            Pieces::One(p) => Some(p),
+            Pieces::Many(v) => Some(v),
+            Pieces::Bad => None,
+        }
+    }
 }
 
 /// pread/pwrite and their vectored forms at an explicit offset.
-fn at_offset(fd: c_int, write: bool, pieces: Option<Vec<Piece>>, offset: off_t) -> Option<ssize_t> {
+fn at_offset(fd: c_int, write: bool, pieces: Pieces, offset: off_t) -> Option<ssize_t> {
     let route = route_of(fd)?;
-    counted(pieces.and_then(|p| routed(&route, fd, write, &p, offset)))
+    counted(pieces.get().and_then(|p| routed(&route, fd, write, p, offset)))
 }
 
 /// read/write (and the vectored forms with offset -1) at the file position.
-fn at_position(fd: c_int, write: bool, pieces: Option<Vec<Piece>>, fallback: impl FnOnce() -> ssize_t) -> ssize_t {
+fn at_position(fd: c_int, write: bool, pieces: Pieces, fallback: impl FnOnce() -> ssize_t) -> ssize_t {
     let Some(route) = route_of(fd) else { return fallback() };
     if write && route.append {
-        PASSED_CALLS.fetch_add(1, Ordering::Relaxed);
+        counted(None);
         return fallback();
     }
     let _held = route.entry.position.lock().unwrap_or_else(|e| e.into_inner());
     let pos = real::position(fd);
-    let done = if pos < 0 { None } else { pieces.and_then(|p| routed(&route, fd, write, &p, pos)) };
+    let done = if pos < 0 { None } else { pieces.get().and_then(|p| routed(&route, fd, write, p, pos)) };
     match counted(done) {
         Some(n) => {
             if n > 0 {
@@ -225,8 +249,8 @@ fn at_position(fd: c_int, write: bool, pieces: Option<Vec<Piece>>, fallback: imp
     }
 }
 
-fn one(buf: *const c_void, n: size_t) -> Option<Vec<Piece>> {
-    (!buf.is_null()).then(|| vec![Piece { ptr: buf.cast_mut().cast(), len: n as u64 }])
+fn one(buf: *const c_void, n: size_t) -> Pieces {
+    if buf.is_null() { Pieces::Bad } else { Pieces::One([Piece { ptr: buf.cast_mut().cast(), len: n as u64 }]) }
 }
 
 macro_rules! hook_pread {
@@ -320,7 +344,7 @@ fn routed_flush(fd: c_int) -> Option<c_int> {
     let route = route_of(fd)?;
     let slot = route.entry.slot(fd, &config().path)?;
     let _inside = Inside::enter();
-    ROUTED_CALLS.fetch_add(1, Ordering::Relaxed);
+    counted(Some(0));
     Some(match slot.engine.flush() {
         Ok(()) => 0,
         Err(e) => {
