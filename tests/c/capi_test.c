@@ -17,19 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        if (cond) {                                                                      \
-            passed++;                                                                    \
-        } else {                                                                         \
-            failed++;                                                                    \
-            fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);            \
-            fprintf(stderr, __VA_ARGS__);                                                \
-            fprintf(stderr, " (last error: %s)\n", iopath_last_error());                 \
-        }                                                                                \
-    } while (0)
+#define CHECK_CONTEXT() fprintf(stderr, " (last error: %s)", iopath_last_error())
+#include "check.h"
 
 static void *aligned(size_t n) {
     void *p = NULL;

@@ -20,18 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int passed, failed;
-#define CHECK(cond, ...)                                                               \
-    do {                                                                               \
-        if (cond) {                                                                    \
-            passed++;                                                                  \
-        } else {                                                                       \
-            failed++;                                                                  \
-            fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);          \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno));               \
-        }                                                                              \
-    } while (0)
+#define CHECK_CONTEXT() fprintf(stderr, " (errno %d %s)", errno, strerror(errno))
+#include "check.h"
 
 #define BS 4096
 #define SIZE (1 << 20)
