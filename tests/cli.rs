@@ -307,10 +307,14 @@ fn compare_prints_matrices_json_and_a_chart() {
         "randread",
         "stm",
         "req/cmd",
+        "sleep/IO",
+        "preempt/IO",
         "Which path to use",
+        "seed 000, Yu's 2012 thesis",
     ] {
         assert!(out.contains(needle), "missing {needle}: {out}");
     }
+    assert!(!out.contains("hog ops/s"), "no hog column without hogs: {out}");
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("scsi-intr"));
 
@@ -397,6 +401,13 @@ fn compare_completion_policies_under_cpu_hogs() {
         }
     }
     assert!(std::fs::read_to_string(&chart).unwrap().contains("1 hog(s)"));
+
+    // The rows are named for the policies asked for, on the path they were asked of.
+    let o = iopath(&["compare", "--completions", "interrupt,hybrid", "--runtime", "100ms", "--no-progress"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("sync-path+interrupt") && out.contains("sync-path+hybrid"), "{out}");
+    assert!(!out.contains("direct+hybrid") && !out.contains("hog ops/s"), "{out}");
 }
 
 #[test]

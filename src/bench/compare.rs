@@ -29,6 +29,10 @@ pub struct Cell {
 /// advice looks for the path that costs the least CPU.
 pub const AS_FAST: f64 = 0.95;
 
+/// A p99 counts as "lowest" only for a path whose p99.9 is at most this many
+/// times its p99.
+pub const STEADY_TAIL: u64 = 10;
+
 /// Which path to use for one workload, from the measurements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Advice {
@@ -39,8 +43,12 @@ pub struct Advice {
     /// Among paths with at least [`AS_FAST`] of the fastest's throughput, the
     /// one with the least CPU per I/O.
     pub frugal: String,
-    /// The path with the lowest p99 latency.
+    /// The path with the lowest p99 latency among those whose p99.9 is at most
+    /// [`STEADY_TAIL`] times their p99 (any path, if none is).
     pub lowest_p99: String,
+    /// A path with a still lower p99 whose p99.9 is not steady (named so that
+    /// the advice says why it was passed over).
+    pub lowest_p99_unsteady: Option<String>,
     /// The path with the lowest p99.9 latency: with more threads than CPUs a
     /// spinning path can have the lowest p99 and starve one request in a
     /// thousand for a time slice.
@@ -146,13 +154,24 @@ impl Comparison {
                         a.result.measurements.cpu_ns_per_io().total_cmp(&b.result.measurements.cpu_ns_per_io())
                     })
                     .unwrap_or(fastest);
-                let lowest = cells.iter().copied().min_by_key(|c| p99(c))?;
+                // A p99 means little when the same path's p99.9 is far above it (with
+                // more threads than CPUs a spinning path can answer 99% of requests at
+                // once and starve the rest for a scheduler slice): prefer a steady tail.
+                let steady = |c: &&Cell| p99_9(c) <= STEADY_TAIL * p99(c).max(1);
+                let lowest = cells
+                    .iter()
+                    .copied()
+                    .filter(steady)
+                    .min_by_key(|c| p99(c))
+                    .or_else(|| cells.iter().copied().min_by_key(|c| p99(c)))?;
+                let lowest_any = cells.iter().copied().min_by_key(|c| p99(c))?;
                 let lowest_tail = cells.iter().copied().min_by_key(|c| p99_9(c))?;
                 Some(Advice {
                     rw,
                     fastest: fastest.path.clone(),
                     frugal: frugal.path.clone(),
                     lowest_p99: lowest.path.clone(),
+                    lowest_p99_unsteady: (lowest_any.path != lowest.path).then(|| lowest_any.path.clone()),
                     lowest_p99_9: lowest_tail.path.clone(),
                 })
             })
@@ -191,6 +210,16 @@ impl Comparison {
                     a.lowest_p99,
                     quantile(&a.lowest_p99, 0.99),
                     quantile(&a.lowest_p99, 0.999)
+                ));
+            }
+            if let Some(unsteady) = &a.lowest_p99_unsteady {
+                out.push_str(&format!(
+                    "{}{} has a lower p99 ({}), but one request in a thousand waits {}{}",
+                    if a.lowest_p99 != a.fastest { " (" } else { "; " },
+                    unsteady,
+                    quantile(unsteady, 0.99),
+                    quantile(unsteady, 0.999),
+                    if a.lowest_p99 != a.fastest { ")" } else { "" },
                 ));
             }
             if a.lowest_p99_9 != a.lowest_p99 {
@@ -247,19 +276,25 @@ impl Comparison {
             ));
         }
         if let Some(base) = &self.baseline {
-            let source = if base == "scsi-intr" { " (seed 000 Table 7)" } else { "" };
+            let source = if base == "scsi-intr" {
+                " (as in seed 000, Yu's 2012 thesis on the block I/O subsystem for fast storage, Table 7)"
+            } else {
+                ""
+            };
             out.push_str(&self.matrix(&format!("Throughput relative to {base}{source}"), |cell| {
                 self.normalized(cell).map(|x| format!("{x:.2}x"))
             }));
             out.push('\n');
         }
-        out.push_str(&self.matrix("Share of the device's peak bandwidth (seed 003)", |cell| {
-            cell.result.measurements.share_of_peak().map(|s| format!("{:.0}%", s * 100.0))
-        }));
+        out.push_str(&self.matrix(
+            "Share of the device's peak bandwidth (as in seed 003, the Sync+Poll and temporal merge slides)",
+            |cell| cell.result.measurements.share_of_peak().map(|s| format!("{:.0}%", s * 100.0)),
+        ));
         out.push('\n');
         let w = self.path_width();
+        let hogs = self.cells.iter().any(|c| c.result.measurements.hogs.is_some());
         out.push_str(&format!(
-            "{:<10} {:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>10} {:>9}\n",
+            "{:<10} {:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9} {:>9} {:>10}{}\n",
             "workload",
             "path",
             "IOPS",
@@ -268,17 +303,18 @@ impl Comparison {
             "p99.9",
             "CPU/IO",
             "cores",
-            "ctx/IO",
+            "sleep/IO",
+            "preempt/IO",
             "req/cmd",
             "merge wait",
-            "hog ops/s"
+            if hogs { format!(" {:>9}", "hog ops/s") } else { String::new() },
         ));
         for cell in &self.cells {
             let m = &cell.result.measurements;
             let lat = m.latency_histogram();
             let q = |p: f64| if lat.is_empty() { "-".into() } else { format_ns(lat.value_at_quantile(p) as f64) };
             out.push_str(&format!(
-                "{:<10} {:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6.2} {:>8.2} {:>9.2} {:>10} {:>9}\n",
+                "{:<10} {:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6.2} {:>8.2} {:>10.2} {:>9.2} {:>10}{}\n",
                 cell.rw.name(),
                 cell.path,
                 format_count(m.total_iops()),
@@ -287,12 +323,22 @@ impl Comparison {
                 q(0.999),
                 format_ns(m.cpu_ns_per_io()),
                 m.cpu_ns_per_io() * m.total_iops() / 1e9,
-                m.ctx_per_io(),
+                m.voluntary_ctx_per_io(),
+                m.involuntary_ctx_per_io(),
                 m.mean_segments(),
                 format_ns(m.merge_wait_ns_mean()),
-                m.hogs.map_or("-".to_string(), |h| format_count(h.ops_per_sec)),
+                if hogs {
+                    format!(" {:>9}", m.hogs.map_or("-".to_string(), |h| format_count(h.ops_per_sec)))
+                } else {
+                    String::new()
+                },
             ));
         }
+        out.push_str(
+            "sleep/IO: the I/O threads' voluntary context switches (they slept); preempt/IO: involuntary ones \
+             (the\nscheduler took the CPU, and every sched_yield of a spinning waiter that hands the CPU on counts \
+             here).\nA sleep whose wake-up came before the thread switched out costs no context switch at all.\n",
+        );
         out.push_str(&self.advice_text());
         out
     }
@@ -331,6 +377,7 @@ impl Comparison {
                     "fastest": a.fastest,
                     "frugal": a.frugal,
                     "lowest_p99": a.lowest_p99,
+                    "lowest_p99_unsteady": a.lowest_p99_unsteady,
                     "lowest_p99_9": a.lowest_p99_9,
                 })).collect::<Vec<_>>(),
             },

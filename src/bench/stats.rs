@@ -147,6 +147,16 @@ impl Measurements {
         self.per_io((self.usage.voluntary_ctx + self.usage.involuntary_ctx) as f64)
     }
 
+    /// Voluntary context switches (the thread slept) per request.
+    pub fn voluntary_ctx_per_io(&self) -> f64 {
+        self.per_io(self.usage.voluntary_ctx as f64)
+    }
+
+    /// Involuntary context switches (preemptions, and yields that handed the CPU on) per request.
+    pub fn involuntary_ctx_per_io(&self) -> f64 {
+        self.per_io(self.usage.involuntary_ctx as f64)
+    }
+
     /// CPU time (user + system) per request.
     pub fn cpu_ns_per_io(&self) -> f64 {
         self.per_io((self.usage.user_ns + self.usage.sys_ns) as f64)

@@ -116,7 +116,12 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
     }
     let mut configs = Vec::new();
     for (name, completion) in &variants {
-        let (path, path_name) = resolve_path(name, None, completion.as_deref(), &args.knobs)?;
+        let (path, mut path_name) = resolve_path(name, None, completion.as_deref(), &args.knobs)?;
+        if policies && let Some(c) = completion {
+            // Rows say what was asked for ("sync-path+interrupt"), not what the
+            // combination happens to be called ("sync-intr", "direct+hybrid").
+            path_name = format!("{name}+{c}");
+        }
         configs.push(BenchConfig {
             device: args.device.clone(),
             path,
