@@ -290,6 +290,12 @@ pub fn to_table(r: &BenchResult) -> String {
             m.path.wait.oversleeps as f64 / m.total_ios().max(1) as f64
         ));
     }
+    if m.sleeps_per_io() > 0.5 && m.voluntary_ctx_per_io() < 0.2 * m.sleeps_per_io() {
+        out.push_str(
+            " (most sleeps cost no context switch: the wake-up came before the thread had switched out, as it \
+             does when the device answers within the time it takes to go to sleep)",
+        );
+    }
     out.push_str(&format!("\n        on {}\n", r.completion_source));
     let w = &m.path.wait;
     let in_modes: u64 = w.mode_ns.iter().sum();
