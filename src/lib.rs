@@ -29,6 +29,7 @@ pub mod error;
 pub mod fs;
 pub mod path;
 pub mod pattern;
+pub mod reproduce;
 pub mod signal;
 mod sync;
 pub mod sys;

@@ -560,3 +560,45 @@ fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     let e = fails(&["fsbench", "--paths", "fast"]);
     assert!(e.contains("conventional or aios"), "{e}");
 }
+
+#[test]
+fn reproduce_writes_a_report_whose_tables_match_its_data_and_redraws_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let args = ["reproduce", "latency", "merge", "--quick", "--no-progress", "--out", out.to_str().unwrap()];
+    let printed = common::succeeds(&args);
+    assert!(printed.contains("findings hold"), "{printed}");
+    let results: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let sections = results["sections"].as_array().unwrap();
+    assert_eq!(sections.iter().map(|s| s["key"].as_str().unwrap()).collect::<Vec<_>>(), ["latency", "merge"]);
+    let md = std::fs::read_to_string(out.join("REPORT.md")).unwrap();
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for s in sections {
+        let key = s["key"].as_str().unwrap();
+        assert!(md.contains(&format!("![{}]({key}.svg)", s["chart"]["title"].as_str().unwrap())), "{md}");
+        let svg = std::fs::read_to_string(out.join(format!("{key}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && html.contains(&format!("id=\"{key}\"")));
+        // Every finding and every measured cell in the JSON is in both documents.
+        for f in s["findings"].as_array().unwrap() {
+            let verdict = if f["holds"].as_bool().unwrap() { "yes" } else { "**no**" };
+            let iopath = f["iopath"].as_str().unwrap();
+            assert!(md.contains(&format!("| {iopath} | {verdict} |")), "{iopath} / {verdict} not in REPORT.md");
+            assert!(f["rule"].as_str().is_some_and(|r| !r.is_empty()));
+        }
+        for row in s["rows"].as_array().unwrap() {
+            let cells: Vec<&str> = row.as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+            assert!(md.contains(&format!("| {} |", cells.join(" | "))), "row {cells:?} not in REPORT.md");
+        }
+    }
+    // `iopath report` redraws the same documents from results.json alone.
+    std::fs::remove_file(out.join("REPORT.md")).unwrap();
+    std::fs::remove_file(out.join("report.html")).unwrap();
+    common::succeeds(&["report", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(out.join("REPORT.md")).unwrap(), md);
+    assert_eq!(std::fs::read_to_string(out.join("report.html")).unwrap(), html);
+
+    let err = fails(&["reproduce", "nonsense", "--out", out.to_str().unwrap()]);
+    assert!(err.contains("known experiments: latency"), "{err}");
+    let err = fails(&["report", dir.path().join("missing").to_str().unwrap()]);
+    assert!(err.contains("results.json"), "{err}");
+}

@@ -6,6 +6,7 @@ mod doctor;
 mod fsbench;
 mod mkfs;
 mod path_args;
+mod reproduce;
 mod soak;
 
 use clap::{Parser, Subcommand};
@@ -18,7 +19,8 @@ use clap::{Parser, Subcommand};
 /// reports what each costs. Its file layer (`iopath mkfs`, `iopath fsbench`)
 /// puts files with a page cache and a journal on any of those devices.
 ///
-/// Start with:  iopath compare            (seed 000's designs side by side on the emulated DRAM-SSD)
+/// Start with:  iopath reproduce --quick  (every seed's experiment: the papers' figures beside iopath's)
+///              iopath compare            (seed 000's designs side by side on the emulated DRAM-SSD)
 ///              iopath bench --device emu:dram-ssd --path sync-path --rw randread --runtime 2s
 #[derive(Parser)]
 #[command(name = "iopath", version, about, long_about, propagate_version = true, verbatim_doc_comment)]
@@ -43,6 +45,10 @@ enum Command {
     Mkfs(mkfs::MkfsArgs),
     /// List the files of an iopath file system.
     Ls(mkfs::LsArgs),
+    /// Run the seeds' experiments: the papers' figures beside iopath's, verdicts, charts, a report.
+    Reproduce(reproduce::ReproduceArgs),
+    /// Redraw a reproduce report (REPORT.md, report.html) from its results.json.
+    Report(reproduce::ReportArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -56,5 +62,7 @@ pub fn main() -> iopath::Result<()> {
         Command::Fsbench(args) => fsbench::run(args),
         Command::Mkfs(args) => mkfs::run_mkfs(args),
         Command::Ls(args) => mkfs::run_ls(args),
+        Command::Reproduce(args) => reproduce::run(args),
+        Command::Report(args) => reproduce::run_report(args),
     }
 }

@@ -1,0 +1,127 @@
+//! `iopath reproduce` (run the seeds' experiments, write the report) and
+//! `iopath report` (redraw a report from its saved results).
+
+use clap::Args;
+use iopath::reproduce::{EXPERIMENTS, Report, ReproduceConfig, reproduce};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+const REPRODUCE_HELP: &str = "\
+Runs the experiments of the research iopath implements on the emulated devices, puts each paper's
+figures beside iopath's, decides by a stated rule whether each finding holds on this machine, and
+writes DIR/REPORT.md, DIR/report.html (self-contained, charts inline), one SVG chart per experiment
+and DIR/results.json (what `iopath report DIR` redraws from).
+
+EXPERIMENTS (all by default, in this order):
+  latency      software latency of one 4 KiB read per design (seed 000, Table 6)
+  peak         share of the device's peak per design and pattern at 16 threads (seed 003)
+  threads      throughput and CPU per I/O from 1 to 64 threads (seed 000, Table 7; seed 001)
+  sensitivity  STM against SyncPath as the device slows; the break-even point (seed 000, 6.6)
+  contention   poll, interrupt, hybrid, adaptive under 0-2 CPU hogs (seed 001)
+  merge        requests per merged command by design and threads (seed 000, 6.8)
+
+EXAMPLES:
+  iopath reproduce --quick                 # everything, short runs (about two minutes on 2 vCPUs)
+  iopath reproduce latency peak --out r    # two experiments, 1 s runs
+  iopath report r                          # redraw r/REPORT.md and r/report.html from r/results.json
+";
+
+/// Arguments of `iopath reproduce`.
+#[derive(Args, Debug)]
+#[command(after_long_help = REPRODUCE_HELP)]
+pub struct ReproduceArgs {
+    /// Experiments to run (latency, peak, threads, sensitivity, contention, merge); all if none.
+    experiments: Vec<String>,
+    /// Short runs (200 ms each, fewer points): the whole set in about two minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Directory for REPORT.md, report.html, the charts and results.json.
+    #[arg(long, default_value = "iopath-report")]
+    out: PathBuf,
+    /// No progress bars.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// Arguments of `iopath report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A directory written by `iopath reproduce --out DIR`.
+    dir: PathBuf,
+}
+
+/// Runs `iopath reproduce`.
+pub fn run(args: ReproduceArgs) -> iopath::Result<()> {
+    for e in &args.experiments {
+        if !EXPERIMENTS.contains(&e.as_str()) {
+            return Err(iopath::Error::spec(
+                "experiment",
+                e.clone(),
+                format!("known experiments: {} (see iopath reproduce --help)", EXPERIMENTS.join(", ")),
+            ));
+        }
+    }
+    // Checked before any run: a report that cannot be written is found out now.
+    std::fs::create_dir_all(&args.out).map_err(|source| iopath::Error::Target {
+        action: "create the report directory",
+        path: args.out.clone(),
+        source,
+    })?;
+    let show = !args.no_progress && std::io::stderr().is_terminal();
+    let config = ReproduceConfig { experiments: args.experiments, quick: args.quick };
+    let bar = std::cell::RefCell::new(None::<indicatif::ProgressBar>);
+    let style = indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} runs, {eta} left")
+        .expect("a valid template")
+        .progress_chars("=> ");
+    let report = reproduce(
+        &config,
+        |key| {
+            if show {
+                let b = indicatif::ProgressBar::new(1).with_style(style.clone()).with_prefix(key.to_string());
+                *bar.borrow_mut() = Some(b);
+            } else {
+                eprintln!("iopath reproduce: {key} ...");
+            }
+        },
+        &mut |done, planned| {
+            if let Some(b) = bar.borrow().as_ref() {
+                b.set_length(planned);
+                b.set_position(done);
+            }
+        },
+        |section| {
+            if let Some(b) = bar.borrow_mut().take() {
+                b.finish_and_clear();
+            }
+            let held = section.findings.iter().filter(|f| f.holds).count();
+            eprintln!("{:>12}: {held} of {} findings hold", section.key, section.findings.len());
+        },
+    )?;
+    report.save(&args.out)?;
+    let (held, total) =
+        report.sections.iter().flat_map(|s| &s.findings).fold((0, 0), |(h, t), f| (h + usize::from(f.holds), t + 1));
+    println!(
+        "{held} of {total} findings hold. Report: {} and {} (charts: {}/*.svg; data: {})",
+        args.out.join("REPORT.md").display(),
+        args.out.join("report.html").display(),
+        args.out.display(),
+        args.out.join("results.json").display()
+    );
+    if iopath::signal::interrupted() {
+        eprintln!("interrupted: the report holds the experiments that finished");
+    }
+    Ok(())
+}
+
+/// Runs `iopath report`.
+pub fn run_report(args: ReportArgs) -> iopath::Result<()> {
+    let report = Report::load(&args.dir)?;
+    iopath::reproduce::render::write_all(&report, &args.dir)?;
+    println!(
+        "redrew {} and {} from {}",
+        args.dir.join("REPORT.md").display(),
+        args.dir.join("report.html").display(),
+        args.dir.join("results.json").display()
+    );
+    Ok(())
+}

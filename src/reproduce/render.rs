@@ -1,0 +1,135 @@
+//! `REPORT.md` and `report.html` from a [`Report`]: per experiment the
+//! findings table (claim | paper | iopath | holds?), the measured values,
+//! the chart and the explanation, and the machine it ran on.
+
+use super::{Report, Section, chart};
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// Writes `REPORT.md`, `report.html` and `<key>.svg` per experiment into `dir`.
+pub fn write_all(report: &Report, dir: &Path) -> Result<()> {
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|source| Error::Target { action: "write", path, source })
+    };
+    for s in &report.sections {
+        write(&format!("{}.svg", s.key), chart::svg(&s.chart))?;
+    }
+    write("REPORT.md", markdown(report))?;
+    write("report.html", html(report))
+}
+
+fn summary(report: &Report) -> (usize, usize) {
+    let all: Vec<bool> = report.sections.iter().flat_map(|s| s.findings.iter().map(|f| f.holds)).collect();
+    (all.iter().filter(|h| **h).count(), all.len())
+}
+
+fn machine_line(report: &Report) -> String {
+    let m = &report.machine;
+    format!(
+        "iopath {} on Linux {}, {} CPU(s), {}{}",
+        m.version,
+        m.kernel,
+        m.cpus,
+        m.date,
+        if report.quick { "; --quick (short runs: figures are noisier)" } else { "" }
+    )
+}
+
+/// The report as Markdown (charts as the SVG files beside it).
+pub fn markdown(report: &Report) -> String {
+    let (held, total) = summary(report);
+    let mut out = format!(
+        "# iopath reproduce\n\n{}\n\n{held} of {total} findings hold here. Each verdict is computed from the \
+         measurements by the rule under its row.\n\n",
+        machine_line(report)
+    );
+    for s in &report.sections {
+        out.push_str(&format!("## {} (`{}`)\n\nPaper: {}.  \nRun: {}.\n\n", s.title, s.key, s.source, s.setup));
+        out.push_str("| finding | paper | iopath | holds? |\n|---|---|---|---|\n");
+        for f in &s.findings {
+            out.push_str(&format!(
+                "| {}<br><sub>rule: {}</sub> | {} | {} | {} |\n",
+                f.claim,
+                f.rule,
+                f.paper,
+                f.iopath,
+                if f.holds { "yes" } else { "**no**" }
+            ));
+        }
+        out.push_str(&format!("\n![{}]({}.svg)\n\n{}\n\n", s.chart.title, s.key, s.explanation));
+        out.push_str(&table_md(s));
+        out.push('\n');
+    }
+    out
+}
+
+fn table_md(s: &Section) -> String {
+    let mut out = format!("| {} |\n|{}\n", s.columns.join(" | "), "---|".repeat(s.columns.len()));
+    for row in &s.rows {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    out
+}
+
+fn esc(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// The report as one self-contained HTML page (charts inline).
+pub fn html(report: &Report) -> String {
+    let (held, total) = summary(report);
+    let mut out = String::from(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>iopath reproduce</title><style>\
+         body{font-family:sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}\
+         table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;\
+         text-align:left;vertical-align:top}th{background:#f4f4f4}.yes{color:#0a6b2d;font-weight:bold}\
+         .no{color:#b00020;font-weight:bold}.rule{color:#666;font-size:12px}svg{max-width:100%;height:auto}\
+         .meta{color:#555}</style></head><body>\n<h1>iopath reproduce</h1>\n",
+    );
+    out.push_str(&format!(
+        "<p class=\"meta\">{}</p><p>{held} of {total} findings hold here. Each verdict is computed from the \
+         measurements by the rule under its row.</p>\n",
+        esc(&machine_line(report))
+    ));
+    for s in &report.sections {
+        out.push_str(&format!(
+            "<h2 id=\"{}\">{}</h2><p class=\"meta\">Paper: {}.<br>Run: {}.</p>\n",
+            s.key,
+            esc(&s.title),
+            esc(&s.source),
+            esc(&s.setup)
+        ));
+        out.push_str("<table><tr><th>finding</th><th>paper</th><th>iopath</th><th>holds?</th></tr>\n");
+        for f in &s.findings {
+            out.push_str(&format!(
+                "<tr><td>{}<div class=\"rule\">rule: {}</div></td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>\n",
+                esc(&f.claim),
+                esc(&f.rule),
+                esc(&f.paper),
+                esc(&f.iopath),
+                if f.holds { "yes" } else { "no" },
+                if f.holds { "yes" } else { "no" }
+            ));
+        }
+        out.push_str("</table>\n");
+        let svg = chart::svg(&s.chart);
+        // Inline: drop the XML prologue if any, keep the <svg> element.
+        out.push_str(&svg[svg.find("<svg").unwrap_or(0)..]);
+        out.push_str(&format!("\n<p>{}</p>\n<table><tr>", esc(&s.explanation)));
+        for c in &s.columns {
+            out.push_str(&format!("<th>{}</th>", esc(c)));
+        }
+        out.push_str("</tr>\n");
+        for row in &s.rows {
+            out.push_str("<tr>");
+            for cell in row {
+                out.push_str(&format!("<td>{}</td>", esc(cell)));
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
+    }
+    out.push_str("</body></html>\n");
+    out
+}
