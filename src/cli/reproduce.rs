@@ -14,9 +14,11 @@ and DIR/results.json (what `iopath report DIR` redraws from).
 
 EXPERIMENTS (all by default, in this order):
   latency      software latency of one 4 KiB read per design (seed 000, Table 6)
-  peak         share of the device's peak per design and pattern at 16 threads (seed 003)
+  peak         share of the device's peak per design and pattern at 32 threads (seed 003), and
+               throughput against the baseline at 1 and 32 threads (seed 000, Table 7)
   threads      throughput and CPU per I/O from 1 to 64 threads (seed 000, Table 7; seed 001)
   sensitivity  STM against SyncPath as the device slows; the break-even point (seed 000, 6.6)
+  cpu          user, system and idle CPU per design at 32 threads (seed 000, 6.7)
   contention   poll, interrupt, hybrid, adaptive under 0-2 CPU hogs (seed 001)
   merge        requests per merged command by design and threads (seed 000, 6.8)
 
@@ -30,7 +32,7 @@ EXAMPLES:
 #[derive(Args, Debug)]
 #[command(after_long_help = REPRODUCE_HELP)]
 pub struct ReproduceArgs {
-    /// Experiments to run (latency, peak, threads, sensitivity, contention, merge); all if none.
+    /// Experiments to run (latency, peak, threads, sensitivity, cpu, contention, merge); all if none.
     experiments: Vec<String>,
     /// Short runs (200 ms each, fewer points): the whole set in about two minutes.
     #[arg(long)]

@@ -35,14 +35,30 @@ pub struct Section {
     pub setup: String,
     /// Why the findings come out as they do here.
     pub explanation: String,
-    /// The measured values: column headings.
-    pub columns: Vec<String>,
-    /// The measured values: one row per design or setting.
-    pub rows: Vec<Vec<String>>,
+    /// The measured values (the first table is the main one).
+    pub tables: Vec<DataTable>,
     /// The paper's claims, checked.
     pub findings: Vec<Finding>,
     /// The picture.
     pub chart: Chart,
+}
+
+/// A table of measured values.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DataTable {
+    /// What it shows (empty for a section's main table).
+    pub caption: String,
+    /// Column headings.
+    pub columns: Vec<String>,
+    /// One row per design or setting.
+    pub rows: Vec<Vec<String>>,
+}
+
+impl DataTable {
+    /// A table without a caption.
+    pub fn new(columns: Vec<String>, rows: Vec<Vec<String>>) -> DataTable {
+        DataTable { caption: String::new(), columns, rows }
+    }
 }
 
 /// A claim of a paper and whether it holds here.
@@ -230,7 +246,7 @@ impl Runner<'_> {
 }
 
 /// The experiments' keys, in the order `reproduce` runs them.
-pub const EXPERIMENTS: &[&str] = &["latency", "peak", "threads", "sensitivity", "contention", "merge"];
+pub const EXPERIMENTS: &[&str] = &["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge"];
 
 /// Runs the experiments; `on_section` is called as each finishes, `on_run`
 /// after every run with (done, planned) for the section under way.

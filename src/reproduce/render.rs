@@ -2,7 +2,7 @@
 //! findings table (claim | paper | iopath | holds?), the measured values,
 //! the chart and the explanation, and the machine it ran on.
 
-use super::{Report, Section, chart};
+use super::{DataTable, Report, chart};
 use crate::error::{Error, Result};
 use std::path::Path;
 
@@ -58,15 +58,18 @@ pub fn markdown(report: &Report) -> String {
             ));
         }
         out.push_str(&format!("\n![{}]({}.svg)\n\n{}\n\n", s.chart.title, s.key, s.explanation));
-        out.push_str(&table_md(s));
-        out.push('\n');
+        for t in &s.tables {
+            out.push_str(&table_md(t));
+            out.push('\n');
+        }
     }
     out
 }
 
-fn table_md(s: &Section) -> String {
-    let mut out = format!("| {} |\n|{}\n", s.columns.join(" | "), "---|".repeat(s.columns.len()));
-    for row in &s.rows {
+fn table_md(t: &DataTable) -> String {
+    let mut out = if t.caption.is_empty() { String::new() } else { format!("{}\n\n", t.caption) };
+    out.push_str(&format!("| {} |\n|{}\n", t.columns.join(" | "), "---|".repeat(t.columns.len())));
+    for row in &t.rows {
         out.push_str(&format!("| {} |\n", row.join(" | ")));
     }
     out
@@ -116,19 +119,25 @@ pub fn html(report: &Report) -> String {
         let svg = chart::svg(&s.chart);
         // Inline: drop the XML prologue if any, keep the <svg> element.
         out.push_str(&svg[svg.find("<svg").unwrap_or(0)..]);
-        out.push_str(&format!("\n<p>{}</p>\n<table><tr>", esc(&s.explanation)));
-        for c in &s.columns {
-            out.push_str(&format!("<th>{}</th>", esc(c)));
-        }
-        out.push_str("</tr>\n");
-        for row in &s.rows {
-            out.push_str("<tr>");
-            for cell in row {
-                out.push_str(&format!("<td>{}</td>", esc(cell)));
+        out.push_str(&format!("\n<p>{}</p>\n", esc(&s.explanation)));
+        for t in &s.tables {
+            if !t.caption.is_empty() {
+                out.push_str(&format!("<p>{}</p>", esc(&t.caption)));
+            }
+            out.push_str("<table><tr>");
+            for c in &t.columns {
+                out.push_str(&format!("<th>{}</th>", esc(c)));
             }
             out.push_str("</tr>\n");
+            for row in &t.rows {
+                out.push_str("<tr>");
+                for cell in row {
+                    out.push_str(&format!("<td>{}</td>", esc(cell)));
+                }
+                out.push_str("</tr>\n");
+            }
+            out.push_str("</table>\n");
         }
-        out.push_str("</table>\n");
     }
     out.push_str("</body></html>\n");
     out
