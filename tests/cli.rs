@@ -585,9 +585,12 @@ fn reproduce_writes_a_report_whose_tables_match_its_data_and_redraws_it() {
             assert!(md.contains(&format!("| {iopath} | {verdict} |")), "{iopath} / {verdict} not in REPORT.md");
             assert!(f["rule"].as_str().is_some_and(|r| !r.is_empty()));
         }
-        for row in s["rows"].as_array().unwrap() {
-            let cells: Vec<&str> = row.as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-            assert!(md.contains(&format!("| {} |", cells.join(" | "))), "row {cells:?} not in REPORT.md");
+        for table in s["tables"].as_array().unwrap() {
+            for row in table["rows"].as_array().unwrap() {
+                let cells: Vec<&str> = row.as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+                assert!(md.contains(&format!("| {} |", cells.join(" | "))), "row {cells:?} not in REPORT.md");
+                assert!(html.contains(&format!("<td>{}</td>", cells[0])), "row {cells:?} not in report.html");
+            }
         }
     }
     // `iopath report` redraws the same documents from results.json alone.

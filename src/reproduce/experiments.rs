@@ -179,7 +179,8 @@ fn peak(runner: &mut Runner) -> Result<Section> {
     let paths = ["scsi-intr", "sync-path", "stm", "atm", "htm", "2q"];
     runner.plan((paths.len() * MIXED_PATTERNS.len() * 2) as u64);
     // (path, threads) -> per pattern (IOPS, share of peak)
-    let mut data: Vec<(&str, usize, [(f64, f64); 5])> = Vec::new();
+    type PerPattern = [(f64, f64); 5];
+    let mut data: Vec<(&str, usize, PerPattern)> = Vec::new();
     for threads in [many, 1] {
         for &path in &paths {
             let mut per = [(0.0, 0.0); 5];
