@@ -540,7 +540,7 @@ fn contention(runner: &mut Runner) -> Result<Section> {
         },
         Finding {
             claim: "An adaptive policy follows the best one".into(),
-            paper: "the proposed policy switches to interrupts under contention (notes: adaptive-completion)".into(),
+            paper: "a policy that measures the modes switches to interrupts under contention".into(),
             iopath: levels
                 .iter()
                 .map(|&h| format!("{h} hog(s): {:.0}% of the best", 100.0 * at("adaptive", h) / best(h).max(1.0)))
@@ -569,7 +569,7 @@ fn contention(runner: &mut Runner) -> Result<Section> {
     Ok(Section {
         key: "contention".into(),
         title: "Polling, interrupts, hybrid and adaptive under CPU contention".into(),
-        source: "seed 001 (polling under contention) and the adaptive policy in notes/adaptive-completion.md".into(),
+        source: "seed 001 (polling under contention) and the adaptive policy (ARCHITECTURE.md, "Completion policies")".into(),
         setup: format!(
             "{device} (~80 us reads), sync-path with each completion policy, 1 thread, 0-2 CPU hogs at full duty, {:?} per run",
             runner.runtime
