@@ -569,7 +569,8 @@ fn contention(runner: &mut Runner) -> Result<Section> {
     Ok(Section {
         key: "contention".into(),
         title: "Polling, interrupts, hybrid and adaptive under CPU contention".into(),
-        source: "seed 001 (polling under contention) and the adaptive policy (ARCHITECTURE.md, "Completion policies")".into(),
+        source: "seed 001 (polling under contention) and the adaptive policy (ARCHITECTURE.md, Completion policies)"
+            .into(),
         setup: format!(
             "{device} (~80 us reads), sync-path with each completion policy, 1 thread, 0-2 CPU hogs at full duty, {:?} per run",
             runner.runtime
