@@ -21,9 +21,11 @@ EXPERIMENTS (all by default, in this order):
   cpu          user, system and idle CPU per design at 32 threads (seed 000, 6.7)
   contention   poll, interrupt, hybrid, adaptive under 0-2 CPU hogs (seed 001)
   merge        requests per merged command by design and threads (seed 000, 6.8)
+  aios         the file layer's read miss and append+fsync, conventional against AIOS (seed 002)
+  real         the designs and the kernel's pread on a loop device (root; skipped otherwise)
 
 EXAMPLES:
-  iopath reproduce --quick                 # everything, short runs (about two minutes on 2 vCPUs)
+  iopath reproduce --quick                 # everything, short runs (under a minute on 2 vCPUs)
   iopath reproduce latency peak --out r    # two experiments, 1 s runs
   iopath report r                          # redraw r/REPORT.md and r/report.html from r/results.json
 ";
@@ -32,7 +34,7 @@ EXAMPLES:
 #[derive(Args, Debug)]
 #[command(after_long_help = REPRODUCE_HELP)]
 pub struct ReproduceArgs {
-    /// Experiments to run (latency, peak, threads, sensitivity, cpu, contention, merge); all if none.
+    /// Experiments to run (latency, peak, threads, sensitivity, cpu, contention, merge, aios, real); all if none.
     experiments: Vec<String>,
     /// Short runs (200 ms each, fewer points): the whole set in about two minutes.
     #[arg(long)]

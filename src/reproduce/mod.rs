@@ -222,6 +222,12 @@ impl Runner<'_> {
         self.planned += n;
     }
 
+    /// Counts a run made outside [`Runner::measure`] (the file layer's).
+    pub fn tick(&mut self) {
+        self.done += 1;
+        (self.on_run)(self.done, self.planned.max(self.done));
+    }
+
     /// One run: `path` on `device`, `rw`, `threads` blocking threads, with `hogs` CPU hogs.
     pub fn measure(&mut self, device: &str, path: &str, rw: &str, threads: usize, hogs: usize) -> Result<Measurements> {
         let spec = PathSpec::parse(path)?;
@@ -246,7 +252,8 @@ impl Runner<'_> {
 }
 
 /// The experiments' keys, in the order `reproduce` runs them.
-pub const EXPERIMENTS: &[&str] = &["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge"];
+pub const EXPERIMENTS: &[&str] =
+    &["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge", "aios", "real"];
 
 /// Runs the experiments; `on_section` is called as each finishes, `on_run`
 /// after every run with (done, planned) for the section under way.
