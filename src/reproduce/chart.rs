@@ -3,6 +3,7 @@
 //! in a band of its own under the plot so it never covers data.
 
 use super::{Chart, ChartKind};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 const WIDTH: u32 = 760;
@@ -36,6 +37,27 @@ pub fn svg(chart: &Chart) -> String {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+fn colour(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Draws each series as a line with its points marked, and the reference
+/// line across `x_span`, on a chart whose x axis is linear or logarithmic.
+fn lines<DB: DrawingBackend, X: Ranged<ValueType = f64>>(
+    c: &mut ChartContext<'_, DB, Cartesian2d<X, RangedCoordf64>>,
+    chart: &Chart,
+    x_span: (f64, f64),
+) -> Option<()> {
+    for (si, s) in chart.series.iter().enumerate() {
+        c.draw_series(LineSeries::new(s.points.clone(), colour(si).stroke_width(2))).ok()?;
+        c.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, colour(si).filled()))).ok()?;
+    }
+    if let Some(r) = chart.reference {
+        c.draw_series(LineSeries::new(vec![(x_span.0, r), (x_span.1, r)], BLACK.mix(0.5))).ok()?;
+    }
+    Some(())
+}
+
 /// Draws `chart` on `root`; None if plotters refused (a bug: drawing into a String cannot run out of room).
 fn draw(chart: &Chart, root: &Area) -> Option<()> {
     root.fill(&WHITE).ok()?;
@@ -49,7 +71,6 @@ fn draw(chart: &Chart, root: &Area) -> Option<()> {
         .fold(0.0f64, f64::max)
         .max(1e-9)
         * 1.12;
-    let colour = |i: usize| PALETTE[i % PALETTE.len()];
     match chart.kind {
         ChartKind::Bars => {
             let n = chart.categories.len().max(1);
@@ -112,14 +133,7 @@ fn draw(chart: &Chart, root: &Area) -> Option<()> {
                     .x_label_formatter(&|x| format!("{x:.0}"))
                     .draw()
                     .ok()?;
-                for (si, s) in chart.series.iter().enumerate() {
-                    let style = colour(si).stroke_width(2);
-                    c.draw_series(LineSeries::new(s.points.clone(), style)).ok()?;
-                    c.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, colour(si).filled()))).ok()?;
-                }
-                if let Some(r) = chart.reference {
-                    c.draw_series(LineSeries::new(vec![(lo.max(0.5), r), (hi * 1.2, r)], BLACK.mix(0.5))).ok()?;
-                }
+                lines(&mut c, chart, (lo.max(0.5), hi * 1.2))?;
             } else {
                 let pad = (hi - lo) * 0.05;
                 let mut c = ChartBuilder::on(&plot)
@@ -135,14 +149,7 @@ fn draw(chart: &Chart, root: &Area) -> Option<()> {
                     .axis_desc_style(("sans-serif", 14))
                     .draw()
                     .ok()?;
-                for (si, s) in chart.series.iter().enumerate() {
-                    let style = colour(si).stroke_width(2);
-                    c.draw_series(LineSeries::new(s.points.clone(), style)).ok()?;
-                    c.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, colour(si).filled()))).ok()?;
-                }
-                if let Some(r) = chart.reference {
-                    c.draw_series(LineSeries::new(vec![(lo - pad, r), (hi + pad, r)], BLACK.mix(0.5))).ok()?;
-                }
+                lines(&mut c, chart, (lo - pad, hi + pad))?;
             }
         }
     }
