@@ -26,6 +26,7 @@ EXPERIMENTS (all by default, in this order):
 
 EXAMPLES:
   iopath reproduce --quick                 # everything, short runs (under a minute on 2 vCPUs)
+  sudo iopath reproduce real               # the designs on a loop device (needs root)
   iopath reproduce latency peak --out r    # two experiments, 1 s runs
   iopath report r                          # redraw r/REPORT.md and r/report.html from r/results.json
 ";
@@ -36,7 +37,7 @@ EXAMPLES:
 pub struct ReproduceArgs {
     /// Experiments to run (latency, peak, threads, sensitivity, cpu, contention, merge, aios, real); all if none.
     experiments: Vec<String>,
-    /// Short runs (200 ms each, fewer points): the whole set in about two minutes.
+    /// Short runs (200 ms each, fewer points; 1 s on a real device): the whole set in under a minute.
     #[arg(long)]
     quick: bool,
     /// Directory for REPORT.md, report.html, the charts and results.json.
