@@ -605,3 +605,24 @@ fn reproduce_writes_a_report_whose_tables_match_its_data_and_redraws_it() {
     let err = fails(&["report", dir.path().join("missing").to_str().unwrap()]);
     assert!(err.contains("results.json"), "{err}");
 }
+
+/// Every experiment runs to the end and renders (what each finds is not
+/// asserted: these are short runs of a debug build on a shared machine).
+#[test]
+fn reproduce_quick_runs_every_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("all");
+    common::succeeds(&["reproduce", "--quick", "--no-progress", "--out", out.to_str().unwrap()]);
+    let results: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let keys: Vec<&str> = results["sections"].as_array().unwrap().iter().map(|s| s["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge", "aios", "real"]);
+    for s in results["sections"].as_array().unwrap() {
+        let skipped = s["explanation"].as_str().unwrap().starts_with("Skipped:");
+        assert!(skipped || !s["findings"].as_array().unwrap().is_empty(), "{s}");
+        assert!(
+            std::fs::read_to_string(out.join(format!("{}.svg", s["key"].as_str().unwrap())))
+                .unwrap()
+                .starts_with("<svg")
+        );
+    }
+}
