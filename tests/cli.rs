@@ -626,3 +626,42 @@ fn reproduce_quick_runs_every_experiment() {
         );
     }
 }
+
+#[test]
+fn fio_job_files_run_job_by_job_and_refuse_what_iopath_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("data.img");
+    let job = dir.path().join("two.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "; as fio's examples write them\n[global]\nioengine=io_uring\nfilename={}\nsize=16m\ndirect=1\nbs=4k\n\
+             number_ios=200\nthread\ngroup_reporting\n\n[rand-read]\nrw=randread\niodepth=4\n\n[mixed]\nstonewall\n\
+             rw=randrw\nrwmixwrite=30\nnumjobs=2\niopath_path=stm\n",
+            img.display()
+        ),
+    )
+    .unwrap();
+    let out = common::succeeds(&[
+        "bench",
+        job.to_str().unwrap(),
+        "--allow-overwrite",
+        "--no-progress",
+        "--output-format",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs.iter().map(|j| j["jobname"].as_str().unwrap()).collect::<Vec<_>>(), ["rand-read", "mixed"]);
+    assert_eq!(jobs[0]["job options"]["iodepth"], "4");
+    assert_eq!(jobs[1]["job options"]["rwmixread"], "70");
+    assert_eq!(jobs[1]["iopath"]["dispatch"], "combine");
+    assert_eq!(jobs[0]["read"]["total_ios"], 200, "number_ios per thread");
+    assert!(jobs[1]["write"]["total_ios"].as_u64().unwrap() > 0);
+
+    std::fs::write(&job, "[a]\nrw=randread\nramp_time=1\n").unwrap();
+    let err = fails(&["bench", job.to_str().unwrap()]);
+    assert!(err.contains("ramp_time=1 in [a] (line 1)") && err.contains("does not support"), "{err}");
+    let err = fails(&["bench", dir.path().join("missing.fio").to_str().unwrap()]);
+    assert!(err.contains("job file"), "{err}");
+}

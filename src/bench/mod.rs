@@ -7,6 +7,7 @@
 pub mod compare;
 pub mod fsbench;
 pub mod hogs;
+pub mod jobfile;
 pub mod report;
 pub mod run;
 pub mod soak;

@@ -110,6 +110,13 @@ fn bench_help() -> String {
 #[derive(Args, Debug)]
 #[command(after_long_help = bench_help())]
 pub struct BenchArgs {
+    /// An fio job file to run instead of the flags' single workload ([global] and [job] sections;
+    /// see "Coming from fio" in the README). The flags still set what the file leaves out.
+    #[arg(value_name = "JOBFILE")]
+    job_file_arg: Option<std::path::PathBuf>,
+    /// The same, as a flag.
+    #[arg(long, conflicts_with = "job_file_arg")]
+    job_file: Option<std::path::PathBuf>,
     /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v].
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
@@ -189,12 +196,52 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
         hogs: args.hogs.config(args.hogs.cpu_hogs),
         guard: args.safety.guard(),
     };
+    if let Some(file) = args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
+        return run_job_file(file, &config, args.output_format);
+    }
     let result = bench::run(&config)?;
     match args.output_format {
         OutputFormat::Table => print!("{}", report::to_table(&result)),
         OutputFormat::Json => {
             println!("{}", serde_json::to_string_pretty(&report::to_json(std::slice::from_ref(&result))).expect("JSON"))
         }
+    }
+    Ok(())
+}
+
+/// Runs the jobs of an fio job file one after another, starting each from `base`.
+fn run_job_file(file: &std::path::Path, base: &BenchConfig, format: OutputFormat) -> iopath::Result<()> {
+    let text = std::fs::read_to_string(file).map_err(|source| iopath::Error::Target {
+        action: "read the job file",
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let jobs = iopath::bench::jobfile::parse(&text)?;
+    // Every job is checked before the first runs: a mistake in the last one is found now.
+    let configs =
+        jobs.iter().map(|j| iopath::bench::jobfile::to_config(j, base)).collect::<iopath::Result<Vec<_>>>()?;
+    let mut results = Vec::new();
+    for (job, config) in jobs.iter().zip(&configs) {
+        if iopath::signal::interrupted() {
+            break;
+        }
+        let result = bench::run(config)?;
+        if matches!(format, OutputFormat::Table) {
+            println!("[{}]", job.name);
+            print!("{}", report::to_table(&result));
+            println!();
+        }
+        results.push(result);
+    }
+    if matches!(format, OutputFormat::Json) {
+        let mut doc = report::to_json(&results);
+        // fio names each job after its section.
+        if let Some(list) = doc["jobs"].as_array_mut() {
+            for (j, job) in list.iter_mut().zip(&jobs) {
+                j["jobname"] = serde_json::Value::String(job.name.clone());
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&doc).expect("JSON"));
     }
     Ok(())
 }
