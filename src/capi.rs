@@ -119,11 +119,7 @@ pub unsafe extern "C" fn iopath_open(device_spec: *const c_char, path_spec: *con
             Ok(p) => p.unwrap_or("sync-path"),
             Err(e) => return e,
         };
-        let opened = PathSpec::parse(path_name).and_then(|spec| {
-            let mut path = spec.base.clone();
-            spec.apply_knobs(&mut path)?;
-            Engine::open(device, path)
-        });
+        let opened = PathSpec::parse(path_name).and_then(|spec| Engine::open(device, spec.config()?));
         match opened {
             Ok(engine) => {
                 out = Box::into_raw(Box::new(CEngine {

@@ -107,11 +107,7 @@ impl FileEntry {
         }
         let _inside = crate::Inside::enter();
         let spec = format!("uring:/proc/self/fd/{fd}{}", if self.writable { "" } else { ",readonly=1" });
-        let opened = PathSpec::parse(path_spec).and_then(|p| {
-            let mut path = p.base.clone();
-            p.apply_knobs(&mut path)?;
-            Engine::open(&spec, path)
-        });
+        let opened = PathSpec::parse(path_spec).and_then(|p| Engine::open(&spec, p.config()?));
         match opened {
             Ok(engine) => {
                 let caps = engine.device().capabilities();

@@ -256,8 +256,7 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
     }
     if let Some(p) = value("iopath_path") {
         let spec = PathSpec::parse(p)?;
-        let mut path = spec.base.clone();
-        spec.apply_knobs(&mut path)?;
+        let path = spec.config()?;
         c.path_name = spec.shown_name(&path);
         c.path = path;
     }

@@ -238,6 +238,13 @@ impl PathSpec {
         Ok(spec)
     }
 
+    /// The path this spec names: its base with its `@` settings applied.
+    pub fn config(&self) -> Result<PathConfig> {
+        let mut path = self.base.clone();
+        self.apply_knobs(&mut path)?;
+        Ok(path)
+    }
+
     /// Applies the `@knob=value` settings to `path`.
     pub fn apply_knobs(&self, path: &mut PathConfig) -> Result<()> {
         for setting in self.settings.iter().flat_map(|s| s.split('@')) {

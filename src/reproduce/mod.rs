@@ -230,12 +230,9 @@ impl Runner<'_> {
 
     /// One run: `path` on `device`, `rw`, `threads` blocking threads, with `hogs` CPU hogs.
     pub fn measure(&mut self, device: &str, path: &str, rw: &str, threads: usize, hogs: usize) -> Result<Measurements> {
-        let spec = PathSpec::parse(path)?;
-        let mut config = spec.base.clone();
-        spec.apply_knobs(&mut config)?;
         let bench = BenchConfig {
             device: device.to_string(),
-            path: config,
+            path: PathSpec::parse(path)?.config()?,
             path_name: path.to_string(),
             rw: crate::bench::workload::Rw::parse(rw)?,
             threads,
