@@ -378,19 +378,16 @@ const PREAD_CANDIDATE: &str = "sync-intr on psync:";
 fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<Trial> {
     // The pread candidate swaps the backend, keeping the target and its options.
     let pread_spec;
-    let (spec, path_name) = match (path_name, spec.strip_prefix("uring:")) {
+    let (spec, path_name, label) = match (path_name, spec.strip_prefix("uring:")) {
         (PREAD_CANDIDATE, Some(rest)) => {
             pread_spec = format!("psync:{}", rest.split(',').next().unwrap_or_default());
-            (pread_spec.as_str(), "sync-intr")
+            (pread_spec.as_str(), "sync-intr", format!("sync-intr on {pread_spec}"))
         }
-        _ => (spec, path_name),
+        _ => (spec, path_name, path_name.to_string()),
     };
-    let parsed = PathSpec::parse(path_name)?;
-    let mut path = parsed.base.clone();
-    parsed.apply_knobs(&mut path)?;
     let config = BenchConfig {
         device: spec.to_string(),
-        path,
+        path: PathSpec::parse(path_name)?.config()?,
         path_name: path_name.to_string(),
         rw: Rw::RandRead,
         threads,
@@ -403,7 +400,7 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
     let m = &r.measurements;
     let lat = m.latency_histogram();
     Ok(Trial {
-        path: if spec.starts_with("psync:") { format!("{path_name} on {spec}") } else { path_name.to_string() },
+        path: label,
         threads,
         iops: m.total_iops(),
         mean_ns: m.latency_ns_mean(),

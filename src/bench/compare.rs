@@ -158,13 +158,8 @@ impl Comparison {
                 // more threads than CPUs a spinning path can answer 99% of requests at
                 // once and starve the rest for a scheduler slice): prefer a steady tail.
                 let steady = |c: &&Cell| p99_9(c) <= STEADY_TAIL * p99(c).max(1);
-                let lowest = cells
-                    .iter()
-                    .copied()
-                    .filter(steady)
-                    .min_by_key(|c| p99(c))
-                    .or_else(|| cells.iter().copied().min_by_key(|c| p99(c)))?;
                 let lowest_any = cells.iter().copied().min_by_key(|c| p99(c))?;
+                let lowest = cells.iter().copied().filter(steady).min_by_key(|c| p99(c)).unwrap_or(lowest_any);
                 let lowest_tail = cells.iter().copied().min_by_key(|c| p99_9(c))?;
                 Some(Advice {
                     rw,
