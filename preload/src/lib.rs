@@ -222,14 +222,15 @@ impl Pieces {
     }
 }
 
-/// pread/pwrite and their vectored forms at an explicit offset.
-fn at_offset(fd: c_int, write: bool, pieces: Pieces, offset: off_t) -> Option<ssize_t> {
+/// pread/pwrite and their vectored forms at an explicit offset. The pieces
+/// are gathered only for a routed descriptor (a vector's are a Vec).
+fn at_offset(fd: c_int, write: bool, pieces: impl FnOnce() -> Pieces, offset: off_t) -> Option<ssize_t> {
     let route = route_of(fd)?;
-    counted(pieces.get().and_then(|p| routed(&route, fd, write, p, offset)))
+    counted(pieces().get().and_then(|p| routed(&route, fd, write, p, offset)))
 }
 
 /// read/write (and the vectored forms with offset -1) at the file position.
-fn at_position(fd: c_int, write: bool, pieces: Pieces, fallback: impl FnOnce() -> ssize_t) -> ssize_t {
+fn at_position(fd: c_int, write: bool, pieces: impl FnOnce() -> Pieces, fallback: impl FnOnce() -> ssize_t) -> ssize_t {
     let Some(route) = route_of(fd) else { return fallback() };
     if write && route.append {
         counted(None);
@@ -237,7 +238,7 @@ fn at_position(fd: c_int, write: bool, pieces: Pieces, fallback: impl FnOnce() -
     }
     let _held = route.entry.position.lock().unwrap_or_else(|e| e.into_inner());
     let pos = real::position(fd);
-    let done = if pos < 0 { None } else { pieces.get().and_then(|p| routed(&route, fd, write, p, pos)) };
+    let done = if pos < 0 { None } else { pieces().get().and_then(|p| routed(&route, fd, write, p, pos)) };
     match counted(done) {
         Some(n) => {
             if n > 0 {
@@ -262,7 +263,7 @@ macro_rules! hook_pread {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
             // SAFETY: passed on as the caller gave it.
-            at_offset(fd, false, one(buf, n), off).unwrap_or_else(|| unsafe { real::$name(fd, buf, n, off) })
+            at_offset(fd, false, || one(buf, n), off).unwrap_or_else(|| unsafe { real::$name(fd, buf, n, off) })
         }
     )*};
 }
@@ -275,7 +276,7 @@ macro_rules! hook_pwrite {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
             // SAFETY: passed on as the caller gave it.
-            at_offset(fd, true, one(buf, n), off).unwrap_or_else(|| unsafe { real::$name(fd, buf, n, off) })
+            at_offset(fd, true, || one(buf, n), off).unwrap_or_else(|| unsafe { real::$name(fd, buf, n, off) })
         }
     )*};
 }
@@ -288,7 +289,7 @@ macro_rules! hook_vectored {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
             // SAFETY: passed on as the caller gave it.
-            at_offset(fd, $write, pieces_of(iov, cnt), off).unwrap_or_else(|| unsafe { real::$name(fd, iov, cnt, off) })
+            at_offset(fd, $write, || pieces_of(iov, cnt), off).unwrap_or_else(|| unsafe { real::$name(fd, iov, cnt, off) })
         }
     )*};
 }
@@ -306,9 +307,9 @@ macro_rules! hook_vectored2 {
                 return fallback();
             }
             if off == -1 {
-                return at_position(fd, $write, pieces_of(iov, cnt), fallback);
+                return at_position(fd, $write, || pieces_of(iov, cnt), fallback);
             }
-            at_offset(fd, $write, pieces_of(iov, cnt), off).unwrap_or_else(fallback)
+            at_offset(fd, $write, || pieces_of(iov, cnt), off).unwrap_or_else(fallback)
         }
     )*};
 }
@@ -327,7 +328,7 @@ hook_vectored2!(true, pwritev2, pwritev64v2);
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: passed on as the caller gave it.
-    at_position(fd, false, one(buf, n), || unsafe { real::read(fd, buf, n) })
+    at_position(fd, false, || one(buf, n), || unsafe { real::read(fd, buf, n) })
 }
 
 /// Routed `write` at the file position (see the crate docs).
@@ -337,7 +338,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     // SAFETY: passed on as the caller gave it.
-    at_position(fd, true, one(buf, n), || unsafe { real::write(fd, buf, n) })
+    at_position(fd, true, || one(buf, n), || unsafe { real::write(fd, buf, n) })
 }
 
 fn routed_flush(fd: c_int) -> Option<c_int> {
