@@ -770,6 +770,51 @@ fn a_device_error_on_read_is_reported_every_time_and_caches_nothing() {
 }
 
 #[test]
+fn a_device_error_inside_a_read_ahead_window_fails_those_pages_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, _) = faulty_twin(dir.path(), 0);
+    let fs = mount_spec(&plain, MountOptions::default());
+    laid_out(&fs, "f", 512);
+    let start = fs.superblock().data_start * 4096;
+    fs.unmount().unwrap();
+    // Four data blocks deep inside the file fail: read-ahead windows reach them.
+    let faulty = format!("{plain},fail_range={}-{}", start + 200 * 4096, start + 204 * 4096);
+    let mut buf = vec![0u8; 4096];
+    // Which file blocks fail, read one by one with no read-ahead.
+    let fs = mount_spec(&faulty, MountOptions { readahead_bytes: 0, ..MountOptions::default() });
+    let f = fs.open("f").unwrap();
+    let bad: Vec<u64> = (0..512).filter(|&b| f.read_at(&mut buf, b * 4096).is_err()).collect();
+    assert!(!bad.is_empty() && bad[0] >= 32, "the failing blocks must lie past the first windows: {bad:?}");
+    drop((f, fs));
+    for read_path in [ReadPath::Conventional, ReadPath::Aios] {
+        within(std::time::Duration::from_secs(60), {
+            let (faulty, bad) = (faulty.clone(), bad.clone());
+            move || {
+                let fs = mount_spec(&faulty, MountOptions { read_path, ..MountOptions::default() });
+                let f = fs.open("f").unwrap();
+                let mut buf = vec![0u8; 4096];
+                for round in 0..2 {
+                    for b in 0..512u64 {
+                        match f.read_at(&mut buf, b * 4096) {
+                            Ok(n) => {
+                                assert!(!bad.contains(&b), "{read_path:?} round {round}: block {b} should fail");
+                                assert_eq!(n, 4096);
+                                assert_eq!(buf, bytes(b, 4096), "{read_path:?} round {round}: block {b}");
+                            }
+                            Err(e) => {
+                                assert!(bad.contains(&b), "{read_path:?} round {round}: block {b}: {e}");
+                                assert!(e.to_string().contains("device error on read"), "{e}");
+                            }
+                        }
+                    }
+                }
+                assert!(fs.stats().cache.readahead_pages > 64, "{:?}", fs.stats().cache);
+            }
+        });
+    }
+}
+
+#[test]
 fn each_sync_is_counted_once() {
     let (_dev, fs) = fresh("emu:null,size=8m", FormatOptions::default());
     let f = fs.create("f").unwrap();

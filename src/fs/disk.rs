@@ -210,6 +210,19 @@ impl<'a> Batch<'a> {
         self.handle().commit()
     }
 
+    /// Sends what is queued and hands each completion that is already back
+    /// (tag, result) to `each`, without waiting.
+    pub fn take_done(&mut self, mut each: impl FnMut(u64, Result<()>)) -> Result<()> {
+        self.send()?;
+        if self.in_flight > 0 {
+            self.reap(0)?;
+        }
+        for (tag, result) in self.completed.drain(..) {
+            each(tag, result);
+        }
+        Ok(())
+    }
+
     /// Sends what is queued, waits for all of it; the first error, if any request failed.
     pub fn wait(mut self) -> Result<()> {
         let mut first = None;

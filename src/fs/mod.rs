@@ -880,13 +880,10 @@ fn readahead_thread(fs: std::sync::Weak<Inner>, jobs: Arc<Mutex<std::sync::mpsc:
         if blocks.is_empty() {
             continue;
         }
-        // Index first, then read (not lazily, even on the aios path): a reader that gets
-        // here before the window is read must find its pages and wait, not read them again.
-        if let Ok(pages) = read_path::load_indexed(&fs, &state, &blocks) {
-            for page in &pages {
-                page.speculative.store(true, Ordering::Relaxed);
-            }
-            fs.cache.count_readahead(pages.len() as u64);
+        // Each page indexed before its read is sent (not lazily, even on the aios path): a
+        // reader that gets there first must find the page and wait, not read it again.
+        if let Ok(loaded) = read_path::load_ahead(&fs, &state, &blocks) {
+            fs.cache.count_readahead(loaded as u64);
         }
     }
 }
