@@ -19,12 +19,14 @@
 
 use crate::clock::{ThreadUsage, now_ns};
 use crate::device::DeviceSpec;
+use crate::device::spec::Backend;
 use crate::device::target::Guard;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::fs::cache::CacheStats;
 use crate::fs::{FileSystem, FormatOptions, FsyncPath, MountOptions, ReadPath};
 use crate::path::PathConfig;
+use crate::units::format_size;
 use hdrhistogram::Histogram;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -203,8 +205,30 @@ pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<V
         return Err(Error::spec("--file-size", config.file_size.to_string(), "at least --bs per thread"));
     }
     let mut spec = DeviceSpec::parse(&config.device, Some(config.file_size * 2 + (256 << 20)))?;
+    if let Backend::Uring(crate::device::uring::UringConfig { target, .. })
+    | Backend::Psync(crate::device::psync::PsyncConfig { target }) = &mut spec.backend
+        && std::fs::metadata(&target.path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+    {
+        // A block device has the size it has: the whole of it is formatted.
+        target.size = None;
+    }
     spec.protect(config.guard, false);
     let device = spec.open()?;
+    // The file, its metadata and the journal must fit.
+    let needed = config.file_size + config.file_size / 8 + (64 << 20);
+    if device.size() < needed {
+        return Err(Error::spec(
+            "--file-size",
+            format_size(config.file_size),
+            format!(
+                "{} holds {}; a file of this size needs about {} of device (a smaller --file-size fits)",
+                config.device,
+                format_size(device.size()),
+                format_size(needed)
+            ),
+        ));
+    }
     let eng = engine(&device, &config.engine_path)?;
     FileSystem::format(Arc::clone(&eng), FormatOptions::default())?;
     lay_out(&eng, config)?;
