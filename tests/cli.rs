@@ -559,6 +559,8 @@ fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     assert!(e.contains("randread"), "{e}");
     let e = fails(&["fsbench", "--paths", "fast"]);
     assert!(e.contains("conventional or aios"), "{e}");
+    let e = fails(&["fsbench", "--device", "emu:optane,size=64m", "--file-size", "256m"]);
+    assert!(e.contains("--file-size") && e.contains("holds 64MiB"), "{e}");
 }
 
 #[test]
