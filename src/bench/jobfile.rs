@@ -10,6 +10,7 @@
 //! say `stonewall` (fio would otherwise run them at the same time, which
 //! iopath does not do yet).
 
+use super::distribution::Distribution;
 use super::run::BenchConfig;
 use super::workload::Rw;
 use crate::error::{Error, Result};
@@ -25,6 +26,8 @@ pub struct Job {
     pub options: Vec<(String, Option<String>)>,
     /// Its 1-based line in the file, for messages.
     pub line: usize,
+    /// How many of `options` came from `[global]` (they come first).
+    pub from_global: usize,
 }
 
 impl Job {
@@ -77,14 +80,20 @@ const SUPPORTED: &[&str] = &[
     "name",
     "iopath_path",
     "iopath_device",
+    "random_distribution",
+    "rate",
+    "rate_iops",
+    "ramp_time",
+    "write_lat_log",
+    "write_bw_log",
+    "write_iops_log",
+    "log_avg_msec",
+    "log_offset",
+    "percentile_list",
 ];
 
 /// fio options iopath knows it lacks (issue 14 adds them); named in the error.
 const NOT_YET: &[&str] = &[
-    "ramp_time",
-    "rate",
-    "rate_iops",
-    "random_distribution",
     "bssplit",
     "bsrange",
     "thinktime",
@@ -96,11 +105,6 @@ const NOT_YET: &[&str] = &[
     "startdelay",
     "cpus_allowed",
     "cpumask",
-    "write_lat_log",
-    "write_bw_log",
-    "write_iops_log",
-    "log_avg_msec",
-    "percentile_list",
     "loops",
     "verify",
     "do_verify",
@@ -128,7 +132,12 @@ pub fn parse(text: &str) -> Result<Vec<Job>> {
             let name = name.trim();
             in_global = name == "global";
             if !in_global {
-                jobs.push(Job { name: name.to_string(), options: global.clone(), line: i + 1 });
+                jobs.push(Job {
+                    name: name.to_string(),
+                    options: global.clone(),
+                    line: i + 1,
+                    from_global: global.len(),
+                });
             }
             continue;
         }
@@ -165,6 +174,82 @@ pub fn parse(text: &str) -> Result<Vec<Job>> {
         }
     }
     Ok(jobs)
+}
+
+/// The fio options [`apply_option`] takes (on the command line too).
+const FIO_EXTRAS: &[&str] = &[
+    "random_distribution",
+    "rate",
+    "rate_iops",
+    "ramp_time",
+    "write_lat_log",
+    "write_bw_log",
+    "write_iops_log",
+    "log_avg_msec",
+    "log_offset",
+    "percentile_list",
+];
+
+/// Sets one of fio's skew, pacing, warm-up, log or report options on
+/// `config`, with fio's spelling and meaning: `random_distribution=zipf:1.2`,
+/// `rate_iops=R[,W]` and `rate=R[,W]` (per thread and per direction; one
+/// value caps each direction, an empty one leaves it free), `ramp_time`
+/// (seconds unless given a unit), `write_lat_log=NAME` (and `_bw_`,
+/// `_iops_`), `log_avg_msec`, `percentile_list=P:P:...`.
+pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<()> {
+    let bad = |hint: &str| Error::spec("fio option", format!("{key}={value}"), hint);
+    match key {
+        "random_distribution" => config.fio.distribution = Distribution::parse(value)?,
+        "rate_iops" | "rate" => {
+            let bs = config.block_size.max(1) as f64;
+            let parse = |text: &str| -> Result<Option<f64>> {
+                if text.is_empty() {
+                    return Ok(None);
+                }
+                let n = if key == "rate" {
+                    parse_size(text).map(|b| b as f64 / bs)
+                } else {
+                    parse_size(text).map(|n| n as f64)
+                }
+                .map_err(|_| bad("a number per second, e.g. 20000 (rate_iops) or 100m (rate), reads[,writes]"))?;
+                if n <= 0.0 {
+                    return Err(bad("a rate above 0"));
+                }
+                Ok(Some(n))
+            };
+            let mut parts = value.split(',');
+            let read = parse(parts.next().unwrap_or(""))?;
+            let write = match parts.next() {
+                Some(w) => parse(w)?,
+                None => read,
+            };
+            if parts.next().is_some() {
+                return Err(bad("reads[,writes]; trim is not supported"));
+            }
+            config.fio.rate_iops = [read, write];
+        }
+        "ramp_time" => {
+            let d = parse_duration_default_unit(value, 1e9).map_err(|_| bad("e.g. 1 (seconds) or 500ms"))?;
+            config.fio.ramp = (!d.is_zero()).then_some(d);
+        }
+        "write_lat_log" => config.fio.logs.lat = Some(value.to_string()),
+        "write_bw_log" => config.fio.logs.bw = Some(value.to_string()),
+        "write_iops_log" => config.fio.logs.iops = Some(value.to_string()),
+        "log_offset" => config.fio.logs.offsets = value != "0",
+        "log_avg_msec" => {
+            let ms: u64 = value.parse().map_err(|_| bad("milliseconds, e.g. 500"))?;
+            config.fio.logs.avg_ms = (ms > 0).then_some(ms);
+        }
+        "percentile_list" => {
+            let list: Option<Vec<f64>> = value
+                .split([':', ','])
+                .map(|p| p.trim().parse::<f64>().ok().filter(|p| *p > 0.0 && *p <= 100.0))
+                .collect();
+            config.fio.percentiles = list.ok_or_else(|| bad("percentiles above 0 and at most 100, e.g. 50:99:99.9"))?;
+        }
+        _ => return Err(bad(&format!("not one of {}", FIO_EXTRAS.join(", ")))),
+    }
+    Ok(())
 }
 
 /// The bench run a job describes, starting from `base` (the command line's settings).
@@ -254,6 +339,23 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
     } else if let Some(file) = value("filename") {
         c.device = format!("uring:{file}");
     }
+    for (key, v) in &job.options {
+        if FIO_EXTRAS.contains(&key.as_str()) {
+            // A bare flag (`log_offset`) means 1; the others need their value.
+            let v = match v.as_deref() {
+                Some(v) => v,
+                None if key == "log_offset" => "1",
+                None => return Err(job.error(key, "", "give it a value: key=value")),
+            };
+            apply_option(&mut c, key, v).map_err(|e| match e {
+                Error::InvalidSpec { hint, .. } => job.error(key, v, &hint),
+                other => other,
+            })?;
+        }
+    }
+    c.fio.job_name = Some(job.name.clone());
+    c.fio.job_options =
+        job.options[job.from_global..].iter().map(|(k, v)| (k.clone(), v.clone().unwrap_or_default())).collect();
     if let Some(p) = value("iopath_path") {
         let spec = PathSpec::parse(p)?;
         let path = spec.config()?;
@@ -304,12 +406,33 @@ iopath_path=stm
     }
 
     #[test]
+    fn skew_pacing_warm_up_logs_and_percentiles_take_fios_meaning() {
+        let text = "[global]\nbs=8k\n[mix]\nrw=randrw\nrwmixread=70\nrandom_distribution=zipf:1.2\n\
+                    rate_iops=20000\nramp_time=1\nwrite_lat_log=mix\nlog_avg_msec=100\npercentile_list=50:99.9\n\
+                    [bw]\nstonewall\nrate=,80k\n";
+        let jobs = parse(text).unwrap();
+        let c = to_config(&jobs[0], &BenchConfig::default()).unwrap();
+        assert_eq!(c.fio.distribution, Distribution::Zipf(1.2));
+        assert_eq!(c.fio.rate_iops, [Some(20000.0), Some(20000.0)], "one value caps each direction");
+        assert_eq!(c.fio.ramp, Some(std::time::Duration::from_secs(1)));
+        assert_eq!((c.fio.logs.lat.as_deref(), c.fio.logs.avg_ms), (Some("mix"), Some(100)));
+        assert_eq!(c.fio.percentiles, [50.0, 99.9]);
+        assert_eq!(c.fio.job_name.as_deref(), Some("mix"));
+        assert_eq!(c.fio.job_options[0], ("rw".to_string(), "randrw".to_string()), "the job's own options only");
+        let b = to_config(&jobs[1], &BenchConfig::default()).unwrap();
+        assert_eq!(b.fio.rate_iops, [None, Some(10.0)], "80 KiB/s of 8 KiB writes, reads free");
+    }
+
+    #[test]
     fn what_iopath_cannot_do_is_an_error_that_names_it() {
         let err = |text: &str| match parse(text).and_then(|j| to_config(&j[0], &BenchConfig::default())) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("accepted: {text}"),
         };
-        assert!(err("[a]\nrate_iops=20000\n").contains("rate_iops=20000 in [a] (line 1)"));
+        assert!(err("[a]\nthinktime=10\n").contains("thinktime=10 in [a] (line 1)"));
+        assert!(err("[a]\nrandom_distribution=zipf:0\n").contains("random_distribution=zipf:0 in [a]"));
+        assert!(err("[a]\nrate_iops=fast\n").contains("rate_iops=fast in [a]"));
+        assert!(err("[a]\npercentile_list=99:101\n").contains("at most 100"));
         assert!(err("[a]\nbogus=1\n").contains("not an fio option iopath knows"));
         assert!(err("[a]\nioengine=libaio\nfilename=/x\n").contains("io_uring, psync"));
         assert!(err("[a]\nrw=trim\n").contains("trim is not supported"));

@@ -5,9 +5,11 @@
 //! JSON.
 
 pub mod compare;
+pub mod distribution;
 pub mod fsbench;
 pub mod hogs;
 pub mod jobfile;
+pub mod logs;
 pub mod report;
 pub mod run;
 pub mod soak;

@@ -16,11 +16,11 @@ use serde_json::{Map, Value, json};
 pub const FIO_PERCENTILES: [f64; 17] =
     [1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99];
 
-fn lat_object(d: &DirStats) -> Value {
+fn lat_object(d: &DirStats, percentiles: &[f64]) -> Value {
     let h = &d.latency_ns;
     let mut pct = Map::new();
     if d.ios > 0 {
-        for p in FIO_PERCENTILES {
+        for &p in percentiles {
             pct.insert(format!("{p:.6}"), json!(h.value_at_quantile(p / 100.0)));
         }
     }
@@ -34,7 +34,33 @@ fn lat_object(d: &DirStats) -> Value {
     })
 }
 
-fn dir_object(d: &DirStats, wall_ns: u64) -> Value {
+/// fio's summary of per-500 ms samples: min, max, mean, standard deviation, count.
+fn sample_summary(samples: &[f64]) -> (f64, f64, f64, f64, usize) {
+    if samples.is_empty() {
+        return (0.0, 0.0, 0.0, 0.0, 0);
+    }
+    let n = samples.len() as f64;
+    let mean = samples.iter().sum::<f64>() / n;
+    let var = if samples.len() > 1 { samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = samples.iter().copied().fold(0.0, f64::max);
+    (min, max, mean, var.sqrt(), samples.len())
+}
+
+/// One direction's fio object; `None` is a direction iopath never issues (trim).
+fn dir_object(r: &BenchResult, op: Option<crate::device::Op>) -> Value {
+    let m = &r.measurements;
+    let wall_ns = m.wall_ns;
+    let none = DirStats::default();
+    let d = match op {
+        Some(crate::device::Op::Read) => &m.read,
+        Some(_) => &m.write,
+        None => &none,
+    };
+    let percentiles = &r.config.fio.percentiles;
+    let (bw_samples, iops_samples) = op.map_or((Vec::new(), Vec::new()), |op| r.samples.samples(op, wall_ns));
+    let (bw_min, bw_max, bw_mean, bw_dev, bw_n) = sample_summary(&bw_samples);
+    let (iops_min, iops_max, iops_mean, iops_dev, iops_n) = sample_summary(&iops_samples);
     let zero_lat = json!({"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0});
     json!({
         "io_bytes": d.bytes,
@@ -47,9 +73,47 @@ fn dir_object(d: &DirStats, wall_ns: u64) -> Value {
         "short_ios": 0,
         "drop_ios": 0,
         "slat_ns": zero_lat,
-        "clat_ns": lat_object(d),
-        "lat_ns": lat_object(d),
+        "clat_ns": lat_object(d, percentiles),
+        "lat_ns": lat_object(d, percentiles),
+        "bw_min": bw_min.round() as u64,
+        "bw_max": bw_max.round() as u64,
+        "bw_agg": if d.ios > 0 { 100.0 } else { 0.0 },
+        "bw_mean": bw_mean,
+        "bw_dev": bw_dev,
+        "bw_samples": bw_n,
+        "iops_min": iops_min.round() as u64,
+        "iops_max": iops_max.round() as u64,
+        "iops_mean": iops_mean,
+        "iops_stddev": iops_dev,
+        "iops_samples": iops_n,
     })
+}
+
+/// fio's latency buckets: the share of requests (percent) whose latency lies
+/// in each range, by unit (`latency_ns`, `latency_us`, `latency_ms`).
+fn latency_buckets(m: &Measurements) -> (Value, Value, Value) {
+    let h = m.latency_histogram();
+    let total = h.len().max(1) as f64;
+    const EDGES: [u64; 10] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000];
+    let bucket = |unit: u64, edges: &[u64], open_end: bool| -> Value {
+        let mut out = Map::new();
+        // Each unit's buckets start where the smaller unit's end (1 us, 1 ms).
+        let mut low = if unit == 1 { 0 } else { unit };
+        for &e in edges {
+            let high = e * unit;
+            let n = if !h.is_empty() { h.count_between(low, high.saturating_sub(1)) } else { 0 };
+            out.insert(e.to_string(), json!(n as f64 * 100.0 / total));
+            low = high;
+        }
+        if open_end {
+            let n = if !h.is_empty() { h.count_between(low, u64::MAX / 2) } else { 0 };
+            out.insert(">=2000".into(), json!(n as f64 * 100.0 / total));
+        }
+        Value::Object(out)
+    };
+    let mut ms_edges = EDGES.to_vec();
+    ms_edges.push(2000);
+    (bucket(1, &EDGES, false), bucket(1000, &EDGES, false), bucket(1_000_000, &ms_edges, true))
 }
 
 fn opt_f64(v: Option<f64>) -> Value {
@@ -151,11 +215,8 @@ fn segments_histogram(m: &Measurements) -> Value {
 pub fn job_json(r: &BenchResult) -> Value {
     let m = &r.measurements;
     let c = &r.config;
-    json!({
-        "jobname": format!("{}-{}", c.rw.name(), c.path_name),
-        "groupid": 0,
-        "error": 0,
-        "job options": {
+    let options = if c.fio.job_options.is_empty() {
+        let mut o = json!({
             "rw": c.rw.name(),
             "bs": c.block_size.to_string(),
             "numjobs": c.threads.to_string(),
@@ -163,12 +224,40 @@ pub fn job_json(r: &BenchResult) -> Value {
             "size": r.size.to_string(),
             "rwmixread": c.rwmixread.to_string(),
             "ioengine": c.device,
-        },
+        });
+        if c.fio.distribution != crate::bench::distribution::Distribution::Uniform {
+            o["random_distribution"] = json!(c.fio.distribution.name());
+        }
+        o
+    } else {
+        Value::Object(c.fio.job_options.iter().map(|(k, v)| (k.clone(), json!(v))).collect())
+    };
+    let (lat_ns, lat_us, lat_ms) = latency_buckets(m);
+    let mut depth = Map::new();
+    for (label, low) in [("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), (">=64", 64)] {
+        let high = if low == 64 { u32::MAX } else { low * 2 - 1 };
+        depth.insert(label.into(), json!(if (low..=high).contains(&c.iodepth) { 100.0 } else { 0.0 }));
+    }
+    json!({
+        "jobname": c.fio.job_name.clone().unwrap_or_else(|| format!("{}-{}", c.rw.name(), c.path_name)),
+        "groupid": 0,
+        "error": 0,
+        "eta": 0,
+        "job options": options,
         "elapsed": m.wall_ns / 1_000_000_000,
         "job_runtime": m.wall_ns / 1_000_000,
-        "read": dir_object(&m.read, m.wall_ns),
-        "write": dir_object(&m.write, m.wall_ns),
-        "trim": dir_object(&DirStats::default(), m.wall_ns),
+        "read": dir_object(r, Some(crate::device::Op::Read)),
+        "write": dir_object(r, Some(crate::device::Op::Write)),
+        "trim": dir_object(r, None),
+        "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}},
+        "iodepth_level": depth,
+        "latency_ns": lat_ns,
+        "latency_us": lat_us,
+        "latency_ms": lat_ms,
+        "latency_depth": c.iodepth,
+        "latency_target": 0,
+        "latency_percentile": 100.0,
+        "latency_window": 0,
         "usr_cpu": m.usr_cpu_pct(),
         "sys_cpu": m.sys_cpu_pct(),
         "ctx": m.usage.voluntary_ctx + m.usage.involuntary_ctx,

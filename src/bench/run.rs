@@ -6,7 +6,9 @@
 //! phase together. Blocking I/O (`--iodepth 1`) goes through `read_into` /
 //! `write_from`; deeper queues use submit / commit / reap.
 
+use super::distribution::Distribution;
 use super::hogs::{HogConfig, Hogs};
+use super::logs::{LogConfig, ThreadLog};
 use super::stats::{DirStats, Measurements};
 use super::workload::{Generator, Rw};
 use crate::clock::{ThreadUsage, now_ns};
@@ -24,6 +26,8 @@ use std::time::Duration;
 const PREFILL_CHUNK: u64 = 1 << 20;
 /// How many requests a thread completes between two updates of the progress counter.
 const PROGRESS_BATCH: u64 = 64;
+/// A rate-limited thread that fell behind catches up at most this much time's worth.
+const RATE_CATCH_UP_NS: u64 = 100_000_000;
 
 /// One benchmark.
 #[derive(Debug, Clone)]
@@ -61,6 +65,43 @@ pub struct BenchConfig {
     /// What may be written to a file or block device iopath did not create.
     /// A read-only workload opens its target read-only whatever this says.
     pub guard: Guard,
+    /// fio's skew, pacing, warm-up, logs and reporting options.
+    pub fio: FioOptions,
+}
+
+/// fio options beyond the basic workload (`random_distribution`,
+/// `rate_iops`, `ramp_time`, logs, `percentile_list`, the job's name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FioOptions {
+    /// Where random requests land.
+    pub distribution: Distribution,
+    /// Most requests per second each thread issues, reads and writes apart
+    /// (fio's `rate_iops=R[,W]`; `rate=` is turned into this).
+    pub rate_iops: [Option<f64>; 2],
+    /// Run this long before measuring (`ramp_time`).
+    pub ramp: Option<Duration>,
+    /// Logs to write.
+    pub logs: LogConfig,
+    /// Latency percentiles to report (`percentile_list`).
+    pub percentiles: Vec<f64>,
+    /// The job's name (a job file's section) for the JSON and the logs.
+    pub job_name: Option<String>,
+    /// The options as the job file gave them, for the JSON's `job options`.
+    pub job_options: Vec<(String, String)>,
+}
+
+impl Default for FioOptions {
+    fn default() -> Self {
+        FioOptions {
+            distribution: Distribution::Uniform,
+            rate_iops: [None, None],
+            ramp: None,
+            logs: LogConfig::default(),
+            percentiles: super::report::FIO_PERCENTILES.to_vec(),
+            job_name: None,
+            job_options: Vec::new(),
+        }
+    }
 }
 
 impl Default for BenchConfig {
@@ -82,6 +123,7 @@ impl Default for BenchConfig {
             progress: false,
             hogs: HogConfig::default(),
             guard: Guard::Protect { allow_overwrite: false, allow_fs: false },
+            fio: FioOptions::default(),
         }
     }
 }
@@ -115,6 +157,10 @@ pub struct BenchResult {
     /// The run was cut short by Ctrl-C or SIGTERM: the figures cover only
     /// the time it ran.
     pub interrupted: bool,
+    /// The job's bandwidth and IOPS per 500 ms (all threads summed).
+    pub samples: ThreadLog,
+    /// Log files written.
+    pub logs_written: Vec<std::path::PathBuf>,
 }
 
 /// Opens the device and engine a config names and runs the benchmark.
@@ -136,6 +182,17 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     }
     if config.rwmixread > 100 {
         return Err(Error::spec("--rwmixread", config.rwmixread.to_string(), "a percentage from 0 to 100"));
+    }
+    config.fio.logs.validate()?;
+    if config.fio.rate_iops.iter().flatten().any(|r| !(*r > 0.0 && r.is_finite())) {
+        return Err(Error::spec("rate_iops", format!("{:?}", config.fio.rate_iops), "a rate above 0"));
+    }
+    if config.fio.percentiles.iter().any(|p| !(*p > 0.0 && *p <= 100.0)) || config.fio.percentiles.is_empty() {
+        return Err(Error::spec(
+            "percentile_list",
+            format!("{:?}", config.fio.percentiles),
+            "percentiles above 0 and at most 100, separated by ':' (e.g. 50:99:99.9)",
+        ));
     }
     let mut spec = DeviceSpec::parse(&config.device, config.size)?;
     let read_only = !config.rw.writes();
@@ -196,6 +253,7 @@ struct ThreadOutcome {
     path: PathStats,
     verified_blocks: u64,
     end_ns: u64,
+    log: ThreadLog,
 }
 
 /// Runs the benchmark on an engine that is already open. With `--verify`,
@@ -207,6 +265,8 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
 
 fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode) -> Result<BenchResult> {
     let barrier = Arc::new(Barrier::new(config.threads + 1));
+    // When the threads were let go: a warm-up (`ramp_time`) ends the same time after it for all.
+    let released_at = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
     let hogs = Hogs::start(&config.hogs)?;
@@ -223,6 +283,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
                     size,
                     verify,
                     barrier: Arc::clone(&barrier),
+                    released_at: Arc::clone(&released_at),
                     stop: Arc::clone(&stop),
                     progress: Arc::clone(&progress),
                 };
@@ -240,7 +301,21 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         background_before = (engine.background_stats(), engine.background_usage());
         hog_units_before = hogs.units();
         start_ns = now_ns();
+        released_at.store(start_ns, Ordering::Release);
         barrier.wait();
+        if let Some(ramp) = config.fio.ramp {
+            // Measured from the end of the warm-up, which every thread leaves at this time.
+            let ramp_end = start_ns + ramp.as_nanos() as u64;
+            while now_ns() < ramp_end && !workers.iter().all(|w| w.is_finished()) {
+                std::thread::sleep(
+                    Duration::from_millis(5).min(Duration::from_nanos(ramp_end.saturating_sub(now_ns()))),
+                );
+            }
+            device_before = engine.device().stats();
+            background_before = (engine.background_stats(), engine.background_usage());
+            hog_units_before = hogs.units();
+            start_ns = ramp_end;
+        }
         let bar = (config.progress && std::io::stderr().is_terminal()).then(|| progress_bar(config));
         while !workers.iter().all(|w| w.is_finished()) {
             std::thread::sleep(Duration::from_millis(50));
@@ -271,8 +346,14 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         hogs: (config.hogs.count > 0).then_some(hog_report),
     };
     let mut end_ns = start_ns;
-    for outcome in outcomes {
+    let mut samples = ThreadLog::default();
+    let mut logs_written = Vec::new();
+    for (index, outcome) in outcomes.into_iter().enumerate() {
         let o = outcome?;
+        samples.add_samples(&o.log);
+        if config.fio.logs.any() {
+            logs_written.extend(o.log.write(&config.fio.logs, index + 1, config.block_size)?);
+        }
         m.read.add(&o.read);
         m.write.add(&o.write);
         m.usage.add(&o.usage);
@@ -299,6 +380,8 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         size,
         measurements: m,
         interrupted: crate::signal::interrupted(),
+        samples,
+        logs_written,
     })
 }
 
@@ -331,6 +414,7 @@ struct Job<'a> {
     size: u64,
     verify: VerifyMode,
     barrier: Arc<Barrier>,
+    released_at: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     progress: Arc<AtomicU64>,
 }
@@ -351,6 +435,14 @@ struct ThreadRun<'a> {
     issued: u64,
     limit: u64,
     unreported: u64,
+    /// Requests completing before this are the warm-up's: not counted.
+    measure_from_ns: u64,
+    /// Usage and path counters when the measured phase began (`None` during the warm-up).
+    measured_since: Option<(ThreadUsage, PathStats)>,
+    /// Per direction: when the next request may go (rate limit), and the interval.
+    next_due_ns: [u64; 2],
+    interval_ns: [Option<u64>; 2],
+    log: ThreadLog,
 }
 
 impl ThreadRun<'_> {
@@ -366,8 +458,46 @@ impl ThreadRun<'_> {
         error
     }
 
-    fn completed(&mut self, op: Op, latency_ns: u64) {
+    /// Ends the warm-up once its time has come: what the thread did so far is not counted.
+    fn tick(&mut self, handle: &Handle, now: u64) {
+        if self.measured_since.is_none() && now >= self.measure_from_ns {
+            self.measured_since = Some((ThreadUsage::now(), handle.stats()));
+        }
+    }
+
+    /// The direction the next request takes, held to the rate limits: a
+    /// direction ahead of its rate gives way to the other one if that one
+    /// may go now (as fio does; both then run at their rates), or else the
+    /// thread sleeps until it is due. A thread that fell behind catches up
+    /// back to back, for at most 100 ms worth.
+    fn pace(&mut self, wanted: Op) -> Op {
+        if self.interval_ns == [None, None] {
+            return wanted;
+        }
+        let due = |run: &Self, d: usize| run.interval_ns[d].map_or(0, |_| run.next_due_ns[d]);
+        let mix = self.config.rw.read_fraction(self.config.rwmixread);
+        let mut d = usize::from(wanted != Op::Read);
+        let mut now = now_ns();
+        if now < due(self, d) && mix > 0.0 && mix < 1.0 && now >= due(self, 1 - d) {
+            d = 1 - d;
+        }
+        if now < due(self, d) {
+            crate::clock::sleep_until_ns(due(self, d));
+            now = now_ns();
+        }
+        if let Some(interval) = self.interval_ns[d] {
+            self.next_due_ns[d] = self.next_due_ns[d].max(now.saturating_sub(RATE_CATCH_UP_NS)) + interval;
+        }
+        if d == 0 { Op::Read } else { Op::Write }
+    }
+
+    fn completed(&mut self, op: Op, latency_ns: u64, now: u64, block: u64) {
+        if self.measured_since.is_none() {
+            return;
+        }
         let bytes = self.generator.block_size;
+        let offset = self.generator.offset(block);
+        self.log.record(now.saturating_sub(self.measure_from_ns), latency_ns, op, bytes, offset);
         match op {
             Op::Read => self.read.record(latency_ns, bytes),
             _ => self.write.record(latency_ns, bytes),
@@ -423,23 +553,37 @@ fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
     }
     job.barrier.wait();
     let (mut handle, mut run) = setup?;
-    let usage_before = ThreadUsage::now();
-    let path_before = handle.stats();
-    let start = now_ns();
+    let now = now_ns();
+    // The measured phase starts now, or when the warm-up ends (the same time for all threads).
+    let start = config.fio.ramp.map_or(now, |r| job.released_at.load(Ordering::Acquire) + r.as_nanos() as u64);
+    run.measure_from_ns = start;
+    run.next_due_ns = [now; 2];
+    run.tick(&handle, now);
     run.deadline_ns = config.runtime.map_or(u64::MAX, |t| start + t.as_nanos() as u64);
     let result =
         if config.iodepth == 1 { run_blocking(&mut handle, &mut run) } else { run_queued(&mut handle, &mut run) };
     let end_ns = now_ns();
+    run.tick(&handle, end_ns);
+    let (usage_before, path_before) = run.measured_since.take().expect("measured from the end at the latest");
     let usage = ThreadUsage::now().since(&usage_before);
     result?;
     let path = handle.stats().since(&path_before);
-    Ok(ThreadOutcome { read: run.read, write: run.write, usage, path, verified_blocks: run.verified_blocks, end_ns })
+    Ok(ThreadOutcome {
+        read: run.read,
+        write: run.write,
+        usage,
+        path,
+        verified_blocks: run.verified_blocks,
+        end_ns,
+        log: run.log,
+    })
 }
 
 fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a>)> {
     let (engine, config) = (job.engine, job.config);
     let generator =
-        Generator::new(config.rw, config.rwmixread, job.size, config.block_size, config.threads, thread, config.seed)?;
+        Generator::new(config.rw, config.rwmixread, job.size, config.block_size, config.threads, thread, config.seed)?
+            .with_distribution(config.fio.distribution);
     if config.verify && generator.blocks < config.iodepth as u64 {
         return Err(Error::spec(
             "--iodepth",
@@ -470,6 +614,11 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
         issued: 0,
         limit,
         unreported: 0,
+        measure_from_ns: 0,
+        measured_since: None,
+        next_due_ns: [0; 2],
+        interval_ns: config.fio.rate_iops.map(|r| r.map(|r| (1e9 / r).max(1.0) as u64)),
+        log: ThreadLog::new(&config.fio.logs),
     };
     Ok((handle, run))
 }
@@ -504,6 +653,7 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
     let mut now = now_ns();
     while !run.should_stop(now) {
         let (op, block) = run.generator.next_request();
+        let op = run.pace(op);
         let offset = run.generator.offset(block);
         if op == Op::Write {
             let buf = handle.buffer(0).expect("buffer 0 is idle between requests");
@@ -517,7 +667,8 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         };
         now = now_ns();
         result.map_err(|e| run.fail(e))?;
-        run.completed(op, now - start);
+        run.tick(handle, now);
+        run.completed(op, now - start, now, block);
         run.settle(op, handle.buffer(0).expect("buffer 0 is idle"), block)?;
     }
     Ok(())
@@ -531,6 +682,7 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
     let mut done = Vec::with_capacity(depth);
     let issue = |handle: &mut Handle, run: &mut ThreadRun, slots: &mut [(Op, u64, u64)], index: usize| -> Result<()> {
         let (op, mut block) = run.generator.next_request();
+        let op = run.pace(op);
         if run.config.verify {
             // Never two requests on one block at once: the outcome would be undefined.
             while slots.iter().any(|s| s.1 == block) {
@@ -564,7 +716,8 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
             let (op, block, submitted) = slots[index];
             slots[index].1 = u64::MAX;
             completed.result.map_err(|e| run.fail(e))?;
-            run.completed(op, now - submitted);
+            run.tick(handle, now);
+            run.completed(op, now - submitted, now, block);
             run.settle(op, handle.buffer(index).expect("reaped buffer is idle"), block)?;
             if !run.should_stop(now) {
                 issue(handle, run, &mut slots, index)?;

@@ -3,9 +3,11 @@
 //! Each thread owns a contiguous slice of the region (`size / threads`,
 //! rounded down to the block size), like one file per thread in Iozone or
 //! fio's `offset_increment`. Sequential workloads walk their slice and wrap;
-//! random ones pick blocks uniformly inside it. Owning a slice is what lets
+//! random ones pick blocks inside it, uniformly or skewed
+//! ([`Distribution`]). Owning a slice is what lets
 //! `--verify` know exactly what every block must hold.
 
+use super::distribution::{Distribution, Sampler};
 use crate::device::Op;
 use crate::error::{Error, Result};
 
@@ -84,6 +86,7 @@ pub struct Generator {
     /// Block size in bytes.
     pub block_size: u64,
     next_block: u64,
+    sampler: Sampler,
     rng: fastrand::Rng,
 }
 
@@ -115,8 +118,15 @@ impl Generator {
             blocks: slice / block_size,
             block_size,
             next_block: 0,
+            sampler: Sampler::new(Distribution::Uniform, slice / block_size),
             rng: fastrand::Rng::with_seed(seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         })
+    }
+
+    /// Draws random blocks from `distribution` instead of uniformly.
+    pub fn with_distribution(mut self, distribution: Distribution) -> Generator {
+        self.sampler = Sampler::new(distribution, self.blocks);
+        self
     }
 
     /// The next direction and block index (within the slice).
@@ -133,7 +143,7 @@ impl Generator {
             }
         };
         let block = if self.rw.is_random() {
-            self.rng.u64(0..self.blocks)
+            self.sampler.next(&mut self.rng)
         } else {
             let b = self.next_block;
             self.next_block = (b + 1) % self.blocks;

@@ -172,6 +172,70 @@ pub struct BenchArgs {
     /// Do not show the progress line.
     #[arg(long)]
     no_progress: bool,
+    #[command(flatten)]
+    fio: FioArgs,
+}
+
+/// fio's options for skew, pacing, warm-up and logs, spelled as fio spells them.
+#[derive(Args, Debug, Clone)]
+pub struct FioArgs {
+    /// Where random requests land: random (uniform), zipf:THETA, pareto:H, normal:DEV (percent).
+    #[arg(long, value_name = "DIST", help_heading = "fio options")]
+    random_distribution: Option<String>,
+    /// Requests per second per thread, reads[,writes] (one value caps each direction).
+    #[arg(long, value_name = "R[,W]", help_heading = "fio options")]
+    rate_iops: Option<String>,
+    /// Bytes per second per thread, reads[,writes] (e.g. 100m), turned into requests per second.
+    #[arg(long, value_name = "R[,W]", help_heading = "fio options")]
+    rate: Option<String>,
+    /// Run this long first without measuring (2s, 500ms).
+    #[arg(long, value_parser = duration_arg, help_heading = "fio options")]
+    ramp_time: Option<Duration>,
+    /// Write fio latency logs NAME_lat.N.log, NAME_clat.N.log, NAME_slat.N.log (one per thread).
+    #[arg(long, value_name = "NAME", help_heading = "fio options")]
+    write_lat_log: Option<String>,
+    /// Write fio bandwidth logs NAME_bw.N.log (KiB/s; needs --log-avg-msec).
+    #[arg(long, value_name = "NAME", help_heading = "fio options")]
+    write_bw_log: Option<String>,
+    /// Write fio IOPS logs NAME_iops.N.log (needs --log-avg-msec).
+    #[arg(long, value_name = "NAME", help_heading = "fio options")]
+    write_iops_log: Option<String>,
+    /// Average the logs over windows of this many milliseconds.
+    #[arg(long, value_name = "MS", help_heading = "fio options")]
+    log_avg_msec: Option<u64>,
+    /// Per-request latency log lines carry the request's offset (fio's log_offset=1).
+    #[arg(long, help_heading = "fio options")]
+    log_offset: bool,
+    /// Latency percentiles to report, ':'-separated (e.g. 50:99:99.9).
+    #[arg(long, value_name = "P:P:...", help_heading = "fio options")]
+    percentile_list: Option<String>,
+}
+
+impl FioArgs {
+    /// Applies the options given to `fio` (fio's spelling and meaning; see jobfile).
+    fn apply(&self, config: &mut BenchConfig) -> iopath::Result<()> {
+        use iopath::bench::jobfile::apply_option;
+        let given = [
+            ("random_distribution", &self.random_distribution),
+            ("rate_iops", &self.rate_iops),
+            ("rate", &self.rate),
+            ("write_lat_log", &self.write_lat_log),
+            ("write_bw_log", &self.write_bw_log),
+            ("write_iops_log", &self.write_iops_log),
+            ("percentile_list", &self.percentile_list),
+        ];
+        for (key, value) in given {
+            if let Some(v) = value {
+                apply_option(config, key, v)?;
+            }
+        }
+        if let Some(ms) = self.log_avg_msec {
+            apply_option(config, "log_avg_msec", &ms.to_string())?;
+        }
+        config.fio.ramp = self.ramp_time.or(config.fio.ramp);
+        config.fio.logs.offsets |= self.log_offset;
+        Ok(())
+    }
 }
 
 /// Runs `iopath bench`.
@@ -195,7 +259,10 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
         progress: !args.no_progress,
         hogs: args.hogs.config(args.hogs.cpu_hogs),
         guard: args.safety.guard(),
+        fio: Default::default(),
     };
+    let mut config = config;
+    args.fio.apply(&mut config)?;
     if let Some(file) = args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
         return run_job_file(file, &config, args.output_format);
     }

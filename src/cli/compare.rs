@@ -139,6 +139,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             progress: false,
             hogs: Default::default(),
             guard: args.safety.guard(),
+            fio: Default::default(),
         });
     }
     // Found out now, not after the whole matrix has run: the chart's file can be written.

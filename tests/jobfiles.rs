@@ -1,0 +1,132 @@
+//! fio job files (tests/jobs/*.fio, written the way fio's examples are) run
+//! under `iopath bench`: on the emulated device and on a file, with checks
+//! that rates are held, skew is what Zipf predicts, and logs have a line
+//! per request (or per window).
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn job(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jobs").join(name)
+}
+
+/// Runs `iopath bench JOBFILE --output-format json` in `dir`; the JSON document.
+fn run_in(dir: &Path, jobfile: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .current_dir(dir)
+        .args(["bench", "--no-progress", "--output-format", "json"])
+        .arg(jobfile)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The job file with `filename=` added to its [global] section.
+fn with_file(dir: &Path, name: &str, file: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(job(name)).unwrap();
+    let text = text.replacen("[global]\n", &format!("[global]\nfilename={}\n", file.display()), 1);
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn lines(path: &Path) -> Vec<Vec<u64>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| l.split(", ").map(|x| x.parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn random_read_runs_on_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_file(dir.path(), "random-read.fio", &dir.path().join("data.img"));
+    let doc = run_in(dir.path(), &file);
+    let j = &doc["jobs"][0];
+    assert_eq!(j["jobname"], "random-read");
+    assert_eq!(j["job options"]["rw"], "randread");
+    assert!(j["read"]["total_ios"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["write"]["total_ios"], 0);
+    assert_eq!(j["iodepth_level"]["16"], 100.0);
+    // fio's fields are all there.
+    for key in ["eta", "sync", "latency_ns", "latency_us", "latency_ms", "latency_depth", "trim", "usr_cpu", "ctx"] {
+        assert!(j.get(key).is_some(), "no {key} in {j}");
+    }
+    for key in ["bw_min", "bw_max", "bw_mean", "bw_dev", "bw_samples", "iops_min", "iops_mean", "iops_stddev"] {
+        assert!(j["read"].get(key).is_some(), "no read.{key}");
+    }
+    let us: f64 = j["latency_us"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+    let ns: f64 = j["latency_ns"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+    let ms: f64 = j["latency_ms"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+    assert!((ns + us + ms - 100.0).abs() < 0.01, "the latency buckets cover every request: {ns} {us} {ms}");
+}
+
+#[test]
+fn a_zipf_mix_has_zipfs_hot_spot_and_a_log_line_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = run_in(dir.path(), &job("mixed-zipf.fio"));
+    let j = &doc["jobs"][0];
+    let (reads, writes) = (j["read"]["total_ios"].as_u64().unwrap(), j["write"]["total_ios"].as_u64().unwrap());
+    assert!(reads + writes > 10_000, "{j}");
+    let read_share = reads as f64 / (reads + writes) as f64;
+    assert!((read_share - 0.7).abs() < 0.02, "rwmixread=70: {read_share}");
+    let pct = j["read"]["clat_ns"]["percentile"].as_object().unwrap();
+    assert_eq!(pct.keys().collect::<Vec<_>>(), ["50.000000", "99.000000", "99.900000"], "percentile_list");
+
+    // Three logs (lat, clat, slat), one line per measured request each.
+    let lat = lines(&dir.path().join("mixed-zipf_lat.1.log"));
+    assert_eq!(lat.len() as u64, reads + writes);
+    assert_eq!(lines(&dir.path().join("mixed-zipf_clat.1.log")).len(), lat.len());
+    assert_eq!(lines(&dir.path().join("mixed-zipf_slat.1.log")).len(), lat.len());
+    assert!(lat.iter().all(|l| l.len() == 5 && l[1] > 0 && l[2] <= 1 && l[3] == 4096), "fio's five columns");
+    assert!(lat.windows(2).all(|w| w[0][0] <= w[1][0]), "time goes forward");
+    assert_eq!(lat.iter().filter(|l| l[2] == 1).count() as u64, writes);
+
+    // The hottest tenth of the 1024 blocks takes the share Zipf(1.2) predicts.
+    let blocks = 4 << 20 >> 12;
+    let mut counts = vec![0u64; blocks];
+    for l in &lat {
+        counts[(l[4] >> 12) as usize] += 1;
+    }
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    let hot = counts[..blocks / 10].iter().sum::<u64>() as f64 / lat.len() as f64;
+    let h = |n: usize| (1..=n).map(|k| (k as f64).powf(-1.2)).sum::<f64>();
+    let predicted = h(blocks / 10) / h(blocks);
+    assert!((hot - predicted).abs() < 0.02, "hot 10% of blocks got {hot:.3}, Zipf(1.2) predicts {predicted:.3}");
+}
+
+#[test]
+fn rates_are_held_per_direction_after_the_warm_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = run_in(dir.path(), &job("rate-limited.fio"));
+    let j = &doc["jobs"][0];
+    // One value caps each direction (fio's meaning): reads and writes both at 1000.
+    for dir_name in ["read", "write"] {
+        let iops = j[dir_name]["iops"].as_f64().unwrap();
+        assert!((iops - 1000.0).abs() <= 50.0, "{dir_name} at {iops:.0} IOPS, held to 1000 within 5%");
+    }
+    let runtime_ms = j["job_runtime"].as_u64().unwrap();
+    assert!((1990..2300).contains(&runtime_ms), "the 500 ms warm-up is not measured: {runtime_ms} ms");
+    // Averaged IOPS log: a line per 500 ms window and direction, each near 1000.
+    let log = lines(&dir.path().join("rate-limited_iops.1.log"));
+    assert!((7..=10).contains(&log.len()), "{log:?}");
+    assert!(log.iter().all(|l| l[0] % 500 == 0 && l[3] == 0), "{log:?}");
+    let whole: Vec<&Vec<u64>> = log.iter().filter(|l| l[0] <= 2000).collect();
+    assert!(whole.iter().all(|l| (l[1] as f64 - 1000.0).abs() <= 100.0), "{log:?}");
+}
+
+#[test]
+fn two_jobs_with_stonewall_run_in_turn_on_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_file(dir.path(), "two-jobs.fio", &dir.path().join("data.img"));
+    let doc = run_in(dir.path(), &file);
+    let jobs = doc["jobs"].as_array().unwrap();
+    assert_eq!(jobs.iter().map(|j| j["jobname"].as_str().unwrap()).collect::<Vec<_>>(), ["lay-out", "read-back"]);
+    // Each passes over the 8 MiB file once in 64 KiB requests.
+    assert_eq!(jobs[0]["write"]["total_ios"], 128);
+    assert_eq!(jobs[1]["read"]["total_ios"], 128);
+    assert_eq!(jobs[1]["job options"]["iodepth"], "4");
+}
