@@ -74,16 +74,30 @@ pub fn gettid() -> i32 {
 
 /// Pins the calling thread to one CPU.
 pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
+    pin_to_cpus(&[cpu])
+}
+
+/// Lets the calling thread run only on `cpus`.
+pub fn pin_to_cpus(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it (cpu is in range);
-    // sched_setaffinity(0) applies to the calling thread only.
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it (every cpu is in
+    // range); sched_setaffinity(0) applies to the calling thread only.
     check(unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     })
+}
+
+/// CPUs the machine has (online or not): valid CPU numbers are below this.
+pub fn cpu_count() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    usize::try_from(n).unwrap_or(1).max(1)
 }
 
 /// Sleeps while `word` holds `expected`, until woken or `timeout_ns` passes

@@ -130,3 +130,24 @@ fn two_jobs_with_stonewall_run_in_turn_on_a_file() {
     assert_eq!(jobs[1]["read"]["total_ios"], 128);
     assert_eq!(jobs[1]["job options"]["iodepth"], "4");
 }
+
+#[test]
+fn flushes_offsets_loops_and_think_time_do_what_fio_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = run_in(dir.path(), &job("sync-writes.fio"));
+    let jobs = doc["jobs"].as_array().unwrap();
+    let w = &jobs[0];
+    // 256 blocks, three passes; a flush after every 8 writes issued (the queue drains first).
+    assert_eq!(w["write"]["total_ios"], 768);
+    assert_eq!(w["sync"]["total_ios"], 96);
+    assert_eq!(w["iopath"]["device_commands"], 768 + 96);
+    assert!(w["sync"]["lat_ns"]["mean"].as_f64().unwrap() > 0.0);
+    // Every write landed in [2 MiB, 3 MiB).
+    let lat = lines(&dir.path().join("fsync-every-8_lat.1.log"));
+    assert_eq!(lat.len(), 768);
+    assert!(lat.iter().all(|l| (2 << 20..3 << 20).contains(&l[4])), "offset=2m");
+    // 50 reads, each followed by 2 ms of think time.
+    let t = &jobs[1];
+    assert_eq!(t["read"]["total_ios"], 50);
+    assert!(t["job_runtime"].as_u64().unwrap() >= 100, "{}", t["job_runtime"]);
+}

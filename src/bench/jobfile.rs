@@ -90,22 +90,23 @@ const SUPPORTED: &[&str] = &[
     "log_avg_msec",
     "log_offset",
     "percentile_list",
+    "thinktime",
+    "thinktime_spin",
+    "thinktime_blocks",
+    "fsync",
+    "end_fsync",
+    "offset",
+    "loops",
+    "startdelay",
+    "cpus_allowed",
 ];
 
 /// fio options iopath knows it lacks (issue 14 adds them); named in the error.
 const NOT_YET: &[&str] = &[
     "bssplit",
     "bsrange",
-    "thinktime",
-    "fsync",
     "fdatasync",
-    "end_fsync",
-    "offset",
     "offset_increment",
-    "startdelay",
-    "cpus_allowed",
-    "cpumask",
-    "loops",
     "verify",
     "do_verify",
     "trim",
@@ -188,6 +189,15 @@ const FIO_EXTRAS: &[&str] = &[
     "log_avg_msec",
     "log_offset",
     "percentile_list",
+    "thinktime",
+    "thinktime_spin",
+    "thinktime_blocks",
+    "fsync",
+    "end_fsync",
+    "offset",
+    "loops",
+    "startdelay",
+    "cpus_allowed",
 ];
 
 /// Sets one of fio's skew, pacing, warm-up, log or report options on
@@ -195,7 +205,10 @@ const FIO_EXTRAS: &[&str] = &[
 /// `rate_iops=R[,W]` and `rate=R[,W]` (per thread and per direction; one
 /// value caps each direction, an empty one leaves it free), `ramp_time`
 /// (seconds unless given a unit), `write_lat_log=NAME` (and `_bw_`,
-/// `_iops_`), `log_avg_msec`, `percentile_list=P:P:...`.
+/// `_iops_`), `log_avg_msec`, `percentile_list=P:P:...`, `thinktime`
+/// (microseconds unless a unit is given), `thinktime_spin`, `thinktime_blocks`,
+/// `fsync=N`, `end_fsync`, `offset`, `loops`, `startdelay` (seconds),
+/// `cpus_allowed`.
 pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<()> {
     let bad = |hint: &str| Error::spec("fio option", format!("{key}={value}"), hint);
     match key {
@@ -236,6 +249,40 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
         "write_bw_log" => config.fio.logs.bw = Some(value.to_string()),
         "write_iops_log" => config.fio.logs.iops = Some(value.to_string()),
         "log_offset" => config.fio.logs.offsets = value != "0",
+        "end_fsync" => config.fio.end_fsync = value != "0",
+        "thinktime" | "thinktime_spin" | "startdelay" => {
+            // fio: thinktime in microseconds, startdelay in seconds, unless a unit is given.
+            let unit = if key == "startdelay" { 1e9 } else { 1e3 };
+            let d = parse_duration_default_unit(value, unit).map_err(|_| bad("a time such as 100 or 2ms"))?;
+            match key {
+                "thinktime" => config.fio.thinktime = d,
+                "thinktime_spin" => config.fio.thinktime_spin = d,
+                _ => config.fio.startdelay = d,
+            }
+        }
+        "thinktime_blocks" | "fsync" | "loops" => {
+            let n: u64 = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| bad("a count of 1 or more"))?;
+            match key {
+                "thinktime_blocks" => config.fio.thinktime_blocks = n,
+                "fsync" => config.fio.fsync_every = Some(n),
+                _ => config.fio.loops = n,
+            }
+        }
+        "offset" => {
+            config.fio.offset =
+                parse_size(value).map_err(|_| bad("a size such as 1g (percentages are not supported)"))?;
+        }
+        "cpus_allowed" => {
+            let mut cpus = Vec::new();
+            for part in value.split(',') {
+                let (a, b) = part.split_once('-').unwrap_or((part, part));
+                match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                    (Ok(a), Ok(b)) if a <= b && b < 1024 => cpus.extend(a..=b),
+                    _ => return Err(bad("CPU numbers and ranges, e.g. 0-1,3")),
+                }
+            }
+            config.fio.cpus = cpus;
+        }
         "log_avg_msec" => {
             let ms: u64 = value.parse().map_err(|_| bad("milliseconds, e.g. 500"))?;
             config.fio.logs.avg_ms = (ms > 0).then_some(ms);
@@ -344,7 +391,7 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
             // A bare flag (`log_offset`) means 1; the others need their value.
             let v = match v.as_deref() {
                 Some(v) => v,
-                None if key == "log_offset" => "1",
+                None if key == "log_offset" || key == "end_fsync" => "1",
                 None => return Err(job.error(key, "", "give it a value: key=value")),
             };
             apply_option(&mut c, key, v).map_err(|e| match e {
@@ -421,6 +468,12 @@ iopath_path=stm
         assert_eq!(c.fio.job_options[0], ("rw".to_string(), "randrw".to_string()), "the job's own options only");
         let b = to_config(&jobs[1], &BenchConfig::default()).unwrap();
         assert_eq!(b.fio.rate_iops, [None, Some(10.0)], "80 KiB/s of 8 KiB writes, reads free");
+        let jobs = parse("[c]\ncpus_allowed=0-2,5\nthinktime=50\nstartdelay=2\nend_fsync\n").unwrap();
+        let c = to_config(&jobs[0], &BenchConfig::default()).unwrap();
+        assert_eq!(c.fio.cpus, [0, 1, 2, 5]);
+        assert_eq!(c.fio.thinktime, std::time::Duration::from_micros(50), "microseconds by default");
+        assert_eq!(c.fio.startdelay, std::time::Duration::from_secs(2), "seconds by default");
+        assert!(c.fio.end_fsync);
     }
 
     #[test]
@@ -429,10 +482,14 @@ iopath_path=stm
             Err(e) => e.to_string(),
             Ok(_) => panic!("accepted: {text}"),
         };
-        assert!(err("[a]\nthinktime=10\n").contains("thinktime=10 in [a] (line 1)"));
+        assert!(err("[a]\nzonemode=zbd\n").contains("zonemode=zbd in [a] (line 1)"));
         assert!(err("[a]\nrandom_distribution=zipf:0\n").contains("random_distribution=zipf:0 in [a]"));
         assert!(err("[a]\nrate_iops=fast\n").contains("rate_iops=fast in [a]"));
         assert!(err("[a]\npercentile_list=99:101\n").contains("at most 100"));
+        assert!(err("[a]\ncpus_allowed=3-1\n").contains("e.g. 0-1,3"));
+        assert!(err("[a]\noffset=50%\n").contains("percentages are not supported"));
+        assert!(err("[a]\nfsync\n").contains("give it a value"));
+        assert!(err("[a]\nbssplit=4k/50:64k/50\n").contains("does not support this fio option yet"));
         assert!(err("[a]\nbogus=1\n").contains("not an fio option iopath knows"));
         assert!(err("[a]\nioengine=libaio\nfilename=/x\n").contains("io_uring, psync"));
         assert!(err("[a]\nrw=trim\n").contains("trim is not supported"));

@@ -249,7 +249,7 @@ pub fn job_json(r: &BenchResult) -> Value {
         "read": dir_object(r, Some(crate::device::Op::Read)),
         "write": dir_object(r, Some(crate::device::Op::Write)),
         "trim": dir_object(r, None),
-        "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}},
+        "sync": {"total_ios": m.sync.ios, "lat_ns": lat_object(&m.sync, &c.fio.percentiles)},
         "iodepth_level": depth,
         "latency_ns": lat_ns,
         "latency_us": lat_us,

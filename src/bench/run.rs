@@ -88,6 +88,25 @@ pub struct FioOptions {
     pub job_name: Option<String>,
     /// The options as the job file gave them, for the JSON's `job options`.
     pub job_options: Vec<(String, String)>,
+    /// Where the region starts on the device (`offset`).
+    pub offset: u64,
+    /// Passes over the region when the run is not time-based (`loops`).
+    pub loops: u64,
+    /// Pause after each `thinktime_blocks` requests: spin `thinktime_spin`,
+    /// then sleep the rest of `thinktime`.
+    pub thinktime: Duration,
+    /// The spinning part of `thinktime`.
+    pub thinktime_spin: Duration,
+    /// Requests between two pauses.
+    pub thinktime_blocks: u64,
+    /// A flush after every this many writes (`fsync=N`).
+    pub fsync_every: Option<u64>,
+    /// A flush when the job ends (`end_fsync`).
+    pub end_fsync: bool,
+    /// CPUs the I/O threads may run on (`cpus_allowed`); empty: any.
+    pub cpus: Vec<usize>,
+    /// Wait this long before the job starts (`startdelay`; job files).
+    pub startdelay: Duration,
 }
 
 impl Default for FioOptions {
@@ -100,6 +119,15 @@ impl Default for FioOptions {
             percentiles: super::report::FIO_PERCENTILES.to_vec(),
             job_name: None,
             job_options: Vec::new(),
+            offset: 0,
+            loops: 1,
+            thinktime: Duration::ZERO,
+            thinktime_spin: Duration::ZERO,
+            thinktime_blocks: 1,
+            fsync_every: None,
+            end_fsync: false,
+            cpus: Vec::new(),
+            startdelay: Duration::ZERO,
         }
     }
 }
@@ -184,6 +212,12 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
         return Err(Error::spec("--rwmixread", config.rwmixread.to_string(), "a percentage from 0 to 100"));
     }
     config.fio.logs.validate()?;
+    if !config.fio.startdelay.is_zero() {
+        let until = now_ns() + config.fio.startdelay.as_nanos() as u64;
+        while now_ns() < until && !crate::signal::interrupted() {
+            std::thread::sleep(Duration::from_nanos(until.saturating_sub(now_ns())).min(Duration::from_millis(50)));
+        }
+    }
     if config.fio.rate_iops.iter().flatten().any(|r| !(*r > 0.0 && r.is_finite())) {
         return Err(Error::spec("rate_iops", format!("{:?}", config.fio.rate_iops), "a rate above 0"));
     }
@@ -194,7 +228,8 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             "percentiles above 0 and at most 100, separated by ':' (e.g. 50:99:99.9)",
         ));
     }
-    let mut spec = DeviceSpec::parse(&config.device, config.size)?;
+    let offset = config.fio.offset;
+    let mut spec = DeviceSpec::parse(&config.device, config.size.map(|s| s + offset))?;
     let read_only = !config.rw.writes();
     spec.protect(config.guard, read_only);
     let verify = match (config.verify, read_only && spec.holds_user_data()) {
@@ -231,9 +266,26 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             format!("{} takes at most {largest} bytes in one request: use a smaller --bs", config.device),
         ));
     }
-    let size = config.size.unwrap_or(device.size());
-    if size > device.size() {
-        return Err(Error::OutOfRange { offset: 0, len: size, size: device.size() });
+    if offset >= device.size() || !offset.is_multiple_of(align) {
+        return Err(Error::spec(
+            "offset",
+            offset.to_string(),
+            format!("the region must start inside the device ({} bytes) at a multiple of {align}", device.size()),
+        ));
+    }
+    let size = config.size.unwrap_or(device.size() - offset);
+    if offset + size > device.size() {
+        return Err(Error::OutOfRange { offset, len: size, size: device.size() });
+    }
+    if !config.fio.cpus.is_empty() && config.fio.cpus.iter().any(|&c| c >= crate::sys::cpu_count()) {
+        return Err(Error::spec(
+            "cpus_allowed",
+            format!("{:?}", config.fio.cpus),
+            format!("this machine has CPUs 0-{}", crate::sys::cpu_count() - 1),
+        ));
+    }
+    if config.fio.thinktime_blocks == 0 || config.fio.loops == 0 || config.fio.fsync_every == Some(0) {
+        return Err(Error::spec("thinktime_blocks/loops/fsync", "0", "at least 1 (or leave it out)"));
     }
     if config.verify && !device.capabilities().stores_data {
         return Err(Error::spec(
@@ -249,6 +301,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
 struct ThreadOutcome {
     read: DirStats,
     write: DirStats,
+    sync: DirStats,
     usage: ThreadUsage,
     path: PathStats,
     verified_blocks: u64,
@@ -344,6 +397,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         peak_bw_bytes: None,
         verified_blocks: 0,
         hogs: (config.hogs.count > 0).then_some(hog_report),
+        sync: DirStats::default(),
     };
     let mut end_ns = start_ns;
     let mut samples = ThreadLog::default();
@@ -356,6 +410,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         }
         m.read.add(&o.read);
         m.write.add(&o.write);
+        m.sync.add(&o.sync);
         m.usage.add(&o.usage);
         m.path.add(&o.path);
         m.verified_blocks += o.verified_blocks;
@@ -443,6 +498,13 @@ struct ThreadRun<'a> {
     next_due_ns: [u64; 2],
     interval_ns: [Option<u64>; 2],
     log: ThreadLog,
+    /// Flushes (`fsync=N`, `end_fsync`).
+    sync: DirStats,
+    /// Writes since the last flush, and whether one is due (`fsync=N`).
+    unsynced_writes: u64,
+    flush_due: bool,
+    /// Requests completed (for `thinktime_blocks`).
+    completions: u64,
 }
 
 impl ThreadRun<'_> {
@@ -509,6 +571,44 @@ impl ThreadRun<'_> {
         }
     }
 
+    /// A request is about to go: a write counts toward `fsync=N`; the Nth
+    /// makes a flush due, and nothing more is issued until it is done (as
+    /// fio syncs after every N writes issued).
+    fn issuing(&mut self, op: Op) {
+        if op == Op::Write {
+            self.unsynced_writes += 1;
+            if self.config.fio.fsync_every.is_some_and(|n| self.unsynced_writes >= n) {
+                self.flush_due = true;
+            }
+        }
+    }
+
+    /// After a request completed: pauses for `thinktime` every `thinktime_blocks`.
+    fn after(&mut self) {
+        let fio = &self.config.fio;
+        self.completions += 1;
+        if !fio.thinktime.is_zero() && self.completions.is_multiple_of(fio.thinktime_blocks) {
+            let start = now_ns();
+            let spin_until = start + fio.thinktime_spin.as_nanos() as u64;
+            while now_ns() < spin_until {
+                std::hint::spin_loop();
+            }
+            crate::clock::sleep_until_ns(start + fio.thinktime.as_nanos() as u64);
+        }
+    }
+
+    /// Makes the writes so far durable, timing it as a sync.
+    fn flush(&mut self, handle: &mut Handle) -> Result<()> {
+        let start = now_ns();
+        handle.flush().map_err(|e| self.fail(e))?;
+        if self.measured_since.is_some() {
+            self.sync.record(now_ns() - start, 0);
+        }
+        self.unsynced_writes = 0;
+        self.flush_due = false;
+        Ok(())
+    }
+
     /// Prepares a buffer for a write (verify) and returns the version it carries.
     fn prepare_write(&mut self, buf: &mut [u8], block: u64) {
         if self.verify == VerifyMode::LayOut {
@@ -571,6 +671,7 @@ fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
     Ok(ThreadOutcome {
         read: run.read,
         write: run.write,
+        sync: run.sync,
         usage,
         path,
         verified_blocks: run.verified_blocks,
@@ -583,13 +684,18 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
     let (engine, config) = (job.engine, job.config);
     let generator =
         Generator::new(config.rw, config.rwmixread, job.size, config.block_size, config.threads, thread, config.seed)?
-            .with_distribution(config.fio.distribution);
+            .with_distribution(config.fio.distribution)
+            .with_offset(config.fio.offset);
     if config.verify && generator.blocks < config.iodepth as u64 {
         return Err(Error::spec(
             "--iodepth",
             config.iodepth.to_string(),
             format!("--verify needs at least as many blocks per thread ({}) as requests in flight", generator.blocks),
         ));
+    }
+    if !config.fio.cpus.is_empty() {
+        crate::sys::pin_to_cpus(&config.fio.cpus)
+            .map_err(|source| Error::Os { context: "pinning an I/O thread to cpus_allowed".into(), source })?;
     }
     let bs = config.block_size as usize;
     let handle =
@@ -598,7 +704,7 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
     let limit = match (config.ios, config.runtime) {
         (Some(n), _) => n,
         (None, Some(_)) => u64::MAX,
-        (None, None) => generator.blocks,
+        (None, None) => generator.blocks * config.fio.loops,
     };
     let run = ThreadRun {
         config,
@@ -619,6 +725,10 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
         next_due_ns: [0; 2],
         interval_ns: config.fio.rate_iops.map(|r| r.map(|r| (1e9 / r).max(1.0) as u64)),
         log: ThreadLog::new(&config.fio.logs),
+        sync: DirStats::default(),
+        unsynced_writes: 0,
+        flush_due: false,
+        completions: 0,
     };
     Ok((handle, run))
 }
@@ -654,6 +764,7 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
     while !run.should_stop(now) {
         let (op, block) = run.generator.next_request();
         let op = run.pace(op);
+        run.issuing(op);
         let offset = run.generator.offset(block);
         if op == Op::Write {
             let buf = handle.buffer(0).expect("buffer 0 is idle between requests");
@@ -670,6 +781,14 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         run.tick(handle, now);
         run.completed(op, now - start, now, block);
         run.settle(op, handle.buffer(0).expect("buffer 0 is idle"), block)?;
+        run.after();
+        if run.flush_due {
+            run.flush(handle)?;
+        }
+        now = now_ns();
+    }
+    if run.config.fio.end_fsync && run.unsynced_writes > 0 {
+        run.flush(handle)?;
     }
     Ok(())
 }
@@ -698,14 +817,22 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         }
         slots[index] = (op, block, now_ns());
         run.issued += 1;
+        run.issuing(op);
         handle.submit(op, index, run.generator.offset(block), bs).map_err(|e| run.fail(e))
     };
+    // Slots left idle while a flush waits for the queue to drain (`fsync=N`: the
+    // flush covers every write before it, as fio's does).
+    let mut idle = Vec::with_capacity(depth);
     let mut now = now_ns();
     for index in 0..depth {
         if run.should_stop(now) {
             break;
         }
-        issue(handle, run, &mut slots, index)?;
+        if run.flush_due {
+            idle.push(index);
+        } else {
+            issue(handle, run, &mut slots, index)?;
+        }
     }
     handle.commit()?;
     while handle.queued() > 0 {
@@ -719,11 +846,29 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
             run.tick(handle, now);
             run.completed(op, now - submitted, now, block);
             run.settle(op, handle.buffer(index).expect("reaped buffer is idle"), block)?;
-            if !run.should_stop(now) {
+            run.after();
+            if run.flush_due || run.should_stop(now_ns()) {
+                idle.push(index);
+            } else {
                 issue(handle, run, &mut slots, index)?;
             }
         }
+        if run.flush_due && handle.queued() == 0 {
+            run.flush(handle)?;
+            now = now_ns();
+            let waiting = std::mem::take(&mut idle);
+            for index in waiting {
+                if run.should_stop(now) || run.flush_due {
+                    idle.push(index);
+                } else {
+                    issue(handle, run, &mut slots, index)?;
+                }
+            }
+        }
         handle.commit()?;
+    }
+    if run.config.fio.end_fsync && run.unsynced_writes > 0 {
+        run.flush(handle)?;
     }
     Ok(())
 }

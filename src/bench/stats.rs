@@ -83,6 +83,8 @@ pub struct Measurements {
     pub verified_blocks: u64,
     /// What the competing CPU hogs got done, if any ran.
     pub hogs: Option<super::hogs::HogReport>,
+    /// Flushes the workload asked for (`fsync=N`, `end_fsync`) and their latency.
+    pub sync: DirStats,
 }
 
 impl Measurements {

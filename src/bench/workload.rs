@@ -129,6 +129,12 @@ impl Generator {
         self
     }
 
+    /// Moves the whole region `offset` bytes into the device.
+    pub fn with_offset(mut self, offset: u64) -> Generator {
+        self.base += offset;
+        self
+    }
+
     /// The next direction and block index (within the slice).
     pub fn next_request(&mut self) -> (Op, u64) {
         let op = match self.rw.read_fraction(self.rwmixread) {

@@ -209,6 +209,33 @@ pub struct FioArgs {
     /// Latency percentiles to report, ':'-separated (e.g. 50:99:99.9).
     #[arg(long, value_name = "P:P:...", help_heading = "fio options")]
     percentile_list: Option<String>,
+    /// Pause after each request (microseconds unless a unit is given: 100, 2ms).
+    #[arg(long, value_name = "TIME", help_heading = "fio options")]
+    thinktime: Option<String>,
+    /// The part of --thinktime spent spinning rather than sleeping.
+    #[arg(long, value_name = "TIME", help_heading = "fio options")]
+    thinktime_spin: Option<String>,
+    /// Pause only after every N requests.
+    #[arg(long, value_name = "N", help_heading = "fio options")]
+    thinktime_blocks: Option<String>,
+    /// Flush after every N writes (the queue drains first, so the flush covers them all).
+    #[arg(long, value_name = "N", help_heading = "fio options")]
+    fsync: Option<String>,
+    /// Flush once when each thread ends.
+    #[arg(long, help_heading = "fio options")]
+    end_fsync: bool,
+    /// Start the region this far into the device (e.g. 1g).
+    #[arg(long, value_name = "SIZE", help_heading = "fio options")]
+    offset: Option<String>,
+    /// Passes over the region when no --runtime is given.
+    #[arg(long, value_name = "N", help_heading = "fio options")]
+    loops: Option<String>,
+    /// Wait this long before starting (seconds unless a unit is given).
+    #[arg(long, value_name = "TIME", help_heading = "fio options")]
+    startdelay: Option<String>,
+    /// CPUs the I/O threads may run on, e.g. 0-1,3.
+    #[arg(long, value_name = "CPUS", help_heading = "fio options")]
+    cpus_allowed: Option<String>,
 }
 
 impl FioArgs {
@@ -223,6 +250,14 @@ impl FioArgs {
             ("write_bw_log", &self.write_bw_log),
             ("write_iops_log", &self.write_iops_log),
             ("percentile_list", &self.percentile_list),
+            ("thinktime", &self.thinktime),
+            ("thinktime_spin", &self.thinktime_spin),
+            ("thinktime_blocks", &self.thinktime_blocks),
+            ("fsync", &self.fsync),
+            ("offset", &self.offset),
+            ("loops", &self.loops),
+            ("startdelay", &self.startdelay),
+            ("cpus_allowed", &self.cpus_allowed),
         ];
         for (key, value) in given {
             if let Some(v) = value {
@@ -234,6 +269,7 @@ impl FioArgs {
         }
         config.fio.ramp = self.ramp_time.or(config.fio.ramp);
         config.fio.logs.offsets |= self.log_offset;
+        config.fio.end_fsync |= self.end_fsync;
         Ok(())
     }
 }

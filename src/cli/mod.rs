@@ -32,9 +32,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one fio-like workload on one device through one I/O path.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Run a matrix of paths x workloads side by side and compare them.
-    Compare(compare::CompareArgs),
+    Compare(Box<compare::CompareArgs>),
     /// Hammer random paths, devices and faults, checking every byte (reproducible from a seed).
     Soak(soak::SoakArgs),
     /// What this machine and a device support, what waiting costs here, and which path to use.
@@ -55,8 +55,8 @@ enum Command {
 pub fn main() -> iopath::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Bench(args) => bench::run(args),
-        Command::Compare(args) => compare::run(args),
+        Command::Bench(args) => bench::run(*args),
+        Command::Compare(args) => compare::run(*args),
         Command::Soak(args) => soak::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Fsbench(args) => fsbench::run(args),
