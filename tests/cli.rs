@@ -630,7 +630,7 @@ fn reproduce_quick_runs_every_experiment() {
 }
 
 #[test]
-fn fio_job_files_run_job_by_job_and_refuse_what_iopath_lacks() {
+fn fio_job_files_run_their_jobs_and_refuse_what_iopath_lacks() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("data.img");
     let job = dir.path().join("two.fio");
@@ -656,14 +656,15 @@ fn fio_job_files_run_job_by_job_and_refuse_what_iopath_lacks() {
     let jobs = v["jobs"].as_array().unwrap();
     assert_eq!(jobs.iter().map(|j| j["jobname"].as_str().unwrap()).collect::<Vec<_>>(), ["rand-read", "mixed"]);
     assert_eq!(jobs[0]["job options"]["iodepth"], "4");
-    assert_eq!(jobs[1]["job options"]["rwmixread"], "70");
+    assert_eq!(jobs[1]["job options"]["rwmixwrite"], "30", "the job's options as the file gives them");
+    assert_eq!(jobs[1]["read"]["total_ios"].as_u64().unwrap() + jobs[1]["write"]["total_ios"].as_u64().unwrap(), 400);
     assert_eq!(jobs[1]["iopath"]["dispatch"], "combine");
     assert_eq!(jobs[0]["read"]["total_ios"], 200, "number_ios per thread");
     assert!(jobs[1]["write"]["total_ios"].as_u64().unwrap() > 0);
 
-    std::fs::write(&job, "[a]\nrw=randread\nramp_time=1\n").unwrap();
+    std::fs::write(&job, "[a]\nrw=randread\nbssplit=4k/50:64k/50\n").unwrap();
     let err = fails(&["bench", job.to_str().unwrap()]);
-    assert!(err.contains("ramp_time=1 in [a] (line 1)") && err.contains("does not support"), "{err}");
+    assert!(err.contains("bssplit=4k/50:64k/50 in [a] (line 1)") && err.contains("does not support"), "{err}");
     let err = fails(&["bench", dir.path().join("missing.fio").to_str().unwrap()]);
     assert!(err.contains("job file"), "{err}");
 }

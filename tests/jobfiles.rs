@@ -151,3 +151,18 @@ fn flushes_offsets_loops_and_think_time_do_what_fio_does() {
     assert_eq!(t["read"]["total_ios"], 50);
     assert!(t["job_runtime"].as_u64().unwrap() >= 100, "{}", t["job_runtime"]);
 }
+
+#[test]
+fn jobs_without_stonewall_run_at_the_same_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = run_in(dir.path(), &job("concurrent.fio"));
+    let jobs = doc["jobs"].as_array().unwrap();
+    assert_eq!(jobs.iter().map(|j| j["jobname"].as_str().unwrap()).collect::<Vec<_>>(), ["readers", "writer", "after"]);
+    assert_eq!(jobs.iter().map(|j| j["groupid"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 0, 1]);
+    let start = |i: usize| jobs[i]["iopath"]["started_unix_ms"].as_u64().unwrap();
+    let end = |i: usize| start(i) + jobs[i]["job_runtime"].as_u64().unwrap();
+    // Each of the first two ran for a second; together, they overlapped.
+    assert!(start(0) < end(1) && start(1) < end(0), "readers and writer overlap: {:?}", (start(0), start(1)));
+    assert!(start(2) >= end(0).max(end(1)) - 5, "the stonewalled job starts after both");
+    assert!(jobs[0]["read"]["total_ios"].as_u64().unwrap() > 0 && jobs[1]["write"]["total_ios"].as_u64().unwrap() > 0);
+}

@@ -6,9 +6,8 @@
 //! `numjobs`, `size`, `runtime`, `ioengine`, `filename`, `direct`, ...),
 //! plus `iopath_path=` and `iopath_device=` for what fio has no word for.
 //! An option iopath does not support is an error that names it, never
-//! ignored. Jobs run one after another, so every job after the first must
-//! say `stonewall` (fio would otherwise run them at the same time, which
-//! iopath does not do yet).
+//! ignored. Jobs run as fio runs them: at the same time, except that a job
+//! saying `stonewall` waits for every job before it ([`groups`]).
 
 use super::distribution::Distribution;
 use super::run::BenchConfig;
@@ -161,20 +160,26 @@ pub fn parse(text: &str) -> Result<Vec<Job>> {
     if jobs.is_empty() {
         return Err(Error::spec("job file", "no job", "add a [name] section (fio runs one job per section)"));
     }
-    for (i, job) in jobs.iter().enumerate().skip(1) {
-        if !job.flag("stonewall")? && !job.flag("wait_for_previous")? {
-            return Err(Error::spec(
-                "job file",
-                format!("[{}] (line {})", job.name, job.line),
-                format!(
-                    "fio would run it at the same time as [{}]; iopath runs jobs one after another, so add \
-                     stonewall to it",
-                    jobs[i - 1].name
-                ),
-            ));
-        }
+    for job in &jobs {
+        job.flag("stonewall")?;
+        job.flag("wait_for_previous")?;
     }
     Ok(jobs)
+}
+
+/// The jobs in groups that run one after another, as fio runs them: a job
+/// that says `stonewall` (or `wait_for_previous`) starts a new group once
+/// every job before it has finished; the jobs of a group run at the same time.
+pub fn groups(jobs: &[Job]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let waits = job.flag("stonewall").unwrap_or(false) || job.flag("wait_for_previous").unwrap_or(false);
+        match out.last_mut() {
+            Some(group) if !waits => group.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
 }
 
 /// The fio options [`apply_option`] takes (on the command line too).
@@ -477,6 +482,12 @@ iopath_path=stm
     }
 
     #[test]
+    fn stonewall_starts_a_group_and_the_rest_run_together() {
+        let jobs = parse("[a]\n[b]\n[c]\nstonewall\n[d]\n[e]\nwait_for_previous\n").unwrap();
+        assert_eq!(groups(&jobs), [0..2, 2..4, 4..5]);
+    }
+
+    #[test]
     fn what_iopath_cannot_do_is_an_error_that_names_it() {
         let err = |text: &str| match parse(text).and_then(|j| to_config(&j[0], &BenchConfig::default())) {
             Err(e) => e.to_string(),
@@ -495,7 +506,6 @@ iopath_path=stm
         assert!(err("[a]\nrw=trim\n").contains("trim is not supported"));
         assert!(err("rw=read\n").contains("options go in [global] or in a [job] section"));
         assert!(err("[global]\nrw=read\n").contains("no job"));
-        assert!(err("[a]\nrw=read\n[b]\nrw=write\n").contains("add stonewall"));
         assert!(err("[a]\nioengine=psync\n").contains("give filename="));
     }
 }

@@ -165,6 +165,8 @@ fn iopath_object(r: &BenchResult) -> Value {
             "ops_per_sec": h.ops_per_sec,
         })),
         "verified_blocks": m.verified_blocks,
+        "started_unix_ms": r.started_unix_ms,
+        "logs": r.logs_written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
     })
 }
 
@@ -240,7 +242,7 @@ pub fn job_json(r: &BenchResult) -> Value {
     }
     json!({
         "jobname": c.fio.job_name.clone().unwrap_or_else(|| format!("{}-{}", c.rw.name(), c.path_name)),
-        "groupid": 0,
+        "groupid": c.fio.group,
         "error": 0,
         "eta": 0,
         "job options": options,

@@ -107,6 +107,8 @@ pub struct FioOptions {
     pub cpus: Vec<usize>,
     /// Wait this long before the job starts (`startdelay`; job files).
     pub startdelay: Duration,
+    /// The job file's group (jobs between two `stonewall`s run together).
+    pub group: u32,
 }
 
 impl Default for FioOptions {
@@ -128,6 +130,7 @@ impl Default for FioOptions {
             end_fsync: false,
             cpus: Vec::new(),
             startdelay: Duration::ZERO,
+            group: 0,
         }
     }
 }
@@ -189,6 +192,8 @@ pub struct BenchResult {
     pub samples: ThreadLog,
     /// Log files written.
     pub logs_written: Vec<std::path::PathBuf>,
+    /// When the measured phase began, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
 }
 
 /// Opens the device and engine a config names and runs the benchmark.
@@ -417,6 +422,11 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         end_ns = end_ns.max(o.end_ns);
     }
     m.wall_ns = end_ns - start_ns;
+    let since_start = Duration::from_nanos(now_ns().saturating_sub(start_ns));
+    let started_unix_ms = std::time::SystemTime::now()
+        .checked_sub(since_start)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64);
     if crate::signal::interrupted() && m.total_ios() == 0 {
         return Err(Error::Interrupted { during: "setting up, before any I/O was measured".into() });
     }
@@ -437,6 +447,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         interrupted: crate::signal::interrupted(),
         samples,
         logs_written,
+        started_unix_ms,
     })
 }
 

@@ -312,7 +312,8 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
     Ok(())
 }
 
-/// Runs the jobs of an fio job file one after another, starting each from `base`.
+/// Runs the jobs of an fio job file as fio does (the jobs of a group at the
+/// same time, groups one after another), each starting from `base`.
 fn run_job_file(file: &std::path::Path, base: &BenchConfig, format: OutputFormat) -> iopath::Result<()> {
     let text = std::fs::read_to_string(file).map_err(|source| iopath::Error::Target {
         action: "read the job file",
@@ -321,30 +322,46 @@ fn run_job_file(file: &std::path::Path, base: &BenchConfig, format: OutputFormat
     })?;
     let jobs = iopath::bench::jobfile::parse(&text)?;
     // Every job is checked before the first runs: a mistake in the last one is found now.
-    let configs =
+    let mut configs =
         jobs.iter().map(|j| iopath::bench::jobfile::to_config(j, base)).collect::<iopath::Result<Vec<_>>>()?;
     let mut results = Vec::new();
-    for (job, config) in jobs.iter().zip(&configs) {
+    for (group_id, group) in iopath::bench::jobfile::groups(&jobs).into_iter().enumerate() {
         if iopath::signal::interrupted() {
             break;
         }
-        let result = bench::run(config)?;
-        if matches!(format, OutputFormat::Table) {
-            println!("[{}]", job.name);
-            print!("{}", report::to_table(&result));
-            println!();
+        for c in &mut configs[group.clone()] {
+            c.fio.group = group_id as u32;
         }
-        results.push(result);
-    }
-    if matches!(format, OutputFormat::Json) {
-        let mut doc = report::to_json(&results);
-        // fio names each job after its section.
-        if let Some(list) = doc["jobs"].as_array_mut() {
-            for (j, job) in list.iter_mut().zip(&jobs) {
-                j["jobname"] = serde_json::Value::String(job.name.clone());
+        if group.len() > 1 {
+            // Progress lines of jobs running together would overwrite each other.
+            for c in &mut configs[group.clone()] {
+                c.progress = false;
             }
         }
-        println!("{}", serde_json::to_string_pretty(&doc).expect("JSON"));
+        let outcomes: Vec<iopath::Result<bench::BenchResult>> = std::thread::scope(|scope| {
+            let running: Vec<_> = configs[group.clone()]
+                .iter()
+                .map(|config| {
+                    std::thread::Builder::new()
+                        .name(format!("iopath-job-{}", config.fio.job_name.as_deref().unwrap_or("")))
+                        .spawn_scoped(scope, move || bench::run(config))
+                        .expect("spawn job thread")
+                })
+                .collect();
+            running.into_iter().map(|t| t.join().expect("job thread panicked")).collect()
+        });
+        for (job, outcome) in jobs[group].iter().zip(outcomes) {
+            let result = outcome?;
+            if matches!(format, OutputFormat::Table) {
+                println!("[{}]", job.name);
+                print!("{}", report::to_table(&result));
+                println!();
+            }
+            results.push(result);
+        }
+    }
+    if matches!(format, OutputFormat::Json) {
+        println!("{}", serde_json::to_string_pretty(&report::to_json(&results)).expect("JSON"));
     }
     Ok(())
 }
