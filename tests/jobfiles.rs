@@ -166,3 +166,26 @@ fn jobs_without_stonewall_run_at_the_same_time() {
     assert!(start(2) >= end(0).max(end(1)) - 5, "the stonewalled job starts after both");
     assert!(jobs[0]["read"]["total_ios"].as_u64().unwrap() > 0 && jobs[1]["write"]["total_ios"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn status_lines_come_while_it_runs_and_the_report_goes_to_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["bench", "--device", "emu:optane", "--runtime", "1200ms", "--status-interval", "300ms"])
+        .args(["--output-format", "json", "--no-progress", "--output"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty(), "the report went to --output");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(doc["jobs"][0]["read"]["total_ios"].as_u64().unwrap() > 0);
+    // Not on a terminal, still a JSON line per 300 ms (3 or 4 in 1.2 s; a busy machine may
+    // merge two), counts growing.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let status: Vec<Value> = stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!((2..=4).contains(&status.len()), "{stderr}");
+    let ios: Vec<u64> = status.iter().map(|s| s["status"]["total_ios"].as_u64().unwrap()).collect();
+    assert!(ios.windows(2).all(|w| w[0] < w[1]), "{ios:?}");
+}

@@ -109,7 +109,6 @@ const NOT_YET: &[&str] = &[
     "verify",
     "do_verify",
     "trim",
-    "status-interval",
     "zonemode",
     "nrfiles",
     "openfiles",

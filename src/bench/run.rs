@@ -109,6 +109,10 @@ pub struct FioOptions {
     pub startdelay: Duration,
     /// The job file's group (jobs between two `stonewall`s run together).
     pub group: u32,
+    /// Print interim figures this often (`--status-interval`), on standard error.
+    pub status_interval: Option<Duration>,
+    /// Interim figures as JSON lines rather than text.
+    pub status_json: bool,
 }
 
 impl Default for FioOptions {
@@ -131,6 +135,8 @@ impl Default for FioOptions {
             cpus: Vec::new(),
             startdelay: Duration::ZERO,
             group: 0,
+            status_interval: None,
+            status_json: false,
         }
     }
 }
@@ -375,10 +381,15 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
             start_ns = ramp_end;
         }
         let bar = (config.progress && std::io::stderr().is_terminal()).then(|| progress_bar(config));
+        let mut status = config.fio.status_interval.map(|every| Status::new(every, start_ns));
         while !workers.iter().all(|w| w.is_finished()) {
             std::thread::sleep(Duration::from_millis(50));
+            let ios = progress.load(Ordering::Relaxed);
             if let Some(bar) = &bar {
-                update_progress(bar, config, start_ns, progress.load(Ordering::Relaxed));
+                update_progress(bar, config, start_ns, ios);
+            }
+            if let Some(status) = &mut status {
+                status.maybe_print(config, ios, bar.as_ref());
             }
         }
         if let Some(bar) = bar {
@@ -471,6 +482,55 @@ fn update_progress(bar: &indicatif::ProgressBar, config: &BenchConfig, start_ns:
     let position = if config.runtime.is_some() { (elapsed * 1000.0) as u64 } else { ios };
     bar.set_position(position);
     bar.set_message(format!("{} IOs, {:.0} IOPS", ios, iops));
+}
+
+/// Interim figures every `--status-interval` (fio's), on standard error:
+/// requests so far, IOPS over the run and over the last interval, bandwidth.
+struct Status {
+    every_ns: u64,
+    start_ns: u64,
+    next_ns: u64,
+    last: (u64, u64),
+}
+
+impl Status {
+    fn new(every: Duration, start_ns: u64) -> Status {
+        let every_ns = (every.as_nanos() as u64).max(1);
+        Status { every_ns, start_ns, next_ns: start_ns + every_ns, last: (start_ns, 0) }
+    }
+
+    fn maybe_print(&mut self, config: &BenchConfig, ios: u64, bar: Option<&indicatif::ProgressBar>) {
+        let now = now_ns();
+        if now < self.next_ns {
+            return;
+        }
+        self.next_ns += self.every_ns * ((now - self.next_ns) / self.every_ns + 1);
+        let secs = (now - self.start_ns) as f64 / 1e9;
+        let iops = ios as f64 / secs.max(1e-9);
+        let interval = (ios - self.last.1) as f64 / ((now - self.last.0) as f64 / 1e9).max(1e-9);
+        self.last = (now, ios);
+        let bw = iops * config.block_size as f64;
+        let name = config.fio.job_name.clone().unwrap_or_else(|| format!("{}-{}", config.rw.name(), config.path_name));
+        let line = if config.fio.status_json {
+            serde_json::json!({"status": {
+                "jobname": name, "time_ms": (secs * 1000.0) as u64, "total_ios": ios, "iops": iops,
+                "iops_interval": interval, "bw_bytes": bw as u64,
+            }})
+            .to_string()
+        } else {
+            format!(
+                "[{name}] {secs:.1}s: {ios} IOs, {} IOPS (last {:.1}s: {} IOPS), {}",
+                super::report::format_count(iops),
+                self.every_ns as f64 / 1e9,
+                super::report::format_count(interval),
+                super::report::format_bw(bw),
+            )
+        };
+        match bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
 }
 
 /// What every benchmark thread shares.

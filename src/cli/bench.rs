@@ -172,8 +172,45 @@ pub struct BenchArgs {
     /// Do not show the progress line.
     #[arg(long)]
     no_progress: bool,
+    /// Write the report (table or JSON) to this file instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    output: Option<std::path::PathBuf>,
+    /// Print interim figures every so often (e.g. 1s) on standard error, also when not on a
+    /// terminal; as JSON lines with --output-format json.
+    #[arg(long, value_parser = duration_arg, value_name = "TIME")]
+    status_interval: Option<Duration>,
     #[command(flatten)]
     fio: FioArgs,
+}
+
+/// Where the report goes: standard output, or `--output FILE`.
+struct Output(Option<std::fs::File>, Option<std::path::PathBuf>);
+
+impl Output {
+    fn open(path: Option<&std::path::Path>) -> iopath::Result<Output> {
+        let Some(path) = path else { return Ok(Output(None, None)) };
+        let file = std::fs::File::create(path).map_err(|source| iopath::Error::Target {
+            action: "create the --output file",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Output(Some(file), Some(path.to_path_buf())))
+    }
+
+    fn write(&mut self, text: &str) -> iopath::Result<()> {
+        use std::io::Write;
+        match (&mut self.0, &self.1) {
+            (Some(f), Some(path)) => f.write_all(text.as_bytes()).map_err(|source| iopath::Error::Target {
+                action: "write the --output file",
+                path: path.clone(),
+                source,
+            }),
+            _ => {
+                print!("{text}");
+                Ok(())
+            }
+        }
+    }
 }
 
 /// fio's options for skew, pacing, warm-up and logs, spelled as fio spells them.
@@ -299,22 +336,31 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
     };
     let mut config = config;
     args.fio.apply(&mut config)?;
+    config.fio.status_interval = args.status_interval;
+    config.fio.status_json = matches!(args.output_format, OutputFormat::Json);
+    // Found out now, not after the run: the report's file can be written.
+    let mut out = Output::open(args.output.as_deref())?;
     if let Some(file) = args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
-        return run_job_file(file, &config, args.output_format);
+        return run_job_file(file, &config, args.output_format, &mut out);
     }
     let result = bench::run(&config)?;
     match args.output_format {
-        OutputFormat::Table => print!("{}", report::to_table(&result)),
-        OutputFormat::Json => {
-            println!("{}", serde_json::to_string_pretty(&report::to_json(std::slice::from_ref(&result))).expect("JSON"))
-        }
+        OutputFormat::Table => out.write(&report::to_table(&result)),
+        OutputFormat::Json => out.write(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report::to_json(std::slice::from_ref(&result))).expect("JSON")
+        )),
     }
-    Ok(())
 }
 
 /// Runs the jobs of an fio job file as fio does (the jobs of a group at the
 /// same time, groups one after another), each starting from `base`.
-fn run_job_file(file: &std::path::Path, base: &BenchConfig, format: OutputFormat) -> iopath::Result<()> {
+fn run_job_file(
+    file: &std::path::Path,
+    base: &BenchConfig,
+    format: OutputFormat,
+    out: &mut Output,
+) -> iopath::Result<()> {
     let text = std::fs::read_to_string(file).map_err(|source| iopath::Error::Target {
         action: "read the job file",
         path: file.to_path_buf(),
@@ -353,15 +399,13 @@ fn run_job_file(file: &std::path::Path, base: &BenchConfig, format: OutputFormat
         for (job, outcome) in jobs[group].iter().zip(outcomes) {
             let result = outcome?;
             if matches!(format, OutputFormat::Table) {
-                println!("[{}]", job.name);
-                print!("{}", report::to_table(&result));
-                println!();
+                out.write(&format!("[{}]\n{}\n", job.name, report::to_table(&result)))?;
             }
             results.push(result);
         }
     }
     if matches!(format, OutputFormat::Json) {
-        println!("{}", serde_json::to_string_pretty(&report::to_json(&results)).expect("JSON"));
+        out.write(&format!("{}\n", serde_json::to_string_pretty(&report::to_json(&results)).expect("JSON")))?;
     }
     Ok(())
 }
