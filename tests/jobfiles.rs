@@ -189,3 +189,20 @@ fn status_lines_come_while_it_runs_and_the_report_goes_to_output() {
     let ios: Vec<u64> = status.iter().map(|s| s["status"]["total_ios"].as_u64().unwrap()).collect();
     assert!(ios.windows(2).all(|w| w[0] < w[1]), "{ios:?}");
 }
+
+#[test]
+fn bssplit_sizes_come_in_their_shares_aligned_inside_the_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_file(dir.path(), "bssplit.fio", &dir.path().join("data.img"));
+    let doc = run_in(dir.path(), &file);
+    let j = &doc["jobs"][0];
+    assert_eq!(j["read"]["total_ios"], 3000);
+    let lat = lines(&dir.path().join("mixed-sizes_lat.1.log"));
+    assert_eq!(lat.len(), 3000);
+    let small = lat.iter().filter(|l| l[3] == 4096).count();
+    assert!(lat.iter().all(|l| l[3] == 4096 || l[3] == 65536), "only the split's sizes");
+    assert!((200..400).contains(&small), "4k/10: {small} of 3000");
+    assert!(lat.iter().all(|l| l[4] % 4096 == 0 && l[4] + l[3] <= 32 << 20), "aligned, inside the 32 MiB");
+    let bytes: u64 = lat.iter().map(|l| l[3]).sum();
+    assert_eq!(j["read"]["io_bytes"], bytes);
+}

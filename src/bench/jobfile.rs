@@ -98,21 +98,13 @@ const SUPPORTED: &[&str] = &[
     "loops",
     "startdelay",
     "cpus_allowed",
+    "bssplit",
+    "bsrange",
 ];
 
 /// fio options iopath knows it lacks (issue 14 adds them); named in the error.
-const NOT_YET: &[&str] = &[
-    "bssplit",
-    "bsrange",
-    "fdatasync",
-    "offset_increment",
-    "verify",
-    "do_verify",
-    "trim",
-    "zonemode",
-    "nrfiles",
-    "openfiles",
-];
+const NOT_YET: &[&str] =
+    &["fdatasync", "offset_increment", "verify", "do_verify", "trim", "zonemode", "nrfiles", "openfiles"];
 
 /// Parses a job file's text into its jobs.
 pub fn parse(text: &str) -> Result<Vec<Job>> {
@@ -202,6 +194,8 @@ const FIO_EXTRAS: &[&str] = &[
     "loops",
     "startdelay",
     "cpus_allowed",
+    "bssplit",
+    "bsrange",
 ];
 
 /// Sets one of fio's skew, pacing, warm-up, log or report options on
@@ -212,7 +206,8 @@ const FIO_EXTRAS: &[&str] = &[
 /// `_iops_`), `log_avg_msec`, `percentile_list=P:P:...`, `thinktime`
 /// (microseconds unless a unit is given), `thinktime_spin`, `thinktime_blocks`,
 /// `fsync=N`, `end_fsync`, `offset`, `loops`, `startdelay` (seconds),
-/// `cpus_allowed`.
+/// `cpus_allowed`, `bssplit=SIZE/PCT:...[,writes]`, `bsrange=MIN-MAX[,writes]`
+/// (both set the block size to the smallest size: requests align to it).
 pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<()> {
     let bad = |hint: &str| Error::spec("fio option", format!("{key}={value}"), hint);
     match key {
@@ -272,6 +267,29 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
                 _ => config.fio.loops = n,
             }
         }
+        "bssplit" | "bsrange" => {
+            let lists: Vec<&str> = value.split(',').collect();
+            if lists.len() > 2 {
+                return Err(bad("reads[,writes]; trim is not supported"));
+            }
+            let mut split = [Vec::new(), Vec::new()];
+            for (d, list) in lists.iter().enumerate() {
+                split[d] =
+                    if key == "bssplit" { parse_bssplit(list) } else { parse_bsrange(list) }.ok_or_else(|| {
+                        bad(if key == "bssplit" {
+                            "SIZE/PERCENT:SIZE/PERCENT... (a size with no percent shares what is left), reads[,writes]"
+                        } else {
+                            "MIN-MAX (e.g. 4k-64k: multiples of MIN up to MAX), reads[,writes]"
+                        })
+                    })?;
+            }
+            if lists.len() == 1 {
+                split[1] = split[0].clone();
+            }
+            // The smallest size is the unit requests are aligned to (fio's blockalign).
+            config.block_size = split.iter().flatten().map(|&(b, _)| b).min().unwrap_or(config.block_size);
+            config.fio.bs_split = split;
+        }
         "offset" => {
             config.fio.offset =
                 parse_size(value).map_err(|_| bad("a size such as 1g (percentages are not supported)"))?;
@@ -301,6 +319,39 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
         _ => return Err(bad(&format!("not one of {}", FIO_EXTRAS.join(", ")))),
     }
     Ok(())
+}
+
+/// `4k/10:64k/90` (a size with no percent shares what the others leave) into
+/// (bytes, weight) pairs.
+fn parse_bssplit(text: &str) -> Option<Vec<(u64, u32)>> {
+    let mut sized = Vec::new();
+    let mut open = Vec::new();
+    for part in text.split(':') {
+        let (size, pct) = part.split_once('/').unwrap_or((part, ""));
+        let size = parse_size(size.trim()).ok().filter(|s| *s > 0)?;
+        match pct.trim() {
+            "" => open.push(size),
+            p => sized.push((size, p.parse::<u32>().ok().filter(|p| *p <= 100)?)),
+        }
+    }
+    let used: u32 = sized.iter().map(|(_, p)| p).sum();
+    if used > 100 || (open.is_empty() && used == 0) {
+        return None;
+    }
+    let share = if open.is_empty() { 0 } else { (100 - used) / open.len() as u32 };
+    sized.extend(open.into_iter().map(|s| (s, share)));
+    Some(sized)
+}
+
+/// `4k-64k` into every multiple of 4k up to 64k, equally likely (as fio rounds a
+/// random length down to a multiple of the smallest).
+fn parse_bsrange(text: &str) -> Option<Vec<(u64, u32)>> {
+    let (lo, hi) = text.split_once('-')?;
+    let (lo, hi) = (parse_size(lo.trim()).ok()?, parse_size(hi.trim()).ok()?);
+    if lo == 0 || hi < lo || hi / lo > 4096 {
+        return None;
+    }
+    Some((1..=hi / lo).map(|k| (k * lo, 1)).collect())
 }
 
 /// The bench run a job describes, starting from `base` (the command line's settings).
@@ -478,6 +529,12 @@ iopath_path=stm
         assert_eq!(c.fio.thinktime, std::time::Duration::from_micros(50), "microseconds by default");
         assert_eq!(c.fio.startdelay, std::time::Duration::from_secs(2), "seconds by default");
         assert!(c.fio.end_fsync);
+        let jobs = parse("[s]\nbs=8k\nbssplit=4k/10:64k:16k,32k\n[r]\nstonewall\nbsrange=4k-16k\n").unwrap();
+        let c = to_config(&jobs[0], &BenchConfig::default()).unwrap();
+        assert_eq!(c.fio.bs_split, [vec![(4096, 10), (65536, 45), (16384, 45)], vec![(32768, 100)]]);
+        assert_eq!(c.block_size, 4096, "the smallest size, whatever bs said");
+        let r = to_config(&jobs[1], &BenchConfig::default()).unwrap();
+        assert_eq!(r.fio.bs_split[0], [(4096, 1), (8192, 1), (12288, 1), (16384, 1)]);
     }
 
     #[test]
@@ -499,7 +556,9 @@ iopath_path=stm
         assert!(err("[a]\ncpus_allowed=3-1\n").contains("e.g. 0-1,3"));
         assert!(err("[a]\noffset=50%\n").contains("percentages are not supported"));
         assert!(err("[a]\nfsync\n").contains("give it a value"));
-        assert!(err("[a]\nbssplit=4k/50:64k/50\n").contains("does not support this fio option yet"));
+        assert!(err("[a]\nbssplit=4k/70:64k/50\n").contains("SIZE/PERCENT"));
+        assert!(err("[a]\nbsrange=64k-4k\n").contains("MIN-MAX"));
+        assert!(err("[a]\nfdatasync=4\n").contains("does not support this fio option yet"));
         assert!(err("[a]\nbogus=1\n").contains("not an fio option iopath knows"));
         assert!(err("[a]\nioengine=libaio\nfilename=/x\n").contains("io_uring, psync"));
         assert!(err("[a]\nrw=trim\n").contains("trim is not supported"));

@@ -67,8 +67,8 @@ struct Window {
 /// What one thread records for the logs and the JSON samples.
 #[derive(Debug, Clone, Default)]
 pub struct ThreadLog {
-    /// One entry per request: (ms since the measured phase began, latency ns, read?, offset).
-    requests: Vec<(u32, u64, bool, u64)>,
+    /// One entry per request: (ms since the measured phase began, latency ns, read?, offset, bytes).
+    requests: Vec<(u32, u64, bool, u64, u32)>,
     keep_requests: bool,
     /// Windows of `window_ns` (the log's averaging window).
     windows: Vec<[Window; 2]>,
@@ -91,7 +91,7 @@ impl ThreadLog {
     pub fn record(&mut self, at_ns: u64, latency_ns: u64, op: Op, bytes: u64, offset: u64) {
         let d = usize::from(op != Op::Read);
         if self.keep_requests {
-            self.requests.push(((at_ns / 1_000_000) as u32, latency_ns, d == 0, offset));
+            self.requests.push(((at_ns / 1_000_000) as u32, latency_ns, d == 0, offset, bytes as u32));
         }
         if let Some(i) = at_ns.checked_div(self.window_ns) {
             add(&mut self.windows, i as usize, d, latency_ns, bytes);
@@ -126,15 +126,15 @@ impl ThreadLog {
     }
 
     /// Writes this thread's logs (thread `index`, 1-based in the file names).
-    pub fn write(&self, config: &LogConfig, index: usize, block_size: u64) -> Result<Vec<PathBuf>> {
+    pub fn write(&self, config: &LogConfig, index: usize) -> Result<Vec<PathBuf>> {
         let mut written = Vec::new();
         if let Some(name) = &config.lat {
             let lines = if self.window_ns == 0 {
                 self.requests
                     .iter()
-                    .map(|&(ms, lat, read, offset)| {
+                    .map(|&(ms, lat, read, offset, bytes)| {
                         let offset = if config.offsets { offset } else { 0 };
-                        format!("{ms}, {lat}, {}, {block_size}, {offset}", u8::from(!read))
+                        format!("{ms}, {lat}, {}, {bytes}, {offset}", u8::from(!read))
                     })
                     .collect()
             } else {
@@ -214,7 +214,7 @@ mod tests {
         let mut log = ThreadLog::new(&config);
         log.record(1_500_000, 20_000, Op::Read, 4096, 0);
         log.record(2_500_000, 30_000, Op::Write, 4096, 0);
-        let files = log.write(&config, 1, 4096).unwrap();
+        let files = log.write(&config, 1).unwrap();
         assert_eq!(files.len(), 3);
         let lat = std::fs::read_to_string(format!("{name}_lat.1.log")).unwrap();
         assert_eq!(lat, "1, 20000, 0, 4096, 0\n2, 30000, 1, 4096, 0\n");
@@ -228,7 +228,7 @@ mod tests {
             log.record(i * 10_000_000, 1000 * (i + 1), Op::Read, 4096, 0);
         }
         log.record(150_000_000, 7000, Op::Write, 4096, 0);
-        log.write(&config, 2, 4096).unwrap();
+        log.write(&config, 2).unwrap();
         let lat = std::fs::read_to_string(format!("{name}_lat.2.log")).unwrap();
         assert_eq!(lat, "100, 5500, 0, 0, 0\n200, 7000, 1, 0, 0\n");
         let iops = std::fs::read_to_string(format!("{name}_iops.2.log")).unwrap();

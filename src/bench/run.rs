@@ -88,6 +88,9 @@ pub struct FioOptions {
     pub job_name: Option<String>,
     /// The options as the job file gave them, for the JSON's `job options`.
     pub job_options: Vec<(String, String)>,
+    /// Request sizes with weights, reads and writes (`bssplit`, `bsrange`);
+    /// empty: every request is `block_size`, which is then the smallest size.
+    pub bs_split: [Vec<(u64, u32)>; 2],
     /// Where the region starts on the device (`offset`).
     pub offset: u64,
     /// Passes over the region when the run is not time-based (`loops`).
@@ -125,6 +128,7 @@ impl Default for FioOptions {
             percentiles: super::report::FIO_PERCENTILES.to_vec(),
             job_name: None,
             job_options: Vec::new(),
+            bs_split: [Vec::new(), Vec::new()],
             offset: 0,
             loops: 1,
             thinktime: Duration::ZERO,
@@ -270,6 +274,24 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
         ));
     }
     let largest = device.capabilities().max_segment_bytes as u64;
+    let split_sizes = config.fio.bs_split.iter().flatten().map(|&(b, _)| b);
+    if let Some(bad) = split_sizes.clone().find(|b| *b == 0 || !b.is_multiple_of(config.block_size) || *b > largest) {
+        return Err(Error::spec(
+            "bssplit/bsrange",
+            bad.to_string(),
+            format!(
+                "every size must be a multiple of the smallest ({} bytes) and at most {largest} bytes",
+                config.block_size
+            ),
+        ));
+    }
+    if config.verify && split_sizes.clone().next().is_some() {
+        return Err(Error::spec(
+            "--verify",
+            "bssplit/bsrange",
+            "--verify tracks whole blocks of one size; verify with a single --bs",
+        ));
+    }
     if config.block_size > largest {
         return Err(Error::spec(
             "--bs",
@@ -422,7 +444,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         let o = outcome?;
         samples.add_samples(&o.log);
         if config.fio.logs.any() {
-            logs_written.extend(o.log.write(&config.fio.logs, index + 1, config.block_size)?);
+            logs_written.extend(o.log.write(&config.fio.logs, index + 1)?);
         }
         m.read.add(&o.read);
         m.write.add(&o.write);
@@ -624,11 +646,10 @@ impl ThreadRun<'_> {
         if d == 0 { Op::Read } else { Op::Write }
     }
 
-    fn completed(&mut self, op: Op, latency_ns: u64, now: u64, block: u64) {
+    fn completed(&mut self, op: Op, latency_ns: u64, now: u64, block: u64, bytes: u64) {
         if self.measured_since.is_none() {
             return;
         }
-        let bytes = self.generator.block_size;
         let offset = self.generator.offset(block);
         self.log.record(now.saturating_sub(self.measure_from_ns), latency_ns, op, bytes, offset);
         match op {
@@ -756,7 +777,8 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
     let generator =
         Generator::new(config.rw, config.rwmixread, job.size, config.block_size, config.threads, thread, config.seed)?
             .with_distribution(config.fio.distribution)
-            .with_offset(config.fio.offset);
+            .with_offset(config.fio.offset)
+            .with_sizes(&config.fio.bs_split);
     if config.verify && generator.blocks < config.iodepth as u64 {
         return Err(Error::spec(
             "--iodepth",
@@ -768,7 +790,8 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
         crate::sys::pin_to_cpus(&config.fio.cpus)
             .map_err(|source| Error::Os { context: "pinning an I/O thread to cpus_allowed".into(), source })?;
     }
-    let bs = config.block_size as usize;
+    // Buffers fit the largest request (`bssplit`/`bsrange`).
+    let bs = config.fio.bs_split.iter().flatten().map(|&(b, _)| b).fold(config.block_size, u64::max) as usize;
     let handle =
         engine.handle(HandleOptions { depth: config.iodepth, buffers: config.iodepth as usize, buffer_size: bs })?;
     let versions = if job.verify == VerifyMode::LayOut { lay_out(engine, &generator)? } else { Vec::new() };
@@ -830,10 +853,10 @@ fn lay_out(engine: &Engine, generator: &Generator) -> Result<Vec<u64>> {
 }
 
 fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
-    let bs = run.generator.block_size as usize;
     let mut now = now_ns();
     while !run.should_stop(now) {
-        let (op, block) = run.generator.next_request();
+        let (op, block, len) = run.generator.next_request();
+        let bs = len as usize;
         let op = run.pace(op);
         run.issuing(op);
         let offset = run.generator.offset(block);
@@ -850,7 +873,7 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         now = now_ns();
         result.map_err(|e| run.fail(e))?;
         run.tick(handle, now);
-        run.completed(op, now - start, now, block);
+        run.completed(op, now - start, now, block, len);
         run.settle(op, handle.buffer(0).expect("buffer 0 is idle"), block)?;
         run.after();
         if run.flush_due {
@@ -866,31 +889,31 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
 
 fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
     let depth = run.config.iodepth as usize;
-    let bs = run.generator.block_size as usize;
-    // Per buffer: what it carries and when it was submitted.
-    let mut slots: Vec<(Op, u64, u64)> = vec![(Op::Read, u64::MAX, 0); depth];
+    // Per buffer: what it carries (direction, block, length) and when it was submitted.
+    let mut slots: Vec<(Op, u64, u64, u64)> = vec![(Op::Read, u64::MAX, 0, 0); depth];
     let mut done = Vec::with_capacity(depth);
-    let issue = |handle: &mut Handle, run: &mut ThreadRun, slots: &mut [(Op, u64, u64)], index: usize| -> Result<()> {
-        let (op, mut block) = run.generator.next_request();
-        let op = run.pace(op);
-        if run.config.verify {
-            // Never two requests on one block at once: the outcome would be undefined.
-            while slots.iter().any(|s| s.1 == block) {
-                block = if run.config.rw.is_random() {
-                    run.generator.random_block()
-                } else {
-                    run.generator.next_request().1
-                };
+    let issue =
+        |handle: &mut Handle, run: &mut ThreadRun, slots: &mut [(Op, u64, u64, u64)], index: usize| -> Result<()> {
+            let (op, mut block, len) = run.generator.next_request();
+            let op = run.pace(op);
+            if run.config.verify {
+                // Never two requests on one block at once: the outcome would be undefined.
+                while slots.iter().any(|s| s.1 == block) {
+                    block = if run.config.rw.is_random() {
+                        run.generator.random_block()
+                    } else {
+                        run.generator.next_request().1
+                    };
+                }
             }
-        }
-        if op == Op::Write {
-            run.prepare_write(handle.buffer(index).expect("slot buffer is idle"), block);
-        }
-        slots[index] = (op, block, now_ns());
-        run.issued += 1;
-        run.issuing(op);
-        handle.submit(op, index, run.generator.offset(block), bs).map_err(|e| run.fail(e))
-    };
+            if op == Op::Write {
+                run.prepare_write(handle.buffer(index).expect("slot buffer is idle"), block);
+            }
+            slots[index] = (op, block, len, now_ns());
+            run.issued += 1;
+            run.issuing(op);
+            handle.submit(op, index, run.generator.offset(block), len as usize).map_err(|e| run.fail(e))
+        };
     // Slots left idle while a flush waits for the queue to drain (`fsync=N`: the
     // flush covers every write before it, as fio's does).
     let mut idle = Vec::with_capacity(depth);
@@ -911,11 +934,11 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         now = now_ns();
         for completed in done.drain(..) {
             let index = completed.tag as usize;
-            let (op, block, submitted) = slots[index];
+            let (op, block, len, submitted) = slots[index];
             slots[index].1 = u64::MAX;
             completed.result.map_err(|e| run.fail(e))?;
             run.tick(handle, now);
-            run.completed(op, now - submitted, now, block);
+            run.completed(op, now - submitted, now, block, len);
             run.settle(op, handle.buffer(index).expect("reaped buffer is idle"), block)?;
             run.after();
             if run.flush_due || run.should_stop(now_ns()) {

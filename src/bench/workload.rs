@@ -87,6 +87,9 @@ pub struct Generator {
     pub block_size: u64,
     next_block: u64,
     sampler: Sampler,
+    /// Request sizes in blocks with cumulative weights, reads and writes
+    /// (`bssplit`, `bsrange`); empty: every request is one block.
+    sizes: [Vec<(u64, u32)>; 2],
     rng: fastrand::Rng,
 }
 
@@ -119,6 +122,7 @@ impl Generator {
             block_size,
             next_block: 0,
             sampler: Sampler::new(Distribution::Uniform, slice / block_size),
+            sizes: [Vec::new(), Vec::new()],
             rng: fastrand::Rng::with_seed(seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         })
     }
@@ -135,8 +139,37 @@ impl Generator {
         self
     }
 
-    /// The next direction and block index (within the slice).
-    pub fn next_request(&mut self) -> (Op, u64) {
+    /// Draws each request's size from `split` (reads, writes): sizes in
+    /// bytes, each a multiple of the block size, with weights.
+    pub fn with_sizes(mut self, split: &[Vec<(u64, u32)>; 2]) -> Generator {
+        for (d, list) in split.iter().enumerate() {
+            let mut total = 0;
+            self.sizes[d] = list
+                .iter()
+                .filter(|(_, w)| *w > 0)
+                .map(|&(bytes, w)| {
+                    total += w;
+                    ((bytes / self.block_size).clamp(1, self.blocks), total)
+                })
+                .collect();
+        }
+        self
+    }
+
+    /// The next request's size in blocks.
+    fn next_units(&mut self, op: Op) -> u64 {
+        let sizes = &self.sizes[usize::from(op != Op::Read)];
+        match sizes.last() {
+            None => 1,
+            Some(&(_, total)) => {
+                let pick = self.rng.u32(0..total);
+                sizes.iter().find(|(_, upto)| pick < *upto).map_or(1, |(units, _)| *units)
+            }
+        }
+    }
+
+    /// The next direction, block index (within the slice) and length in bytes.
+    pub fn next_request(&mut self) -> (Op, u64, u64) {
         let op = match self.rw.read_fraction(self.rwmixread) {
             f if f >= 1.0 => Op::Read,
             f if f <= 0.0 => Op::Write,
@@ -148,14 +181,19 @@ impl Generator {
                 }
             }
         };
+        let units = self.next_units(op);
         let block = if self.rw.is_random() {
-            self.sampler.next(&mut self.rng)
+            // A request that would run past the slice's end ends at it.
+            self.sampler.next(&mut self.rng).min(self.blocks - units)
         } else {
+            if self.next_block + units > self.blocks {
+                self.next_block = 0;
+            }
             let b = self.next_block;
-            self.next_block = (b + 1) % self.blocks;
+            self.next_block = (b + units) % self.blocks;
             b
         };
-        (op, block)
+        (op, block, units * self.block_size)
     }
 
     /// A random block index, for re-picking around a conflict.
@@ -190,11 +228,35 @@ mod tests {
         let mut r = Generator::new(Rw::RandRw, 70, 1 << 20, 4096, 2, 1, 9).unwrap();
         let mut reads = 0;
         for _ in 0..10_000 {
-            let (op, b) = r.next_request();
+            let (op, b, _) = r.next_request();
             assert!(b < r.blocks);
             reads += (op == Op::Read) as u32;
         }
         assert!((6500..7500).contains(&reads), "{reads}");
+    }
+
+    #[test]
+    fn split_sizes_come_in_their_shares_and_stay_inside_the_slice() {
+        let split = [vec![(4096, 10), (65536, 90)], vec![(16384, 100)]];
+        let mut g = Generator::new(Rw::RandRw, 50, 1 << 20, 4096, 1, 0, 3).unwrap().with_sizes(&split);
+        let (mut small, mut reads) = (0, 0);
+        for _ in 0..20_000 {
+            let (op, block, len) = g.next_request();
+            assert!(g.offset(block) + len <= 1 << 20);
+            if op == Op::Read {
+                reads += 1;
+                small += (len == 4096) as u32;
+                assert!(len == 4096 || len == 65536);
+            } else {
+                assert_eq!(len, 16384);
+            }
+        }
+        let share = small as f64 / reads as f64;
+        assert!((share - 0.1).abs() < 0.02, "{share}");
+        // Sequential: each request starts where the last ended, wrapping before the end.
+        let mut s = Generator::new(Rw::Read, 50, 40960, 4096, 1, 0, 1).unwrap().with_sizes(&[vec![(12288, 1)], vec![]]);
+        let starts: Vec<u64> = (0..5).map(|_| s.next_request().1).collect();
+        assert_eq!(starts, [0, 3, 6, 0, 3]);
     }
 
     #[test]

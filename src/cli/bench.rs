@@ -270,6 +270,12 @@ pub struct FioArgs {
     /// Wait this long before starting (seconds unless a unit is given).
     #[arg(long, value_name = "TIME", help_heading = "fio options")]
     startdelay: Option<String>,
+    /// Request sizes with shares, reads[,writes]: 4k/10:64k/90 (sets --bs to the smallest).
+    #[arg(long, value_name = "SPLIT", help_heading = "fio options")]
+    bssplit: Option<String>,
+    /// Request sizes from MIN to MAX in steps of MIN, reads[,writes]: 4k-64k.
+    #[arg(long, value_name = "MIN-MAX", help_heading = "fio options")]
+    bsrange: Option<String>,
     /// CPUs the I/O threads may run on, e.g. 0-1,3.
     #[arg(long, value_name = "CPUS", help_heading = "fio options")]
     cpus_allowed: Option<String>,
@@ -295,6 +301,8 @@ impl FioArgs {
             ("loops", &self.loops),
             ("startdelay", &self.startdelay),
             ("cpus_allowed", &self.cpus_allowed),
+            ("bssplit", &self.bssplit),
+            ("bsrange", &self.bsrange),
         ];
         for (key, value) in given {
             if let Some(v) = value {
