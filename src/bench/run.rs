@@ -531,21 +531,22 @@ impl Status {
         let iops = ios as f64 / secs.max(1e-9);
         let interval = (ios - self.last.1) as f64 / ((now - self.last.0) as f64 / 1e9).max(1e-9);
         self.last = (now, ios);
-        let bw = iops * config.block_size as f64;
+        // Requests are counted, not bytes: with mixed sizes the bandwidth waits for the report.
+        let bw = config.fio.bs_split.iter().all(Vec::is_empty).then(|| iops * config.block_size as f64);
         let name = config.fio.job_name.clone().unwrap_or_else(|| format!("{}-{}", config.rw.name(), config.path_name));
         let line = if config.fio.status_json {
             serde_json::json!({"status": {
                 "jobname": name, "time_ms": (secs * 1000.0) as u64, "total_ios": ios, "iops": iops,
-                "iops_interval": interval, "bw_bytes": bw as u64,
+                "iops_interval": interval, "bw_bytes": bw.map(|b| b as u64),
             }})
             .to_string()
         } else {
             format!(
-                "[{name}] {secs:.1}s: {ios} IOs, {} IOPS (last {:.1}s: {} IOPS), {}",
+                "[{name}] {secs:.1}s: {ios} IOs, {} IOPS (last {:.1}s: {} IOPS){}",
                 super::report::format_count(iops),
                 self.every_ns as f64 / 1e9,
                 super::report::format_count(interval),
-                super::report::format_bw(bw),
+                bw.map_or(String::new(), |b| format!(", {}", super::report::format_bw(b))),
             )
         };
         match bar {
