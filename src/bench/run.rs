@@ -532,7 +532,7 @@ impl Status {
         let interval = (ios - self.last.1) as f64 / ((now - self.last.0) as f64 / 1e9).max(1e-9);
         self.last = (now, ios);
         // Requests are counted, not bytes: with mixed sizes the bandwidth waits for the report.
-        let bw = config.fio.bs_split.iter().all(Vec::is_empty).then(|| iops * config.block_size as f64);
+        let bw = config.fio.bs_split.iter().all(Vec::is_empty).then_some(iops * config.block_size as f64);
         let name = config.fio.job_name.clone().unwrap_or_else(|| format!("{}-{}", config.rw.name(), config.path_name));
         let line = if config.fio.status_json {
             serde_json::json!({"status": {
@@ -777,7 +777,7 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
     let (engine, config) = (job.engine, job.config);
     let generator =
         Generator::new(config.rw, config.rwmixread, job.size, config.block_size, config.threads, thread, config.seed)?
-            .with_distribution(config.fio.distribution)
+            .with_distribution(&config.fio.distribution)
             .with_offset(config.fio.offset)
             .with_sizes(&config.fio.bs_split);
     if config.verify && generator.blocks < config.iodepth as u64 {

@@ -121,15 +121,15 @@ impl Generator {
             blocks: slice / block_size,
             block_size,
             next_block: 0,
-            sampler: Sampler::new(Distribution::Uniform, slice / block_size),
+            sampler: Sampler::new(&Distribution::Uniform, slice / block_size, block_size),
             sizes: [Vec::new(), Vec::new()],
             rng: fastrand::Rng::with_seed(seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         })
     }
 
     /// Draws random blocks from `distribution` instead of uniformly.
-    pub fn with_distribution(mut self, distribution: Distribution) -> Generator {
-        self.sampler = Sampler::new(distribution, self.blocks);
+    pub fn with_distribution(mut self, distribution: &Distribution) -> Generator {
+        self.sampler = Sampler::new(distribution, self.blocks, self.block_size);
         self
     }
 
