@@ -662,9 +662,9 @@ fn fio_job_files_run_their_jobs_and_refuse_what_iopath_lacks() {
     assert_eq!(jobs[0]["read"]["total_ios"], 200, "number_ios per thread");
     assert!(jobs[1]["write"]["total_ios"].as_u64().unwrap() > 0);
 
-    std::fs::write(&job, "[a]\nrw=randread\nbssplit=4k/50:64k/50\n").unwrap();
+    std::fs::write(&job, "[a]\nrw=randread\noffset_increment=1g\n").unwrap();
     let err = fails(&["bench", job.to_str().unwrap()]);
-    assert!(err.contains("bssplit=4k/50:64k/50 in [a] (line 1)") && err.contains("does not support"), "{err}");
+    assert!(err.contains("offset_increment=1g in [a] (line 1)") && err.contains("does not support"), "{err}");
     let err = fails(&["bench", dir.path().join("missing.fio").to_str().unwrap()]);
     assert!(err.contains("job file"), "{err}");
 }

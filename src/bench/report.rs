@@ -253,6 +253,10 @@ pub fn job_json(r: &BenchResult) -> Value {
         "trim": dir_object(r, None),
         "sync": {"total_ios": m.sync.ios, "lat_ns": lat_object(&m.sync, &c.fio.percentiles)},
         "iodepth_level": depth,
+        // iopath does not count requests per submit or reap call: fio's two
+        // histograms of them hold the configured depth's bucket.
+        "iodepth_submit": depth_calls(c.iodepth),
+        "iodepth_complete": depth_calls(c.iodepth),
         "latency_ns": lat_ns,
         "latency_us": lat_us,
         "latency_ms": lat_ms,
@@ -269,6 +273,16 @@ pub fn job_json(r: &BenchResult) -> Value {
     })
 }
 
+/// fio's `iodepth_submit`/`iodepth_complete` buckets, all in the one holding `depth`.
+fn depth_calls(depth: u32) -> Value {
+    let mut out = Map::new();
+    for (label, low, high) in [("0", 0, 0), ("4", 1, 4), ("8", 5, 8), ("16", 9, 16), ("32", 17, 32), ("64", 33, 64)] {
+        out.insert(label.into(), json!(if (low..=high).contains(&depth) { 100.0 } else { 0.0 }));
+    }
+    out.insert(">=64".into(), json!(if depth > 64 { 100.0 } else { 0.0 }));
+    Value::Object(out)
+}
+
 /// A whole fio-style JSON document for a set of jobs.
 pub fn to_json(results: &[BenchResult]) -> Value {
     let timestamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -278,6 +292,31 @@ pub fn to_json(results: &[BenchResult]) -> Value {
         "iopath_partial": results.iter().any(|r| r.interrupted),
         "jobs": results.iter().map(job_json).collect::<Vec<_>>(),
     })
+}
+
+/// fio's `json+`: [`to_json`] plus, in every latency object with requests,
+/// `bins` (latency in ns -> requests), the histogram `fio_jsonplus_clat2csv`
+/// turns into CSV. iopath's bins are its histogram's (3 significant digits).
+pub fn to_json_plus(results: &[BenchResult]) -> Value {
+    let mut doc = to_json(results);
+    let bins = |d: &DirStats| -> Value {
+        let mut out = Map::new();
+        for v in d.latency_ns.iter_recorded() {
+            out.insert(d.latency_ns.highest_equivalent(v.value_iterated_to()).to_string(), json!(v.count_at_value()));
+        }
+        Value::Object(out)
+    };
+    if let Some(jobs) = doc["jobs"].as_array_mut() {
+        for (job, r) in jobs.iter_mut().zip(results) {
+            for (name, d) in [("read", &r.measurements.read), ("write", &r.measurements.write)] {
+                if d.ios > 0 {
+                    job[name]["clat_ns"]["bins"] = bins(d);
+                    job[name]["lat_ns"]["bins"] = bins(d);
+                }
+            }
+        }
+    }
+    doc
 }
 
 /// Formats nanoseconds with a unit that keeps 3-4 significant digits.

@@ -60,6 +60,33 @@ pub enum OutputFormat {
     Json,
 }
 
+/// `bench`'s output formats: the shared ones and fio's json+.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BenchFormat {
+    /// A table for people.
+    Table,
+    /// fio-compatible JSON (`jobs[].read.iops`, ...) with iopath's figures in `jobs[].iopath`.
+    Json,
+    /// JSON plus latency histograms (`clat_ns.bins`), as fio's json+ for fio_jsonplus_clat2csv.
+    #[value(name = "json+")]
+    JsonPlus,
+}
+
+impl BenchFormat {
+    /// The report for `results` in this format.
+    fn render(self, results: &[bench::BenchResult]) -> String {
+        match self {
+            BenchFormat::Table => results.iter().map(report::to_table).collect(),
+            BenchFormat::Json => {
+                format!("{}\n", serde_json::to_string_pretty(&report::to_json(results)).expect("JSON"))
+            }
+            BenchFormat::JsonPlus => {
+                format!("{}\n", serde_json::to_string_pretty(&report::to_json_plus(results)).expect("JSON"))
+            }
+        }
+    }
+}
+
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
@@ -166,9 +193,9 @@ pub struct BenchArgs {
     hogs: HogArgs,
     #[command(flatten)]
     safety: SafetyArgs,
-    /// table or json.
+    /// table, json or json+ (json with latency histograms).
     #[arg(long, value_enum, default_value = "table")]
-    output_format: OutputFormat,
+    output_format: BenchFormat,
     /// Do not show the progress line.
     #[arg(long)]
     no_progress: bool,
@@ -345,20 +372,14 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
     let mut config = config;
     args.fio.apply(&mut config)?;
     config.fio.status_interval = args.status_interval;
-    config.fio.status_json = matches!(args.output_format, OutputFormat::Json);
+    config.fio.status_json = !matches!(args.output_format, BenchFormat::Table);
     // Found out now, not after the run: the report's file can be written.
     let mut out = Output::open(args.output.as_deref())?;
     if let Some(file) = args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
         return run_job_file(file, &config, args.output_format, &mut out);
     }
     let result = bench::run(&config)?;
-    match args.output_format {
-        OutputFormat::Table => out.write(&report::to_table(&result)),
-        OutputFormat::Json => out.write(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&report::to_json(std::slice::from_ref(&result))).expect("JSON")
-        )),
-    }
+    out.write(&args.output_format.render(std::slice::from_ref(&result)))
 }
 
 /// Runs the jobs of an fio job file as fio does (the jobs of a group at the
@@ -366,7 +387,7 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
 fn run_job_file(
     file: &std::path::Path,
     base: &BenchConfig,
-    format: OutputFormat,
+    format: BenchFormat,
     out: &mut Output,
 ) -> iopath::Result<()> {
     let text = std::fs::read_to_string(file).map_err(|source| iopath::Error::Target {
@@ -406,14 +427,14 @@ fn run_job_file(
         });
         for (job, outcome) in jobs[group].iter().zip(outcomes) {
             let result = outcome?;
-            if matches!(format, OutputFormat::Table) {
+            if matches!(format, BenchFormat::Table) {
                 out.write(&format!("[{}]\n{}\n", job.name, report::to_table(&result)))?;
             }
             results.push(result);
         }
     }
-    if matches!(format, OutputFormat::Json) {
-        out.write(&format!("{}\n", serde_json::to_string_pretty(&report::to_json(&results)).expect("JSON")))?;
+    if !matches!(format, BenchFormat::Table) {
+        out.write(&format.render(&results))?;
     }
     Ok(())
 }
