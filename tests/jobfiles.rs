@@ -206,3 +206,16 @@ fn bssplit_sizes_come_in_their_shares_aligned_inside_the_region() {
     let bytes: u64 = lat.iter().map(|l| l[3]).sum();
     assert_eq!(j["read"]["io_bytes"], bytes);
 }
+
+#[test]
+fn verify_reads_back_what_was_written_and_checks_every_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_file(dir.path(), "verify.fio", &dir.path().join("data.img"));
+    let doc = run_in(dir.path(), &file);
+    let jobs = doc["jobs"].as_array().unwrap();
+    // The write job ends by reading back all 1024 blocks; the read job checks each of its 2000 reads.
+    assert_eq!(jobs[0]["write"]["total_ios"], 2000);
+    assert_eq!(jobs[0]["iopath"]["verified_blocks"], 1024);
+    assert_eq!(jobs[1]["read"]["total_ios"], 2000);
+    assert_eq!(jobs[1]["iopath"]["verified_blocks"], 2000);
+}

@@ -101,10 +101,12 @@ const SUPPORTED: &[&str] = &[
     "bssplit",
     "bsrange",
     "fdatasync",
+    "verify",
+    "do_verify",
 ];
 
 /// fio options iopath knows it lacks (issue 14 adds them); named in the error.
-const NOT_YET: &[&str] = &["offset_increment", "verify", "do_verify", "trim", "zonemode", "nrfiles", "openfiles"];
+const NOT_YET: &[&str] = &["offset_increment", "trim", "zonemode", "nrfiles", "openfiles"];
 
 /// Parses a job file's text into its jobs.
 pub fn parse(text: &str) -> Result<Vec<Job>> {
@@ -197,6 +199,8 @@ const FIO_EXTRAS: &[&str] = &[
     "bssplit",
     "bsrange",
     "fdatasync",
+    "verify",
+    "do_verify",
 ];
 
 /// Sets one of fio's skew, pacing, warm-up, log or report options on
@@ -292,6 +296,15 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
             config.block_size = split.iter().flatten().map(|&(b, _)| b).min().unwrap_or(config.block_size);
             config.fio.bs_split = split;
         }
+        "verify" => {
+            // iopath checks its own self-describing pattern (every 512-byte sector names its
+            // offset and version), whichever checksum the job asked for.
+            config.verify = !matches!(value, "0" | "null");
+            config.fio.verify_readback = config.verify;
+        }
+        // Read by `to_config` once every option is in (it may come before `verify`).
+        "do_verify" if matches!(value, "0" | "1") => {}
+        "do_verify" => return Err(bad("0 or 1")),
         "offset" => {
             config.fio.offset =
                 parse_size(value).map_err(|_| bad("a size such as 1g (percentages are not supported)"))?;
@@ -457,6 +470,9 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
             })?;
         }
     }
+    if job.get("do_verify") == Some(Some("0")) {
+        c.fio.verify_readback = false;
+    }
     c.fio.job_name = Some(job.name.clone());
     c.fio.job_options =
         job.options[job.from_global..].iter().map(|(k, v)| (k.clone(), v.clone().unwrap_or_default())).collect();
@@ -531,6 +547,12 @@ iopath_path=stm
         assert_eq!(c.fio.thinktime, std::time::Duration::from_micros(50), "microseconds by default");
         assert_eq!(c.fio.startdelay, std::time::Duration::from_secs(2), "seconds by default");
         assert!(c.fio.end_fsync);
+        let jobs = parse("[global]\ndo_verify=0\n[v]\nrw=write\nverify=crc32c\n[w]\nstonewall\nverify=md5\n").unwrap();
+        let v = to_config(&jobs[0], &BenchConfig::default()).unwrap();
+        assert!(v.verify && !v.fio.verify_readback, "do_verify=0 before verify= still holds");
+        let jobs = parse("[w]\nrw=randwrite\nverify=md5\n").unwrap();
+        let w = to_config(&jobs[0], &BenchConfig::default()).unwrap();
+        assert!(w.verify && w.fio.verify_readback);
         let jobs = parse("[s]\nbs=8k\nbssplit=4k/10:64k:16k,32k\n[r]\nstonewall\nbsrange=4k-16k\n").unwrap();
         let c = to_config(&jobs[0], &BenchConfig::default()).unwrap();
         assert_eq!(c.fio.bs_split, [vec![(4096, 10), (65536, 45), (16384, 45)], vec![(32768, 100)]]);

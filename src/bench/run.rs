@@ -116,6 +116,9 @@ pub struct FioOptions {
     pub status_interval: Option<Duration>,
     /// Interim figures as JSON lines rather than text.
     pub status_json: bool,
+    /// With `--verify` on a workload that writes: read every block back and
+    /// check it when the run ends (fio's `verify=` with `do_verify=1`).
+    pub verify_readback: bool,
 }
 
 impl Default for FioOptions {
@@ -141,6 +144,7 @@ impl Default for FioOptions {
             group: 0,
             status_interval: None,
             status_json: false,
+            verify_readback: false,
         }
     }
 }
@@ -761,6 +765,9 @@ fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
     let usage = ThreadUsage::now().since(&usage_before);
     result?;
     let path = handle.stats().since(&path_before);
+    if config.fio.verify_readback && run.verify == VerifyMode::LayOut && config.rw.writes() {
+        read_back(&mut handle, &mut run)?;
+    }
     Ok(ThreadOutcome {
         read: run.read,
         write: run.write,
@@ -851,6 +858,21 @@ fn lay_out(engine: &Engine, generator: &Generator) -> Result<Vec<u64>> {
         block += n;
     }
     Ok(vec![1; generator.blocks as usize])
+}
+
+/// After the run (not measured): reads every block of the thread's slice back
+/// and checks it holds the last version written (fio's verify phase).
+fn read_back(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
+    let bs = run.generator.block_size as usize;
+    for block in 0..run.generator.blocks {
+        if crate::signal::interrupted() {
+            return Err(Error::Interrupted { during: "reading back what was written (verify)".into() });
+        }
+        handle.read_into(0, run.generator.offset(block), bs).map_err(|e| run.fail(e))?;
+        let buf = handle.buffer(0).expect("buffer 0 is idle").to_vec();
+        run.settle(Op::Read, &buf, block)?;
+    }
+    Ok(())
 }
 
 fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
