@@ -316,6 +316,11 @@ impl Handle {
         self.blocking(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset)
     }
 
+    /// Discards `len` bytes at `offset` ([`Op::Trim`]): they read back as zeros.
+    pub fn trim(&mut self, offset: u64, len: usize) -> Result<u64> {
+        self.blocking(Op::Trim, std::ptr::null_mut(), len, offset)
+    }
+
     /// Makes earlier writes durable.
     pub fn flush(&mut self) -> Result<()> {
         let request = Request { op: Op::Flush, offset: 0, buf: std::ptr::null_mut(), len: 0, tag: BLOCKING_TAG };

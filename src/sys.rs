@@ -178,6 +178,14 @@ pub unsafe fn pwrite(file: &File, buf: *const u8, len: usize, offset: u64) -> io
     if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
 }
 
+/// `fallocate(2)` with `PUNCH_HOLE | KEEP_SIZE`: the range reads back as zeros
+/// (a block device discards or zeroes it).
+pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on an fd that is open for as long as `file`; no memory is passed.
+    check(unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) })
+}
+
 /// `fdatasync(2)`.
 pub fn fdatasync(file: &File) -> io::Result<()> {
     // SAFETY: fdatasync on an fd that is open for as long as `file`.

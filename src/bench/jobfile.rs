@@ -106,7 +106,7 @@ const SUPPORTED: &[&str] = &[
 ];
 
 /// fio options iopath knows it lacks (issue 14 adds them); named in the error.
-const NOT_YET: &[&str] = &["offset_increment", "trim", "zonemode", "nrfiles", "openfiles"];
+const NOT_YET: &[&str] = &["offset_increment", "trim_percentage", "trim_backlog", "zonemode", "nrfiles", "openfiles"];
 
 /// Parses a job file's text into its jobs.
 pub fn parse(text: &str) -> Result<Vec<Job>> {
@@ -392,7 +392,7 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
     if let Some(rw) = value("rw").or(value("readwrite")) {
         // fio's "rw" is mixed sequential, "readwrite" the same; "randrw" random.
         c.rw = Rw::parse(if rw == "readwrite" { "rw" } else { rw }).map_err(|_| {
-            job.error("rw", rw, "read, write, randread, randwrite, rw (readwrite) or randrw; trim is not supported")
+            job.error("rw", rw, "read, write, randread, randwrite, rw (readwrite), randrw, trim or randtrim (trimwrite is not supported)")
         })?;
     }
     if let Some(v) = value("rwmixread") {
@@ -585,7 +585,7 @@ iopath_path=stm
         assert!(err("[a]\noffset_increment=1g\n").contains("does not support this fio option yet"));
         assert!(err("[a]\nbogus=1\n").contains("not an fio option iopath knows"));
         assert!(err("[a]\nioengine=libaio\nfilename=/x\n").contains("io_uring, psync"));
-        assert!(err("[a]\nrw=trim\n").contains("trim is not supported"));
+        assert!(err("[a]\nrw=trimwrite\n").contains("trimwrite is not supported"));
         assert!(err("rw=read\n").contains("options go in [global] or in a [job] section"));
         assert!(err("[global]\nrw=read\n").contains("no job"));
         assert!(err("[a]\nioengine=psync\n").contains("give filename="));

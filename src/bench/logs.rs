@@ -67,14 +67,15 @@ struct Window {
 /// What one thread records for the logs and the JSON samples.
 #[derive(Debug, Clone, Default)]
 pub struct ThreadLog {
-    /// One entry per request: (ms since the measured phase began, latency ns, read?, offset, bytes).
-    requests: Vec<(u32, u64, bool, u64, u32)>,
+    /// One entry per request: (ms since the measured phase began, latency ns, direction, offset, bytes).
+    requests: Vec<(u32, u64, u8, u64, u32)>,
     keep_requests: bool,
-    /// Windows of `window_ns` (the log's averaging window).
-    windows: Vec<[Window; 2]>,
+    /// Windows of `window_ns` (the log's averaging window), per direction
+    /// (read, write, trim: fio's 0, 1, 2).
+    windows: Vec<[Window; 3]>,
     window_ns: u64,
     /// 500 ms windows for the JSON's bw/iops samples.
-    samples: Vec<[Window; 2]>,
+    samples: Vec<[Window; 3]>,
 }
 
 impl ThreadLog {
@@ -89,9 +90,9 @@ impl ThreadLog {
 
     /// Records a request at `offset` that completed `at_ns` after the measured phase began.
     pub fn record(&mut self, at_ns: u64, latency_ns: u64, op: Op, bytes: u64, offset: u64) {
-        let d = usize::from(op != Op::Read);
+        let d = direction(op);
         if self.keep_requests {
-            self.requests.push(((at_ns / 1_000_000) as u32, latency_ns, d == 0, offset, bytes as u32));
+            self.requests.push(((at_ns / 1_000_000) as u32, latency_ns, d as u8, offset, bytes as u32));
         }
         if let Some(i) = at_ns.checked_div(self.window_ns) {
             add(&mut self.windows, i as usize, d, latency_ns, bytes);
@@ -116,7 +117,7 @@ impl ThreadLog {
     /// The job's bandwidth (KiB/s) and IOPS samples for direction `op`: whole
     /// 500 ms windows only (the last, partial one is left out).
     pub fn samples(&self, op: Op, wall_ns: u64) -> (Vec<f64>, Vec<f64>) {
-        let d = usize::from(op != Op::Read);
+        let d = direction(op);
         let whole = (wall_ns / SAMPLE_WINDOW_NS) as usize;
         let secs = SAMPLE_WINDOW_NS as f64 / 1e9;
         let take = |f: &dyn Fn(&Window) -> f64| -> Vec<f64> {
@@ -132,9 +133,9 @@ impl ThreadLog {
             let lines = if self.window_ns == 0 {
                 self.requests
                     .iter()
-                    .map(|&(ms, lat, read, offset, bytes)| {
+                    .map(|&(ms, lat, d, offset, bytes)| {
                         let offset = if config.offsets { offset } else { 0 };
-                        format!("{ms}, {lat}, {}, {bytes}, {offset}", u8::from(!read))
+                        format!("{ms}, {lat}, {d}, {bytes}, {offset}")
                     })
                     .collect()
             } else {
@@ -174,7 +175,16 @@ impl ThreadLog {
     }
 }
 
-fn add(windows: &mut Vec<[Window; 2]>, i: usize, d: usize, latency_ns: u64, bytes: u64) {
+/// fio's direction number: 0 read, 1 write, 2 trim.
+fn direction(op: Op) -> usize {
+    match op {
+        Op::Read => 0,
+        Op::Trim => 2,
+        _ => 1,
+    }
+}
+
+fn add(windows: &mut Vec<[Window; 3]>, i: usize, d: usize, latency_ns: u64, bytes: u64) {
     if windows.len() <= i {
         windows.resize(i + 1, Default::default());
     }

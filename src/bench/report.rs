@@ -47,18 +47,17 @@ fn sample_summary(samples: &[f64]) -> (f64, f64, f64, f64, usize) {
     (min, max, mean, var.sqrt(), samples.len())
 }
 
-/// One direction's fio object; `None` is a direction iopath never issues (trim).
-fn dir_object(r: &BenchResult, op: Option<crate::device::Op>) -> Value {
+/// One direction's fio object (read, write or trim).
+fn dir_object(r: &BenchResult, op: crate::device::Op) -> Value {
     let m = &r.measurements;
     let wall_ns = m.wall_ns;
-    let none = DirStats::default();
     let d = match op {
-        Some(crate::device::Op::Read) => &m.read,
-        Some(_) => &m.write,
-        None => &none,
+        crate::device::Op::Read => &m.read,
+        crate::device::Op::Trim => &m.trim,
+        _ => &m.write,
     };
     let percentiles = &r.config.fio.percentiles;
-    let (bw_samples, iops_samples) = op.map_or((Vec::new(), Vec::new()), |op| r.samples.samples(op, wall_ns));
+    let (bw_samples, iops_samples) = r.samples.samples(op, wall_ns);
     let (bw_min, bw_max, bw_mean, bw_dev, bw_n) = sample_summary(&bw_samples);
     let (iops_min, iops_max, iops_mean, iops_dev, iops_n) = sample_summary(&iops_samples);
     let zero_lat = json!({"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0});
@@ -248,9 +247,9 @@ pub fn job_json(r: &BenchResult) -> Value {
         "job options": options,
         "elapsed": m.wall_ns / 1_000_000_000,
         "job_runtime": m.wall_ns / 1_000_000,
-        "read": dir_object(r, Some(crate::device::Op::Read)),
-        "write": dir_object(r, Some(crate::device::Op::Write)),
-        "trim": dir_object(r, None),
+        "read": dir_object(r, crate::device::Op::Read),
+        "write": dir_object(r, crate::device::Op::Write),
+        "trim": dir_object(r, crate::device::Op::Trim),
         "sync": {"total_ios": m.sync.ios, "lat_ns": lat_object(&m.sync, &c.fio.percentiles)},
         "iodepth_level": depth,
         // iopath does not count requests per submit or reap call: fio's two
@@ -308,7 +307,8 @@ pub fn to_json_plus(results: &[BenchResult]) -> Value {
     };
     if let Some(jobs) = doc["jobs"].as_array_mut() {
         for (job, r) in jobs.iter_mut().zip(results) {
-            for (name, d) in [("read", &r.measurements.read), ("write", &r.measurements.write)] {
+            let m = &r.measurements;
+            for (name, d) in [("read", &m.read), ("write", &m.write), ("trim", &m.trim)] {
                 if d.ios > 0 {
                     job[name]["clat_ns"]["bins"] = bins(d);
                     job[name]["lat_ns"]["bins"] = bins(d);
@@ -400,7 +400,12 @@ pub fn to_table(r: &BenchResult) -> String {
         "{:<6} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "", "IOPS", "BW", "mean", "p50", "p90", "p99", "p99.9", "p99.99", "max"
     ));
-    for row in [dir_row("read", &m.read, m.wall_ns), dir_row("write", &m.write, m.wall_ns)].into_iter().flatten() {
+    let rows = [
+        dir_row("read", &m.read, m.wall_ns),
+        dir_row("write", &m.write, m.wall_ns),
+        dir_row("trim", &m.trim, m.wall_ns),
+    ];
+    for row in rows.into_iter().flatten() {
         out.push_str(&row);
         out.push('\n');
     }

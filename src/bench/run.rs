@@ -289,6 +289,13 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             ),
         ));
     }
+    if config.verify && config.rw.trims() {
+        return Err(Error::spec(
+            "--verify",
+            config.rw.name(),
+            "a trimmed block reads back as zeros, not as what was written: verify a read or write workload",
+        ));
+    }
     if config.verify && split_sizes.clone().next().is_some() {
         return Err(Error::spec(
             "--verify",
@@ -338,6 +345,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
 struct ThreadOutcome {
     read: DirStats,
     write: DirStats,
+    trim: DirStats,
     sync: DirStats,
     usage: ThreadUsage,
     path: PathStats,
@@ -440,6 +448,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         verified_blocks: 0,
         hogs: (config.hogs.count > 0).then_some(hog_report),
         sync: DirStats::default(),
+        trim: DirStats::default(),
     };
     let mut end_ns = start_ns;
     let mut samples = ThreadLog::default();
@@ -453,6 +462,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         m.read.add(&o.read);
         m.write.add(&o.write);
         m.sync.add(&o.sync);
+        m.trim.add(&o.trim);
         m.usage.add(&o.usage);
         m.path.add(&o.path);
         m.verified_blocks += o.verified_blocks;
@@ -473,7 +483,8 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
     } else {
         m.read.bytes as f64 / bytes as f64
     };
-    m.peak_bw_bytes = engine.device().peak_bandwidth(read_fraction);
+    // A trim moves no data: no share of the device's bandwidth to speak of.
+    m.peak_bw_bytes = if config.rw.trims() { None } else { engine.device().peak_bandwidth(read_fraction) };
     let polled = config.path.completion != crate::path::CompletionKind::Interrupt;
     Ok(BenchResult {
         config: config.clone(),
@@ -581,6 +592,7 @@ struct ThreadRun<'a> {
     versions: Vec<u64>,
     read: DirStats,
     write: DirStats,
+    trim: DirStats,
     verified_blocks: u64,
     stop: &'a AtomicBool,
     progress: &'a AtomicU64,
@@ -659,6 +671,7 @@ impl ThreadRun<'_> {
         self.log.record(now.saturating_sub(self.measure_from_ns), latency_ns, op, bytes, offset);
         match op {
             Op::Read => self.read.record(latency_ns, bytes),
+            Op::Trim => self.trim.record(latency_ns, bytes),
             _ => self.write.record(latency_ns, bytes),
         }
         self.unreported += 1;
@@ -771,6 +784,7 @@ fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
     Ok(ThreadOutcome {
         read: run.read,
         write: run.write,
+        trim: run.trim,
         sync: run.sync,
         usage,
         path,
@@ -815,6 +829,7 @@ fn setup_thread<'a>(job: &'a Job, thread: usize) -> Result<(Handle, ThreadRun<'a
         versions,
         read: DirStats::default(),
         write: DirStats::default(),
+        trim: DirStats::default(),
         verified_blocks: 0,
         stop: &job.stop,
         progress: &job.progress,
@@ -891,6 +906,7 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         let start = now_ns();
         let result = match op {
             Op::Read => handle.read_into(0, offset, bs),
+            Op::Trim => handle.trim(offset, bs),
             _ => handle.write_from(0, offset, bs),
         };
         now = now_ns();

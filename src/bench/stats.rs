@@ -85,12 +85,14 @@ pub struct Measurements {
     pub hogs: Option<super::hogs::HogReport>,
     /// Flushes the workload asked for (`fsync=N`, `end_fsync`) and their latency.
     pub sync: DirStats,
+    /// Trims (`--rw trim`, `randtrim`): counted as requests, not as bandwidth.
+    pub trim: DirStats,
 }
 
 impl Measurements {
-    /// Requests in both directions.
+    /// Requests in every direction (trims too).
     pub fn total_ios(&self) -> u64 {
-        self.read.ios + self.write.ios
+        self.read.ios + self.write.ios + self.trim.ios
     }
 
     /// Bytes per second in both directions.
@@ -98,9 +100,9 @@ impl Measurements {
         self.read.bw_bytes(self.wall_ns) + self.write.bw_bytes(self.wall_ns)
     }
 
-    /// Requests per second in both directions.
+    /// Requests per second in every direction (trims too).
     pub fn total_iops(&self) -> f64 {
-        self.read.iops(self.wall_ns) + self.write.iops(self.wall_ns)
+        self.read.iops(self.wall_ns) + self.write.iops(self.wall_ns) + self.trim.iops(self.wall_ns)
     }
 
     fn per_io(&self, value: f64) -> f64 {
@@ -125,10 +127,11 @@ impl Measurements {
         self.per_io(self.path.device_ns as f64)
     }
 
-    /// The latencies of both directions in one histogram.
+    /// The latencies of every direction in one histogram.
     pub fn latency_histogram(&self) -> Histogram<u64> {
         let mut lat = self.read.latency_ns.clone();
         lat.add(&self.write.latency_ns).expect("histograms with equal bounds");
+        lat.add(&self.trim.latency_ns).expect("histograms with equal bounds");
         lat
     }
 

@@ -26,11 +26,17 @@ pub enum Rw {
     ReadWrite,
     /// Random mixed reads and writes.
     RandRw,
+    /// Sequential trims (discards).
+    Trim,
+    /// Random trims.
+    RandTrim,
 }
 
 impl Rw {
-    /// All patterns.
+    /// All patterns that move data (what `compare` can run).
     pub const ALL: [Rw; 6] = [Rw::Read, Rw::Write, Rw::RandRead, Rw::RandWrite, Rw::ReadWrite, Rw::RandRw];
+    /// The trim patterns.
+    pub const TRIMS: [Rw; 2] = [Rw::Trim, Rw::RandTrim];
 
     /// fio's name.
     pub fn name(self) -> &'static str {
@@ -41,6 +47,8 @@ impl Rw {
             Rw::RandWrite => "randwrite",
             Rw::ReadWrite => "rw",
             Rw::RandRw => "randrw",
+            Rw::Trim => "trim",
+            Rw::RandTrim => "randtrim",
         }
     }
 
@@ -49,8 +57,12 @@ impl Rw {
         if text == "readwrite" {
             return Ok(Rw::ReadWrite);
         }
-        Self::ALL.into_iter().find(|r| r.name() == text).ok_or_else(|| {
-            Error::spec("workload", text, "expected read, write, randread, randwrite, rw (readwrite) or randrw")
+        Self::ALL.into_iter().chain(Self::TRIMS).find(|r| r.name() == text).ok_or_else(|| {
+            Error::spec(
+                "workload",
+                text,
+                "expected read, write, randread, randwrite, rw (readwrite), randrw, trim or randtrim",
+            )
         })
     }
 
@@ -61,14 +73,19 @@ impl Rw {
 
     /// Whether offsets are random.
     pub fn is_random(self) -> bool {
-        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
+        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw | Rw::RandTrim)
+    }
+
+    /// Whether the pattern trims.
+    pub fn trims(self) -> bool {
+        matches!(self, Rw::Trim | Rw::RandTrim)
     }
 
     /// Share of reads, given fio's `rwmixread` percentage for mixed patterns.
     pub fn read_fraction(self, rwmixread: u32) -> f64 {
         match self {
             Rw::Read | Rw::RandRead => 1.0,
-            Rw::Write | Rw::RandWrite => 0.0,
+            Rw::Write | Rw::RandWrite | Rw::Trim | Rw::RandTrim => 0.0,
             Rw::ReadWrite | Rw::RandRw => rwmixread as f64 / 100.0,
         }
     }
@@ -171,6 +188,7 @@ impl Generator {
     /// The next direction, block index (within the slice) and length in bytes.
     pub fn next_request(&mut self) -> (Op, u64, u64) {
         let op = match self.rw.read_fraction(self.rwmixread) {
+            _ if self.rw.trims() => Op::Trim,
             f if f >= 1.0 => Op::Read,
             f if f <= 0.0 => Op::Write,
             _ => {

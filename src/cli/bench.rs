@@ -159,7 +159,7 @@ pub struct BenchArgs {
     completion: Option<String>,
     #[command(flatten)]
     knobs: PathKnobs,
-    /// Access pattern: read, write, randread, randwrite, rw, randrw.
+    /// Access pattern: read, write, randread, randwrite, rw, randrw, trim, randtrim.
     #[arg(long, default_value = "randread", value_parser = rw_arg)]
     rw: Rw,
     /// Percentage of reads in rw and randrw.

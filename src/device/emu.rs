@@ -335,6 +335,7 @@ impl EmuQueue {
                 match command.op {
                     Op::Read => store.read(seg.offset, seg.buf, seg.len as usize),
                     Op::Write => store.write(seg.offset, seg.buf, seg.len as usize),
+                    Op::Trim => store.zero(seg.offset, seg.len as usize),
                     Op::Flush => {}
                 }
             }
@@ -368,16 +369,23 @@ impl Queue for EmuQueue {
                 cache.flushed();
             }
         } else {
-            if command.op == Op::Write
+            if matches!(command.op, Op::Write | Op::Trim)
                 && let Some(cache) = cache.as_mut()
             {
                 for seg in &command.segments {
                     if seg.len > 0
                         && seg.offset.checked_add(seg.len as u64).is_some_and(|end| end <= shared.store.len())
                     {
-                        // SAFETY: the submitter guarantees the buffer holds `len` bytes while the
-                        // command is in flight (see `Queue::submit`).
-                        let data = unsafe { std::slice::from_raw_parts(seg.buf, seg.len as usize) };
+                        // A trim is, to the cache, a write of zeros.
+                        let zeros;
+                        let data = if command.op == Op::Trim {
+                            zeros = vec![0u8; seg.len as usize];
+                            &zeros[..]
+                        } else {
+                            // SAFETY: the submitter guarantees the buffer holds `len` bytes while
+                            // the command is in flight (see `Queue::submit`).
+                            unsafe { std::slice::from_raw_parts(seg.buf, seg.len as usize) }
+                        };
                         cache.before_write(&shared.store, seg.offset, data);
                     }
                 }

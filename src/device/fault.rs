@@ -331,6 +331,9 @@ struct FaultQueue {
 
 /// A fast hash of a buffer (not cryptographic: it catches changes, not attacks).
 fn seal_of(ptr: *const u8, len: usize) -> u64 {
+    if ptr.is_null() {
+        return 0; // a trim's segments have no buffer
+    }
     // SAFETY: the caller of `submit` guarantees the buffer is valid for `len` bytes
     // while the command is in flight, and it is in flight whenever this is called.
     let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
@@ -383,6 +386,12 @@ impl FaultQueue {
                 self.shared.inject();
                 original.segments[i].result = -errno;
                 bounce.push(None);
+                continue;
+            }
+            if original.op == Op::Trim {
+                // No buffer to bounce: the wrapped device gets the range alone.
+                inner.push(seg.offset, std::ptr::null_mut(), seg.len);
+                bounce.push(Some(IoBuf::new(0)));
                 continue;
             }
             let mut b = IoBuf::new(seg.len as usize);

@@ -42,6 +42,11 @@ pub enum Op {
     Write,
     /// Make earlier writes durable.
     Flush,
+    /// Discard a range (no buffer): it reads back as zeros afterwards. On a
+    /// file or block device a punched hole (`fallocate(PUNCH_HOLE)`, which a
+    /// block device turns into a discard or write-zeroes), on the emulated
+    /// device a command with no transfer.
+    Trim,
 }
 
 impl Op {
@@ -51,6 +56,7 @@ impl Op {
             Op::Read => "read",
             Op::Write => "write",
             Op::Flush => "flush",
+            Op::Trim => "trim",
         }
     }
 }

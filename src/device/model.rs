@@ -191,6 +191,8 @@ impl Model {
                 let timing = if op == Op::Read { self.params.read } else { self.params.write };
                 self.data_deadline(start_ns, timing, ranges)
             }
+            // A trim changes the mapping, not the media: a write command's fixed cost.
+            Op::Trim => start_ns + self.params.write.cmd_ns.round() as u64,
         };
         self.slot_free_ns[slot] = deadline_ns;
         if deadline_ns > self.busy_until_ns {

@@ -127,8 +127,15 @@ impl Queue for PsyncQueue {
         }
         let op = command.op;
         for seg in &mut command.segments {
-            // SAFETY: the submitter guarantees each buffer for the command's lifetime.
-            seg.result = unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) };
+            seg.result = if op == Op::Trim {
+                match sys::punch_hole(file, seg.offset, seg.len as u64) {
+                    Ok(()) => 0,
+                    Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+                }
+            } else {
+                // SAFETY: the submitter guarantees each buffer for the command's lifetime.
+                unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) }
+            };
         }
         self.done.push(command);
     }

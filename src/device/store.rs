@@ -124,6 +124,17 @@ impl Store {
         unsafe { std::ptr::copy_nonoverlapping(src, self.base.add(offset as usize), len) };
     }
 
+    /// Zeroes `len` bytes at `offset` (a trim).
+    ///
+    /// # Safety
+    ///
+    /// `offset + len <= self.len()`, and no one else touches the range meanwhile.
+    pub unsafe fn zero(&self, offset: u64, len: usize) {
+        debug_assert!(offset + len as u64 <= self.len());
+        // SAFETY: the caller guarantees the range lies inside the mapping.
+        unsafe { std::ptr::write_bytes(self.base.add(offset as usize), 0, len) };
+    }
+
     /// Makes written data durable (file-backed stores); a no-op for memory.
     pub fn flush(&self) -> Result<()> {
         if self.file.is_some() {

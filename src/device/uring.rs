@@ -412,6 +412,10 @@ impl UringQueue {
                     (Op::Write, Some(i)) => opcode::WriteFixed::new($fd, buf, len, i).offset(offset).build(),
                     (Op::Write, None) => opcode::Write::new($fd, buf, len).offset(offset).build(),
                     (Op::Flush, _) => opcode::Fsync::new($fd).flags(types::FsyncFlags::DATASYNC).build(),
+                    (Op::Trim, _) => opcode::Fallocate::new($fd, len as u64)
+                        .offset(offset)
+                        .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                        .build(),
                 }
             };
         }

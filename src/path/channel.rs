@@ -123,7 +123,7 @@ pub fn request_result(op: Op, offset: u64, len: u32, result: i32) -> Result<()> 
         Err(Error::Timeout { op: op.name(), offset, timeout_ms: 0 })
     } else if result < 0 {
         Err(Error::Device { op: op.name(), offset, len: len as u64, errno: -result })
-    } else if op != Op::Flush && (result as u32) < len {
+    } else if matches!(op, Op::Read | Op::Write) && (result as u32) < len {
         Err(Error::Short { op: op.name(), offset, len: len as u64, done: result as u64 })
     } else {
         Ok(())

@@ -372,5 +372,6 @@ fn op_rank(op: Op) -> u8 {
         Op::Read => 0,
         Op::Write => 1,
         Op::Flush => 2,
+        Op::Trim => 3,
     }
 }
