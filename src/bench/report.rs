@@ -89,30 +89,37 @@ fn dir_object(r: &BenchResult, op: crate::device::Op) -> Value {
 }
 
 /// fio's latency buckets: the share of requests (percent) whose latency lies
-/// in each range, by unit (`latency_ns`, `latency_us`, `latency_ms`).
+/// in each range, by unit (`latency_ns`, `latency_us`, `latency_ms`): bucket
+/// "4" of `latency_us` holds 2-4 us. Each histogram bucket of iopath's goes
+/// to exactly one of fio's, so the three add up to 100.
 fn latency_buckets(m: &Measurements) -> (Value, Value, Value) {
+    const EDGES: [u64; 11] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000];
     let h = m.latency_histogram();
     let total = h.len().max(1) as f64;
-    const EDGES: [u64; 10] = [2, 4, 10, 20, 50, 100, 250, 500, 750, 1000];
-    let bucket = |unit: u64, edges: &[u64], open_end: bool| -> Value {
+    // counts[unit][edge]; slot 11 of ms is ">=2000".
+    let mut counts = [[0u64; 12]; 3];
+    for v in h.iter_recorded() {
+        let ns = h.median_equivalent(v.value_iterated_to());
+        let (unit, scaled) = match ns {
+            0..1_000 => (0, ns),
+            1_000..1_000_000 => (1, ns / 1_000),
+            _ => (2, ns / 1_000_000),
+        };
+        let slot = EDGES.iter().position(|&e| scaled < e).unwrap_or(11);
+        counts[unit][slot] += v.count_since_last_iteration();
+    }
+    let bucket = |unit: usize| -> Value {
+        let shown = if unit == 2 { 11 } else { 10 };
         let mut out = Map::new();
-        // Each unit's buckets start where the smaller unit's end (1 us, 1 ms).
-        let mut low = if unit == 1 { 0 } else { unit };
-        for &e in edges {
-            let high = e * unit;
-            let n = if !h.is_empty() { h.count_between(low, high.saturating_sub(1)) } else { 0 };
-            out.insert(e.to_string(), json!(n as f64 * 100.0 / total));
-            low = high;
+        for (i, e) in EDGES.iter().take(shown).enumerate() {
+            out.insert(e.to_string(), json!(counts[unit][i] as f64 * 100.0 / total));
         }
-        if open_end {
-            let n = if !h.is_empty() { h.count_between(low, u64::MAX / 2) } else { 0 };
-            out.insert(">=2000".into(), json!(n as f64 * 100.0 / total));
+        if unit == 2 {
+            out.insert(">=2000".into(), json!(counts[2][11] as f64 * 100.0 / total));
         }
         Value::Object(out)
     };
-    let mut ms_edges = EDGES.to_vec();
-    ms_edges.push(2000);
-    (bucket(1, &EDGES, false), bucket(1000, &EDGES, false), bucket(1_000_000, &ms_edges, true))
+    (bucket(0), bucket(1), bucket(2))
 }
 
 fn opt_f64(v: Option<f64>) -> Value {
