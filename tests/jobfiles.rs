@@ -219,3 +219,15 @@ fn verify_reads_back_what_was_written_and_checks_every_read() {
     assert_eq!(jobs[1]["read"]["total_ios"], 2000);
     assert_eq!(jobs[1]["iopath"]["verified_blocks"], 2000);
 }
+
+#[test]
+fn group_reporting_reports_the_jobs_of_a_group_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = run_in(dir.path(), &job("grouped.fio"));
+    let jobs = doc["jobs"].as_array().unwrap();
+    assert_eq!(jobs.iter().map(|j| j["jobname"].as_str().unwrap()).collect::<Vec<_>>(), ["readers", "alone"]);
+    let g = &jobs[0];
+    assert!(g["read"]["total_ios"].as_u64().unwrap() > 0 && g["write"]["total_ios"].as_u64().unwrap() > 0, "{g}");
+    assert_eq!(g["iopath"]["threads"], 3, "two readers and the writer");
+    assert_eq!(jobs[1]["groupid"], 1);
+}

@@ -34,6 +34,11 @@ impl Job {
         self.options.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
     }
 
+    /// Whether the option is set (as a flag or with a value other than 0).
+    pub fn has(&self, key: &str) -> bool {
+        matches!(self.get(key), Some(None) | Some(Some("1" | "true")))
+    }
+
     fn flag(&self, key: &str) -> Result<bool> {
         match self.get(key) {
             None => Ok(false),

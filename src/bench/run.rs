@@ -210,6 +210,34 @@ pub struct BenchResult {
     pub started_unix_ms: u64,
 }
 
+impl BenchResult {
+    /// Jobs that ran together as one (fio's `group_reporting` over a group of
+    /// different jobs): requests, latencies, CPU and counters summed, the
+    /// longest wall time, the first job's name and settings, the threads of all.
+    pub fn merge(results: Vec<BenchResult>) -> Option<BenchResult> {
+        let mut results = results.into_iter();
+        let mut out = results.next()?;
+        for r in results {
+            let (m, o) = (&mut out.measurements, &r.measurements);
+            m.wall_ns = m.wall_ns.max(o.wall_ns);
+            m.read.add(&o.read);
+            m.write.add(&o.write);
+            m.trim.add(&o.trim);
+            m.sync.add(&o.sync);
+            m.usage.add(&o.usage);
+            m.path.add(&o.path);
+            m.device.add(&o.device);
+            m.verified_blocks += o.verified_blocks;
+            out.config.threads += r.config.threads;
+            out.interrupted |= r.interrupted;
+            out.samples.add_samples(&r.samples);
+            out.logs_written.extend(r.logs_written);
+            out.started_unix_ms = out.started_unix_ms.min(r.started_unix_ms);
+        }
+        Some(out)
+    }
+}
+
 /// Opens the device and engine a config names and runs the benchmark.
 pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     if config.threads == 0 {

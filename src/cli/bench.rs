@@ -425,10 +425,17 @@ fn run_job_file(
                 .collect();
             running.into_iter().map(|t| t.join().expect("job thread panicked")).collect()
         });
-        for (job, outcome) in jobs[group].iter().zip(outcomes) {
-            let result = outcome?;
+        let group_results = outcomes.into_iter().collect::<iopath::Result<Vec<_>>>()?;
+        // fio's group_reporting: the jobs of a group reported as one, under the first's name.
+        let reported = if group.len() > 1 && jobs[group.clone()].iter().any(|j| j.has("group_reporting")) {
+            bench::BenchResult::merge(group_results).into_iter().collect()
+        } else {
+            group_results
+        };
+        for result in reported {
             if matches!(format, BenchFormat::Table) {
-                out.write(&format!("[{}]\n{}\n", job.name, report::to_table(&result)))?;
+                let name = result.config.fio.job_name.clone().unwrap_or_default();
+                out.write(&format!("[{name}]\n{}\n", report::to_table(&result)))?;
             }
             results.push(result);
         }

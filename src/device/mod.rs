@@ -180,6 +180,16 @@ impl DeviceStats {
             ownership_violations: self.ownership_violations - earlier.ownership_violations,
         }
     }
+
+    /// Adds another device's counters (jobs reported as one group).
+    pub fn add(&mut self, other: &DeviceStats) {
+        self.commands += other.commands;
+        self.segments += other.segments;
+        self.bytes += other.bytes;
+        self.busy_ns = self.busy_ns.max(other.busy_ns);
+        self.faults_injected += other.faults_injected;
+        self.ownership_violations += other.ownership_violations;
+    }
 }
 
 /// Command, segment and byte counters for backends without a timing model,
