@@ -56,7 +56,7 @@ impl Job {
     }
 }
 
-/// Options that fio has and iopath takes, with what they set.
+/// Options that fio has and iopath takes, with what they set (and [`FIO_EXTRAS`]).
 const SUPPORTED: &[&str] = &[
     "rw",
     "readwrite",
@@ -84,30 +84,6 @@ const SUPPORTED: &[&str] = &[
     "name",
     "iopath_path",
     "iopath_device",
-    "random_distribution",
-    "rate",
-    "rate_iops",
-    "ramp_time",
-    "write_lat_log",
-    "write_bw_log",
-    "write_iops_log",
-    "log_avg_msec",
-    "log_offset",
-    "percentile_list",
-    "thinktime",
-    "thinktime_spin",
-    "thinktime_blocks",
-    "fsync",
-    "end_fsync",
-    "offset",
-    "loops",
-    "startdelay",
-    "cpus_allowed",
-    "bssplit",
-    "bsrange",
-    "fdatasync",
-    "verify",
-    "do_verify",
 ];
 
 /// fio options iopath knows it lacks (issue 14 adds them); named in the error.
@@ -384,11 +360,15 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
                 "iopath does not support this fio option yet; remove it to run the rest",
             ));
         }
-        if !SUPPORTED.contains(&key.as_str()) {
+        if !SUPPORTED.contains(&key.as_str()) && !FIO_EXTRAS.contains(&key.as_str()) {
             return Err(job.error(
                 key,
                 value.as_deref().unwrap_or(""),
-                &format!("not an fio option iopath knows; it takes: {}", SUPPORTED.join(", ")),
+                &format!(
+                    "not an fio option iopath knows; it takes: {}, {}",
+                    SUPPORTED.join(", "),
+                    FIO_EXTRAS.join(", ")
+                ),
             ));
         }
     }
