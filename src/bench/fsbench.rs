@@ -45,6 +45,11 @@ pub enum FsWorkload {
     Region,
     /// Appends with an fsync every N.
     Fsync,
+    /// Random reads of a direct file: the block map, then the device straight
+    /// into the caller's memory (no cache, no copy: seed 004's bypass).
+    Direct,
+    /// The same through a bounce buffer and a copy (the path seed 004 removed).
+    DirectCopy,
 }
 
 impl FsWorkload {
@@ -56,7 +61,15 @@ impl FsWorkload {
             "seqread" => FsWorkload::SeqRead,
             "region" => FsWorkload::Region,
             "fsync" => FsWorkload::Fsync,
-            _ => return Err(Error::spec("workload", text, "randread, hitsweep, seqread, region or fsync")),
+            "direct" => FsWorkload::Direct,
+            "direct-copy" => FsWorkload::DirectCopy,
+            _ => {
+                return Err(Error::spec(
+                    "workload",
+                    text,
+                    "randread, hitsweep, seqread, region, fsync, direct or direct-copy",
+                ));
+            }
         })
     }
 
@@ -68,6 +81,8 @@ impl FsWorkload {
             FsWorkload::SeqRead => "seqread",
             FsWorkload::Region => "region",
             FsWorkload::Fsync => "fsync",
+            FsWorkload::Direct => "direct",
+            FsWorkload::DirectCopy => "direct-copy",
         }
     }
 }
@@ -292,6 +307,7 @@ fn run_one(
         // loading after it and count in the measured run.
         readahead_bytes: if workload == FsWorkload::HitSweep { 0 } else { config.readahead_bytes },
         step_times: true,
+        direct_copy: workload == FsWorkload::DirectCopy,
     };
     let (fs, _) = FileSystem::mount_with(eng, options)?;
     if workload == FsWorkload::HitSweep {
@@ -388,7 +404,8 @@ fn worker(
     let mut hist = Histogram::<u64>::new(3).expect("histogram");
     let mut rng = fastrand::Rng::with_seed(t as u64 * 7919 + 1);
     let bs = config.bs;
-    let mut buf = vec![0u8; bs as usize];
+    // Aligned, as a direct transfer into it needs.
+    let mut buf = crate::IoBuf::new(bs as usize);
     let usage = ThreadUsage::now();
     let mut ops = 0u64;
     let blocks = config.file_size / bs;
@@ -402,13 +419,14 @@ fn worker(
             f.truncate(0)?;
             (None, Some(f))
         }
+        FsWorkload::Direct | FsWorkload::DirectCopy => (Some(fs.open_direct("data")?), None),
         _ => (Some(fs.open("data")?), None),
     };
     rng.fill(&mut buf);
     while !stop.load(Ordering::Relaxed) {
         let t0 = now_ns();
         match workload {
-            FsWorkload::RandRead | FsWorkload::HitSweep => {
+            FsWorkload::RandRead | FsWorkload::HitSweep | FsWorkload::Direct | FsWorkload::DirectCopy => {
                 let f = file.as_ref().expect("data file");
                 f.read_at(&mut buf, rng.u64(..blocks) * bs)?;
             }

@@ -231,6 +231,17 @@ impl File {
         Ok(())
     }
 
+    /// Whether a direct transfer of `[from, to)` can use the caller's memory
+    /// itself: whole blocks, at an address the device can take, unless the
+    /// mount asks for the copying path.
+    fn zero_copy(&self, mem: &[u8], from: u64, to: u64) -> bool {
+        let align = self.fs.disk.engine().device().capabilities().alignment.max(1) as usize;
+        !self.fs.options.direct_copy
+            && from.is_multiple_of(BLOCK_U64)
+            && to.is_multiple_of(BLOCK_U64)
+            && (mem.as_ptr() as usize).is_multiple_of(align)
+    }
+
     fn read_direct(&self, state: &NodeState, buf: &mut [u8], offset: u64) -> Result<()> {
         let n = buf.len() as u64;
         let first = offset / BLOCK_U64;
@@ -240,6 +251,10 @@ impl File {
             let run_end = ((run.logical + run.len) * BLOCK_U64).min(offset + n);
             let out = &mut buf[(run_start - offset) as usize..(run_end - offset) as usize];
             match run.physical {
+                Some(physical) if !run.unwritten && self.zero_copy(out, run_start, run_end) => {
+                    // Zero copy: the device fills the caller's memory.
+                    self.fs.disk.read(physical + (run_start / BLOCK_U64 - run.logical), out)?;
+                }
                 Some(physical) if !run.unwritten => {
                     let mut block_buf = IoBuf::new(run.len as usize * BLOCK);
                     self.fs.disk.read(physical, &mut block_buf)?;
@@ -420,11 +435,17 @@ impl File {
         //    read first where they hold data (read-modify-write).
         for run in extents::pieces(extents::runs(&state.inode.extents, first, end), MAX_IO_BLOCKS) {
             let physical = run.physical.expect("every block of the range is mapped now");
-            let mut buf = IoBuf::new(run.len as usize * BLOCK);
             let run_first = run.logical * BLOCK_U64;
             let run_end = run_first + run.len * BLOCK_U64;
             let from = offset.max(run_first);
             let to = end_byte.min(run_end);
+            let src = &data[(from - offset) as usize..(to - offset) as usize];
+            if from == run_first && to == run_end && self.zero_copy(src, from, to) {
+                // Zero copy: whole blocks, written from the caller's memory.
+                self.fs.disk.write(physical, src)?;
+                continue;
+            }
+            let mut buf = IoBuf::new(run.len as usize * BLOCK);
             let head = from > run_first;
             let tail = to < run_end;
             if !run.unwritten {

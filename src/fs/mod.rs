@@ -111,6 +111,11 @@ pub struct MountOptions {
     pub readahead_bytes: u64,
     /// Record the time of each step of the read and fsync paths ([`FileSystem::steps`]).
     pub step_times: bool,
+    /// Direct files copy through a bounce buffer even when the caller's memory
+    /// could take the transfer itself (the copy seed 004 removed; kept to
+    /// measure it: fsbench's `direct-copy`). Default off: whole aligned
+    /// blocks move straight between the device and the caller's buffer.
+    pub direct_copy: bool,
 }
 
 impl Default for MountOptions {
@@ -121,6 +126,7 @@ impl Default for MountOptions {
             fsync_path: FsyncPath::default(),
             readahead_bytes: 1 << 20,
             step_times: false,
+            direct_copy: false,
         }
     }
 }
