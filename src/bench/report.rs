@@ -158,6 +158,17 @@ fn iopath_object(r: &BenchResult) -> Value {
             "merged_requests": m.path.merged_requests,
             "merge_wait_ns_mean": m.merge_wait_ns_mean(),
         },
+        "steps_ns": if m.path.noticed + m.path.woken > 0 {
+            json!({
+                "merge_wait": m.merge_wait_ns_mean(),
+                "device": m.device_ns_mean(),
+                "noticed": m.noticed_ns_mean(),
+                "woken": m.woken_ns_mean(),
+                "woken_share": m.woken_share(),
+            })
+        } else {
+            Value::Null
+        },
         "device_commands": m.device.commands,
         "errors": {
             "queue_errors": m.path.queue_errors,

@@ -721,18 +721,22 @@ impl ThreadRun<'_> {
         }
     }
 
-    /// After a request completed: pauses for `thinktime` every `thinktime_blocks`.
-    fn after(&mut self) {
+    /// After a request completed: pauses for `thinktime` every
+    /// `thinktime_blocks`; returns whether it paused (the caller's clock
+    /// reading is stale then).
+    fn after(&mut self) -> bool {
         let fio = &self.config.fio;
         self.completions += 1;
-        if !fio.thinktime.is_zero() && self.completions.is_multiple_of(fio.thinktime_blocks) {
-            let start = now_ns();
-            let spin_until = start + fio.thinktime_spin.as_nanos() as u64;
-            while now_ns() < spin_until {
-                std::hint::spin_loop();
-            }
-            crate::clock::sleep_until_ns(start + fio.thinktime.as_nanos() as u64);
+        if fio.thinktime.is_zero() || !self.completions.is_multiple_of(fio.thinktime_blocks) {
+            return false;
         }
+        let start = now_ns();
+        let spin_until = start + fio.thinktime_spin.as_nanos() as u64;
+        while now_ns() < spin_until {
+            std::hint::spin_loop();
+        }
+        crate::clock::sleep_until_ns(start + fio.thinktime.as_nanos() as u64);
+        true
     }
 
     /// Makes the writes so far durable, timing it as a sync.
@@ -942,11 +946,15 @@ fn run_blocking(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         run.tick(handle, now);
         run.completed(op, now - start, now, block, len);
         run.settle(op, handle.buffer(0).expect("buffer 0 is idle"), block)?;
-        run.after();
+        // One clock reading per request: a new one only after a pause or a flush.
+        let mut stale = run.after();
         if run.flush_due {
             run.flush(handle)?;
+            stale = true;
         }
-        now = now_ns();
+        if stale {
+            now = now_ns();
+        }
     }
     if run.config.fio.end_fsync && run.unsynced_writes > 0 {
         run.flush(handle)?;
@@ -1007,8 +1015,10 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
             run.tick(handle, now);
             run.completed(op, now - submitted, now, block, len);
             run.settle(op, handle.buffer(index).expect("reaped buffer is idle"), block)?;
-            run.after();
-            if run.flush_due || run.should_stop(now_ns()) {
+            if run.after() {
+                now = now_ns();
+            }
+            if run.flush_due || run.should_stop(now) {
                 idle.push(index);
             } else {
                 issue(handle, run, &mut slots, index)?;

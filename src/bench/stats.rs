@@ -182,6 +182,24 @@ impl Measurements {
         if self.path.commands == 0 { 0.0 } else { self.path.segments as f64 / self.path.commands as f64 }
     }
 
+    /// Mean time from the device finishing a request until the path noticed
+    /// it (timed devices, with [`crate::path::timing`] on; 0 otherwise).
+    pub fn noticed_ns_mean(&self) -> f64 {
+        if self.path.noticed == 0 { 0.0 } else { self.path.noticed_ns as f64 / self.path.noticed as f64 }
+    }
+
+    /// Mean time from another thread completing a request until its owner ran
+    /// again (paths that hand requests over, with timing on; 0 otherwise).
+    pub fn woken_ns_mean(&self) -> f64 {
+        if self.path.woken == 0 { 0.0 } else { self.path.woken_ns as f64 / self.path.woken as f64 }
+    }
+
+    /// Share of requests that were completed by another thread (timing on).
+    pub fn woken_share(&self) -> f64 {
+        let n = self.total_ios();
+        if n == 0 { 0.0 } else { self.path.woken as f64 / n as f64 }
+    }
+
     /// Mean time a merged request waited between arrival and submission.
     pub fn merge_wait_ns_mean(&self) -> f64 {
         if self.path.merged_requests == 0 {

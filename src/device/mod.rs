@@ -94,12 +94,22 @@ pub struct Command {
     pub device_ns: u64,
     /// Set on completion for a command with no segments (flush): 0 or -errno.
     pub result: i32,
+    /// When the path handed it to the device (monotonic ns; 0 when not
+    /// stamped, see [`crate::path::timing`]).
+    pub submitted_ns: u64,
 }
 
 impl Command {
     /// An empty read command with room for `segments` segments (allocates once).
     pub fn with_capacity(segments: usize) -> Command {
-        Command { op: Op::Read, tag: 0, segments: Vec::with_capacity(segments), device_ns: 0, result: 0 }
+        Command {
+            op: Op::Read,
+            tag: 0,
+            segments: Vec::with_capacity(segments),
+            device_ns: 0,
+            result: 0,
+            submitted_ns: 0,
+        }
     }
 
     /// Clears the command for reuse, keeping its allocation.
@@ -109,6 +119,7 @@ impl Command {
         self.segments.clear();
         self.device_ns = 0;
         self.result = 0;
+        self.submitted_ns = 0;
     }
 
     /// Appends a segment.

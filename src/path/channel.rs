@@ -60,6 +60,17 @@ pub struct PathStats {
     pub cancels: u64,
     /// The completion policy's counters, plus sleeps while waiting on another thread.
     pub wait: WaitStats,
+    /// With [`crate::path::timing`] on, on timed devices: total time from the
+    /// device finishing a request's command until the path noticed it, and
+    /// how many requests that covers.
+    pub noticed_ns: u64,
+    /// Requests in `noticed_ns`.
+    pub noticed: u64,
+    /// With timing on: total time from another thread completing a request
+    /// until its owner was running again (the wake-up), and how many.
+    pub woken_ns: u64,
+    /// Requests in `woken_ns`.
+    pub woken: u64,
 }
 
 impl PathStats {
@@ -77,6 +88,10 @@ impl PathStats {
         self.queue_errors += other.queue_errors;
         self.cancels += other.cancels;
         self.wait.add(&other.wait);
+        self.noticed_ns += other.noticed_ns;
+        self.noticed += other.noticed;
+        self.woken_ns += other.woken_ns;
+        self.woken += other.woken;
     }
 
     /// The counters accumulated between `earlier` and `self`.
@@ -96,6 +111,10 @@ impl PathStats {
             queue_errors: self.queue_errors - earlier.queue_errors,
             cancels: self.cancels - earlier.cancels,
             wait: self.wait.since(&earlier.wait),
+            noticed_ns: self.noticed_ns - earlier.noticed_ns,
+            noticed: self.noticed - earlier.noticed,
+            woken_ns: self.woken_ns - earlier.woken_ns,
+            woken: self.woken - earlier.woken,
         }
     }
 }
@@ -225,13 +244,18 @@ impl Channel {
     /// # Safety
     ///
     /// As [`Queue::submit`].
-    pub unsafe fn submit_command(&mut self, command: Command) {
+    pub unsafe fn submit_command(&mut self, mut command: Command) {
         self.stats.commands += 1;
         self.stats.segments += command.segments.len() as u64;
         self.stats.segments_hist[segment_bucket(command.segments.len())] += 1;
-        if self.stamp_submissions && self.queue.in_flight() == 0 {
-            // The device starts on this one now: what a hybrid wait will expect.
-            self.expect = Expect { since_ns: now_ns(), op: command.op, bytes: command.bytes() };
+        let idle = self.queue.in_flight() == 0;
+        if (self.stamp_submissions && idle) || crate::path::timing::on() {
+            let now = now_ns();
+            command.submitted_ns = now;
+            if self.stamp_submissions && idle {
+                // The device starts on this one now: what a hybrid wait will expect.
+                self.expect = Expect { since_ns: now, op: command.op, bytes: command.bytes() };
+            }
         }
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.queue.submit(command) };
@@ -398,9 +422,23 @@ impl Channel {
         self.finish(command)
     }
 
+    /// With timing on: counts how long after the device finished `command`
+    /// (stamped at submission, on a timed device) the path noticed it at
+    /// `now`, for `requests` requests.
+    pub fn note_noticed(&mut self, command: &Command, now: u64, requests: u64) {
+        if now > 0 && command.submitted_ns > 0 && command.device_ns > 0 {
+            let done = command.submitted_ns + command.device_ns;
+            self.stats.noticed_ns += now.saturating_sub(done) * requests;
+            self.stats.noticed += requests;
+        }
+    }
+
     /// Turns a finished single-segment (or flush) command into a [`Completed`]
     /// and recycles the command.
     pub fn finish(&mut self, command: Command) -> Completed {
+        if crate::path::timing::on() {
+            self.note_noticed(&command, now_ns(), 1);
+        }
         let (offset, len, raw) = match command.segments.first() {
             Some(seg) => (seg.offset, seg.len, seg.result),
             None => (0, 0, command.result),
@@ -513,6 +551,10 @@ impl Channel {
         let waiter = &self.waiters[index];
         let request = waiter.request_as_owner();
         let outcome: Outcome = waiter.outcome();
+        if outcome.completed_ns > 0 {
+            self.stats.woken_ns += now_ns().saturating_sub(outcome.completed_ns);
+            self.stats.woken += 1;
+        }
         self.stats.requests += 1;
         self.stats.device_ns += outcome.device_ns;
         let result = self.result_of(request.op, request.offset, request.len, outcome.result);

@@ -8,6 +8,7 @@
 pub(crate) mod channel;
 pub mod completion;
 pub mod dispatch;
+pub mod timing;
 pub(crate) mod waiter;
 
 #[cfg(test)]

@@ -126,6 +126,9 @@ pub struct Outcome {
     pub device_ns: u64,
     /// When the request was handed to the device (for merge-wait statistics).
     pub submitted_ns: u64,
+    /// When the server completed it (0 unless [`crate::path::timing`] is on):
+    /// the owner's wake-up is measured from here.
+    pub completed_ns: u64,
 }
 
 /// One request handed to another thread. Lives in its owner's channel.
@@ -473,7 +476,7 @@ mod tests {
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 }
                 // SAFETY: this thread stands in for the server that took the waiter.
-                unsafe { w.complete(Outcome { result: 512, device_ns: round, submitted_ns: 0 }) };
+                unsafe { w.complete(Outcome { result: 512, device_ns: round, submitted_ns: 0, completed_ns: 0 }) };
             });
             let (ok, _) = doorbell.wait_until(0, u64::MAX, || waiter.is_done());
             assert!(ok);
@@ -548,7 +551,7 @@ mod loom_tests {
                     let mut taken = Vec::new();
                     list.take_all(&mut taken);
                     for t in taken {
-                        t.complete(Outcome { result: 512, device_ns: 1, submitted_ns: 0 });
+                        t.complete(Outcome { result: 512, device_ns: 1, submitted_ns: 0, completed_ns: 0 });
                     }
                 })
             };

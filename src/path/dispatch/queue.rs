@@ -79,7 +79,7 @@ impl Shared {
         let mut taken = Vec::new();
         self.pending.take_all(&mut taken);
         for w in taken {
-            w.complete(Outcome { result: -libc::ENOTRECOVERABLE, device_ns: 0, submitted_ns: 0 });
+            w.complete(Outcome { result: -libc::ENOTRECOVERABLE, device_ns: 0, submitted_ns: 0, completed_ns: 0 });
         }
     }
 }

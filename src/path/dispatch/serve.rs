@@ -253,6 +253,8 @@ impl Server {
     /// without ringing anybody (the address is only compared).
     pub fn finish_done_by(&mut self, channel: &mut Channel, me: *const Doorbell) -> usize {
         let mut finished = 0;
+        // With timestamps on: when these completions were noticed.
+        let now = if crate::path::timing::on() { crate::clock::now_ns() } else { 0 };
         while let Some(command) = channel.pop_done() {
             let Some(pos) = self.batches.iter().position(|b| b.tag == command.tag) else {
                 // Every command comes back exactly once; an orphan that came back after
@@ -265,8 +267,14 @@ impl Server {
             if batch.cancelled {
                 crate::path::channel::timed_out(&mut command);
             }
-            let outcome = |result| Outcome { result, device_ns: command.device_ns, submitted_ns: batch.submitted_ns };
             let mut waiters = batch.waiters;
+            channel.note_noticed(&command, now, waiters.len() as u64);
+            let outcome = |result| Outcome {
+                result,
+                device_ns: command.device_ns,
+                submitted_ns: batch.submitted_ns,
+                completed_ns: now,
+            };
             if command.op == Op::Flush {
                 for w in waiters.drain(..) {
                     w.complete_by(outcome(command.result), me);
@@ -288,7 +296,7 @@ impl Server {
     pub fn fail_backlog(&mut self, errno: i32) -> usize {
         let unsent = self.taken.len();
         for w in self.taken.drain(..) {
-            w.complete(Outcome { result: -errno, device_ns: 0, submitted_ns: 0 });
+            w.complete(Outcome { result: -errno, device_ns: 0, submitted_ns: 0, completed_ns: 0 });
         }
         unsent
     }
@@ -302,7 +310,7 @@ impl Server {
                 return true;
             }
             for w in b.waiters.drain(..) {
-                w.complete(Outcome { result: -errno, device_ns: 0, submitted_ns: b.submitted_ns });
+                w.complete(Outcome { result: -errno, device_ns: 0, submitted_ns: b.submitted_ns, completed_ns: 0 });
                 failed += 1;
             }
             false
