@@ -642,6 +642,16 @@ fn direct_and_cached_handles_of_one_file_see_each_others_writes() {
     assert_eq!(buf, want, "a cached read after a direct write is not stale");
 }
 
+/// An engine on a 64 MiB file in `dir` over io_uring, formatted (O_DIRECT
+/// alignment is real there, unlike on the emulated device).
+fn formatted_uring_engine(dir: &std::path::Path) -> Arc<Engine> {
+    let spec = format!("uring:{},size=64m", dir.join("fs.img").display());
+    let device = DeviceSpec::parse(&spec, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    eng
+}
+
 /// Direct files move whole aligned blocks straight between the device and the
 /// caller's memory (zero copy) and bounce anything else; both, and the copying
 /// path kept for comparison, read back exactly what was written, on io_uring
@@ -649,11 +659,7 @@ fn direct_and_cached_handles_of_one_file_see_each_others_writes() {
 #[test]
 fn direct_transfers_with_and_without_a_copy_agree() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
-    let spec = format!("uring:{},size=64m", img.display());
-    let device = DeviceSpec::parse(&spec, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
-    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    let eng = formatted_uring_engine(dir.path());
     for direct_copy in [false, true] {
         let (fs, _) =
             FileSystem::mount_with(Arc::clone(&eng), MountOptions { direct_copy, ..MountOptions::default() }).unwrap();
@@ -691,11 +697,7 @@ fn direct_transfers_with_and_without_a_copy_agree() {
 #[test]
 fn batches_deeper_than_the_queue_complete_on_io_uring() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
-    let spec = format!("uring:{},size=64m", img.display());
-    let device = DeviceSpec::parse(&spec, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
-    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    let eng = formatted_uring_engine(dir.path());
     let (fs, _) = FileSystem::mount(Arc::clone(&eng)).unwrap();
     let f = fs.create("f").unwrap();
     // 600 dirty pages, every other block: 300 runs written back in one batch.
