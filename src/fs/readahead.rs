@@ -93,6 +93,13 @@ impl ReadAhead {
         Some((from, to))
     }
 
+    /// If a confirmed stream has just read up to `end`, where its read-ahead
+    /// reaches (blocks before it are read, or handed to the read-ahead thread).
+    pub fn stream_ahead(&self, end: u64) -> Option<u64> {
+        let st = self.inner.try_lock().ok()?;
+        st.streams.iter().find(|s| s.next == end && s.window > 0).map(|s| s.ahead_until)
+    }
+
     /// Forgets every stream (the file was truncated or rewritten from elsewhere).
     pub fn reset(&self) {
         self.inner.lock().expect("read-ahead lock poisoned").streams.clear();
