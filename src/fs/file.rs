@@ -211,14 +211,15 @@ impl File {
             pages.push(page);
         }
         fs.steps.lap(t, |s| &s.lookup);
-        let stream_ahead = fs.readahead(&self.node, state, first, end);
+        fs.readahead(&self.node, state, first, end);
         if !missing.is_empty() {
             let loaded = read_path::load(fs, state, &missing)?;
             let mut loaded = loaded.into_iter();
             for slot in pages.iter_mut().filter(|p| p.is_none()) {
                 *slot = loaded.next();
             }
-            if let Some(until) = stream_ahead {
+            // Asked only on a miss: a hit takes no read-ahead lock for it.
+            if let Some(until) = self.node.readahead.stream_ahead(end) {
                 // A sequential stream missed: its read-ahead thread is behind (or starved of
                 // CPU). Load the stream's next pages here, as Linux's synchronous read-ahead
                 // does, rather than missing again page after page. A page that fails to load

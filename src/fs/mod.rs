@@ -854,9 +854,8 @@ impl Node {
 
 impl Inner {
     /// Read-ahead after a read of blocks `[first, end)`: hands the next window
-    /// to the read-ahead thread when the stream needs it. Returns, when the
-    /// read continues a confirmed stream, where that stream's read-ahead reaches.
-    fn readahead(&self, node: &Arc<Node>, state: &NodeState, first: u64, end: u64) -> Option<u64> {
+    /// to the read-ahead thread when the stream needs it.
+    fn readahead(&self, node: &Arc<Node>, state: &NodeState, first: u64, end: u64) {
         // New pages enter the cache's small queue (a tenth of it): a window larger
         // than that is evicted before it is read.
         let max = (self.options.readahead_bytes / BLOCK_U64).min(self.cache.capacity() as u64 / 10);
@@ -866,7 +865,6 @@ impl Inner {
                 self.post_readahead(node, from, to.min(last));
             }
         }
-        node.readahead.stream_ahead(end)
     }
 }
 
