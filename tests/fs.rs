@@ -877,3 +877,48 @@ fn each_sync_is_counted_once() {
     assert_eq!(s.syncs - s0.syncs, 5, "{s:?}");
     assert_eq!(s.flush_only - s0.flush_only, 1, "{s:?}");
 }
+
+#[test]
+fn appends_take_space_ahead_and_give_it_back_on_truncate_and_unlink() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    let free_at_start = fs.stats().free_blocks;
+    let f = fs.create("log").unwrap();
+    let data = bytes(7, 4096);
+    f.append(&data).unwrap();
+    f.fsync().unwrap();
+    let ahead = free_at_start - fs.stats().free_blocks;
+    assert!(ahead > 1, "the first append took {ahead} block(s): nothing ahead");
+    // The appends that follow use that space: each fsync journals one image (and its
+    // commit), with no free-space bitmap block.
+    let before = fs.stats();
+    for _ in 0..4 {
+        f.append(&data).unwrap();
+        f.fsync().unwrap();
+    }
+    let after = fs.stats();
+    assert_eq!(after.free_blocks, before.free_blocks, "appends inside the space ahead allocate nothing");
+    assert_eq!(after.journal.commits - before.journal.commits, 4);
+    assert_eq!(after.journal.journal_blocks - before.journal.journal_blocks, 8, "image + commit per fsync");
+    // Growing the size over the space ahead reads zeros there, never old bytes.
+    f.truncate(5 * 4096 + 10_000).unwrap();
+    let mut tail = vec![1u8; 10_000];
+    f.read_at(&mut tail, 5 * 4096).unwrap();
+    assert!(tail.iter().all(|&b| b == 0));
+    // Shrinking gives the space back, as does unlink; after a remount too.
+    f.truncate(4096).unwrap();
+    f.fsync().unwrap();
+    assert_eq!(fs.stats().free_blocks, free_at_start - 1);
+    drop(f);
+    fs.unlink("log").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().free_blocks, free_at_start);
+    fs.unmount().unwrap();
+    assert_eq!(mount(&dev).stats().free_blocks, free_at_start);
+    // Turned off, an append takes exactly its block.
+    let options = MountOptions { append_prealloc_bytes: 0, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), options).unwrap();
+    let f = fs.create("exact").unwrap();
+    f.append(&data).unwrap();
+    f.fsync().unwrap();
+    assert_eq!(fs.stats().free_blocks, free_at_start - 1);
+}

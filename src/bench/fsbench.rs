@@ -308,6 +308,7 @@ fn run_one(
         readahead_bytes: if workload == FsWorkload::HitSweep { 0 } else { config.readahead_bytes },
         step_times: true,
         direct_copy: workload == FsWorkload::DirectCopy,
+        ..MountOptions::default()
     };
     let (fs, _) = FileSystem::mount_with(eng, options)?;
     if workload == FsWorkload::HitSweep {

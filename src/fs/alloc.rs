@@ -89,6 +89,11 @@ impl Allocator {
         !bit(&self.images, n) && !self.held(n)
     }
 
+    /// Whether data block `n` could be allocated now.
+    pub fn is_free(&self, n: u64) -> bool {
+        n >= self.data_start && n < self.blocks && self.available(n)
+    }
+
     /// Allocates up to `want` contiguous blocks, starting at `goal` when it is
     /// free (to extend a file in place), else at the next free run. Returns the
     /// run and the bitmap blocks it changed; `None` when the device is full.

@@ -12,7 +12,9 @@
 use super::cache::Page;
 use super::disk::{Batch, Disk};
 use super::format::{BLOCK, BLOCK_U64};
-use super::{File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, NodeState, extents, file_error, fsync_path, now_ns, read_path};
+use super::{
+    File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, Meta, NodeState, extents, file_error, fsync_path, now_ns, read_path,
+};
 use crate::IoBuf;
 use crate::error::Result;
 use std::collections::BTreeMap;
@@ -515,6 +517,7 @@ impl File {
             return Ok(true);
         }
         let mut meta = fs.meta();
+        let allocated_end = state.inode.extents.last().map_or(0, |e| e.end());
         let mut added = Vec::new();
         let mut failed = false;
         'holes: for hole in holes {
@@ -529,6 +532,9 @@ impl File {
                 added.push((at, len));
                 at += len;
             }
+        }
+        if !failed && end > allocated_end {
+            self.preallocate(state, &mut meta, end, &mut added);
         }
         // The extent map may need more overflow blocks than are left, too.
         if !failed && state.store(fs, &mut meta).is_err() {
@@ -547,6 +553,29 @@ impl File {
         state.meta_tid = meta.tid;
         state.layout_tid = meta.tid;
         Ok(true)
+    }
+
+    /// After a write that grew the file's allocation at its end (to `end`):
+    /// maps as many blocks again past it, unwritten, in one piece right after
+    /// the last block (none if that piece is taken, or space is short); see
+    /// [`MountOptions::append_prealloc_bytes`](super::MountOptions).
+    fn preallocate(&self, state: &mut NodeState, meta: &mut Meta, end: u64, added: &mut Vec<(u64, u64)>) {
+        const MIN_PREALLOC_BLOCKS: u64 = 8;
+        let max = self.fs.options.append_prealloc_bytes / BLOCK_U64;
+        let want = end.clamp(MIN_PREALLOC_BLOCKS, max.max(MIN_PREALLOC_BLOCKS)).min(max);
+        let Some(goal) = extents::goal_for(&state.inode.extents, end) else { return };
+        if want == 0 || end + want > u32::MAX as u64 || meta.alloc.allocatable() < want * 16 {
+            return;
+        }
+        // Only the piece that continues the file: anything else would fragment it.
+        if !meta.alloc.is_free(goal) {
+            return;
+        }
+        if let Some((physical, len)) = meta.allocate(&self.fs.sb, want, Some(goal)) {
+            debug_assert_eq!(physical, goal);
+            extents::insert_unwritten(&mut state.inode.extents, end, len, physical);
+            added.push((end, len));
+        }
     }
 
     fn zero_tail_direct(&self, state: &NodeState) -> Result<()> {

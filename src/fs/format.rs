@@ -1,4 +1,4 @@
-//! The on-device format of an iopath file system (version 1).
+//! The on-device format of an iopath file system (version 2).
 //!
 //! Everything is in 4 KiB blocks; numbers are little-endian.
 //!
@@ -10,6 +10,12 @@
 //!  journal_start..    the journal: a ring of transactions (descriptor, images, commit)
 //!  data_start..       file data and overflow extent blocks
 //! ```
+//!
+//! A journal transaction is `[descriptor] [image]... [commit]`, or, from
+//! version 2 on, when it has at most [`COMMIT_TARGETS`] images, `[image]...
+//! [commit]` with the images' home blocks in the commit block itself (one
+//! block fewer for the small transactions an append + fsync makes). Version
+//! 1 file systems are read and keep version 1's transactions.
 //!
 //! Every structure that is rewritten in place and must be read whole (the
 //! superblock, the journal header, an inode, a journal commit) fits in one
@@ -44,8 +50,13 @@ const HEADER_MAGIC: &[u8; 8] = b"IOPJHEAD";
 const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
-/// Format version this code reads and writes.
-pub const VERSION: u32 = 1;
+/// Format version `mkfs` writes.
+pub const VERSION: u32 = 2;
+/// Oldest format version this code reads (and writes back in that version).
+pub const OLDEST_VERSION: u32 = 1;
+/// Home blocks a commit block names itself (version 2): what fits in its
+/// first sector after the header, so a torn commit is never trusted.
+pub const COMMIT_TARGETS: usize = (508 - 40) / 8;
 /// Bit set in an extent's physical block number while its data is not yet written.
 const UNWRITTEN: u64 = 1 << 63;
 
@@ -117,6 +128,8 @@ pub struct Superblock {
     pub data_start: u64,
     /// Random identifier of this file system, stamped on every journal block.
     pub volume_id: u64,
+    /// Format version it was made with.
+    pub version: u32,
 }
 
 impl Superblock {
@@ -155,6 +168,7 @@ impl Superblock {
             journal_blocks,
             data_start,
             volume_id,
+            version: VERSION,
         })
     }
 
@@ -167,7 +181,7 @@ impl Superblock {
     pub fn encode(&self) -> Block {
         let mut b = zero_block();
         b[..8].copy_from_slice(SUPER_MAGIC);
-        put_u32(&mut b[..], 8, VERSION);
+        put_u32(&mut b[..], 8, self.version);
         put_u32(&mut b[..], 12, BLOCK as u32);
         for (i, v) in [
             self.blocks,
@@ -202,8 +216,10 @@ impl Superblock {
             return Err(corrupt("the superblock's checksum does not match: it is damaged"));
         }
         let version = get_u32(b, 8);
-        if version != VERSION {
-            return Err(corrupt(format!("format version {version}; this iopath reads version {VERSION}")));
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
+            return Err(corrupt(format!(
+                "format version {version}; this iopath reads versions {OLDEST_VERSION} to {VERSION}"
+            )));
         }
         if get_u32(b, 12) as usize != BLOCK {
             return Err(corrupt(format!("block size {} (this iopath uses {BLOCK})", get_u32(b, 12))));
@@ -219,6 +235,7 @@ impl Superblock {
             journal_blocks: f(6),
             data_start: f(7),
             volume_id: f(8),
+            version,
         };
         let consistent = sb.inode_start == 2
             && sb.bitmap_start == sb.inode_start + sb.inode_blocks
@@ -487,7 +504,7 @@ impl Descriptor {
 }
 
 /// The commit block: transaction `seq` of `blocks` journal blocks whose CRC is `data_crc`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Commit {
     /// Transaction sequence number.
     pub seq: u64,
@@ -495,6 +512,10 @@ pub struct Commit {
     pub blocks: u32,
     /// CRC over those blocks, in order.
     pub data_crc: u32,
+    /// A compact transaction (version 2): no descriptor; the blocks before
+    /// the commit are images of these home blocks, in order. `None`: the
+    /// transaction starts with a descriptor.
+    pub targets: Option<Vec<u64>>,
 }
 
 impl Commit {
@@ -506,6 +527,14 @@ impl Commit {
         put_u64(&mut b[..], 16, self.seq);
         put_u32(&mut b[..], 24, self.blocks);
         put_u32(&mut b[..], 28, self.data_crc);
+        if let Some(targets) = &self.targets {
+            debug_assert!(targets.len() <= COMMIT_TARGETS && targets.len() == self.blocks as usize);
+            put_u32(&mut b[..], 32, 1);
+            put_u32(&mut b[..], 36, targets.len() as u32);
+            for (i, t) in targets.iter().enumerate() {
+                put_u64(&mut b[..], 40 + 8 * i, *t);
+            }
+        }
         seal_sector(&mut b[..512]);
         b
     }
@@ -515,7 +544,19 @@ impl Commit {
         if &b[..8] != COMMIT_MAGIC || get_u64(b, 8) != volume_id || get_u64(b, 16) != seq || !sector_sealed(&b[..512]) {
             return None;
         }
-        Some(Commit { seq, blocks: get_u32(b, 24), data_crc: get_u32(b, 28) })
+        let blocks = get_u32(b, 24);
+        let targets = match get_u32(b, 32) {
+            0 => None,
+            1 => {
+                let count = get_u32(b, 36) as usize;
+                if count > COMMIT_TARGETS || count != blocks as usize {
+                    return None;
+                }
+                Some((0..count).map(|i| get_u64(b, 40 + 8 * i)).collect())
+            }
+            _ => return None,
+        };
+        Some(Commit { seq, blocks, data_crc: get_u32(b, 28), targets })
     }
 }
 
@@ -589,8 +630,14 @@ mod tests {
         assert_eq!(Descriptor::decode(&b[..], 42, 9), Some(d));
         assert_eq!(Descriptor::decode(&b[..], 42, 10), None);
         assert_eq!(Descriptor::decode(&b[..], 43, 9), None);
-        let c = Commit { seq: 9, blocks: 4, data_crc: 77 };
+        let c = Commit { seq: 9, blocks: 4, data_crc: 77, targets: None };
         assert_eq!(Commit::decode(&c.encode(42)[..], 42, 9), Some(c));
+        let targets: Vec<u64> = (0..COMMIT_TARGETS as u64).map(|i| 1000 + i).collect();
+        let compact = Commit { seq: 9, blocks: COMMIT_TARGETS as u32, data_crc: 78, targets: Some(targets) };
+        assert_eq!(Commit::decode(&compact.encode(42)[..], 42, 9), Some(compact.clone()));
+        let mut torn = compact.encode(42);
+        torn[100] ^= 1;
+        assert_eq!(Commit::decode(&torn[..], 42, 9), None, "a torn target list is not trusted");
         assert_eq!(Commit::decode(&b[..], 42, 9), None);
     }
 

@@ -116,6 +116,15 @@ pub struct MountOptions {
     /// measure it: fsbench's `direct-copy`). Default off: whole aligned
     /// blocks move straight between the device and the caller's buffer.
     pub direct_copy: bool,
+    /// Most space an append may allocate past the end of its file, not yet
+    /// written (default 1 MiB; 0 turns it off). A file that grows at its end
+    /// gets as much again as it holds, from 32 KiB up to this bound, in one
+    /// piece after its last block: the appends that follow take no blocks
+    /// from the free-space map, so their fsync journals one block image
+    /// fewer, and the file stays contiguous. The space stays the file's until
+    /// `truncate` or `unlink`; it is only taken while the device has at least
+    /// 16 times as much free.
+    pub append_prealloc_bytes: u64,
 }
 
 impl Default for MountOptions {
@@ -127,6 +136,7 @@ impl Default for MountOptions {
             readahead_bytes: 1 << 20,
             step_times: false,
             direct_copy: false,
+            append_prealloc_bytes: 1 << 20,
         }
     }
 }
