@@ -879,7 +879,7 @@ fn each_sync_is_counted_once() {
 }
 
 #[test]
-fn appends_take_space_ahead_and_give_it_back_on_truncate_and_unlink() {
+fn appends_take_space_ahead_and_give_it_back_on_truncate_close_and_unlink() {
     let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
     let free_at_start = fs.stats().free_blocks;
     let f = fs.create("log").unwrap();
@@ -904,11 +904,19 @@ fn appends_take_space_ahead_and_give_it_back_on_truncate_and_unlink() {
     let mut tail = vec![1u8; 10_000];
     f.read_at(&mut tail, 5 * 4096).unwrap();
     assert!(tail.iter().all(|&b| b == 0));
-    // Shrinking gives the space back, as does unlink; after a remount too.
+    // Shrinking gives the space back, as does closing the last handle, and unlink;
+    // after a remount too.
     f.truncate(4096).unwrap();
     f.fsync().unwrap();
     assert_eq!(fs.stats().free_blocks, free_at_start - 1);
+    f.append(&data).unwrap();
+    let second = fs.open("log").unwrap();
     drop(f);
+    assert!(fs.stats().free_blocks < free_at_start - 2, "another handle is open: the space stays");
+    drop(second);
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().free_blocks, free_at_start - 2, "the last close gave the space back");
+    assert_eq!(read_all(&fs, "log"), [&data[..], &data[..]].concat());
     fs.unlink("log").unwrap();
     fs.sync().unwrap();
     assert_eq!(fs.stats().free_blocks, free_at_start);

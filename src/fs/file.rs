@@ -578,6 +578,34 @@ impl File {
         }
     }
 
+    /// Gives back the space appends took past the end of the file (the
+    /// unwritten blocks past its last one), as XFS trims its speculative
+    /// preallocation on close. Free once the change commits.
+    fn trim_ahead(&self) {
+        let fs = &self.fs;
+        let Ok(mut state) = self.node.state.write() else { return };
+        if !state.live || fs.check_writable("close", &state.inode.name).is_err() {
+            return;
+        }
+        let keep = state.inode.size.div_ceil(BLOCK_U64);
+        if state.inode.extents.last().is_none_or(|e| e.end() <= keep) {
+            return;
+        }
+        debug_assert!(
+            extents::runs(&state.inode.extents, keep, u32::MAX as u64 + 1).iter().all(|r| !r.has_data()),
+            "only unwritten blocks lie past the end of a file"
+        );
+        let mut meta = fs.meta();
+        for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
+            meta.free_data(&fs.sb, start, n);
+        }
+        // Fewer extents never need more overflow blocks: storing cannot run out of space.
+        if state.store(fs, &mut meta).is_ok() {
+            state.meta_tid = meta.tid;
+            state.layout_tid = meta.tid;
+        }
+    }
+
     fn zero_tail_direct(&self, state: &NodeState) -> Result<()> {
         let size = state.inode.size;
         if size.is_multiple_of(BLOCK_U64) {
@@ -693,6 +721,16 @@ pub(super) fn writeback_all(fs: &Inner, state: &mut NodeState) -> Result<()> {
         Err(e) => {
             wb.restore(state);
             Err(e)
+        }
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        // The last handle (the file table holds the other reference; a read-ahead
+        // job or a listing may hold one for a moment, and then the space stays).
+        if Arc::strong_count(&self.node) <= 2 {
+            self.trim_ahead();
         }
     }
 }

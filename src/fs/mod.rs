@@ -121,9 +121,9 @@ pub struct MountOptions {
     /// gets as much again as it holds, from 32 KiB up to this bound, in one
     /// piece after its last block: the appends that follow take no blocks
     /// from the free-space map, so their fsync journals one block image
-    /// fewer, and the file stays contiguous. The space stays the file's until
-    /// `truncate` or `unlink`; it is only taken while the device has at least
-    /// 16 times as much free.
+    /// fewer, and the file stays contiguous. Closing the file's last handle
+    /// gives the space back (so do `truncate` and `unlink`); it is only taken
+    /// while the device has at least 16 times as much free.
     pub append_prealloc_bytes: u64,
 }
 
@@ -637,7 +637,9 @@ impl FileSystem {
     /// every read and write goes to the device; the file's dirty cached pages are
     /// written back first, and a direct write makes the cache forget the file's pages.
     pub fn open_direct(&self, name: &str) -> Result<File> {
-        Ok(File { direct: true, ..self.open(name)? })
+        let mut file = self.open(name)?;
+        file.direct = true;
+        Ok(file)
     }
 
     /// Opens a file, creating it empty if there is none.
