@@ -958,8 +958,12 @@ fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
         explanation: "Both paths are iopath's file layer (iopath mkfs, fsbench). The paper's gains came from kernel \
             costs that a user-space stack does not have: bio and request allocation, DMA mapping, the journaling \
             thread's wake-ups. The steps the aios path moves off the critical path (page allocation, cache \
-            indexing, freeing) cost 0.05-0.7 us here, so there is less to hide; and the journal and data writes \
-            that asynchronous fsync overlaps compete for the emulated device's channels. The second table gives \
+            indexing, freeing) cost 0.05-0.7 us here, so there is less to hide: the device's own 10 us is about \
+            95% of a conventional miss, so no path can be 0.80x of it. The journal and data writes that \
+            asynchronous fsync overlaps compete for the emulated device's channels (blocks are striped over \
+            4): an append + fsync writes the data, one inode image and the commit (format 2's compact \
+            transaction, with the space appended into taken ahead), and the image lands on the data's \
+            channel one time in four. The second table gives \
             the time per step (us per operation). Seed 004's 1.7x came from removing kernel layers (the block \
             layer, bio conversions) as well as the copy; iopath's direct files never had those layers, so what \
             is left to measure is the copy alone: direct 128 KiB reads into the caller's memory against the same \
