@@ -50,10 +50,7 @@ pub struct FsBenchArgs {
     paths: Vec<String>,
     /// The engine's path under the file layer, as `bench --path` takes it
     /// (`sync-path`, `sync-intr`, `stm`, `sync-path+adaptive`, ...).
-    /// The default polls and stops polling when that takes the CPU from the
-    /// device (a loop device's worker runs on these CPUs): pure `sync-path`
-    /// on a loop device here took 135 us per append + fsync, against 28-31 us.
-    #[arg(long, default_value = "sync-path+adaptive")]
+    #[arg(long, default_value = "sync-path")]
     engine_path: String,
     /// Threads.
     #[arg(long, default_value_t = 1)]
