@@ -4,6 +4,7 @@
 //! [`BenchResult`]; [`report`] renders results as a table or as fio-compatible
 //! JSON.
 
+pub mod busy;
 pub mod compare;
 pub mod distribution;
 pub mod fsbench;

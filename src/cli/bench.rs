@@ -375,6 +375,7 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
     config.fio.status_json = !matches!(args.output_format, BenchFormat::Table);
     // Found out now, not after the run: the report's file can be written.
     let mut out = Output::open(args.output.as_deref())?;
+    super::warn_if_busy();
     if let Some(file) = args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
         return run_job_file(file, &config, args.output_format, &mut out);
     }

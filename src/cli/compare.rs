@@ -105,6 +105,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
     let workloads = workloads.iter().map(|w| Rw::parse(w.trim())).collect::<iopath::Result<Vec<_>>>()?;
     let paths = or(&args.paths, if policies { "sync-path" } else { "scsi-intr,sync-path,stm,atm,htm,2q" });
     let threads = args.threads.unwrap_or(if policies { 1 } else { 16 });
+    super::warn_if_busy();
     // One run per (path, completion): the completion list multiplies the paths.
     let mut variants: Vec<(String, Option<String>)> = Vec::new();
     for path in &paths {

@@ -92,6 +92,7 @@ fn size_arg(s: &str) -> Result<u64, String> {
 
 /// Runs `iopath fsbench`.
 pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
+    super::warn_if_busy();
     let workloads = args.workloads.iter().map(|w| FsWorkload::parse(w)).collect::<iopath::Result<Vec<_>>>()?;
     let paths = args.paths.iter().map(|p| FsPaths::parse(p)).collect::<iopath::Result<Vec<_>>>()?;
     if paths.is_empty() || workloads.is_empty() {

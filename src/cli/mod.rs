@@ -66,3 +66,12 @@ pub fn main() -> iopath::Result<()> {
         Command::Report(args) => reproduce::run_report(args),
     }
 }
+
+/// Says on stderr which other processes are using the CPUs (sampled for
+/// 100 ms), before a benchmark whose figures they would change.
+fn warn_if_busy() {
+    use iopath::bench::busy;
+    if let Some(text) = busy::warning(&busy::others_busy(std::time::Duration::from_millis(100), 0.2)) {
+        eprintln!("{text}");
+    }
+}
