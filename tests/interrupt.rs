@@ -1,6 +1,6 @@
 //! Ctrl-C and SIGTERM end a run cleanly: what was measured is printed (marked
-//! partial), the chart is written, a half-made file is removed, and a second
-//! signal exits at once.
+//! partial), the chart is written, a half-made file is removed, a second
+//! signal exits at once, and a run that cannot finish exits after the grace time.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -136,4 +136,18 @@ fn a_second_ctrl_c_exits_at_once() {
     signal(&child, libc::SIGINT);
     let o = finish(child, Duration::from_secs(5));
     assert_eq!(o.status.code(), Some(130));
+}
+
+#[test]
+fn a_run_that_cannot_finish_after_sigterm_exits_after_the_grace_time() {
+    // The same hang, and one SIGTERM only (a script stopping a run): it must still end.
+    let child = start(&["bench", "--device", "emu:dram-ssd,size=64m,hang_nth=3", "--timeout", "60s", "--ios", "100"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let sent = Instant::now();
+    signal(&child, libc::SIGTERM);
+    let o = finish(child, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM));
+    assert!(sent.elapsed() >= Duration::from_secs(9), "it exited before the grace time: {:?}", sent.elapsed());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("still running 10 s after the signal"), "{err}");
 }
