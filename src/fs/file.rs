@@ -562,7 +562,7 @@ impl File {
     fn preallocate(&self, state: &mut NodeState, meta: &mut Meta, end: u64, added: &mut Vec<(u64, u64)>) {
         const MIN_PREALLOC_BLOCKS: u64 = 8;
         let max = self.fs.options.append_prealloc_bytes / BLOCK_U64;
-        let want = end.clamp(MIN_PREALLOC_BLOCKS, max.max(MIN_PREALLOC_BLOCKS)).min(max);
+        let want = end.max(MIN_PREALLOC_BLOCKS).min(max);
         let Some(goal) = extents::goal_for(&state.inode.extents, end) else { return };
         if want == 0 || end + want > u32::MAX as u64 || meta.alloc.allocatable() < want * 16 {
             return;
