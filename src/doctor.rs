@@ -409,17 +409,19 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
     })
 }
 
-/// The paths worth trying for `threads` blocking threads. Many threads also
-/// try plain pread (`psync:` on the same target): on a kernel block device
-/// without poll queues each request needs a sleep and a wake-up either way,
-/// and the kernel's own path does that with the least software (measured on
-/// a loop device over /dev/shm, 16 threads: pread 242-261K IOPS, the merging
-/// paths on io_uring 198-215K; ARCHITECTURE.md, "Real devices").
+/// The paths worth trying for `threads` blocking threads. `sync-yield`
+/// (each thread polls its own ring and yields between looks) is tried at
+/// every count: where the device's work runs on the host's CPUs (a loop
+/// device) it needs neither a wake-up nor the CPU the device needs (measured
+/// on a loop device over /dev/shm, 16 threads: 420K IOPS against pread's
+/// 234-255K and the merging paths' 190-215K; ARCHITECTURE.md, "Real
+/// devices"). Many threads also try plain pread (`psync:` on the same
+/// target), the kernel's own path.
 fn candidates(threads: usize) -> &'static [&'static str] {
     if threads == 1 {
-        &["sync-path", "sync-intr", "sync-path+hybrid", "stm"]
+        &["sync-path", "sync-intr", "sync-yield", "sync-path+hybrid", "stm"]
     } else {
-        &["stm", "stm+hybrid", "2q+hybrid", "htm+hybrid", "sync-intr", PREAD_CANDIDATE]
+        &["sync-yield", "stm", "stm+hybrid", "2q+hybrid", "htm+hybrid", "sync-intr", PREAD_CANDIDATE]
     }
 }
 
@@ -460,9 +462,13 @@ fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&De
     }
     if pick.path.contains("psync:") {
         why.push_str(
-            "; with more threads than CPUs every read needs a sleep and a wake-up whichever path sends it, and the \
-             kernel's own pread does that with the least software: merging on io_uring saves no per-request kernel \
-             work on a device that takes one request per command",
+            "; each read sleeps and is woken in the kernel, which here cost less than polling (the polling paths \
+             took CPU the device needed)",
+        );
+    } else if pick.path.contains("yield") {
+        why.push_str(
+            "; each thread polls its own ring and gives the CPU to any other runnable thread (other callers, the \
+             device's worker) between looks: no wake-up per request, and no CPU held from the device",
         );
     } else if device.is_some_and(|d| d.io_poll.as_deref() != Some("1")) {
         why.push_str("; no kernel polling on this device, so polling means user-space spinning on the ring");

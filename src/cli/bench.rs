@@ -147,7 +147,7 @@ pub struct BenchArgs {
     /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v].
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
-    /// Path preset (scsi-intr, sync-path, sync-intr, stm, atm, htm, 2q) or DISPATCH+COMPLETION,
+    /// Path preset (scsi-intr, sync-path, sync-intr, sync-yield, stm, atm, htm, 2q) or DISPATCH+COMPLETION,
     /// optionally with @knob=value settings (stm@pipeline=1).
     #[arg(long, default_value = "sync-path")]
     path: String,

@@ -34,7 +34,7 @@ pub struct CompareArgs {
     device: String,
     /// Comma-separated paths: presets or DISPATCH+COMPLETION, each optionally with
     /// @knob=value (stm@combine-polling=winner)
-    /// [default: scsi-intr,sync-path,stm,atm,htm,2q; sync-path with --completions].
+    /// [default: scsi-intr,sync-path,sync-yield,stm,atm,htm,2q; sync-path with --completions].
     #[arg(long, value_delimiter = ',')]
     paths: Vec<String>,
     /// Comma-separated workloads [default: read,write,randread,randwrite; randread with --completions].
@@ -103,7 +103,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
     };
     let workloads = or(&args.workloads, if policies { "randread" } else { "read,write,randread,randwrite" });
     let workloads = workloads.iter().map(|w| Rw::parse(w.trim())).collect::<iopath::Result<Vec<_>>>()?;
-    let paths = or(&args.paths, if policies { "sync-path" } else { "scsi-intr,sync-path,stm,atm,htm,2q" });
+    let paths = or(&args.paths, if policies { "sync-path" } else { "scsi-intr,sync-path,sync-yield,stm,atm,htm,2q" });
     let threads = args.threads.unwrap_or(if policies { 1 } else { 16 });
     super::warn_if_busy();
     // One run per (path, completion): the completion list multiplies the paths.

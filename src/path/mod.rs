@@ -119,6 +119,13 @@ pub const PRESETS: &[PathPreset] = &[
         about: "the caller submits and sleeps until the completion wakes it (one wake-up per I/O)",
     },
     PathPreset {
+        name: "sync-yield",
+        dispatch: DispatchKind::Direct,
+        completion: CompletionKind::Yield,
+        about: "the caller submits and polls for its own completion, yielding the CPU between looks: no wake-up, \
+                and a device worker or other threads that share the CPU still run",
+    },
+    PathPreset {
         name: "stm",
         dispatch: DispatchKind::Combine,
         completion: CompletionKind::Poll,
@@ -187,7 +194,9 @@ impl PathConfig {
     /// The waiter spin in effect.
     pub fn waiter_spin_ns(&self) -> u64 {
         let default = match self.completion {
-            CompletionKind::Poll | CompletionKind::Hybrid | CompletionKind::Adaptive => DEFAULT_POLL_WAITER_SPIN,
+            CompletionKind::Poll | CompletionKind::Yield | CompletionKind::Hybrid | CompletionKind::Adaptive => {
+                DEFAULT_POLL_WAITER_SPIN
+            }
             CompletionKind::Interrupt => Duration::ZERO,
         };
         self.waiter_spin.unwrap_or(default).as_nanos() as u64

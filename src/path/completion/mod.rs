@@ -2,7 +2,8 @@
 //!
 //! A policy is one file: [`poll`] spins on the queue, [`interrupt`] sleeps
 //! until the device's completion wakes it, [`hybrid`] sleeps for a learned
-//! share of the expected service time and then spins. Every dispatch
+//! share of the expected service time and then spins, [`yielding`] spins but
+//! gives the CPU to any other runnable thread between looks. Every dispatch
 //! strategy waits through a policy, so any dispatch combines with any
 //! completion. Each channel has its own policy instance, so what a policy
 //! learns is per queue.
@@ -11,6 +12,7 @@ pub mod adaptive;
 pub mod hybrid;
 pub mod interrupt;
 pub mod poll;
+pub mod yielding;
 
 use crate::device::{Command, Op, Queue};
 use crate::error::{Error, Result};
@@ -114,12 +116,19 @@ pub enum CompletionKind {
     Hybrid,
     /// Switch among the three from measured latency and CPU contention.
     Adaptive,
+    /// Spin, yielding the CPU to other runnable threads between looks.
+    Yield,
 }
 
 impl CompletionKind {
     /// All kinds, in the order reports list them.
-    pub const ALL: [CompletionKind; 4] =
-        [CompletionKind::Interrupt, CompletionKind::Poll, CompletionKind::Hybrid, CompletionKind::Adaptive];
+    pub const ALL: [CompletionKind; 5] = [
+        CompletionKind::Interrupt,
+        CompletionKind::Poll,
+        CompletionKind::Yield,
+        CompletionKind::Hybrid,
+        CompletionKind::Adaptive,
+    ];
 
     /// Command-line name.
     pub fn name(self) -> &'static str {
@@ -128,15 +137,15 @@ impl CompletionKind {
             CompletionKind::Interrupt => "interrupt",
             CompletionKind::Hybrid => "hybrid",
             CompletionKind::Adaptive => "adaptive",
+            CompletionKind::Yield => "yield",
         }
     }
 
     /// Parses a command-line name.
     pub fn parse(text: &str) -> Result<CompletionKind> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == text)
-            .ok_or_else(|| Error::spec("completion policy", text, "expected one of: interrupt, poll, hybrid, adaptive"))
+        Self::ALL.into_iter().find(|k| k.name() == text).ok_or_else(|| {
+            Error::spec("completion policy", text, "expected one of: interrupt, poll, yield, hybrid, adaptive")
+        })
     }
 
     /// Builds a policy instance (one per channel).
@@ -146,6 +155,7 @@ impl CompletionKind {
             CompletionKind::Interrupt => Box::new(interrupt::Interrupt),
             CompletionKind::Hybrid => Box::new(hybrid::Hybrid::new()),
             CompletionKind::Adaptive => Box::new(adaptive::Adaptive::new()),
+            CompletionKind::Yield => Box::new(yielding::Yield),
         }
     }
 }
