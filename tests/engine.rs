@@ -720,6 +720,38 @@ fn uring_cancels_a_command_and_still_hands_it_back() {
 }
 
 #[test]
+fn long_uring_waits_sleep_under_a_watchdog_whose_completion_is_no_command() {
+    // A wait of a second or more sleeps with no timer of its own under a watchdog
+    // timeout (100 ms) that stays in the ring after the wait is over; when it fires,
+    // its completion must not be taken for a command's, and later waits re-arm it.
+    use iopath::device::{Command, QueueConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let device = open_device(&format!("uring:{}", dir.path().join("w.img").display()), Some(1 << 20)).unwrap();
+    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    let mut buf = IoBuf::new(4096);
+    let mut out = Vec::new();
+    for round in 0..3u64 {
+        let mut c = Command::with_capacity(1);
+        c.reset(Op::Read, round);
+        c.push(round * 4096, buf.as_mut_ptr(), 4096);
+        // SAFETY: the buffer outlives the waits below.
+        unsafe { q.submit(c) };
+        q.commit().unwrap();
+        out.clear();
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while out.is_empty() && std::time::Instant::now() < give_up {
+            q.wait(&mut out, 5_000_000_000).unwrap();
+        }
+        assert_eq!(out.len(), 1, "round {round}");
+        assert_eq!((out[0].tag, out[0].segments[0].result), (round, 4096));
+        assert_eq!(q.in_flight(), 0);
+        // Let the watchdog fire; the next look drains its completion.
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(q.reap(&mut out).unwrap(), 0);
+    }
+}
+
+#[test]
 fn requests_to_a_block_device_are_no_larger_than_it_takes_whole() {
     // A request the kernel would split never goes out: split polled requests hang on
     // Debian's 6.1 NVMe driver (found by scripts/nvme-guest).

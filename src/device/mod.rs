@@ -363,6 +363,8 @@ pub trait Queue: Send {
     fn reap(&mut self, out: &mut Vec<Command>) -> Result<usize>;
     /// Blocks until at least one command completes or `timeout_ns` passes
     /// (an interrupt-driven wait), then moves completed commands into `out`.
+    /// It may come back empty earlier (a signal, io_uring's watchdog): callers
+    /// wait again until their own limit.
     /// An error leaves every command in flight, as for `reap`.
     fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize>;
     /// Commands submitted and not yet reaped.

@@ -38,6 +38,14 @@ const SQ_ENTRIES: u32 = 512;
 const SEG_BITS: u32 = 16;
 /// `user_data` of the cancellation requests themselves (their CQEs are not a command's).
 const CANCEL_USER_DATA: u64 = u64::MAX;
+/// `user_data` of the watchdog timeout long waits sleep under (its CQE is not a command's).
+const WATCHDOG_USER_DATA: u64 = u64::MAX - 1;
+/// A wait at least this long sleeps with no timer of its own, under a
+/// watchdog timeout this far ahead shared by every such wait until it fires.
+/// A timed wait arms and cancels a kernel timer each time, which in a VM
+/// costs exits to the hypervisor: at depth 1 on a loop device the untimed
+/// wait took sync-intr from a median 65K to 81K IOPS (5 alternating runs).
+const WATCHDOG_NS: u64 = 100_000_000;
 
 /// How completions are delivered to the ring's owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +331,11 @@ struct UringQueue {
     /// ring takes no more submissions (a later enter could still consume the
     /// SQEs whose commands were handed back failed), only completions.
     broken: Option<i32>,
+    /// Whether a watchdog timeout is in the ring and has not fired yet.
+    watchdog_armed: bool,
+    /// Its duration, on the heap so that its address is stable until the
+    /// kernel has read it.
+    watchdog_ts: Box<types::Timespec>,
 }
 
 fn os_err(context: &str, source: std::io::Error) -> Error {
@@ -393,6 +406,8 @@ impl UringQueue {
             iopoll,
             unsent: VecDeque::with_capacity(SQ_ENTRIES as usize),
             broken: None,
+            watchdog_armed: false,
+            watchdog_ts: Box::new(types::Timespec::new().nsec(WATCHDOG_NS as u32)),
         })
     }
 
@@ -479,6 +494,31 @@ impl UringQueue {
         }
     }
 
+    /// Whether a wait of `timeout_ns` can sleep untimed under the watchdog;
+    /// pushes the watchdog's SQE if none is armed. Only plain rings whose
+    /// submission ring is empty qualify: the waiting enter then sends the
+    /// watchdog and nothing else.
+    fn arm_watchdog(&mut self, timeout_ns: u64) -> bool {
+        if timeout_ns < WATCHDOG_NS || self.iopoll || self.shared.config.sqpoll || self.broken.is_some() {
+            return false;
+        }
+        if self.watchdog_armed {
+            return self.ring.submission().is_empty();
+        }
+        if !self.ring.submission().is_empty() {
+            return false;
+        }
+        let entry =
+            opcode::Timeout::new(&*self.watchdog_ts as *const types::Timespec).build().user_data(WATCHDOG_USER_DATA);
+        // SAFETY: the timespec is heap-allocated and owned by the queue, which
+        // outlives the ring's use of it (the ring is dropped with the queue).
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            return false;
+        }
+        self.watchdog_armed = true;
+        true
+    }
+
     /// Records the result of one SQE; a command is ready when its last SQE is.
     fn complete_sqe(&mut self, user_data: u64, result: i32) {
         complete_sqe(&mut self.slots, &mut self.ready, user_data, result);
@@ -486,12 +526,14 @@ impl UringQueue {
 
     /// Moves CQEs into their commands; returns how many CQEs there were.
     fn drain_cq(&mut self) -> usize {
-        let UringQueue { ring, slots, ready, .. } = self;
+        let UringQueue { ring, slots, ready, watchdog_armed, .. } = self;
         let mut seen = 0;
         for cqe in ring.completion() {
             seen += 1;
-            if cqe.user_data() != CANCEL_USER_DATA {
-                complete_sqe(slots, ready, cqe.user_data(), cqe.result());
+            match cqe.user_data() {
+                CANCEL_USER_DATA => {}
+                WATCHDOG_USER_DATA => *watchdog_armed = false,
+                user_data => complete_sqe(slots, ready, user_data, cqe.result()),
             }
         }
         seen
@@ -617,12 +659,23 @@ impl Queue for UringQueue {
         if n > 0 {
             return Ok(n);
         }
-        let ts = types::Timespec::new().sec(timeout_ns / 1_000_000_000).nsec((timeout_ns % 1_000_000_000) as u32);
-        let args = types::SubmitArgs::new().timespec(&ts);
-        // Submits nothing: SQEs are sent by `commit` only (a broken ring's leftovers never).
-        // SAFETY: GETEVENTS with a valid extended argument that outlives the call.
-        let r = unsafe {
-            self.ring.submitter().enter(0, 1, 1 /* GETEVENTS */ | 8 /* EXT_ARG */, Some(&args))
+        let r = if self.arm_watchdog(timeout_ns) {
+            // Sends the watchdog if it is new (nothing else is in the ring: checked),
+            // then sleeps until a completion, the watchdog's included.
+            let to_submit = self.ring.submission().len() as u32;
+            // SAFETY: a GETEVENTS enter with no argument; the one SQE it may send is
+            // the watchdog, whose timespec lives on the heap as long as the queue.
+            unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(to_submit, 1, 1 /* GETEVENTS */, None)
+            }
+        } else {
+            let ts = types::Timespec::new().sec(timeout_ns / 1_000_000_000).nsec((timeout_ns % 1_000_000_000) as u32);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            // Submits nothing: SQEs are sent by `commit` only (a broken ring's leftovers never).
+            // SAFETY: GETEVENTS with a valid extended argument that outlives the call.
+            unsafe {
+                self.ring.submitter().enter(0, 1, 1 /* GETEVENTS */ | 8 /* EXT_ARG */, Some(&args))
+            }
         };
         match r {
             Ok(_) => {}
