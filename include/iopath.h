@@ -11,7 +11,9 @@
  *                 "null"                 completes at once, moves no data
  *   path spec     "sync-path", "sync-intr", "sync-yield", "stm", "atm", "htm", "2q", "scsi-intr",
  *                 "dispatch+completion" ("stm+hybrid", "combine+adaptive"),
- *                 knobs after '@' ("stm@combine-polling=winner"); NULL = "sync-path"
+ *                 knobs after '@' ("stm@combine-polling=winner"); NULL = "sync-yield"
+ *                 (each caller polls its own completions and yields the CPU between
+ *                 looks: safe with more threads than CPUs)
  *
  * Threads: one engine serves any number of threads at once. iopath_read,
  * iopath_write and iopath_flush block the calling thread and may be called by

@@ -99,6 +99,12 @@ pub struct CQueue {
     ready: VecDeque<Completed>,
 }
 
+/// The path an engine takes when `iopath_open` gets no path spec: the caller
+/// polls its own completions and yields the CPU between looks, which is as
+/// fast as pure polling for one thread and does not collapse when a program
+/// has more threads than CPUs (pure polling does).
+pub const DEFAULT_PATH: &str = "sync-yield";
+
 /// Opens an engine; see `iopath.h`.
 ///
 /// # Safety
@@ -116,7 +122,7 @@ pub unsafe extern "C" fn iopath_open(device_spec: *const c_char, path_spec: *con
             Err(e) => return e,
         };
         let path_name = match text_arg("path_spec", path_spec) {
-            Ok(p) => p.unwrap_or("sync-path"),
+            Ok(p) => p.unwrap_or(DEFAULT_PATH),
             Err(e) => return e,
         };
         let opened = PathSpec::parse(path_name).and_then(|spec| Engine::open(device, spec.config()?));

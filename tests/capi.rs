@@ -40,11 +40,20 @@ fn compile(source: &str, name: &str) -> PathBuf {
     out
 }
 
+/// A command running `exe` with the library it was linked against: cargo's
+/// own `LD_LIBRARY_PATH` (which outranks the rpath) may name a stale copy in
+/// `target/<profile>` first.
+fn run(exe: &Path) -> Command {
+    let mut command = Command::new(exe);
+    command.env("LD_LIBRARY_PATH", library_dir());
+    command
+}
+
 #[test]
 fn the_c_example_writes_and_reads_back() {
     let exe = compile("examples/c/example.c", "example");
     for args in [vec![], vec!["emu:dram-ssd,size=64m", "stm"]] {
-        let out = Command::new(&exe).args(&args).output().expect("run the example");
+        let out = run(&exe).args(&args).output().expect("run the example");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "example {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
         assert!(stdout.contains("ok: 64 blocks"), "{stdout}");
@@ -52,7 +61,7 @@ fn the_c_example_writes_and_reads_back() {
         assert_eq!(stats["reads"], 64);
         assert_eq!(stats["writes"], 64);
     }
-    let out = Command::new(&exe).arg("bogus:").output().expect("run the example");
+    let out = run(&exe).arg("bogus:").output().expect("run the example");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid device spec"));
     let _ = std::fs::remove_file(exe);
@@ -62,7 +71,7 @@ fn the_c_example_writes_and_reads_back() {
 fn the_c_interface_keeps_its_contract() {
     let exe = compile("tests/c/capi_test.c", "capi-test");
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(&exe).arg(dir.path().join("scratch.img")).output().expect("run capi_test");
+    let out = run(&exe).arg(dir.path().join("scratch.img")).output().expect("run capi_test");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");

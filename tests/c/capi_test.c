@@ -32,6 +32,12 @@ static void errors(const char *file) {
     CHECK(iopath_open("emu:dram-ssd,size=16m", "no-such-path") == NULL, "a bad path spec opens nothing");
     CHECK(strstr(iopath_last_error(), "no-such-path") != NULL, "message names the path");
     CHECK(iopath_open(NULL, NULL) == NULL, "a NULL spec opens nothing");
+    iopath_engine *d = iopath_open("emu:dram-ssd,size=16m", NULL);
+    CHECK(d != NULL, "no path spec opens the default path");
+    char *stats = d ? iopath_stats_json(d) : NULL;
+    CHECK(stats && strstr(stats, "\"path\":\"sync-yield\""), "the default path is sync-yield: %s", stats ? stats : "NULL");
+    iopath_string_free(stats);
+    iopath_close(d);
     CHECK(iopath_open("uring:/nonexistent-dir/x.img", NULL) == NULL, "a missing file opens nothing");
     CHECK(strlen(iopath_last_error()) > 0, "and says why");
     char buf[16];
