@@ -701,13 +701,10 @@ impl File {
             Err(TryLockError::Poisoned(_)) => panic!("journal lock poisoned"),
         };
         fs.syncs.fetch_add(1, Ordering::Relaxed);
-        match fsync_path::commit(fs, &mut journal, Some((&wb, &mut state))) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                wb.restore(&mut state);
-                Err(e)
-            }
-        }
+        let result = fsync_path::commit(fs, &mut journal, Some((&wb, &mut state)));
+        drop(journal);
+        fs.end_commit();
+        result.inspect_err(|_| wb.restore(&mut state))
     }
 }
 

@@ -240,6 +240,10 @@ struct Inner {
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
     committed: AtomicU64,
+    /// Bumped, and its sleepers woken, when a commit ends and the journal is
+    /// free again: syncs waiting for another thread's commit sleep on it
+    /// instead of queueing on the journal lock one after another.
+    commit_ended: crate::sync::Parking,
     /// Set when a commit failed: the in-memory and on-device metadata may disagree.
     aborted: AtomicBool,
     unmounted: AtomicBool,
@@ -247,6 +251,9 @@ struct Inner {
     shared_commits: AtomicU64,
     flush_only: AtomicU64,
 }
+
+/// Longest a sync waiting for another thread's commit sleeps before it looks again.
+const COMMIT_WAIT_NS: u64 = 200_000;
 
 /// Threads that load read-ahead windows.
 const READAHEAD_THREADS: usize = 1;
@@ -554,6 +561,7 @@ impl FileSystem {
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),
+            commit_ended: crate::sync::Parking::default(),
             aborted: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
@@ -801,19 +809,47 @@ impl Inner {
     }
 
     /// Makes transaction `tid` (and all before it) durable; a flush when it holds nothing.
+    ///
+    /// While another thread commits, the caller sleeps until that commit ends
+    /// (every waiter wakes at once, and those it covered leave at once) rather
+    /// than queue on the journal lock, where each would take the lock in turn
+    /// only to find it had nothing to do: one wake-up after another.
     fn sync_through(&self, tid: u64) -> Result<()> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::Device { op: "flush", offset: 0, len: 0, errno: libc::EIO });
+        loop {
+            let seen = self.commit_ended.load(Ordering::Acquire);
+            if self.committed.load(Ordering::Acquire) >= tid {
+                // Another thread's commit covered it, and that commit started with a flush
+                // issued after this caller's writes had completed.
+                self.shared_commits.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            if self.aborted.load(Ordering::Acquire) {
+                return Err(Error::Device { op: "flush", offset: 0, len: 0, errno: libc::EIO });
+            }
+            match self.journal.try_lock() {
+                Ok(mut journal) => {
+                    if self.committed.load(Ordering::Acquire) >= tid {
+                        self.shared_commits.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    let result = fsync_path::commit(self, &mut journal, None);
+                    drop(journal);
+                    self.end_commit();
+                    return result;
+                }
+                // Woken when a commit ends; the timeout covers a journal holder that
+                // is not committing (a checkpoint) and so wakes no one.
+                Err(std::sync::TryLockError::WouldBlock) => self.commit_ended.wait(seen, Some(COMMIT_WAIT_NS)),
+                Err(std::sync::TryLockError::Poisoned(_)) => panic!("journal lock poisoned"),
+            }
         }
-        let mut journal = self.journal.lock().expect("journal lock poisoned");
-        if self.committed.load(Ordering::Acquire) >= tid {
-            // Another thread's commit covered it, and that commit started with a flush
-            // issued after this caller's writes had completed.
-            self.shared_commits.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        fsync_path::commit(self, &mut journal, None)
+    }
+
+    /// A commit ended and its journal lock was released: wakes the syncs waiting for one.
+    pub(super) fn end_commit(&self) {
+        self.commit_ended.fetch_add(1, Ordering::Release);
+        self.commit_ended.wake_all();
     }
 
     /// Writes back every file's dirty pages, then commits.
