@@ -779,6 +779,28 @@ fn requests_to_a_block_device_are_no_larger_than_it_takes_whole() {
 }
 
 #[test]
+fn an_sqpoll_ring_works_and_refuses_task_work_flags_with_a_reason() {
+    // The kernel takes no task-work flag on an SQPOLL ring (EINVAL): iopath once
+    // asked for COOP_TASKRUN there and every sqpoll=1 run failed at setup.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sq.img");
+    let spec = format!("uring:{},size=1m,sqpoll=1", file.display());
+    for path in ["sync-path", "sync-intr", "sync-yield"] {
+        let engine = Engine::open(&spec, PathConfig::preset(path).unwrap()).unwrap();
+        let mut block = IoBuf::new(4096);
+        block.fill(path.len() as u8);
+        engine.write_at(&block, 8192).unwrap();
+        let mut back = IoBuf::new(4096);
+        engine.read_at(&mut back, 8192).unwrap();
+        assert!(back.iter().all(|&b| b == path.len() as u8), "{path}");
+    }
+    let Err(e) = Engine::open(&format!("{spec},taskrun=coop"), PathConfig::preset("sync-path").unwrap()) else {
+        panic!("taskrun=coop with sqpoll=1 was accepted")
+    };
+    assert!(e.to_string().contains("sqpoll"), "{e}");
+}
+
+#[test]
 fn a_dropped_engine_lets_go_of_its_device_in_every_thread_that_used_it() {
     use iopath::device::Device;
     let device: Arc<dyn Device> = open_device("emu:null,size=1m", None).unwrap();

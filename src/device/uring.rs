@@ -93,7 +93,8 @@ impl UringConfig {
     /// [,fixedfiles=1][,sqpoll=0][,iopoll=auto|on|off]`.
     pub fn parse(path: &str, mut opts: Options, default_size: Option<u64>) -> Result<UringConfig> {
         let target = TargetConfig::parse(path, &mut opts, default_size)?;
-        let taskrun = match opts.take("taskrun").as_deref() {
+        let taskrun_given = opts.take("taskrun");
+        let taskrun = match taskrun_given.as_deref() {
             None | Some("defer") => TaskRun::Defer,
             Some("coop") => TaskRun::Coop,
             Some("plain") => TaskRun::Plain,
@@ -108,14 +109,19 @@ impl UringConfig {
         let fixed_buffers = opts.take_bool("fixedbufs")?.unwrap_or(true);
         let fixed_files = opts.take_bool("fixedfiles")?.unwrap_or(true);
         let sqpoll = opts.take_bool("sqpoll")?.unwrap_or(false);
-        if sqpoll && taskrun == TaskRun::Defer {
-            // DEFER_TASKRUN needs the owner to enter; SQPOLL's point is not to.
-            opts.take("taskrun");
+        if sqpoll && taskrun_given.is_some() && taskrun != TaskRun::Plain {
+            // The kernel refuses the task-work flags on an SQPOLL ring (EINVAL).
+            return Err(opts.error(format!(
+                "taskrun={} cannot go with sqpoll=1: the kernel takes no task-work flags on a ring its own \
+                 thread submits for; leave taskrun out (plain is used) or say taskrun=plain",
+                taskrun_given.as_deref().unwrap_or_default()
+            )));
         }
         opts.finish(KNOWN)?;
         Ok(UringConfig {
             target,
-            taskrun: if sqpoll { TaskRun::Coop } else { taskrun },
+            // An SQPOLL ring takes none of the task-work flags (EINVAL).
+            taskrun: if sqpoll { TaskRun::Plain } else { taskrun },
             fixed_buffers,
             fixed_files,
             sqpoll,
