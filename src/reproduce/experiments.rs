@@ -998,8 +998,16 @@ impl LoopDevice {
             return Err("it needs root (to set up a loop device); run it as root to include it".into());
         }
         let backing = std::path::PathBuf::from(format!("/dev/shm/iopath-reproduce-{}.img", std::process::id()));
-        let file = std::fs::File::create(&backing).map_err(|e| format!("cannot create {}: {e}", backing.display()))?;
-        file.set_len(256 << 20).map_err(|e| format!("cannot size {}: {e}", backing.display()))?;
+        // Written through, not sparse: a read of a hole in /dev/shm copies the shared
+        // zero page and skips the page lookup that a device holding data pays.
+        let mut file =
+            std::fs::File::create(&backing).map_err(|e| format!("cannot create {}: {e}", backing.display()))?;
+        let mut rng = fastrand::Rng::with_seed(0x10_0a7);
+        let chunk: Vec<u8> = (0..1 << 20).map(|_| rng.u8(..)).collect();
+        for _ in 0..256 {
+            std::io::Write::write_all(&mut file, &chunk)
+                .map_err(|e| format!("cannot fill {}: {e}", backing.display()))?;
+        }
         drop(file);
         let out = std::process::Command::new("losetup")
             .args(["--direct-io=on", "-f", "--show"])
