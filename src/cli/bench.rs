@@ -154,7 +154,7 @@ pub struct BenchArgs {
     /// Override the preset's dispatch strategy (direct, combine, queue, hybrid, twoq, elevator).
     #[arg(long)]
     dispatch: Option<String>,
-    /// Override the preset's completion policy (poll, interrupt, hybrid, adaptive).
+    /// Override the preset's completion policy (poll, interrupt, yield, hybrid, adaptive).
     #[arg(long)]
     completion: Option<String>,
     #[command(flatten)]

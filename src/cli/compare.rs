@@ -40,7 +40,7 @@ pub struct CompareArgs {
     /// Comma-separated workloads [default: read,write,randread,randwrite; randread with --completions].
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
-    /// Override every path's completion policy (poll, interrupt, hybrid, adaptive).
+    /// Override every path's completion policy (poll, interrupt, yield, hybrid, adaptive).
     #[arg(long)]
     completion: Option<String>,
     /// Compare completion policies instead: each path runs once with each of these

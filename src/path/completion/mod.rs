@@ -155,7 +155,7 @@ impl CompletionKind {
             CompletionKind::Interrupt => Box::new(interrupt::Interrupt),
             CompletionKind::Hybrid => Box::new(hybrid::Hybrid::new()),
             CompletionKind::Adaptive => Box::new(adaptive::Adaptive::new()),
-            CompletionKind::Yield => Box::new(yielding::Yield),
+            CompletionKind::Yield => Box::new(yielding::Yield::default()),
         }
     }
 }
