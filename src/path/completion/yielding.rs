@@ -128,6 +128,62 @@ mod tests {
         assert_eq!(Yield::default().wait(q.as_mut(), &mut out, &mut stats, u64::MAX, Expect::default()).unwrap(), 0);
     }
 
+    /// Waits for one 5 ms read on `policy`, returning the wait's counters.
+    fn one_read(policy: &mut Yield) -> WaitStats {
+        let (mut q, _buf) = read_on("emu:null,size=1m,rcmd=5000");
+        let (mut out, mut stats) = (Vec::new(), WaitStats::default());
+        while out.is_empty() {
+            policy.wait(q.as_mut(), &mut out, &mut stats, u64::MAX, Expect::default()).unwrap();
+        }
+        assert_eq!(out[0].segments[0].result, 4096);
+        stats
+    }
+
+    #[test]
+    fn short_yields_keep_it_polling() {
+        // Simulated time moving 10 ns per clock read: every yield comes back at once.
+        let _sim = crate::clock::sim::start(1_000_000_000, 10);
+        let mut policy = Yield::default();
+        let stats = one_read(&mut policy);
+        assert!(stats.polls > 1, "{stats:?}");
+        assert_eq!(stats.sleeps, 0, "{stats:?}");
+        assert_eq!(policy.sleep_ns, 0);
+    }
+
+    #[test]
+    fn a_long_yield_sends_this_wait_and_the_following_ones_to_sleep_and_backs_off() {
+        let mut policy = Yield::default();
+        {
+            // 1.5 ms per clock read: every yield looks like a CPU hog's time slice.
+            let _sim = crate::clock::sim::start(1_000_000_000, 1_500_000);
+            let first = one_read(&mut policy);
+            assert_eq!((first.polls, first.sleeps), (1, 1), "one look, one long yield, then sleep: {first:?}");
+            assert_eq!(policy.sleep_ns, FIRST_SLEEP_NS);
+            assert!(policy.sleep_until_ns > 1_000_000_000);
+            // Inside the stretch a wait sleeps without looking first.
+            policy.sleep_until_ns = u64::MAX;
+            let inside = one_read(&mut policy);
+            assert_eq!(inside.polls, 0, "{inside:?}");
+            assert!(inside.sleeps >= 1, "{inside:?}");
+            // After it, one probe; the hog is still there: twice as long.
+            policy.sleep_until_ns = 0;
+            let probe = one_read(&mut policy);
+            assert_eq!((probe.polls, probe.sleeps), (1, 1), "{probe:?}");
+            assert_eq!(policy.sleep_ns, 2 * FIRST_SLEEP_NS);
+            for _ in 0..10 {
+                policy.sleep_until_ns = 0;
+                one_read(&mut policy);
+            }
+            assert_eq!(policy.sleep_ns, MAX_SLEEP_NS, "the stretch stops doubling at its cap");
+        }
+        // The hog gone: the next probe's yields come back at once and polling resumes.
+        let _sim = crate::clock::sim::start(1_000_000_000, 10);
+        policy.sleep_until_ns = 0;
+        let back = one_read(&mut policy);
+        assert_eq!(back.sleeps, 0, "{back:?}");
+        assert_eq!(policy.sleep_ns, 0);
+    }
+
     #[test]
     fn a_wait_past_its_limit_looks_once_and_returns() {
         // 80 us of device time: one look with the limit gone cannot find it done.
