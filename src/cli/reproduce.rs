@@ -19,7 +19,7 @@ EXPERIMENTS (all by default, in this order):
   threads      throughput and CPU per I/O from 1 to 64 threads (seed 000, Table 7; seed 001)
   sensitivity  STM against SyncPath as the device slows; the break-even point (seed 000, 6.6)
   cpu          user, system and idle CPU per design at 32 threads (seed 000, 6.7)
-  contention   poll, interrupt, hybrid, adaptive under 0-2 CPU hogs (seed 001)
+  contention   poll, yield, interrupt, hybrid, adaptive under 0-2 CPU hogs (seed 001)
   merge        requests per merged command by design and threads (seed 000, 6.8)
   aios         the file layer's read miss and append+fsync, conventional against AIOS (seed 002)
   real         the designs and the kernel's pread on a loop device (root; skipped otherwise)
