@@ -240,10 +240,12 @@ struct Inner {
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
     committed: AtomicU64,
-    /// Bumped, and its sleepers woken, when a commit ends and the journal is
-    /// free again: syncs waiting for another thread's commit sleep on it
-    /// instead of queueing on the journal lock one after another.
-    commit_ended: crate::sync::Parking,
+    /// Commits ended so far (each after its journal lock was released).
+    commits_ended: AtomicU64,
+    /// Rung when a commit ends: syncs waiting for another thread's commit
+    /// sleep on it instead of queueing on the journal lock one after another
+    /// (a ring with no sleeper costs no system call).
+    commit_ended: crate::path::waiter::Doorbell,
     /// Set when a commit failed: the in-memory and on-device metadata may disagree.
     aborted: AtomicBool,
     unmounted: AtomicBool,
@@ -561,7 +563,8 @@ impl FileSystem {
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),
-            commit_ended: crate::sync::Parking::default(),
+            commits_ended: AtomicU64::new(0),
+            commit_ended: crate::path::waiter::Doorbell::default(),
             aborted: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
@@ -817,7 +820,7 @@ impl Inner {
     fn sync_through(&self, tid: u64) -> Result<()> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         loop {
-            let seen = self.commit_ended.load(Ordering::Acquire);
+            let seen = self.commits_ended.load(Ordering::Acquire);
             if self.committed.load(Ordering::Acquire) >= tid {
                 // Another thread's commit covered it, and that commit started with a flush
                 // issued after this caller's writes had completed.
@@ -838,9 +841,12 @@ impl Inner {
                     self.end_commit();
                     return result;
                 }
-                // Woken when a commit ends; the timeout covers a journal holder that
-                // is not committing (a checkpoint) and so wakes no one.
-                Err(std::sync::TryLockError::WouldBlock) => self.commit_ended.wait(seen, Some(COMMIT_WAIT_NS)),
+                // Until a commit ends; the time limit covers a journal holder that is
+                // not committing (a checkpoint) and so rings no one.
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let limit = crate::clock::now_ns() + COMMIT_WAIT_NS;
+                    self.commit_ended.wait_until(0, limit, || self.commits_ended.load(Ordering::Acquire) != seen);
+                }
                 Err(std::sync::TryLockError::Poisoned(_)) => panic!("journal lock poisoned"),
             }
         }
@@ -848,8 +854,8 @@ impl Inner {
 
     /// A commit ended and its journal lock was released: wakes the syncs waiting for one.
     pub(super) fn end_commit(&self) {
-        self.commit_ended.fetch_add(1, Ordering::Release);
-        self.commit_ended.wake_all();
+        self.commits_ended.fetch_add(1, Ordering::Release);
+        self.commit_ended.ring();
     }
 
     /// Writes back every file's dirty pages, then commits.
