@@ -413,9 +413,9 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
 /// (each thread polls its own ring and yields between looks) is tried at
 /// every count: where the device's work runs on the host's CPUs (a loop
 /// device) it needs neither a wake-up nor the CPU the device needs (measured
-/// on a loop device over /dev/shm, 16 threads: 420K IOPS against pread's
-/// 234-255K and the merging paths' 190-215K; ARCHITECTURE.md, "Real
-/// devices"). Many threads also try plain pread (`psync:` on the same
+/// on a loop device over /dev/shm, 16 threads: 416K IOPS against 238K for
+/// the kernel's pread and 190-215K for the merging paths; ARCHITECTURE.md,
+/// "Real devices"). Many threads also try plain pread (`psync:` on the same
 /// target), the kernel's own path.
 fn candidates(threads: usize) -> &'static [&'static str] {
     if threads == 1 {

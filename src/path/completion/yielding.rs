@@ -67,7 +67,8 @@ impl CompletionPolicy for Yield {
         limit_ns: u64,
         expect: Expect,
     ) -> Result<usize> {
-        if now_ns() < self.sleep_until_ns {
+        // (No clock read per wait while no hog was ever seen.)
+        if self.sleep_until_ns != 0 && now_ns() < self.sleep_until_ns {
             return Interrupt.wait(queue, out, stats, limit_ns, expect);
         }
         let mut yielded = false;
