@@ -151,6 +151,12 @@ impl Engine {
         self.with_thread_handle(|h| h.write_at(buf, offset).map(drop))
     }
 
+    /// Writes `buf` at `offset` durably, after making every earlier completed
+    /// write durable ([`Handle::write_durable_at`]). Callable from any thread.
+    pub fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.with_thread_handle(|h| h.write_durable_at(buf, offset).map(drop))
+    }
+
     /// Makes earlier writes durable. Callable from any thread.
     pub fn flush(&self) -> Result<()> {
         self.with_thread_handle(|h| h.flush())
@@ -296,8 +302,12 @@ impl Handle {
     }
 
     fn blocking(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64) -> Result<u64> {
+        self.blocking_request(op, buf, len, offset, false)
+    }
+
+    fn blocking_request(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, durable: bool) -> Result<u64> {
         self.check(op, buf as usize, len, offset)?;
-        let request = Request { op, offset, buf, len: len as u32, tag: BLOCKING_TAG };
+        let request = Request { op, offset, buf, len: len as u32, tag: BLOCKING_TAG, durable };
         // SAFETY: `buf` is borrowed by the caller of read_at/write_at for the whole call,
         // and the dispatch returns only once the request is complete.
         let done = unsafe { self.shared.dispatch.blocking(&mut self.channel, request)? };
@@ -316,6 +326,14 @@ impl Handle {
         self.blocking(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset)
     }
 
+    /// Writes `buf` at `offset` as one durable command: every write that
+    /// completed before this call is made durable first, and this one is
+    /// durable when the call returns ([`Command::durable`](crate::device::Command::durable):
+    /// a flush and a FUA write, one round trip where the device allows).
+    pub fn write_durable_at(&mut self, buf: &[u8], offset: u64) -> Result<u64> {
+        self.blocking_request(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset, true)
+    }
+
     /// Discards `len` bytes at `offset` ([`Op::Trim`]): they read back as zeros.
     pub fn trim(&mut self, offset: u64, len: usize) -> Result<u64> {
         self.blocking(Op::Trim, std::ptr::null_mut(), len, offset)
@@ -323,7 +341,8 @@ impl Handle {
 
     /// Makes earlier writes durable.
     pub fn flush(&mut self) -> Result<()> {
-        let request = Request { op: Op::Flush, offset: 0, buf: std::ptr::null_mut(), len: 0, tag: BLOCKING_TAG };
+        let request =
+            Request { op: Op::Flush, offset: 0, buf: std::ptr::null_mut(), len: 0, tag: BLOCKING_TAG, durable: false };
         // SAFETY: a flush has no buffer.
         let done = unsafe { self.shared.dispatch.blocking(&mut self.channel, request)? };
         done.result
@@ -393,7 +412,7 @@ impl Handle {
     /// As [`Handle::submit_raw`].
     unsafe fn queue(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, what: SlotUse) -> Result<()> {
         let slot = self.free_slots.pop().expect("a slot is free while fewer than depth are queued");
-        let request = Request { op, offset, buf, len: len as u32, tag: slot };
+        let request = Request { op, offset, buf, len: len as u32, tag: slot, durable: false };
         // SAFETY: passed on from the caller.
         if let Err(e) = unsafe { self.shared.dispatch.submit(&mut self.channel, request) } {
             self.free_slots.push(slot);

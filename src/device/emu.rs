@@ -313,7 +313,11 @@ impl EmuQueue {
     fn schedule(&self, now: u64, command: &Command) -> u64 {
         let mut c = self.shared.counters.lock().expect("emu counters poisoned");
         let ranges = command.segments.iter().map(|s| (s.offset, s.len as u64));
-        let schedule = c.model.schedule(now, command.op, ranges);
+        let schedule = if command.durable && command.op == Op::Write {
+            c.model.schedule_durable(now, ranges)
+        } else {
+            c.model.schedule(now, command.op, ranges)
+        };
         c.stats.commands += 1;
         c.stats.segments += command.segments.len() as u64;
         c.stats.bytes += command.bytes();
@@ -369,6 +373,21 @@ impl Queue for EmuQueue {
                 cache.flushed();
             }
         } else {
+            let durable = command.durable && command.op == Op::Write;
+            if durable {
+                // Its flush: everything accepted before it reaches the media first.
+                if self.shared.store.flush().is_err() {
+                    command.result = -libc::EIO;
+                    command.fail_all(libc::EIO);
+                    drop(cache);
+                    command.device_ns = deadline - now;
+                    self.in_flight.push((deadline, command));
+                    return;
+                }
+                if let Some(cache) = cache.as_mut() {
+                    cache.flushed();
+                }
+            }
             if matches!(command.op, Op::Write | Op::Trim)
                 && let Some(cache) = cache.as_mut()
             {
@@ -392,6 +411,15 @@ impl Queue for EmuQueue {
             }
             // Under the cache's lock, so a cut sees each write whole or not at all.
             self.transfer(&mut command);
+            // Its forced unit access: durable before it completes (and, as a flush
+            // here, before any later command can be cut short).
+            if durable && command.segments.iter().all(|s| s.result >= 0) {
+                if self.shared.store.flush().is_err() {
+                    command.fail_all(libc::EIO);
+                } else if let Some(cache) = cache.as_mut() {
+                    cache.flushed();
+                }
+            }
         }
         drop(cache);
         command.device_ns = deadline - now;
@@ -584,6 +612,31 @@ mod tests {
         assert_eq!(flush(q.as_mut()), -libc::EIO);
         dev.power_on();
         assert_eq!(write(q.as_mut(), 0, 9, 512), 512);
+    }
+
+    fn durable_write(q: &mut dyn Queue, offset: u64, byte: u8, len: usize) -> i32 {
+        let mut buf = vec![byte; len];
+        let mut cmd = Command::with_capacity(1);
+        cmd.reset(Op::Write, 3);
+        cmd.durable = true;
+        cmd.push(offset, buf.as_mut_ptr(), len as u32);
+        run(q, cmd).segments[0].result
+    }
+
+    #[test]
+    fn a_durable_write_survives_a_cut_with_everything_written_before_it_and_nothing_after() {
+        let dev = open("emu:null,size=64k,wcache=1,cut=drop");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        assert_eq!(write(q.as_mut(), 0, 1, 4096), 4096);
+        assert_eq!(durable_write(q.as_mut(), 8192, 2, 4096), 4096);
+        assert_eq!(dev.unflushed_sectors(), 0, "its flush and its FUA leave nothing unflushed");
+        assert_eq!(write(q.as_mut(), 16384, 3, 4096), 4096);
+        assert!(dev.power_cut());
+        assert_eq!(contents(&dev, 0, 4096), vec![1; 4096], "written before: made durable by its flush");
+        assert_eq!(contents(&dev, 8192, 4096), vec![2; 4096], "the durable write itself");
+        assert_eq!(contents(&dev, 16384, 4096), vec![0; 4096], "written after it and never flushed");
+        // Without power it fails like any other command.
+        assert_eq!(durable_write(q.as_mut(), 8192, 4, 4096), -libc::EIO);
     }
 
     #[test]

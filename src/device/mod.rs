@@ -92,8 +92,15 @@ pub struct Command {
     /// the device finished the command (queueing inside the device included).
     /// Zero when the backend cannot know it.
     pub device_ns: u64,
-    /// Set on completion for a command with no segments (flush): 0 or -errno.
+    /// Set on completion for a command with no segments (flush), and for a
+    /// durable write whose leading flush failed: 0 or -errno.
     pub result: i32,
+    /// A write that is durable when it completes and ordered after every write
+    /// that completed before it was submitted: a flush, then the write with
+    /// forced unit access, as one command (Linux's `REQ_PREFLUSH | REQ_FUA`,
+    /// which jbd2 gives its commit block). A journal's commit is one such
+    /// command instead of a flush and a write-then-flush, each a round trip.
+    pub durable: bool,
     /// When the path handed it to the device (monotonic ns; 0 when not
     /// stamped, see [`crate::path::timing`]).
     pub submitted_ns: u64,
@@ -108,6 +115,7 @@ impl Command {
             segments: Vec::with_capacity(segments),
             device_ns: 0,
             result: 0,
+            durable: false,
             submitted_ns: 0,
         }
     }
@@ -119,6 +127,7 @@ impl Command {
         self.segments.clear();
         self.device_ns = 0;
         self.result = 0;
+        self.durable = false;
         self.submitted_ns = 0;
     }
 

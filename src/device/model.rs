@@ -178,9 +178,29 @@ impl Model {
     /// Schedules a command arriving at `now_ns` that moves the given
     /// `(offset, len)` ranges, and returns when it starts and completes.
     pub fn schedule(&mut self, now_ns: u64, op: Op, ranges: impl Iterator<Item = (u64, u64)>) -> Schedule {
+        self.schedule_command(now_ns, op, false, ranges)
+    }
+
+    /// Schedules a durable write ([`Command::durable`](super::Command::durable)):
+    /// it starts once everything accepted before it has finished (its flush),
+    /// moves its data as a write does, and then pays the flush time (its FUA).
+    pub fn schedule_durable(&mut self, now_ns: u64, ranges: impl Iterator<Item = (u64, u64)>) -> Schedule {
+        self.schedule_command(now_ns, Op::Write, true, ranges)
+    }
+
+    fn schedule_command(
+        &mut self,
+        now_ns: u64,
+        op: Op,
+        durable: bool,
+        ranges: impl Iterator<Item = (u64, u64)>,
+    ) -> Schedule {
         let (slot, slot_free) =
             self.slot_free_ns.iter().copied().enumerate().min_by_key(|&(_, t)| t).expect("at least one slot");
-        let start_ns = now_ns.max(slot_free);
+        let mut start_ns = now_ns.max(slot_free);
+        if durable {
+            start_ns = start_ns.max(self.slot_free_ns.iter().copied().max().unwrap_or(0));
+        }
         let deadline_ns = match op {
             Op::Flush => {
                 // A flush completes once everything accepted before it has finished.
@@ -189,7 +209,8 @@ impl Model {
             }
             Op::Read | Op::Write => {
                 let timing = if op == Op::Read { self.params.read } else { self.params.write };
-                self.data_deadline(start_ns, timing, ranges)
+                let done = self.data_deadline(start_ns, timing, ranges);
+                if durable { done + self.params.flush_ns.round() as u64 } else { done }
             }
             // A trim changes the mapping, not the media: a write command's fixed cost.
             Op::Trim => start_ns + self.params.write.cmd_ns.round() as u64,
@@ -338,5 +359,21 @@ mod tests {
         for p in presets() {
             assert!(!p.source.is_empty(), "{}", p.name);
         }
+    }
+
+    #[test]
+    fn a_durable_write_waits_for_the_device_to_drain_first() {
+        // 1 us + 4 us per 4 KiB write, 500 ns per flush: a durable write sent
+        // behind a plain one starts when that one is done and pays the flush after.
+        let mut m = Model::new(ModelParams {
+            slots: 4,
+            channels: 4,
+            read: timing(1000.0, 4000.0),
+            write: timing(1000.0, 4000.0),
+            flush_ns: 500.0,
+        });
+        assert_eq!(m.schedule(0, Op::Write, [(0, 4096)].into_iter()).deadline_ns, 5000);
+        // Another channel and slot are free at 100 ns, but its flush waits for the first.
+        assert_eq!(m.schedule_durable(100, [(4096, 4096)].into_iter()).deadline_ns, 5000 + 5000 + 500);
     }
 }

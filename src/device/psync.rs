@@ -119,11 +119,21 @@ impl Queue for PsyncQueue {
     unsafe fn submit(&mut self, mut command: Command) {
         let file = &self.shared.target.file;
         self.shared.counters.record(&command);
-        if command.op == Op::Flush {
-            command.result = match sys::fdatasync(file) {
-                Ok(()) => 0,
-                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-            };
+        let datasync = || match sys::fdatasync(file) {
+            Ok(()) => 0,
+            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+        };
+        let durable = command.durable && command.op == Op::Write;
+        if command.op == Op::Flush || durable {
+            // A durable write's flush comes first: what completed before it is durable
+            // before its data is written.
+            command.result = datasync();
+            if command.result < 0 {
+                let errno = -command.result;
+                command.fail_all(errno);
+                self.done.push(command);
+                return;
+            }
         }
         let op = command.op;
         for seg in &mut command.segments {
@@ -136,6 +146,13 @@ impl Queue for PsyncQueue {
                 // SAFETY: the submitter guarantees each buffer for the command's lifetime.
                 unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) }
             };
+        }
+        if durable && command.segments.iter().all(|s| s.result >= 0) {
+            // Its forced unit access: a second datasync (pwritev2's RWF_DSYNC is the same).
+            let r = datasync();
+            if r < 0 {
+                command.fail_all(-r);
+            }
         }
         self.done.push(command);
     }

@@ -36,6 +36,8 @@ use std::sync::{Arc, Mutex};
 pub const MAX_SEGMENTS: usize = 256;
 const SQ_ENTRIES: u32 = 512;
 const SEG_BITS: u32 = 16;
+/// Segment index in `user_data` of a durable write's leading flush (no real segment has it).
+const FLUSH_SEG: u64 = (1 << SEG_BITS) - 1;
 /// `user_data` of the cancellation requests themselves (their CQEs are not a command's).
 const CANCEL_USER_DATA: u64 = u64::MAX;
 /// `user_data` of the watchdog timeout long waits sleep under (its CQE is not a command's).
@@ -424,14 +426,23 @@ impl UringQueue {
     }
 
     fn entry(&self, op: Op, offset: u64, buf: *mut u8, len: u32) -> squeue::Entry {
+        self.entry_with(op, offset, buf, len, 0)
+    }
+
+    /// An SQE for one segment; `rw_flags` (`RWF_*`) go on reads and writes.
+    fn entry_with(&self, op: Op, offset: u64, buf: *mut u8, len: u32, rw_flags: i32) -> squeue::Entry {
         let fixed = self.buffer_index(buf, len);
         macro_rules! build {
             ($fd:expr) => {
                 match (op, fixed) {
-                    (Op::Read, Some(i)) => opcode::ReadFixed::new($fd, buf, len, i).offset(offset).build(),
-                    (Op::Read, None) => opcode::Read::new($fd, buf, len).offset(offset).build(),
-                    (Op::Write, Some(i)) => opcode::WriteFixed::new($fd, buf, len, i).offset(offset).build(),
-                    (Op::Write, None) => opcode::Write::new($fd, buf, len).offset(offset).build(),
+                    (Op::Read, Some(i)) => {
+                        opcode::ReadFixed::new($fd, buf, len, i).offset(offset).rw_flags(rw_flags).build()
+                    }
+                    (Op::Read, None) => opcode::Read::new($fd, buf, len).offset(offset).rw_flags(rw_flags).build(),
+                    (Op::Write, Some(i)) => {
+                        opcode::WriteFixed::new($fd, buf, len, i).offset(offset).rw_flags(rw_flags).build()
+                    }
+                    (Op::Write, None) => opcode::Write::new($fd, buf, len).offset(offset).rw_flags(rw_flags).build(),
                     (Op::Flush, _) => opcode::Fsync::new($fd).flags(types::FsyncFlags::DATASYNC).build(),
                     (Op::Trim, _) => opcode::Fallocate::new($fd, len as u64)
                         .offset(offset)
@@ -450,6 +461,25 @@ impl UringQueue {
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 self.unsent.push_back(entry.get_user_data());
                 return Ok(());
+            }
+            self.enter_submit()?;
+        }
+    }
+
+    /// Pushes a chain of linked SQEs in one go, after making room for all of
+    /// them: an enter between two of them would end the chain there (the
+    /// kernel treats a link flag on the last SQE it is given as the chain's
+    /// end), and an SQPOLL thread could take the first before the rest.
+    fn push_chain(&mut self, entries: &[squeue::Entry]) -> std::io::Result<()> {
+        loop {
+            // SAFETY: the entries' buffers belong to a command held in `slots` until its CQEs.
+            if unsafe { self.ring.submission().push_multiple(entries) }.is_ok() {
+                self.unsent.extend(entries.iter().map(|e| e.get_user_data()));
+                return Ok(());
+            }
+            if self.ring.submission().is_empty() {
+                // Longer than the whole ring: never the case for one command (MAX_SEGMENTS + 1).
+                return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
             }
             self.enter_submit()?;
         }
@@ -526,6 +556,30 @@ impl UringQueue {
     }
 
     /// Records the result of one SQE; a command is ready when its last SQE is.
+    /// Sends the durable write in `slot` as a flush linked to its writes, each
+    /// `RWF_DSYNC` (a block device gives them forced unit access, or a write and
+    /// a flush where it has none): the kernel issues the writes when the flush
+    /// is done, with no trip back to user space between them.
+    fn submit_durable(&mut self, slot: usize) {
+        let base = (slot as u64) << SEG_BITS;
+        let segments = self.slots[slot].command.as_ref().expect("just stored").segments.clone();
+        let mut chain = Vec::with_capacity(segments.len() + 1);
+        chain.push(
+            self.entry(Op::Flush, 0, std::ptr::null_mut(), 0).flags(squeue::Flags::IO_LINK).user_data(base | FLUSH_SEG),
+        );
+        for (i, seg) in segments.iter().enumerate() {
+            let entry = self.entry_with(Op::Write, seg.offset, seg.buf, seg.len, libc::RWF_DSYNC);
+            let entry = if i + 1 < segments.len() { entry.flags(squeue::Flags::IO_LINK) } else { entry };
+            chain.push(entry.user_data(base | i as u64));
+        }
+        if let Err(err) = self.push_chain(&chain) {
+            let errno = err.raw_os_error().unwrap_or(libc::EIO);
+            for entry in &chain {
+                self.complete_sqe(entry.get_user_data(), -errno);
+            }
+        }
+    }
+
     fn complete_sqe(&mut self, user_data: u64, result: i32) {
         complete_sqe(&mut self.slots, &mut self.ready, user_data, result);
     }
@@ -563,8 +617,11 @@ fn complete_sqe(slots: &mut [Slot], ready: &mut Vec<usize>, user_data: u64, resu
     let seg = (user_data & ((1 << SEG_BITS) - 1)) as usize;
     let s = &mut slots[slot];
     let command = s.command.as_mut().expect("completion for a free slot");
-    if command.op == Op::Flush {
+    if command.op == Op::Flush || seg as u64 == FLUSH_SEG {
         command.result = result.min(0);
+    } else if result == -libc::ECANCELED && command.result < 0 {
+        // A durable write's data after its flush failed: the flush's error is the cause.
+        command.segments[seg].result = command.result;
     } else {
         command.segments[seg].result = result;
     }
@@ -595,6 +652,12 @@ impl Queue for UringQueue {
         self.shared.counters.record(&command);
         let op = command.op;
         let count = if op == Op::Flush { 1 } else { command.segments.len() };
+        if command.durable && op == Op::Write {
+            self.slots[slot] = Slot { command: Some(command), remaining: count + 1 };
+            self.in_flight += 1;
+            self.submit_durable(slot);
+            return;
+        }
         self.slots[slot] = Slot { command: Some(command), remaining: count };
         self.in_flight += 1;
         for i in 0..count {
@@ -708,6 +771,9 @@ impl Queue for UringQueue {
             }
             let sqes = if command.op == Op::Flush { 1 } else { command.segments.len() };
             targets.extend((0..sqes).map(|i| ((slot as u64) << SEG_BITS) | i as u64));
+            if command.durable && command.op == Op::Write {
+                targets.push(((slot as u64) << SEG_BITS) | FLUSH_SEG);
+            }
         }
         for user_data in targets {
             // A segment that already finished answers ENOENT; one the kernel cannot stop

@@ -100,6 +100,19 @@ impl Disk {
         Ok(())
     }
 
+    /// Writes `buf` (at most one request) at `block` as one durable command:
+    /// everything written before is made durable first, and `buf` is durable
+    /// when this returns (a flush and a FUA write; see
+    /// [`Command::durable`](crate::device::Command::durable)).
+    pub fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
+        debug_assert_eq!(buf.len() % BLOCK, 0);
+        debug_assert!(buf.len() <= self.max_io, "a durable write is one request");
+        self.engine.write_durable_at(buf, block * BLOCK_U64)?;
+        self.counters.flushes.fetch_add(1, Relaxed);
+        self.counters.count(Op::Write, buf.len());
+        Ok(())
+    }
+
     /// Reads one block into a new buffer.
     pub fn read_block(&self, block: u64) -> Result<IoBuf> {
         let mut buf = IoBuf::new(BLOCK);

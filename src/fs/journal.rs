@@ -338,8 +338,19 @@ impl Journal {
     /// Writes the commit block and makes it durable (a write then a flush: the FUA
     /// write of a device that has one). Call once everything it orders is durable.
     pub fn write_commit(&self, disk: &Disk, p: &Prepared) -> Result<()> {
-        disk.write(self.sb.journal_start + (p.head + p.need - 1) % self.sb.journal_blocks, &p.commit)?;
+        disk.write(self.commit_block(p), &p.commit)?;
         disk.flush()
+    }
+
+    /// Makes everything written so far durable and then writes the commit block
+    /// durably, as one device command (flush, then a FUA write). Call once
+    /// everything it orders has been written (completed, not yet durable).
+    pub fn write_commit_ordered(&self, disk: &Disk, p: &Prepared) -> Result<()> {
+        disk.write_durable(self.commit_block(p), &p.commit)
+    }
+
+    fn commit_block(&self, p: &Prepared) -> u64 {
+        self.sb.journal_start + (p.head + p.need - 1) % self.sb.journal_blocks
     }
 
     /// The transaction is durable: account for it; returns blocks a checkpoint made for it released.

@@ -160,6 +160,7 @@ impl Waiter {
                 buf: ptr::null_mut(),
                 len: 0,
                 tag: 0,
+                durable: false,
             }),
             outcome: UnsafeCell::new(Outcome::default()),
             arrived_ns: AtomicU64::new(0),
@@ -424,7 +425,7 @@ mod tests {
     use crate::device::Op;
 
     fn req(offset: u64) -> Request {
-        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset }
+        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset, durable: false }
     }
 
     #[test]
@@ -494,7 +495,7 @@ mod loom_tests {
     use crate::device::Op;
 
     fn req(offset: u64) -> Request {
-        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset }
+        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset, durable: false }
     }
 
     fn model(f: impl Fn() + Sync + Send + 'static) {

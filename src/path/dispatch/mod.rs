@@ -35,6 +35,8 @@ pub(crate) struct Request {
     pub len: u32,
     /// Caller's tag (queued API) or [`BLOCKING_TAG`].
     pub tag: u64,
+    /// A durable write ([`crate::device::Command::durable`]); never merged with others.
+    pub durable: bool,
 }
 
 /// ATM's unplug threshold (seed 000 §4.5: raised from Linux's 4 to 32).

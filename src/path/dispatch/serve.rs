@@ -197,11 +197,17 @@ impl Server {
             // One flush covers every write before it: all pending flushes share one command.
             return taken.iter().take_while(|w| w.request().op == Op::Flush).count();
         }
+        if first.durable {
+            // Its leading flush and forced unit access are its own: a plain write merged
+            // in would be made durable too, but one ordered behind a flush it did not ask for.
+            return 1;
+        }
         let mut len = 1;
         let mut next_offset = first.offset + first.len as u64;
         while len < taken.len() && len < max_segments {
             let r = taken[len].request();
             let fits = r.op == first.op
+                && !r.durable
                 && match self.mode {
                     MergeMode::Temporal => true,
                     MergeMode::Spatial => r.offset == next_offset,
@@ -221,6 +227,7 @@ impl Server {
         let tag = self.next_tag;
         self.next_tag += 1;
         let mut command: Command = channel.take_command(op, tag);
+        command.durable = self.taken[0].request().durable;
         if op != Op::Flush {
             for w in &self.taken[..len] {
                 let r = w.request();
