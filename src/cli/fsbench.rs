@@ -45,7 +45,10 @@ pub struct FsBenchArgs {
     /// Workloads: randread, hitsweep, seqread, region, fsync.
     #[arg(long, value_delimiter = ',', default_value = "randread,hitsweep,seqread,region,fsync")]
     workloads: Vec<String>,
-    /// File-layer paths: conventional, aios, or READ/FSYNC.
+    /// File-layer paths: conventional, aios, or READ/FSYNC, where a read path
+    /// is conventional or aios and an fsync path conventional, aios or
+    /// journaled (e.g. `aios/journaled`: small fsyncs journal their data
+    /// and commit in one round trip and a flush).
     #[arg(long, value_delimiter = ',', default_value = "conventional,aios")]
     paths: Vec<String>,
     /// The engine's path under the file layer, as `bench --path` takes it

@@ -11,7 +11,7 @@
 
 use super::cache::Page;
 use super::disk::{Batch, Disk};
-use super::format::{BLOCK, BLOCK_U64};
+use super::format::{BLOCK, BLOCK_U64, Block, zero_block};
 use super::{
     File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, Meta, NodeState, extents, file_error, fsync_path, now_ns, read_path,
 };
@@ -102,13 +102,41 @@ impl Writeback {
         batch.wait()
     }
 
+    /// The device blocks written, run by run.
+    pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.runs.iter().flat_map(|(physical, buf)| *physical..*physical + (buf.len() / BLOCK) as u64)
+    }
+
+    /// The blocks and their contents, one image per block (what the `journaled`
+    /// fsync path puts in its transaction).
+    pub(super) fn images(&self) -> Vec<(u64, Block)> {
+        let mut out = Vec::new();
+        for (physical, buf) in &self.runs {
+            for (i, chunk) in buf.chunks(BLOCK).enumerate() {
+                let mut image = zero_block();
+                image.copy_from_slice(chunk);
+                out.push((physical + i as u64, image));
+            }
+        }
+        out
+    }
+
     /// The data is (or, on the aios fsync path, is about to be) on the device:
-    /// mark the blocks written in the file's map.
-    pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState) {
+    /// mark the blocks written in the file's map. `in_place`: the data is
+    /// written to its blocks only, not also journaled (every caller but the
+    /// `journaled` fsync path's own data), so the transaction that takes
+    /// these changes must order its commit behind the data.
+    pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState, in_place: bool) {
         if self.is_empty() {
             return;
         }
         let mut meta = fs.meta();
+        if in_place && meta.wrote_in_place(self.blocks()) {
+            // An older image of one of these blocks is in the journal: the next fsync
+            // must commit (and that commit checkpoints first), not just flush.
+            state.meta_tid = meta.tid;
+            state.layout_tid = meta.tid;
+        }
         let mut changed = false;
         for &block in self.pages.keys() {
             changed |= extents::mark_written(&mut state.inode.extents, block, block + 1);
@@ -491,6 +519,12 @@ impl File {
 
         // 3. Now the blocks hold their data: mark them written, grow the size.
         let mut meta = fs.meta();
+        let physical: Vec<u64> = extents::runs(&state.inode.extents, first, end)
+            .into_iter()
+            .filter_map(|r| r.physical.map(|p| p..p + r.len))
+            .flatten()
+            .collect();
+        let overwrote_journaled = meta.wrote_in_place(physical);
         let written = extents::mark_written(&mut state.inode.extents, first, end);
         let grew = end_byte > state.inode.size;
         if grew {
@@ -501,7 +535,7 @@ impl File {
         state.inode.mtime_ns = now_ns();
         state.store(fs, &mut meta)?;
         state.meta_tid = meta.tid;
-        if written || grew {
+        if written || grew || overwrote_journaled {
             state.layout_tid = meta.tid;
         }
         Ok(())
@@ -722,7 +756,7 @@ fn group_commit(fs: &Inner, wb: Writeback, mut state: RwLockWriteGuard<'_, NodeS
         wb.restore(&mut state);
         return Err(e);
     }
-    wb.finish(fs, &mut state);
+    wb.finish(fs, &mut state, true);
     drop(state);
     fs.steps.lap(t, |s| &s.fsync_data);
     // The open transaction: whoever commits it takes it after the write above
@@ -740,7 +774,7 @@ pub(super) fn writeback_all(fs: &Inner, state: &mut NodeState) -> Result<()> {
     let wb = Writeback::take(state);
     match wb.write(&fs.disk) {
         Ok(()) => {
-            wb.finish(fs, state);
+            wb.finish(fs, state, true);
             Ok(())
         }
         Err(e) => {

@@ -1,4 +1,4 @@
-//! The two fsync paths: how a commit orders the data it makes durable, the
+//! The fsync paths: how a commit orders the data it makes durable, the
 //! transaction's journal blocks and its commit block.
 //!
 //! - `conventional`, ext4's ordered journaling step after step: the data,
@@ -11,12 +11,25 @@
 //!   a FUA write (`REQ_PREFLUSH | REQ_FUA`, as jbd2 writes its commit
 //!   block; on io_uring a flush linked to an `RWF_DSYNC` write, so the
 //!   kernel issues the write when the flush is done). Two round trips.
+//! - `journaled`: the data (up to [`JOURNALED_DATA_BLOCKS`] blocks) goes
+//!   into the transaction as images as well as home, and data, journal and
+//!   commit block are sent together; one flush follows. One round trip and
+//!   a flush, where the others wait for the data before the commit.
 //!
-//! Both are crash-consistent for the same reason: the commit block reaches
-//! the device only after everything it vouches for is durable, and replay
-//! checks its CRC over the transaction.
+//! All are crash-consistent: the commit block of `conventional` and `aios`
+//! reaches the device only after everything it vouches for is durable, and
+//! replay checks its CRC over the transaction. A `journaled` transaction
+//! needs nothing outside itself (replay writes its data images home), so a
+//! torn one fails its CRC and a whole one repairs torn home writes. What
+//! that costs elsewhere: a block whose image is in the journal and that is
+//! later written in place (by its file or, freed and reused, by another) is
+//! retired by a checkpoint before a commit vouches for the new data, or
+//! replay would put the older image back (`Meta::journaled`); and a
+//! checkpoint never writes a data image home (it was written home with it,
+//! and may have been overwritten since).
 
 use super::file::Writeback;
+use super::format::Block;
 use super::journal::Journal;
 use super::{Inner, NodeState};
 use crate::error::{Error, Result};
@@ -30,15 +43,25 @@ pub enum FsyncPath {
     /// Journal blocks overlapped with the data, one ordering point (seed 002).
     #[default]
     Aios,
+    /// The data goes into the transaction too (up to [`JOURNALED_DATA_BLOCKS`]
+    /// blocks; more are written in place as on `aios`): data, journal and
+    /// commit block in one round trip, then a flush. Replay needs nothing
+    /// outside the journal, so nothing has to be durable before the commit
+    /// block is written (ext4's `data=journal` with `journal_async_commit`).
+    Journaled,
 }
 
+/// Most data blocks one fsync puts in its transaction on the `journaled` path.
+pub const JOURNALED_DATA_BLOCKS: usize = 16;
+
 impl FsyncPath {
-    /// Parses `conventional` or `aios`.
+    /// Parses `conventional`, `aios` or `journaled`.
     pub fn parse(text: &str) -> Result<FsyncPath> {
         match text {
             "conventional" => Ok(FsyncPath::Conventional),
             "aios" => Ok(FsyncPath::Aios),
-            _ => Err(Error::spec("fsync path", text, "conventional or aios")),
+            "journaled" => Ok(FsyncPath::Journaled),
+            _ => Err(Error::spec("fsync path", text, "conventional, aios or journaled")),
         }
     }
 
@@ -47,6 +70,7 @@ impl FsyncPath {
         match self {
             FsyncPath::Conventional => "conventional",
             FsyncPath::Aios => "aios",
+            FsyncPath::Journaled => "journaled",
         }
     }
 }
@@ -59,19 +83,21 @@ impl FsyncPath {
 /// to the file system (`EROFS`) until a remount: on the aios path the
 /// transaction already records the data's blocks as written.
 pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<()> {
+    let checkpoints_before = journal.stats().checkpoints;
     let result = match fs.options.fsync_path {
         FsyncPath::Conventional => {
             let t = fs.steps.start();
             if let Some((wb, state)) = data {
                 wb.write(&fs.disk)?;
-                wb.finish(fs, state);
+                wb.finish(fs, state, true);
             }
             fs.steps.lap(t, |s| &s.fsync_data);
             conventional(fs, journal)
         }
         FsyncPath::Aios => overlapped(fs, journal, data),
+        FsyncPath::Journaled => journaled(fs, journal, data),
     };
-    let (tid, freed, freed_meta, mut released) = match result {
+    let Committed { tid, freed, freed_meta, mut released, journaled_blocks } = match result {
         Ok(r) => r,
         Err(e) => {
             // The device and the in-memory metadata may now disagree: stop changes
@@ -82,10 +108,27 @@ pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback
     };
     fs.committed.store(tid, Ordering::Release);
     journal.hold_until_checkpoint(freed_meta);
+    {
+        let mut meta = fs.meta();
+        if journal.stats().checkpoints != checkpoints_before {
+            // A checkpoint before this transaction was written (to make room, or
+            // before a commit that vouches for an overwrite of a journaled block):
+            // no older image will be replayed.
+            meta.journaled.clear();
+        }
+        meta.journaled.extend(journaled_blocks);
+    }
+    // A freed data block may be reused at once even if replay could still write
+    // its old image: whoever reuses it either journals it too (a later image wins
+    // at replay) or writes it in place, which makes the commit that vouches for
+    // it checkpoint first (`Meta::wrote_in_place`).
     released.extend(freed);
     if journal.wants_checkpoint() {
         match journal.checkpoint(&fs.disk) {
-            Ok(r) => released.extend(r),
+            Ok(r) => {
+                released.extend(r);
+                fs.meta().journaled.clear();
+            }
             Err(e) => {
                 fs.aborted.store(true, Ordering::Release);
                 return Err(e);
@@ -96,15 +139,45 @@ pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback
     Ok(())
 }
 
-type Committed = (u64, Vec<(u64, u64)>, Vec<(u64, u64)>, Vec<(u64, u64)>);
+/// What a path's commit leaves to account for.
+struct Committed {
+    tid: u64,
+    /// Data runs the transaction freed.
+    freed: Vec<(u64, u64)>,
+    /// Metadata runs the transaction freed.
+    freed_meta: Vec<(u64, u64)>,
+    /// Runs a checkpoint on the way released.
+    released: Vec<(u64, u64)>,
+    /// Data blocks whose images the transaction carries (`journaled` path).
+    journaled_blocks: Vec<u64>,
+}
+
+/// The running transaction, taken: (tid, images, freed, freed metadata), and
+/// whether it vouches for data written in place. If that data overwrote a
+/// journaled block, a checkpoint runs first (its runs released are returned).
+#[allow(clippy::type_complexity)]
+fn take(
+    fs: &Inner,
+    journal: &mut Journal,
+) -> Result<((u64, Vec<(u64, Block)>, Vec<(u64, u64)>, Vec<(u64, u64)>), bool, Vec<(u64, u64)>)> {
+    let (taken, (in_place, overwrote)) = {
+        let mut meta = fs.meta();
+        let taken = meta.take_transaction(&fs.sb);
+        (taken, meta.take_ordering())
+    };
+    // Replay would write an older journaled image over what was written in place
+    // since: a checkpoint (whose flush makes that write durable) retires it first.
+    let released = if overwrote { journal.checkpoint(&fs.disk)? } else { Vec::new() };
+    Ok((taken, in_place, released))
+}
 
 fn conventional(fs: &Inner, journal: &mut Journal) -> Result<Committed> {
     let t = fs.steps.start();
-    let (tid, images, freed, freed_meta) = fs.meta().take_transaction(&fs.sb);
+    let ((tid, images, freed, freed_meta), _, mut released) = take(fs, journal)?;
     if images.is_empty() {
         fs.disk.flush()?;
         fs.steps.lap(t, |s| &s.fsync_flush);
-        return Ok((tid, freed, freed_meta, Vec::new()));
+        return Ok(Committed { tid, freed, freed_meta, released, journaled_blocks: Vec::new() });
     }
     let p = journal.prepare(&fs.disk, images)?;
     journal.write_body(&fs.disk, &p)?;
@@ -113,8 +186,8 @@ fn conventional(fs: &Inner, journal: &mut Journal) -> Result<Committed> {
     let t = fs.steps.lap(t, |s| &s.fsync_flush);
     journal.write_commit(&fs.disk, &p)?;
     fs.steps.lap(t, |s| &s.fsync_commit);
-    let released = journal.committed(p);
-    Ok((tid, freed, freed_meta, released))
+    released.extend(journal.committed(p));
+    Ok(Committed { tid, freed, freed_meta, released, journaled_blocks: Vec::new() })
 }
 
 fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<Committed> {
@@ -123,10 +196,10 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
     // other commit can happen before it (the caller holds the journal lock), and
     // this one is not valid until the data is durable.
     let wb = data.map(|(wb, state)| {
-        wb.finish(fs, state);
+        wb.finish(fs, state, true);
         wb
     });
-    let (tid, images, freed, freed_meta) = fs.meta().take_transaction(&fs.sb);
+    let ((tid, images, freed, freed_meta), _, mut released) = take(fs, journal)?;
     if images.is_empty() {
         if let Some(wb) = wb {
             wb.write(&fs.disk)?;
@@ -134,7 +207,7 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
         let t = fs.steps.lap(t, |s| &s.fsync_data);
         fs.disk.flush()?;
         fs.steps.lap(t, |s| &s.fsync_flush);
-        return Ok((tid, freed, freed_meta, Vec::new()));
+        return Ok(Committed { tid, freed, freed_meta, released, journaled_blocks: Vec::new() });
     }
     // The data goes first; the journal blocks (and the commit block, not sent yet)
     // are built while it is in flight, then sent to join it.
@@ -155,6 +228,59 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
     // durable is the front half of the commit block's own command.
     journal.write_commit_ordered(&fs.disk, &p)?;
     fs.steps.lap(t, |s| &s.fsync_commit);
-    let released = journal.committed(p);
-    Ok((tid, freed, freed_meta, released))
+    released.extend(journal.committed(p));
+    Ok(Committed { tid, freed, freed_meta, released, journaled_blocks: Vec::new() })
+}
+
+/// The `journaled` path: the file's data (when small) is written home and, as
+/// images, into the transaction; data, journal and commit block go out
+/// together and one flush makes them durable. Replay checks the commit's CRC
+/// over the whole body, so a torn transaction is never applied, and applies
+/// the data images, so a torn home write is repaired. Where the transaction
+/// also vouches for data written only in place (another thread's writeback
+/// joined it, or this fsync's data was too large to journal) the commit
+/// waits for that data as on `aios`: one durable command after the rest.
+fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<Committed> {
+    let t = fs.steps.start();
+    let own = data.map(|(wb, state)| {
+        let journal_it = wb.blocks().count() <= JOURNALED_DATA_BLOCKS;
+        wb.finish(fs, state, !journal_it);
+        (wb, journal_it)
+    });
+    let ((tid, mut images, freed, freed_meta), in_place, mut released) = take(fs, journal)?;
+    let mut journaled_blocks = Vec::new();
+    if let Some((wb, true)) = own {
+        let data = wb.images();
+        journaled_blocks.extend(data.iter().map(|(b, _)| *b));
+        images.extend(data);
+    }
+    if images.is_empty() {
+        // No data and no metadata: what is on the device needs a flush only.
+        fs.disk.flush()?;
+        fs.steps.lap(t, |s| &s.fsync_flush);
+        return Ok(Committed { tid, freed, freed_meta, released, journaled_blocks });
+    }
+    let p = journal.prepare(&fs.disk, images)?;
+    {
+        let mut batch = fs.disk.batch()?;
+        if let Some((wb, _)) = own {
+            wb.submit(&mut batch)?;
+        }
+        journal.submit_body(&mut batch, &p)?;
+        if !in_place {
+            journal.submit_commit(&mut batch, &p)?;
+        }
+        batch.wait()?;
+    }
+    let t = fs.steps.lap(t, |s| &s.fsync_data);
+    if in_place {
+        journal.write_commit_ordered(&fs.disk, &p)?;
+        fs.steps.lap(t, |s| &s.fsync_commit);
+    } else {
+        fs.disk.flush()?;
+        fs.steps.lap(t, |s| &s.fsync_flush);
+    }
+    released.extend(journal.committed(p));
+    journal.forget_images(&journaled_blocks);
+    Ok(Committed { tid, freed, freed_meta, released, journaled_blocks })
 }

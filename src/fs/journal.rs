@@ -327,6 +327,13 @@ impl Journal {
         Ok(())
     }
 
+    /// Queues the commit block on a batch, with the body: for a transaction
+    /// that needs no ordering behind data written in place (its CRC over the
+    /// body tells a torn one at replay), followed by a flush.
+    pub fn submit_commit<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared) -> Result<()> {
+        batch.write(self.commit_block(p), &p.commit)
+    }
+
     /// Writes the transaction's descriptors and images and waits.
     pub fn write_body(&self, disk: &Disk, p: &Prepared) -> Result<()> {
         for (block, range) in self.ring_pieces(p.head, p.need - 1) {
@@ -376,6 +383,16 @@ impl Journal {
         disk.flush()?;
         self.write_commit(disk, &p)?;
         Ok(self.committed(p))
+    }
+
+    /// Data images a committed transaction carried (the `journaled` fsync path)
+    /// are for replay only: their blocks were written home with them, and may
+    /// be written in place again later, which a checkpoint writing the image
+    /// home would undo.
+    pub fn forget_images(&mut self, blocks: &[u64]) {
+        for b in blocks {
+            self.pending.remove(b);
+        }
     }
 
     /// Metadata blocks freed by a committed transaction: reusable after the next checkpoint.

@@ -70,7 +70,7 @@ use journal::{Journal, JournalStats};
 pub use read_path::ReadPath;
 use readahead::ReadAhead;
 use std::collections::BTreeMap;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use steps::Steps;
@@ -311,6 +311,21 @@ struct Meta {
     tid: u64,
     /// Where the search for a free inode slot starts.
     slot_hint: usize,
+    /// Data blocks whose images are in the live journal (the `journaled` fsync
+    /// path put them there; empty on the other paths). Replay would write those
+    /// images home again, so a block in here written in place later (by its
+    /// file, or by another after it was freed and reused) must be made safe by
+    /// a checkpoint before a commit vouches for it. May hold more than the
+    /// journal does (cleared only when a checkpoint is known to have
+    /// happened): never less.
+    journaled: HashSet<u64>,
+    /// The running transaction vouches for data written in place (a file's
+    /// writeback, a direct write): its commit block must not become durable
+    /// before that data does.
+    in_place_data: bool,
+    /// Some of that data overwrote a block in `journaled`: the commit must
+    /// checkpoint first, or replay would put the older image back over it.
+    overwrote_journaled: bool,
 }
 
 fn file_error(op: &'static str, name: &str, errno: i32, why: impl Into<String>) -> Error {
@@ -426,6 +441,25 @@ impl Meta {
         self.tid += 1;
         (tid, images, std::mem::take(&mut self.freed), std::mem::take(&mut self.freed_meta))
     }
+
+    /// Takes the running transaction's ordering flags (with the transaction):
+    /// whether it vouches for data written in place, and whether that data
+    /// overwrote a journaled block.
+    fn take_ordering(&mut self) -> (bool, bool) {
+        (std::mem::take(&mut self.in_place_data), std::mem::take(&mut self.overwrote_journaled))
+    }
+
+    /// Data blocks `blocks` were written in place and the running transaction
+    /// will vouch for them; true if one of them has an image in the journal.
+    fn wrote_in_place(&mut self, blocks: impl IntoIterator<Item = u64>) -> bool {
+        self.in_place_data = true;
+        if self.journaled.is_empty() {
+            return false;
+        }
+        let hit = blocks.into_iter().any(|b| self.journaled.contains(&b));
+        self.overwrote_journaled |= hit;
+        hit
+    }
 }
 
 impl FileSystem {
@@ -506,6 +540,9 @@ impl FileSystem {
             freed_meta: Vec::new(),
             tid: 1,
             slot_hint: 0,
+            journaled: HashSet::new(),
+            in_place_data: false,
+            overwrote_journaled: false,
         };
         let mut owner: HashMap<u64, u64> = HashMap::new();
         for slot in 0..sb.inodes() {
@@ -883,8 +920,10 @@ impl Inner {
         self.sync_all()?;
         let mut journal = self.journal.lock().expect("journal lock poisoned");
         let released = journal.checkpoint(&self.disk)?;
-        drop(journal);
-        self.meta().alloc.release(&released);
+        // Under the journal lock: no commit can journal a block between the two.
+        let mut meta = self.meta();
+        meta.journaled.clear();
+        meta.alloc.release(&released);
         Ok(())
     }
 }
