@@ -1095,3 +1095,24 @@ fn appends_take_space_ahead_and_give_it_back_on_truncate_close_and_unlink() {
     f.fsync().unwrap();
     assert_eq!(fs.stats().free_blocks, free_at_start - 1);
 }
+
+/// An fsync too large to journal whose write changes no metadata (an
+/// overwrite of written blocks) still writes its data before the flush.
+#[test]
+fn a_large_overwrite_on_the_journaled_path_is_written_and_survives_a_cut() {
+    let journaled = MountOptions { fsync_path: FsyncPath::Journaled, ..MountOptions::default() };
+    let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+    let f = fs.create("f").unwrap();
+    f.write_at(&bytes(1, 40 * 4096), 0).unwrap();
+    f.fsync().unwrap();
+    let new = bytes(2, 40 * 4096);
+    f.write_at(&new, 0).unwrap();
+    f.fsync().unwrap();
+    assert!(dev.power_cut());
+    drop((f, fs));
+    dev.power_on();
+    let fs = mount(&dev);
+    assert!(read_all(&fs, "f") == new, "the overwrite was lost");
+}

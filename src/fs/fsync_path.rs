@@ -255,7 +255,12 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
         images.extend(data);
     }
     if images.is_empty() {
-        // No data and no metadata: what is on the device needs a flush only.
+        // No metadata and no data to journal: data too large to journal (an
+        // overwrite that changed no metadata) is written, then a flush.
+        if let Some((wb, false)) = own {
+            wb.write(&fs.disk)?;
+        }
+        let t = fs.steps.lap(t, |s| &s.fsync_data);
         fs.disk.flush()?;
         fs.steps.lap(t, |s| &s.fsync_flush);
         return Ok(Committed { tid, freed, freed_meta, released, journaled_blocks });
