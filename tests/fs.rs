@@ -1116,3 +1116,27 @@ fn a_large_overwrite_on_the_journaled_path_is_written_and_survives_a_cut() {
     let fs = mount(&dev);
     assert!(read_all(&fs, "f") == new, "the overwrite was lost");
 }
+
+/// On the smallest journal (16 blocks) a 16-block fsync does not fit as
+/// images: it is written in place instead, and nothing fails.
+#[test]
+fn the_journaled_path_fits_its_transactions_to_a_small_journal() {
+    let journaled = MountOptions { fsync_path: FsyncPath::Journaled, ..MountOptions::default() };
+    let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions { inodes: Some(16), journal_blocks: Some(16) })
+        .unwrap();
+    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+    let f = fs.create("f").unwrap();
+    let mut want = Vec::new();
+    for i in 0..20u64 {
+        let chunk = bytes(i, (1 + i as usize % 16) * 4096);
+        f.append(&chunk).unwrap();
+        want.extend_from_slice(&chunk);
+        f.fsync().unwrap();
+    }
+    assert!(dev.power_cut());
+    drop((f, fs));
+    dev.power_on();
+    let fs = mount(&dev);
+    assert!(read_all(&fs, "f") == want, "a fsync'd append was lost");
+}

@@ -51,7 +51,8 @@ pub enum FsyncPath {
     Journaled,
 }
 
-/// Most data blocks one fsync puts in its transaction on the `journaled` path.
+/// Most data blocks one fsync puts in its transaction on the `journaled` path
+/// (and never more than a quarter of the journal).
 pub const JOURNALED_DATA_BLOCKS: usize = 16;
 
 impl FsyncPath {
@@ -243,7 +244,10 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
 fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<Committed> {
     let t = fs.steps.start();
     let own = data.map(|(wb, state)| {
-        let journal_it = wb.blocks().count() <= JOURNALED_DATA_BLOCKS;
+        // A quarter of the journal at most: a transaction must fit it with its
+        // metadata, descriptors and commit block (the smallest is 16 blocks).
+        let blocks = wb.blocks().count();
+        let journal_it = blocks <= JOURNALED_DATA_BLOCKS && blocks as u64 * 4 <= fs.sb.journal_blocks;
         wb.finish(fs, state, !journal_it);
         (wb, journal_it)
     });
