@@ -7,7 +7,7 @@
 //! for pre-registered buffers and for the queued API (submit many, reap many)
 //! at depth > 1.
 
-use crate::device::{Capabilities, Device, DeviceSpec, Op, QueueConfig};
+use crate::device::{Capabilities, Device, DeviceSpec, Durability, Op, QueueConfig};
 use crate::error::{Error, Result};
 use crate::path::PathConfig;
 use crate::path::channel::{Channel, Completed, PathStats};
@@ -157,6 +157,12 @@ impl Engine {
         self.with_thread_handle(|h| h.write_durable_at(buf, offset).map(drop))
     }
 
+    /// Writes `buf` at `offset` with forced unit access ([`Handle::write_fua_at`]).
+    /// Callable from any thread.
+    pub fn write_fua_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.with_thread_handle(|h| h.write_fua_at(buf, offset).map(drop))
+    }
+
     /// Makes earlier writes durable. Callable from any thread.
     pub fn flush(&self) -> Result<()> {
         self.with_thread_handle(|h| h.flush())
@@ -302,12 +308,19 @@ impl Handle {
     }
 
     fn blocking(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64) -> Result<u64> {
-        self.blocking_request(op, buf, len, offset, false)
+        self.blocking_request(op, buf, len, offset, Durability::Cached)
     }
 
-    fn blocking_request(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, durable: bool) -> Result<u64> {
+    fn blocking_request(
+        &mut self,
+        op: Op,
+        buf: *mut u8,
+        len: usize,
+        offset: u64,
+        durability: Durability,
+    ) -> Result<u64> {
         self.check(op, buf as usize, len, offset)?;
-        let request = Request { op, offset, buf, len: len as u32, tag: BLOCKING_TAG, durable };
+        let request = Request { op, offset, buf, len: len as u32, tag: BLOCKING_TAG, durability };
         // SAFETY: `buf` is borrowed by the caller of read_at/write_at for the whole call,
         // and the dispatch returns only once the request is complete.
         let done = unsafe { self.shared.dispatch.blocking(&mut self.channel, request)? };
@@ -328,10 +341,16 @@ impl Handle {
 
     /// Writes `buf` at `offset` as one durable command: every write that
     /// completed before this call is made durable first, and this one is
-    /// durable when the call returns ([`Command::durable`](crate::device::Command::durable):
+    /// durable when the call returns ([`Durability::Ordered`]:
     /// a flush and a FUA write, one round trip where the device allows).
     pub fn write_durable_at(&mut self, buf: &[u8], offset: u64) -> Result<u64> {
-        self.blocking_request(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset, true)
+        self.blocking_request(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset, Durability::Ordered)
+    }
+
+    /// Writes `buf` at `offset` with forced unit access ([`Durability::Fua`]):
+    /// durable when the call returns; says nothing of other writes.
+    pub fn write_fua_at(&mut self, buf: &[u8], offset: u64) -> Result<u64> {
+        self.blocking_request(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset, Durability::Fua)
     }
 
     /// Discards `len` bytes at `offset` ([`Op::Trim`]): they read back as zeros.
@@ -341,8 +360,14 @@ impl Handle {
 
     /// Makes earlier writes durable.
     pub fn flush(&mut self) -> Result<()> {
-        let request =
-            Request { op: Op::Flush, offset: 0, buf: std::ptr::null_mut(), len: 0, tag: BLOCKING_TAG, durable: false };
+        let request = Request {
+            op: Op::Flush,
+            offset: 0,
+            buf: std::ptr::null_mut(),
+            len: 0,
+            tag: BLOCKING_TAG,
+            durability: Durability::Cached,
+        };
         // SAFETY: a flush has no buffer.
         let done = unsafe { self.shared.dispatch.blocking(&mut self.channel, request)? };
         done.result
@@ -401,7 +426,7 @@ impl Handle {
         self.check(op, ptr as usize, len, offset)?;
         // SAFETY: the buffer is marked busy until reaped, and the handle (which owns the
         // memory) waits out in-flight commands before it is dropped.
-        unsafe { self.queue(op, ptr, len, offset, SlotUse::Buffer(index))? };
+        unsafe { self.queue(op, ptr, len, offset, SlotUse::Buffer(index), Durability::Cached)? };
         self.buffer_busy[index] = true;
         Ok(())
     }
@@ -410,9 +435,17 @@ impl Handle {
     ///
     /// # Safety
     /// As [`Handle::submit_raw`].
-    unsafe fn queue(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, what: SlotUse) -> Result<()> {
+    unsafe fn queue(
+        &mut self,
+        op: Op,
+        buf: *mut u8,
+        len: usize,
+        offset: u64,
+        what: SlotUse,
+        durability: Durability,
+    ) -> Result<()> {
         let slot = self.free_slots.pop().expect("a slot is free while fewer than depth are queued");
-        let request = Request { op, offset, buf, len: len as u32, tag: slot, durable: false };
+        let request = Request { op, offset, buf, len: len as u32, tag: slot, durability };
         // SAFETY: passed on from the caller.
         if let Err(e) = unsafe { self.shared.dispatch.submit(&mut self.channel, request) } {
             self.free_slots.push(slot);
@@ -433,6 +466,25 @@ impl Handle {
     /// request is reaped; the handle must not be dropped before then unless it
     /// is allowed to wait for the request (it does, in `Drop`).
     pub unsafe fn submit_raw(&mut self, op: Op, buf: *mut u8, len: usize, offset: u64, tag: u64) -> Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.submit_raw_with(op, buf, len, offset, tag, Durability::Cached) }
+    }
+
+    /// [`Handle::submit_raw`] with a [`Durability`] for a write (`Fua`: durable
+    /// when it completes; `Ordered`: earlier completed writes made durable first).
+    ///
+    /// # Safety
+    ///
+    /// As [`Handle::submit_raw`].
+    pub unsafe fn submit_raw_with(
+        &mut self,
+        op: Op,
+        buf: *mut u8,
+        len: usize,
+        offset: u64,
+        tag: u64,
+        durability: Durability,
+    ) -> Result<()> {
         if self.queued >= self.depth {
             return Err(Error::spec(
                 "submission",
@@ -442,7 +494,7 @@ impl Handle {
         }
         self.check(op, buf as usize, len, offset)?;
         // SAFETY: the caller keeps the memory valid and untouched until the request is reaped.
-        unsafe { self.queue(op, buf, len, offset, SlotUse::Raw(tag)) }
+        unsafe { self.queue(op, buf, len, offset, SlotUse::Raw(tag), durability) }
     }
 
     /// Sends every queued request to the device (one system call where the backend batches).

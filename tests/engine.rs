@@ -832,9 +832,9 @@ fn uring_on_a_sparse_file_does_not_mistake_a_hole_for_kernel_polling() {
     assert_eq!(&back[..], &data[..]);
 }
 
-/// A durable write (flush, then a FUA write, one command) works on every
-/// backend and through the merging paths, and is never merged with plain
-/// writes: every byte of many threads' mixed plain and durable writes lands.
+/// Ordered (flush, then a FUA write, one command) and FUA writes work on
+/// every backend and through the merging paths, and are never merged with
+/// plain writes: every byte of many threads' mixed writes lands.
 #[test]
 fn durable_writes_land_on_every_backend_and_path_beside_plain_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -856,10 +856,10 @@ fn durable_writes_land_on_every_backend_and_path_beside_plain_ones() {
                         for i in 0..16u64 {
                             let block = t * 16 + i;
                             let data = IoBuf::from_slice(&[(block as u8) ^ 0xa5; 4096]);
-                            if i % 2 == 0 {
-                                engine.write_at(&data, block * 4096).unwrap();
-                            } else {
-                                engine.write_durable_at(&data, block * 4096).unwrap();
+                            match i % 3 {
+                                0 => engine.write_at(&data, block * 4096).unwrap(),
+                                1 => engine.write_durable_at(&data, block * 4096).unwrap(),
+                                _ => engine.write_fua_at(&data, block * 4096).unwrap(),
                             }
                         }
                     });
@@ -885,6 +885,7 @@ fn a_failed_durable_write_reports_its_error() {
         let engine = Engine::open(&spec, PathConfig::preset("sync-path").unwrap()).unwrap();
         let e = engine.write_durable_at(&IoBuf::from_slice(&[1u8; 4096]), 0).unwrap_err();
         assert!(!e.to_string().is_empty(), "{spec}");
+        assert!(engine.write_fua_at(&IoBuf::from_slice(&[1u8; 4096]), 0).is_err(), "{spec}");
     }
     let engine = Engine::open("emu:null,size=1m,fail_range=0-4k", PathConfig::preset("stm").unwrap()).unwrap();
     assert!(engine.write_durable_at(&IoBuf::from_slice(&[1u8; 4096]), 0).is_err());

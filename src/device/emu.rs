@@ -16,7 +16,7 @@ use super::model::{Model, ModelParams, Preset, preset, presets};
 use super::spec::Options;
 use super::store::Store;
 use super::volatile::{CutMode, CutPlan, VolatileCache};
-use super::{Cancel, Capabilities, Command, Device, DeviceStats, Op, Queue, QueueConfig};
+use super::{Cancel, Capabilities, Command, Device, DeviceStats, Durability, Op, Queue, QueueConfig};
 use crate::clock::{now_ns, sleep_until_ns};
 use crate::error::Result;
 use crate::units::format_size;
@@ -313,8 +313,8 @@ impl EmuQueue {
     fn schedule(&self, now: u64, command: &Command) -> u64 {
         let mut c = self.shared.counters.lock().expect("emu counters poisoned");
         let ranges = command.segments.iter().map(|s| (s.offset, s.len as u64));
-        let schedule = if command.durable && command.op == Op::Write {
-            c.model.schedule_durable(now, ranges)
+        let schedule = if command.durability != Durability::Cached && command.op == Op::Write {
+            c.model.schedule_write(now, command.durability, ranges)
         } else {
             c.model.schedule(now, command.op, ranges)
         };
@@ -373,8 +373,8 @@ impl Queue for EmuQueue {
                 cache.flushed();
             }
         } else {
-            let durable = command.durable && command.op == Op::Write;
-            if durable {
+            let durability = if command.op == Op::Write { command.durability } else { Durability::Cached };
+            if durability == Durability::Ordered {
                 // Its flush: everything accepted before it reaches the media first.
                 if self.shared.store.flush().is_err() {
                     command.result = -libc::EIO;
@@ -388,6 +388,7 @@ impl Queue for EmuQueue {
                     cache.flushed();
                 }
             }
+            let mark = cache.as_ref().map_or(0, |c| c.writes_since_flush());
             if matches!(command.op, Op::Write | Op::Trim)
                 && let Some(cache) = cache.as_mut()
             {
@@ -411,13 +412,18 @@ impl Queue for EmuQueue {
             }
             // Under the cache's lock, so a cut sees each write whole or not at all.
             self.transfer(&mut command);
-            // Its forced unit access: durable before it completes (and, as a flush
-            // here, before any later command can be cut short).
-            if durable && command.segments.iter().all(|s| s.result >= 0) {
+            // Its forced unit access: durable before it completes (and, as it is
+            // applied at once here, before any later command can be cut short).
+            if durability != Durability::Cached && command.segments.iter().all(|s| s.result >= 0) {
                 if self.shared.store.flush().is_err() {
                     command.fail_all(libc::EIO);
                 } else if let Some(cache) = cache.as_mut() {
-                    cache.flushed();
+                    if durability == Durability::Ordered {
+                        // Its flush left nothing else in the cache (all under the lock).
+                        cache.flushed();
+                    } else {
+                        cache.forced_since(mark);
+                    }
                 }
             }
         }
@@ -618,9 +624,31 @@ mod tests {
         let mut buf = vec![byte; len];
         let mut cmd = Command::with_capacity(1);
         cmd.reset(Op::Write, 3);
-        cmd.durable = true;
+        cmd.durability = Durability::Ordered;
         cmd.push(offset, buf.as_mut_ptr(), len as u32);
         run(q, cmd).segments[0].result
+    }
+
+    #[test]
+    fn a_fua_write_survives_a_cut_alone() {
+        for cut in ["drop", "tear"] {
+            let dev = open(&format!("emu:null,size=64k,wcache=1,cut={cut},cut_seed=3"));
+            let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+            assert_eq!(write(q.as_mut(), 0, 1, 4096), 4096);
+            assert_eq!(flush(q.as_mut()), 0);
+            assert_eq!(write(q.as_mut(), 0, 2, 4096), 4096); // over the flushed 1s
+            let mut buf = vec![3u8; 4096];
+            let mut cmd = Command::with_capacity(1);
+            cmd.reset(Op::Write, 4);
+            cmd.durability = Durability::Fua;
+            cmd.push(8192, buf.as_mut_ptr(), 4096);
+            assert_eq!(run(q.as_mut(), cmd).segments[0].result, 4096);
+            assert!(dev.power_cut());
+            assert_eq!(contents(&dev, 8192, 4096), vec![3; 4096], "cut={cut}: the FUA write");
+            if cut == "drop" {
+                assert_eq!(contents(&dev, 0, 4096), vec![1; 4096], "the plain write before it was not flushed");
+            }
+        }
     }
 
     #[test]

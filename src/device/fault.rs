@@ -374,7 +374,7 @@ impl FaultQueue {
         self.next_inner_tag += 1;
         let mut inner = self.spare.pop().unwrap_or_else(|| Command::with_capacity(original.segments.len()));
         inner.reset(original.op, inner_tag);
-        inner.durable = original.durable;
+        inner.durability = original.durability;
         let mut bounce = Vec::with_capacity(original.segments.len());
         let mut seal = Vec::with_capacity(original.segments.len());
         for i in 0..original.segments.len() {
@@ -456,7 +456,7 @@ impl FaultQueue {
             }
             seg.result = result;
         }
-        if flight.original.op == Op::Flush || flight.original.durable {
+        if flight.original.op == Op::Flush || flight.original.durability == super::Durability::Ordered {
             flight.original.result = done.result;
         }
         flight.original.device_ns = done.device_ns;

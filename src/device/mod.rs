@@ -79,6 +79,23 @@ pub struct Segment {
 // command is in flight, whichever thread completes it.
 unsafe impl Send for Segment {}
 
+/// When a write is durable on a device with a volatile write cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// After the next flush; a power cut before it may lose or tear it.
+    #[default]
+    Cached,
+    /// When it completes: forced unit access (Linux's `REQ_FUA`; io_uring and
+    /// psync write it with `RWF_DSYNC`, which a block device without FUA turns
+    /// into a write and a flush in the kernel). Says nothing of earlier writes.
+    Fua,
+    /// Everything that completed before it is made durable first, then it is
+    /// written with FUA, as one command (Linux's `REQ_PREFLUSH | REQ_FUA`, which
+    /// jbd2 gives its commit block): a journal's commit in one round trip
+    /// instead of a flush and a write-then-flush.
+    Ordered,
+}
+
 /// One device command: a direction and up to `max_segments` segments.
 #[derive(Debug)]
 pub struct Command {
@@ -95,12 +112,8 @@ pub struct Command {
     /// Set on completion for a command with no segments (flush), and for a
     /// durable write whose leading flush failed: 0 or -errno.
     pub result: i32,
-    /// A write that is durable when it completes and ordered after every write
-    /// that completed before it was submitted: a flush, then the write with
-    /// forced unit access, as one command (Linux's `REQ_PREFLUSH | REQ_FUA`,
-    /// which jbd2 gives its commit block). A journal's commit is one such
-    /// command instead of a flush and a write-then-flush, each a round trip.
-    pub durable: bool,
+    /// When a write is durable ([`Durability`]); plain writes are `Cached`.
+    pub durability: Durability,
     /// When the path handed it to the device (monotonic ns; 0 when not
     /// stamped, see [`crate::path::timing`]).
     pub submitted_ns: u64,
@@ -115,7 +128,7 @@ impl Command {
             segments: Vec::with_capacity(segments),
             device_ns: 0,
             result: 0,
-            durable: false,
+            durability: Durability::Cached,
             submitted_ns: 0,
         }
     }
@@ -127,7 +140,7 @@ impl Command {
         self.segments.clear();
         self.device_ns = 0;
         self.result = 0;
-        self.durable = false;
+        self.durability = Durability::Cached;
         self.submitted_ns = 0;
     }
 

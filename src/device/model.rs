@@ -178,27 +178,33 @@ impl Model {
     /// Schedules a command arriving at `now_ns` that moves the given
     /// `(offset, len)` ranges, and returns when it starts and completes.
     pub fn schedule(&mut self, now_ns: u64, op: Op, ranges: impl Iterator<Item = (u64, u64)>) -> Schedule {
-        self.schedule_command(now_ns, op, false, ranges)
+        self.schedule_command(now_ns, op, super::Durability::Cached, ranges)
     }
 
-    /// Schedules a durable write ([`Command::durable`](super::Command::durable)):
-    /// it starts once everything accepted before it has finished (its flush),
-    /// moves its data as a write does, and then pays the flush time (its FUA).
-    pub fn schedule_durable(&mut self, now_ns: u64, ranges: impl Iterator<Item = (u64, u64)>) -> Schedule {
-        self.schedule_command(now_ns, Op::Write, true, ranges)
+    /// Schedules a write that is not [`Durability::Cached`](super::Durability):
+    /// an `Ordered` one starts once everything accepted before it has finished
+    /// (its flush); both move their data as a write does and then pay the flush
+    /// time (their FUA).
+    pub fn schedule_write(
+        &mut self,
+        now_ns: u64,
+        durability: super::Durability,
+        ranges: impl Iterator<Item = (u64, u64)>,
+    ) -> Schedule {
+        self.schedule_command(now_ns, Op::Write, durability, ranges)
     }
 
     fn schedule_command(
         &mut self,
         now_ns: u64,
         op: Op,
-        durable: bool,
+        durability: super::Durability,
         ranges: impl Iterator<Item = (u64, u64)>,
     ) -> Schedule {
         let (slot, slot_free) =
             self.slot_free_ns.iter().copied().enumerate().min_by_key(|&(_, t)| t).expect("at least one slot");
         let mut start_ns = now_ns.max(slot_free);
-        if durable {
+        if durability == super::Durability::Ordered {
             start_ns = start_ns.max(self.slot_free_ns.iter().copied().max().unwrap_or(0));
         }
         let deadline_ns = match op {
@@ -210,7 +216,7 @@ impl Model {
             Op::Read | Op::Write => {
                 let timing = if op == Op::Read { self.params.read } else { self.params.write };
                 let done = self.data_deadline(start_ns, timing, ranges);
-                if durable { done + self.params.flush_ns.round() as u64 } else { done }
+                if durability == super::Durability::Cached { done } else { done + self.params.flush_ns.round() as u64 }
             }
             // A trim changes the mapping, not the media: a write command's fixed cost.
             Op::Trim => start_ns + self.params.write.cmd_ns.round() as u64,
@@ -374,6 +380,14 @@ mod tests {
         });
         assert_eq!(m.schedule(0, Op::Write, [(0, 4096)].into_iter()).deadline_ns, 5000);
         // Another channel and slot are free at 100 ns, but its flush waits for the first.
-        assert_eq!(m.schedule_durable(100, [(4096, 4096)].into_iter()).deadline_ns, 5000 + 5000 + 500);
+        assert_eq!(
+            m.schedule_write(100, super::super::Durability::Ordered, [(4096, 4096)].into_iter()).deadline_ns,
+            5000 + 5000 + 500
+        );
+        // A FUA write does not wait for the others: its own channel, then the flush time.
+        assert_eq!(
+            m.schedule_write(200, super::super::Durability::Fua, [(8192, 4096)].into_iter()).deadline_ns,
+            200 + 5000 + 500
+        );
     }
 }

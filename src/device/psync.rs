@@ -5,7 +5,7 @@
 
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
-use super::{Capabilities, Command, Counters, Device, DeviceStats, Finished, Op, Queue, QueueConfig};
+use super::{Capabilities, Command, Counters, Device, DeviceStats, Durability, Finished, Op, Queue, QueueConfig};
 use crate::error::Result;
 use crate::sys;
 use std::sync::Arc;
@@ -123,9 +123,9 @@ impl Queue for PsyncQueue {
             Ok(()) => 0,
             Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
         };
-        let durable = command.durable && command.op == Op::Write;
-        if command.op == Op::Flush || durable {
-            // A durable write's flush comes first: what completed before it is durable
+        let durability = if command.op == Op::Write { command.durability } else { Durability::Cached };
+        if command.op == Op::Flush || durability == Durability::Ordered {
+            // An ordered write's flush comes first: what completed before it is durable
             // before its data is written.
             command.result = datasync();
             if command.result < 0 {
@@ -147,8 +147,8 @@ impl Queue for PsyncQueue {
                 unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) }
             };
         }
-        if durable && command.segments.iter().all(|s| s.result >= 0) {
-            // Its forced unit access: a second datasync (pwritev2's RWF_DSYNC is the same).
+        if durability != Durability::Cached && command.segments.iter().all(|s| s.result >= 0) {
+            // Its forced unit access: a datasync after the write (pwritev2's RWF_DSYNC is the same).
             let r = datasync();
             if r < 0 {
                 command.fail_all(-r);

@@ -24,7 +24,7 @@
 
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
-use super::{Cancel, Capabilities, Command, Counters, Device, DeviceStats, Op, Queue, QueueConfig};
+use super::{Cancel, Capabilities, Command, Counters, Device, DeviceStats, Durability, Op, Queue, QueueConfig};
 use crate::error::{Error, Result};
 use io_uring::{IoUring, opcode, squeue, types};
 use std::collections::VecDeque;
@@ -556,7 +556,7 @@ impl UringQueue {
     }
 
     /// Records the result of one SQE; a command is ready when its last SQE is.
-    /// Sends the durable write in `slot` as a flush linked to its writes, each
+    /// Sends the ordered write in `slot` as a flush linked to its writes, each
     /// `RWF_DSYNC` (a block device gives them forced unit access, or a write and
     /// a flush where it has none): the kernel issues the writes when the flush
     /// is done, with no trip back to user space between them.
@@ -652,7 +652,11 @@ impl Queue for UringQueue {
         self.shared.counters.record(&command);
         let op = command.op;
         let count = if op == Op::Flush { 1 } else { command.segments.len() };
-        if command.durable && op == Op::Write {
+        let rw_flags = match (op, command.durability) {
+            (Op::Write, Durability::Fua) => libc::RWF_DSYNC,
+            _ => 0,
+        };
+        if command.durability == Durability::Ordered && op == Op::Write {
             self.slots[slot] = Slot { command: Some(command), remaining: count + 1 };
             self.in_flight += 1;
             self.submit_durable(slot);
@@ -666,7 +670,7 @@ impl Queue for UringQueue {
                 Op::Flush => self.entry(Op::Flush, 0, std::ptr::null_mut(), 0),
                 _ => {
                     let seg = self.slots[slot].command.as_ref().expect("just stored").segments[i];
-                    self.entry(op, seg.offset, seg.buf, seg.len)
+                    self.entry_with(op, seg.offset, seg.buf, seg.len, rw_flags)
                 }
             };
             if let Err(err) = self.push(&entry.user_data(user_data)) {
@@ -771,7 +775,7 @@ impl Queue for UringQueue {
             }
             let sqes = if command.op == Op::Flush { 1 } else { command.segments.len() };
             targets.extend((0..sqes).map(|i| ((slot as u64) << SEG_BITS) | i as u64));
-            if command.durable && command.op == Op::Write {
+            if command.durability == Durability::Ordered && command.op == Op::Write {
                 targets.push(((slot as u64) << SEG_BITS) | FLUSH_SEG);
             }
         }

@@ -47,7 +47,9 @@ pub struct CutPlan {
 /// last flush, and each write since (offset, data) in order.
 pub struct VolatileCache {
     old: HashMap<u64, Box<[u8; SECTOR as usize]>>,
-    writes: Vec<(u64, Vec<u8>)>,
+    /// Every write since the last flush: offset, data, and whether it was written
+    /// with forced unit access (a cut keeps it whole).
+    writes: Vec<(u64, Vec<u8>, bool)>,
     plan: CutPlan,
     commands: u64,
     powered: bool,
@@ -89,7 +91,7 @@ impl VolatileCache {
     pub fn before_write(&mut self, store: &Store, offset: u64, data: &[u8]) {
         let first = offset / SECTOR;
         let end = (offset + data.len() as u64).div_ceil(SECTOR);
-        self.writes.push((offset, data.to_vec()));
+        self.writes.push((offset, data.to_vec(), false));
         for sector in first..end {
             self.old.entry(sector).or_insert_with(|| {
                 let mut old = Box::new([0u8; SECTOR as usize]);
@@ -99,6 +101,20 @@ impl VolatileCache {
                 unsafe { store.read(at, old.as_mut_ptr(), n) };
                 old
             });
+        }
+    }
+
+    /// How many writes since the last flush ([`VolatileCache::forced_since`]).
+    pub fn writes_since_flush(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// The writes since the `mark`-th were written with forced unit access:
+    /// durable now, whatever a cut does to the others.
+    pub fn forced_since(&mut self, mark: usize) {
+        let from = mark.min(self.writes.len());
+        for w in &mut self.writes[from..] {
+            w.2 = true;
         }
     }
 
@@ -123,9 +139,16 @@ impl VolatileCache {
         // Every dirty sector starts from its pre-flush contents; the writes that
         // reached the media are then laid over it in order.
         let mut sectors: std::collections::BTreeMap<u64, Box<[u8; SECTOR as usize]>> = self.old.drain().collect();
-        for (offset, data) in std::mem::take(&mut self.writes) {
-            // 0: reached the media whole, 1: lost, 2: torn.
-            let fate = if self.plan.mode == CutMode::Drop { 1 } else { self.rng.u8(..3) };
+        for (offset, data, forced) in std::mem::take(&mut self.writes) {
+            // 0: reached the media whole, 1: lost, 2: torn. A forced write was durable
+            // when it completed.
+            let fate = if forced {
+                0
+            } else if self.plan.mode == CutMode::Drop {
+                1
+            } else {
+                self.rng.u8(..3)
+            };
             let end = offset + data.len() as u64;
             for sector in offset / SECTOR..end.div_ceil(SECTOR) {
                 let kept = match fate {

@@ -5,7 +5,7 @@
 
 use super::format::{BLOCK, BLOCK_U64};
 use crate::IoBuf;
-use crate::device::Op;
+use crate::device::{Durability, Op};
 use crate::engine::{Engine, Handle, HandleOptions, ThreadHandles};
 use crate::error::Result;
 use std::cell::RefCell;
@@ -103,7 +103,7 @@ impl Disk {
     /// Writes `buf` (at most one request) at `block` as one durable command:
     /// everything written before is made durable first, and `buf` is durable
     /// when this returns (a flush and a FUA write; see
-    /// [`Command::durable`](crate::device::Command::durable)).
+    /// [`Durability::Ordered`](crate::device::Durability::Ordered)).
     pub fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         debug_assert!(buf.len() <= self.max_io, "a durable write is one request");
@@ -178,6 +178,21 @@ impl<'a> Batch<'a> {
     /// # Safety
     /// As [`Handle::submit_raw`]: `buf` valid and untouched for `len` bytes until waited for.
     unsafe fn submit(&mut self, op: Op, block: u64, buf: *mut u8, len: usize, tag: u64) -> Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.submit_with(op, block, buf, len, tag, Durability::Cached) }
+    }
+
+    /// # Safety
+    /// As [`Batch::submit`].
+    unsafe fn submit_with(
+        &mut self,
+        op: Op,
+        block: u64,
+        buf: *mut u8,
+        len: usize,
+        tag: u64,
+        durability: Durability,
+    ) -> Result<()> {
         let max_io = self.disk.max_io;
         let mut done = 0;
         while done < len {
@@ -185,7 +200,7 @@ impl<'a> Batch<'a> {
             self.room()?;
             let at = block * BLOCK_U64 + done as u64;
             // SAFETY: the caller's promise covers every chunk of `buf`.
-            unsafe { self.handle().submit_raw(op, buf.add(done), chunk, at, tag)? };
+            unsafe { self.handle().submit_raw_with(op, buf.add(done), chunk, at, tag, durability)? };
             self.in_flight += 1;
             self.disk.counters.count(op, chunk);
             done += chunk;
@@ -198,6 +213,14 @@ impl<'a> Batch<'a> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         // SAFETY: `buf` is borrowed for 'a, which outlives the batch's waiting for it.
         unsafe { self.submit(Op::Write, block, buf.as_ptr().cast_mut(), buf.len(), 0) }
+    }
+
+    /// Queues a write of `buf` at `block` that is durable when it completes
+    /// (forced unit access: [`Durability::Fua`]); says nothing of other writes.
+    pub fn write_fua(&mut self, block: u64, buf: &'a [u8]) -> Result<()> {
+        debug_assert_eq!(buf.len() % BLOCK, 0);
+        // SAFETY: `buf` is borrowed for 'a, which outlives the batch's waiting for it.
+        unsafe { self.submit_with(Op::Write, block, buf.as_ptr().cast_mut(), buf.len(), 0, Durability::Fua) }
     }
 
     /// Queues a read into `buf` (whole blocks, aligned) from `block`.

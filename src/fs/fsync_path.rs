@@ -13,8 +13,9 @@
 //!   kernel issues the write when the flush is done). Two round trips.
 //! - `journaled`: the data (up to [`JOURNALED_DATA_BLOCKS`] blocks) goes
 //!   into the transaction as images as well as home, and data, journal and
-//!   commit block are sent together; one flush follows. One round trip and
-//!   a flush, where the others wait for the data before the commit.
+//!   commit block are sent together, the journal blocks with forced unit
+//!   access. One round trip, where the others wait for the data before the
+//!   commit.
 //!
 //! All are crash-consistent: the commit block of `conventional` and `aios`
 //! reaches the device only after everything it vouches for is durable, and
@@ -45,7 +46,7 @@ pub enum FsyncPath {
     Aios,
     /// The data goes into the transaction too (up to [`JOURNALED_DATA_BLOCKS`]
     /// blocks; more are written in place as on `aios`): data, journal and
-    /// commit block in one round trip, then a flush. Replay needs nothing
+    /// commit block in one round trip, the journal's with forced unit access. Replay needs nothing
     /// outside the journal, so nothing has to be durable before the commit
     /// block is written (ext4's `data=journal` with `journal_async_commit`).
     Journaled,
@@ -220,7 +221,7 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
             batch.send()?;
         }
         let p = prepared.insert(journal.prepare(&fs.disk, images)?);
-        journal.submit_body(&mut batch, p)?;
+        journal.submit_body(&mut batch, p, false)?;
         batch.wait()?;
     }
     let p = prepared.expect("prepared above");
@@ -235,7 +236,7 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
 
 /// The `journaled` path: the file's data (when small) is written home and, as
 /// images, into the transaction; data, journal and commit block go out
-/// together and one flush makes them durable. Replay checks the commit's CRC
+/// together, the journal's with forced unit access (durable on completion). Replay checks the commit's CRC
 /// over the whole body, so a torn transaction is never applied, and applies
 /// the data images, so a torn home write is repaired. Where the transaction
 /// also vouches for data written only in place (another thread's writeback
@@ -275,7 +276,11 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
         if let Some((wb, _)) = own {
             wb.submit(&mut batch)?;
         }
-        journal.submit_body(&mut batch, &p)?;
+        // Without an ordering point the journal blocks go with forced unit access:
+        // durable when they complete, with no flush after (the home writes need
+        // none: replay repairs them, and a checkpoint flushes before it lets the
+        // journal go).
+        journal.submit_body(&mut batch, &p, !in_place)?;
         if !in_place {
             journal.submit_commit(&mut batch, &p)?;
         }
@@ -285,9 +290,6 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
     if in_place {
         journal.write_commit_ordered(&fs.disk, &p)?;
         fs.steps.lap(t, |s| &s.fsync_commit);
-    } else {
-        fs.disk.flush()?;
-        fs.steps.lap(t, |s| &s.fsync_flush);
     }
     released.extend(journal.committed(p));
     journal.forget_images(&journaled_blocks);

@@ -319,19 +319,24 @@ impl Journal {
         out
     }
 
-    /// Queues the transaction's descriptors and images (not the commit block) on a batch.
-    pub fn submit_body<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared) -> Result<()> {
+    /// Queues the transaction's descriptors and images (not the commit block) on
+    /// a batch; with `fua`, each write is durable when it completes.
+    pub fn submit_body<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared, fua: bool) -> Result<()> {
         for (block, range) in self.ring_pieces(p.head, p.need - 1) {
-            batch.write(block, &p.body[range])?;
+            if fua {
+                batch.write_fua(block, &p.body[range])?;
+            } else {
+                batch.write(block, &p.body[range])?;
+            }
         }
         Ok(())
     }
 
-    /// Queues the commit block on a batch, with the body: for a transaction
-    /// that needs no ordering behind data written in place (its CRC over the
-    /// body tells a torn one at replay), followed by a flush.
+    /// Queues the commit block on a batch, with the body, written with forced
+    /// unit access: for a transaction that needs no ordering behind data written
+    /// in place (its CRC over the body tells a torn one at replay).
     pub fn submit_commit<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared) -> Result<()> {
-        batch.write(self.commit_block(p), &p.commit)
+        batch.write_fua(self.commit_block(p), &p.commit)
     }
 
     /// Writes the transaction's descriptors and images and waits.

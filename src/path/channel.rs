@@ -268,7 +268,7 @@ impl Channel {
     /// `request.buf` must stay valid and untouched until the request is reaped.
     pub unsafe fn queue_one(&mut self, request: Request) {
         let mut command = self.take_command(request.op, request.tag);
-        command.durable = request.durable;
+        command.durability = request.durability;
         if request.op != Op::Flush {
             command.push(request.offset, request.buf, request.len);
         }

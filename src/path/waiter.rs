@@ -160,7 +160,7 @@ impl Waiter {
                 buf: ptr::null_mut(),
                 len: 0,
                 tag: 0,
-                durable: false,
+                durability: crate::device::Durability::Cached,
             }),
             outcome: UnsafeCell::new(Outcome::default()),
             arrived_ns: AtomicU64::new(0),
@@ -425,7 +425,14 @@ mod tests {
     use crate::device::Op;
 
     fn req(offset: u64) -> Request {
-        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset, durable: false }
+        Request {
+            op: Op::Read,
+            offset,
+            buf: ptr::null_mut(),
+            len: 512,
+            tag: offset,
+            durability: crate::device::Durability::Cached,
+        }
     }
 
     #[test]
@@ -495,7 +502,14 @@ mod loom_tests {
     use crate::device::Op;
 
     fn req(offset: u64) -> Request {
-        Request { op: Op::Read, offset, buf: ptr::null_mut(), len: 512, tag: offset, durable: false }
+        Request {
+            op: Op::Read,
+            offset,
+            buf: ptr::null_mut(),
+            len: 512,
+            tag: offset,
+            durability: crate::device::Durability::Cached,
+        }
     }
 
     fn model(f: impl Fn() + Sync + Send + 'static) {

@@ -35,8 +35,9 @@ pub(crate) struct Request {
     pub len: u32,
     /// Caller's tag (queued API) or [`BLOCKING_TAG`].
     pub tag: u64,
-    /// A durable write ([`crate::device::Command::durable`]); never merged with others.
-    pub durable: bool,
+    /// When a write is durable ([`crate::device::Durability`]); one that is not
+    /// `Cached` is never merged with others.
+    pub durability: crate::device::Durability,
 }
 
 /// ATM's unplug threshold (seed 000 §4.5: raised from Linux's 4 to 32).

@@ -13,7 +13,7 @@
 //! the device: the disk-era block layer).
 
 use crate::clock::now_ns;
-use crate::device::{Cancel, Command, Op};
+use crate::device::{Cancel, Command, Durability, Op};
 use crate::path::channel::Channel;
 use crate::path::waiter::{Doorbell, Outcome, PendingList, Taken};
 
@@ -197,7 +197,7 @@ impl Server {
             // One flush covers every write before it: all pending flushes share one command.
             return taken.iter().take_while(|w| w.request().op == Op::Flush).count();
         }
-        if first.durable {
+        if first.durability != Durability::Cached {
             // Its leading flush and forced unit access are its own: a plain write merged
             // in would be made durable too, but one ordered behind a flush it did not ask for.
             return 1;
@@ -207,7 +207,7 @@ impl Server {
         while len < taken.len() && len < max_segments {
             let r = taken[len].request();
             let fits = r.op == first.op
-                && !r.durable
+                && r.durability == Durability::Cached
                 && match self.mode {
                     MergeMode::Temporal => true,
                     MergeMode::Spatial => r.offset == next_offset,
@@ -227,7 +227,7 @@ impl Server {
         let tag = self.next_tag;
         self.next_tag += 1;
         let mut command: Command = channel.take_command(op, tag);
-        command.durable = self.taken[0].request().durable;
+        command.durability = self.taken[0].request().durability;
         if op != Op::Flush {
             for w in &self.taken[..len] {
                 let r = w.request();
