@@ -103,7 +103,7 @@ impl Disk {
     /// Writes `buf` (at most one request) at `block` as one durable command:
     /// everything written before is made durable first, and `buf` is durable
     /// when this returns (a flush and a FUA write; see
-    /// [`Durability::Ordered`](crate::device::Durability::Ordered)).
+    /// [`Durability::Ordered`]).
     pub fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         debug_assert!(buf.len() <= self.max_io, "a durable write is one request");
