@@ -419,20 +419,25 @@ impl PendingList {
     }
 }
 
+/// A 512-byte read at `offset`, tagged with it (the tests' request).
+#[cfg(test)]
+fn test_request(offset: u64) -> Request {
+    Request {
+        op: crate::device::Op::Read,
+        offset,
+        buf: ptr::null_mut(),
+        len: 512,
+        tag: offset,
+        durability: crate::device::Durability::Cached,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Op;
 
     fn req(offset: u64) -> Request {
-        Request {
-            op: Op::Read,
-            offset,
-            buf: ptr::null_mut(),
-            len: 512,
-            tag: offset,
-            durability: crate::device::Durability::Cached,
-        }
+        test_request(offset)
     }
 
     #[test]
@@ -499,17 +504,9 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::device::Op;
 
     fn req(offset: u64) -> Request {
-        Request {
-            op: Op::Read,
-            offset,
-            buf: ptr::null_mut(),
-            len: 512,
-            tag: offset,
-            durability: crate::device::Durability::Cached,
-        }
+        test_request(offset)
     }
 
     fn model(f: impl Fn() + Sync + Send + 'static) {
