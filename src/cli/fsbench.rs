@@ -47,8 +47,9 @@ pub struct FsBenchArgs {
     workloads: Vec<String>,
     /// File-layer paths: conventional, aios, or READ/FSYNC, where a read path
     /// is conventional or aios and an fsync path conventional, aios or
-    /// journaled (e.g. `aios/journaled`: small fsyncs journal their data
-    /// and commit in one round trip and a flush).
+    /// journaled (e.g. `aios/journaled`: a small fsync journals its data and
+    /// sends data, journal and commit block in one round trip, the journal
+    /// written with forced unit access).
     #[arg(long, value_delimiter = ',', default_value = "conventional,aios")]
     paths: Vec<String>,
     /// The engine's path under the file layer, as `bench --path` takes it
