@@ -377,7 +377,6 @@ impl Queue for EmuQueue {
             if durability == Durability::Ordered {
                 // Its flush: everything accepted before it reaches the media first.
                 if self.shared.store.flush().is_err() {
-                    command.result = -libc::EIO;
                     command.fail_all(libc::EIO);
                     drop(cache);
                     command.device_ns = deadline - now;

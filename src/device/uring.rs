@@ -555,14 +555,13 @@ impl UringQueue {
         true
     }
 
-    /// Records the result of one SQE; a command is ready when its last SQE is.
     /// Sends the ordered write in `slot` as a flush linked to its writes, each
     /// `RWF_DSYNC` (a block device gives them forced unit access, or a write and
     /// a flush where it has none): the kernel issues the writes when the flush
     /// is done, with no trip back to user space between them.
     fn submit_durable(&mut self, slot: usize) {
         let base = (slot as u64) << SEG_BITS;
-        let segments = self.slots[slot].command.as_ref().expect("just stored").segments.clone();
+        let segments = &self.slots[slot].command.as_ref().expect("just stored").segments;
         let mut chain = Vec::with_capacity(segments.len() + 1);
         chain.push(
             self.entry(Op::Flush, 0, std::ptr::null_mut(), 0).flags(squeue::Flags::IO_LINK).user_data(base | FLUSH_SEG),
@@ -580,6 +579,7 @@ impl UringQueue {
         }
     }
 
+    /// Records the result of one SQE; a command is ready when its last SQE is.
     fn complete_sqe(&mut self, user_data: u64, result: i32) {
         complete_sqe(&mut self.slots, &mut self.ready, user_data, result);
     }

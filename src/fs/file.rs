@@ -131,7 +131,7 @@ impl Writeback {
             return;
         }
         let mut meta = fs.meta();
-        if in_place && meta.wrote_in_place(self.blocks()) {
+        if in_place && meta.wrote_in_place(|| self.blocks()) {
             // An older image of one of these blocks is in the journal: the next fsync
             // must commit (and that commit checkpoints first), not just flush.
             state.meta_tid = meta.tid;
@@ -519,12 +519,12 @@ impl File {
 
         // 3. Now the blocks hold their data: mark them written, grow the size.
         let mut meta = fs.meta();
-        let physical: Vec<u64> = extents::runs(&state.inode.extents, first, end)
-            .into_iter()
-            .filter_map(|r| r.physical.map(|p| p..p + r.len))
-            .flatten()
-            .collect();
-        let overwrote_journaled = meta.wrote_in_place(physical);
+        let overwrote_journaled = meta.wrote_in_place(|| {
+            extents::runs(&state.inode.extents, first, end)
+                .into_iter()
+                .filter_map(|r| r.physical.map(|p| p..p + r.len))
+                .flatten()
+        });
         let written = extents::mark_written(&mut state.inode.extents, first, end);
         let grew = end_byte > state.inode.size;
         if grew {

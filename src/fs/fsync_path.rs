@@ -46,9 +46,10 @@ pub enum FsyncPath {
     Aios,
     /// The data goes into the transaction too (up to [`JOURNALED_DATA_BLOCKS`]
     /// blocks; more are written in place as on `aios`): data, journal and
-    /// commit block in one round trip, the journal's with forced unit access. Replay needs nothing
-    /// outside the journal, so nothing has to be durable before the commit
-    /// block is written (ext4's `data=journal` with `journal_async_commit`).
+    /// commit block in one round trip, the journal's with forced unit access.
+    /// Replay needs nothing outside the journal, so nothing has to be durable
+    /// before the commit block is written (ext4's `data=journal` with
+    /// `journal_async_commit`).
     Journaled,
 }
 
@@ -154,15 +155,25 @@ struct Committed {
     journaled_blocks: Vec<u64>,
 }
 
-/// The running transaction, taken: (tid, images, freed, freed metadata), and
-/// whether it vouches for data written in place. If that data overwrote a
-/// journaled block, a checkpoint runs first (its runs released are returned).
-#[allow(clippy::type_complexity)]
-fn take(
-    fs: &Inner,
-    journal: &mut Journal,
-) -> Result<((u64, Vec<(u64, Block)>, Vec<(u64, u64)>, Vec<(u64, u64)>), bool, Vec<(u64, u64)>)> {
-    let (taken, (in_place, overwrote)) = {
+/// The running transaction, taken.
+struct Taken {
+    tid: u64,
+    /// Its metadata images.
+    images: Vec<(u64, Block)>,
+    /// Data runs it freed.
+    freed: Vec<(u64, u64)>,
+    /// Metadata runs it freed.
+    freed_meta: Vec<(u64, u64)>,
+    /// It vouches for data written in place: its commit orders behind that data.
+    in_place: bool,
+    /// Runs a checkpoint taken first released.
+    released: Vec<(u64, u64)>,
+}
+
+/// Takes the running transaction. If data written in place overwrote a
+/// journaled block, a checkpoint runs first.
+fn take(fs: &Inner, journal: &mut Journal) -> Result<Taken> {
+    let ((tid, images, freed, freed_meta), (in_place, overwrote)) = {
         let mut meta = fs.meta();
         let taken = meta.take_transaction(&fs.sb);
         (taken, meta.take_ordering())
@@ -170,12 +181,12 @@ fn take(
     // Replay would write an older journaled image over what was written in place
     // since: a checkpoint (whose flush makes that write durable) retires it first.
     let released = if overwrote { journal.checkpoint(&fs.disk)? } else { Vec::new() };
-    Ok((taken, in_place, released))
+    Ok(Taken { tid, images, freed, freed_meta, in_place, released })
 }
 
 fn conventional(fs: &Inner, journal: &mut Journal) -> Result<Committed> {
     let t = fs.steps.start();
-    let ((tid, images, freed, freed_meta), _, mut released) = take(fs, journal)?;
+    let Taken { tid, images, freed, freed_meta, mut released, .. } = take(fs, journal)?;
     if images.is_empty() {
         fs.disk.flush()?;
         fs.steps.lap(t, |s| &s.fsync_flush);
@@ -201,7 +212,7 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
         wb.finish(fs, state, true);
         wb
     });
-    let ((tid, images, freed, freed_meta), _, mut released) = take(fs, journal)?;
+    let Taken { tid, images, freed, freed_meta, mut released, .. } = take(fs, journal)?;
     if images.is_empty() {
         if let Some(wb) = wb {
             wb.write(&fs.disk)?;
@@ -236,9 +247,10 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
 
 /// The `journaled` path: the file's data (when small) is written home and, as
 /// images, into the transaction; data, journal and commit block go out
-/// together, the journal's with forced unit access (durable on completion). Replay checks the commit's CRC
-/// over the whole body, so a torn transaction is never applied, and applies
-/// the data images, so a torn home write is repaired. Where the transaction
+/// together, the journal's with forced unit access (durable on completion).
+/// Replay checks the commit's CRC over the whole body, so a torn transaction
+/// is never applied, and applies the data images, so a torn home write is
+/// repaired. Where the transaction
 /// also vouches for data written only in place (another thread's writeback
 /// joined it, or this fsync's data was too large to journal) the commit
 /// waits for that data as on `aios`: one durable command after the rest.
@@ -252,7 +264,7 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
         wb.finish(fs, state, !journal_it);
         (wb, journal_it)
     });
-    let ((tid, mut images, freed, freed_meta), in_place, mut released) = take(fs, journal)?;
+    let Taken { tid, mut images, freed, freed_meta, in_place, mut released } = take(fs, journal)?;
     let mut journaled_blocks = Vec::new();
     if let Some((wb, true)) = own {
         let data = wb.images();

@@ -449,14 +449,15 @@ impl Meta {
         (std::mem::take(&mut self.in_place_data), std::mem::take(&mut self.overwrote_journaled))
     }
 
-    /// Data blocks `blocks` were written in place and the running transaction
-    /// will vouch for them; true if one of them has an image in the journal.
-    fn wrote_in_place(&mut self, blocks: impl IntoIterator<Item = u64>) -> bool {
+    /// Data blocks (listed by `blocks`, called only if some block is journaled)
+    /// were written in place and the running transaction will vouch for them;
+    /// true if one of them has an image in the journal.
+    fn wrote_in_place<I: IntoIterator<Item = u64>>(&mut self, blocks: impl FnOnce() -> I) -> bool {
         self.in_place_data = true;
         if self.journaled.is_empty() {
             return false;
         }
-        let hit = blocks.into_iter().any(|b| self.journaled.contains(&b));
+        let hit = blocks().into_iter().any(|b| self.journaled.contains(&b));
         self.overwrote_journaled |= hit;
         hit
     }

@@ -421,7 +421,7 @@ impl PendingList {
 
 /// A 512-byte read at `offset`, tagged with it (the tests' request).
 #[cfg(test)]
-fn test_request(offset: u64) -> Request {
+fn req(offset: u64) -> Request {
     Request {
         op: crate::device::Op::Read,
         offset,
@@ -435,10 +435,6 @@ fn test_request(offset: u64) -> Request {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn req(offset: u64) -> Request {
-        test_request(offset)
-    }
 
     #[test]
     fn pending_list_hands_every_waiter_to_exactly_one_taker() {
@@ -504,10 +500,6 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-
-    fn req(offset: u64) -> Request {
-        test_request(offset)
-    }
 
     fn model(f: impl Fn() + Sync + Send + 'static) {
         let mut builder = loom::model::Builder::new();
