@@ -23,6 +23,24 @@ fn mount(dev: &Arc<EmuDevice>) -> FileSystem {
     FileSystem::mount(engine(dev, "sync-path")).unwrap().0
 }
 
+/// A formatted emulated device, mounted with the `journaled` fsync path.
+fn fresh_journaled(spec: &str, options: FormatOptions) -> (Arc<EmuDevice>, FileSystem) {
+    let dev = emu(spec);
+    FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
+    let journaled = MountOptions { fsync_path: FsyncPath::Journaled, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+    (dev, fs)
+}
+
+/// Cuts the power under `fs` (whose files the caller has let go), powers the
+/// device on again and mounts it: what recovery makes of it.
+fn cut_and_remount(dev: &Arc<EmuDevice>, fs: FileSystem) -> FileSystem {
+    assert!(dev.power_cut());
+    drop(fs);
+    dev.power_on();
+    mount(dev)
+}
+
 fn fresh(spec: &str, options: FormatOptions) -> (Arc<EmuDevice>, FileSystem) {
     let dev = emu(spec);
     FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
@@ -231,10 +249,7 @@ fn sixteen_threads_of_reads_writes_and_fsyncs_lose_nothing() {
         let expected: Vec<Vec<u8>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         fs.sync().unwrap();
         // A power cut now loses nothing: all of it was synced.
-        assert!(dev.power_cut());
-        drop(fs);
-        dev.power_on();
-        let fs = mount(&dev);
+        let fs = cut_and_remount(&dev, fs);
         for (t, want) in expected.iter().enumerate() {
             assert_eq!(&read_all(&fs, &format!("t{t}")), want, "{path}: file t{t}");
         }
@@ -593,7 +608,6 @@ fn power_cuts_at_every_step_on_the_journaled_fsync_path() {
 /// freed and another file reused it.
 #[test]
 fn journaled_images_never_overwrite_newer_data_at_replay() {
-    let journaled = MountOptions { fsync_path: FsyncPath::Journaled, ..MountOptions::default() };
     let options = FormatOptions { inodes: Some(16), journal_blocks: Some(256) };
     type Overwrite = fn(&FileSystem, &[u8]);
     let overwrites: [(&str, Overwrite); 3] = [
@@ -616,9 +630,7 @@ fn journaled_images_never_overwrite_newer_data_at_replay() {
     ];
     for (what, overwrite) in overwrites {
         for cut in ["drop", "tear"] {
-            let dev = emu(&format!("emu:null,size=16m,wcache=1,cut={cut}"));
-            FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
-            let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+            let (dev, fs) = fresh_journaled(&format!("emu:null,size=16m,wcache=1,cut={cut}"), options);
             let old = bytes(1, 4096);
             let f = fs.create("f").unwrap();
             f.write_at(&old, 0).unwrap();
@@ -626,10 +638,7 @@ fn journaled_images_never_overwrite_newer_data_at_replay() {
             drop(f);
             let new = bytes(2, 24 * 4096); // more blocks than one fsync journals
             overwrite(&fs, &new);
-            assert!(dev.power_cut());
-            drop(fs);
-            dev.power_on();
-            let fs = mount(&dev);
+            let fs = cut_and_remount(&dev, fs);
             let got = read_all(&fs, "f");
             assert!(got[..4096] == new[..4096], "{what}, cut={cut}: replay put the older image back");
         }
@@ -637,9 +646,7 @@ fn journaled_images_never_overwrite_newer_data_at_replay() {
 
     // A freed block reused by another file, written in place: `b` fills the
     // device, so the allocator, wrapping around, hands it `a`'s old blocks.
-    let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
-    FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
-    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+    let (dev, fs) = fresh_journaled("emu:null,size=16m,wcache=1,cut=drop", options);
     let a = fs.create("a").unwrap();
     a.write_at(&bytes(3, 8 * 4096), 0).unwrap();
     a.fsync().unwrap();
@@ -652,10 +659,8 @@ fn journaled_images_never_overwrite_newer_data_at_replay() {
     let want = bytes(4, room as usize * 4096);
     b.write_at(&want, 0).unwrap();
     b.fsync().unwrap();
-    assert!(dev.power_cut());
-    drop((a, b, fs));
-    dev.power_on();
-    let fs = mount(&dev);
+    drop((a, b));
+    let fs = cut_and_remount(&dev, fs);
     assert!(read_all(&fs, "b") == want, "a freed block's old image was replayed into another file");
     assert!(read_all(&fs, "a").is_empty());
 }
@@ -1100,20 +1105,15 @@ fn appends_take_space_ahead_and_give_it_back_on_truncate_close_and_unlink() {
 /// overwrite of written blocks) still writes its data before the flush.
 #[test]
 fn a_large_overwrite_on_the_journaled_path_is_written_and_survives_a_cut() {
-    let journaled = MountOptions { fsync_path: FsyncPath::Journaled, ..MountOptions::default() };
-    let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
-    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
-    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+    let (dev, fs) = fresh_journaled("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());
     let f = fs.create("f").unwrap();
     f.write_at(&bytes(1, 40 * 4096), 0).unwrap();
     f.fsync().unwrap();
     let new = bytes(2, 40 * 4096);
     f.write_at(&new, 0).unwrap();
     f.fsync().unwrap();
-    assert!(dev.power_cut());
-    drop((f, fs));
-    dev.power_on();
-    let fs = mount(&dev);
+    drop(f);
+    let fs = cut_and_remount(&dev, fs);
     assert!(read_all(&fs, "f") == new, "the overwrite was lost");
 }
 
@@ -1121,11 +1121,8 @@ fn a_large_overwrite_on_the_journaled_path_is_written_and_survives_a_cut() {
 /// images: it is written in place instead, and nothing fails.
 #[test]
 fn the_journaled_path_fits_its_transactions_to_a_small_journal() {
-    let journaled = MountOptions { fsync_path: FsyncPath::Journaled, ..MountOptions::default() };
-    let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
-    FileSystem::format(engine(&dev, "sync-path"), FormatOptions { inodes: Some(16), journal_blocks: Some(16) })
-        .unwrap();
-    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), journaled).unwrap();
+    let options = FormatOptions { inodes: Some(16), journal_blocks: Some(16) };
+    let (dev, fs) = fresh_journaled("emu:null,size=16m,wcache=1,cut=drop", options);
     let f = fs.create("f").unwrap();
     let mut want = Vec::new();
     for i in 0..20u64 {
@@ -1134,9 +1131,7 @@ fn the_journaled_path_fits_its_transactions_to_a_small_journal() {
         want.extend_from_slice(&chunk);
         f.fsync().unwrap();
     }
-    assert!(dev.power_cut());
-    drop((f, fs));
-    dev.power_on();
-    let fs = mount(&dev);
+    drop(f);
+    let fs = cut_and_remount(&dev, fs);
     assert!(read_all(&fs, "f") == want, "a fsync'd append was lost");
 }
