@@ -110,7 +110,7 @@ pub struct Command {
     /// Zero when the backend cannot know it.
     pub device_ns: u64,
     /// Set on completion for a command with no segments (flush), and for a
-    /// durable write whose leading flush failed: 0 or -errno.
+    /// `Ordered` write whose leading flush failed: 0 or -errno.
     pub result: i32,
     /// When a write is durable ([`Durability`]); plain writes are `Cached`.
     pub durability: Durability,

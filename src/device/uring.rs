@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 pub const MAX_SEGMENTS: usize = 256;
 const SQ_ENTRIES: u32 = 512;
 const SEG_BITS: u32 = 16;
-/// Segment index in `user_data` of a durable write's leading flush (no real segment has it).
+/// Segment index in `user_data` of an `Ordered` write's leading flush (no real segment has it).
 const FLUSH_SEG: u64 = (1 << SEG_BITS) - 1;
 /// `user_data` of the cancellation requests themselves (their CQEs are not a command's).
 const CANCEL_USER_DATA: u64 = u64::MAX;
@@ -559,7 +559,7 @@ impl UringQueue {
     /// `RWF_DSYNC` (a block device gives them forced unit access, or a write and
     /// a flush where it has none): the kernel issues the writes when the flush
     /// is done, with no trip back to user space between them.
-    fn submit_durable(&mut self, slot: usize) {
+    fn submit_ordered(&mut self, slot: usize) {
         let base = (slot as u64) << SEG_BITS;
         let segments = &self.slots[slot].command.as_ref().expect("just stored").segments;
         let mut chain = Vec::with_capacity(segments.len() + 1);
@@ -620,7 +620,7 @@ fn complete_sqe(slots: &mut [Slot], ready: &mut Vec<usize>, user_data: u64, resu
     if command.op == Op::Flush || seg as u64 == FLUSH_SEG {
         command.result = result.min(0);
     } else if result == -libc::ECANCELED && command.result < 0 {
-        // A durable write's data after its flush failed: the flush's error is the cause.
+        // An `Ordered` write's data after its flush failed: the flush's error is the cause.
         command.segments[seg].result = command.result;
     } else {
         command.segments[seg].result = result;
@@ -659,7 +659,7 @@ impl Queue for UringQueue {
         if command.durability == Durability::Ordered && op == Op::Write {
             self.slots[slot] = Slot { command: Some(command), remaining: count + 1 };
             self.in_flight += 1;
-            self.submit_durable(slot);
+            self.submit_ordered(slot);
             return;
         }
         self.slots[slot] = Slot { command: Some(command), remaining: count };
