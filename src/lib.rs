@@ -27,6 +27,7 @@ pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod fs;
+mod hash;
 pub mod path;
 pub mod pattern;
 pub mod reproduce;

@@ -23,8 +23,8 @@
 
 use super::format::BLOCK;
 use crate::IoBuf;
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use crate::hash::IntMap;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
@@ -35,30 +35,7 @@ pub type Key = (u64, u64);
 const SHARDS: usize = 64;
 
 /// One part of the index.
-type Shard = HashMap<Key, Arc<Page>, BuildHasherDefault<KeyHasher>>;
-
-/// Hashes a page key with two multiplications (the keys are not chosen by an
-/// attacker, and SipHash cost a tenth of the read-ahead thread's time).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(29) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+type Shard = IntMap<Key, Arc<Page>>;
 
 /// Page states.
 const LOADING: u8 = 0;
@@ -478,7 +455,7 @@ mod tests {
     /// Hit ratio of an LRU cache of `capacity` keys on `trace` (the baseline S3-FIFO
     /// is measured against: what a hit costs there is a list move under a lock).
     fn lru(capacity: usize, trace: &[u64]) -> f64 {
-        let mut last_use: HashMap<u64, u64> = HashMap::new();
+        let mut last_use: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
         let mut order: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
         let mut hits = 0;
         for (t, &k) in trace.iter().enumerate() {
