@@ -206,6 +206,7 @@ fn bad_input_gets_a_clear_error_never_a_panic() {
         (vec!["bench", "--pipeline", "0"], "at least one command"),
         (vec!["bench", "--completion", "telepathy"], "expected one of: interrupt, poll"),
         (vec!["bench", "--threads", "0"], "at least one thread"),
+        (vec!["bench", "--threads", "100000"], "at most 4096"),
         (vec!["bench", "--iodepth", "0"], "at least 1"),
         (vec!["bench", "--rwmixread", "101"], "percentage"),
         (vec!["bench", "--device", "emu:dram-ssd,size=1m", "--size", "2m"], "past the end of the device"),
@@ -561,6 +562,20 @@ fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     assert!(e.contains("conventional or aios"), "{e}");
     let e = fails(&["fsbench", "--device", "emu:optane,size=64m", "--file-size", "256m"]);
     assert!(e.contains("--file-size") && e.contains("holds 64MiB"), "{e}");
+    // Settings that cannot make a run are refused before anything is formatted.
+    for (args, names) in [
+        (&["--bs", "1g"][..], "--file-size '256MiB': at least --bs (1GiB)"),
+        (&["--cache", "0"], "--cache '0B': at least 64KiB"),
+        (&["--region", "0", "--workloads", "region"], "--region '0B': from --bs"),
+        (&["--region", "1t", "--workloads", "region"], "to --file-size (256MiB)"),
+        (&["--runtime", "0s"], "--runtime '0'"),
+        (&["--repeat", "0"], "--repeat '0'"),
+        (&["--fsync-every", "0", "--workloads", "fsync"], "--fsync-every '0'"),
+        (&["--threads", "5000"], "--threads '5000': at most 4096"),
+    ] {
+        let e = fails(&[&["fsbench"][..], args].concat());
+        assert!(e.contains(names) && !e.contains("formatting"), "{args:?}: {e}");
+    }
 }
 
 #[test]

@@ -17,6 +17,7 @@
 //! (lookup, alloc, insert, submit, device, copy; fsync data, journal, flush,
 //! commit) are divided by the ops that ran.
 
+use super::run::{MAX_THREADS, thread_refused};
 use crate::clock::{ThreadUsage, now_ns};
 use crate::device::DeviceSpec;
 use crate::device::spec::Backend;
@@ -146,6 +147,76 @@ pub struct FsBenchConfig {
     pub repeat: usize,
 }
 
+impl FsBenchConfig {
+    /// Checks the settings before anything is formatted: each wrong one
+    /// gets a message that names it and says what would do.
+    pub fn validate(&self) -> Result<()> {
+        let size = |v: u64| format_size(v);
+        if self.threads == 0 {
+            return Err(Error::spec("--threads", "0", "at least one thread is needed"));
+        }
+        if self.threads > MAX_THREADS {
+            return Err(Error::spec(
+                "--threads",
+                self.threads.to_string(),
+                format!("at most {MAX_THREADS} (fio's limit too): each thread has its own stack and device queue"),
+            ));
+        }
+        if self.runtime.is_zero() {
+            return Err(Error::spec("--runtime", "0", "a run must last longer than 0, e.g. --runtime 2s"));
+        }
+        if self.repeat == 0 {
+            return Err(Error::spec("--repeat", "0", "at least one round"));
+        }
+        if self.bs == 0 || !self.bs.is_multiple_of(512) {
+            return Err(Error::spec("--bs", size(self.bs), "a multiple of 512 bytes, e.g. 4k"));
+        }
+        if self.file_size < self.bs * self.threads as u64 {
+            return Err(Error::spec(
+                "--file-size",
+                size(self.file_size),
+                format!(
+                    "at least --bs ({}) per thread ({} thread(s)): {} or more, or a smaller --bs",
+                    size(self.bs),
+                    self.threads,
+                    size(self.bs * self.threads as u64)
+                ),
+            ));
+        }
+        let reads_through_cache = self.workloads.iter().any(|w| *w != FsWorkload::HitSweep);
+        if reads_through_cache && self.cache_bytes < MIN_CACHE_BYTES {
+            return Err(Error::spec(
+                "--cache",
+                size(self.cache_bytes),
+                format!(
+                    "at least {} (the page cache keeps {} pages whatever its bound)",
+                    size(MIN_CACHE_BYTES),
+                    crate::fs::cache::MIN_PAGES
+                ),
+            ));
+        }
+        if self.workloads.contains(&FsWorkload::Region) && !(self.bs..=self.file_size).contains(&self.region) {
+            return Err(Error::spec(
+                "--region",
+                size(self.region),
+                format!(
+                    "from --bs ({}) to --file-size ({}): the region lies inside the file",
+                    size(self.bs),
+                    size(self.file_size)
+                ),
+            ));
+        }
+        if self.workloads.contains(&FsWorkload::Fsync) && self.fsync_every == 0 {
+            return Err(Error::spec("--fsync-every", "0", "at least 1 append per fsync"));
+        }
+        Ok(())
+    }
+}
+
+/// The smallest page cache bound `fsbench` takes: what the page cache keeps
+/// whatever its bound.
+const MIN_CACHE_BYTES: u64 = crate::fs::cache::MIN_PAGES as u64 * crate::fs::format::BLOCK_U64;
+
 /// One run: a workload on a path.
 #[derive(Debug, Clone)]
 pub struct FsRun {
@@ -210,15 +281,7 @@ fn engine(device: &Arc<dyn crate::device::Device>, path: &PathConfig) -> Result<
 
 /// Runs every workload on every path; `progress` is told about each run as it ends.
 pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<Vec<FsRun>> {
-    if config.threads == 0 {
-        return Err(Error::spec("--threads", "0", "at least one thread is needed"));
-    }
-    if config.bs == 0 || !config.bs.is_multiple_of(512) {
-        return Err(Error::spec("--bs", config.bs.to_string(), "a multiple of 512 bytes, e.g. 4k"));
-    }
-    if config.file_size < config.bs * config.threads as u64 {
-        return Err(Error::spec("--file-size", config.file_size.to_string(), "at least --bs per thread"));
-    }
+    config.validate()?;
     let mut spec = DeviceSpec::parse(&config.device, Some(config.file_size * 2 + (256 << 20)))?;
     if let Backend::Uring(crate::device::uring::UringConfig { target, .. })
     | Backend::Psync(crate::device::psync::PsyncConfig { target }) = &mut spec.backend
@@ -254,7 +317,7 @@ pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<V
             _ => vec![config.cache_bytes],
         };
         for cache_bytes in caches {
-            for round in 0..config.repeat.max(1) {
+            for round in 0..config.repeat {
                 for &paths in &config.paths {
                     if crate::signal::interrupted() {
                         return Ok(out);
@@ -323,14 +386,23 @@ fn run_one(
     let before = fs.stats();
     let stop = Arc::new(AtomicBool::new(false));
     let start = now_ns();
-    let threads: Vec<_> = (0..config.threads)
-        .map(|t| {
-            let fs = fs.clone();
-            let stop = Arc::clone(&stop);
-            let config = config.clone();
-            std::thread::spawn(move || worker(&fs, &config, workload, t, &stop))
-        })
-        .collect();
+    let mut threads = Vec::with_capacity(config.threads);
+    for t in 0..config.threads {
+        let (fs, thread_stop, thread_config) = (fs.clone(), Arc::clone(&stop), config.clone());
+        match std::thread::Builder::new()
+            .name(format!("iopath-fs-{t}"))
+            .spawn(move || worker(&fs, &thread_config, workload, t, &thread_stop))
+        {
+            Ok(thread) => threads.push(thread),
+            Err(source) => {
+                stop.store(true, Ordering::Release);
+                for thread in threads {
+                    let _ = thread.join();
+                }
+                return Err(thread_refused(t, config.threads, source));
+            }
+        }
+    }
     let deadline = start + config.runtime.as_nanos() as u64;
     while now_ns() < deadline && !crate::signal::interrupted() {
         std::thread::sleep(Duration::from_millis(5));
@@ -450,7 +522,7 @@ fn worker(
                     f.fsync()?;
                 }
                 f.append(&buf)?;
-                if (ops + 1).is_multiple_of(config.fsync_every.max(1)) {
+                if (ops + 1).is_multiple_of(config.fsync_every) {
                     f.fsync()?;
                 }
             }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::path::{PathConfig, PathStats};
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// Largest write used to lay out a slice for `--verify`.
@@ -238,10 +238,33 @@ impl BenchResult {
     }
 }
 
+/// Most benchmark threads a run takes.
+pub const MAX_THREADS: usize = 4096;
+
+/// The error for a benchmark thread (`index`, from 0) the system would not
+/// create: what to lower or raise.
+pub fn thread_refused(index: usize, threads: usize, source: std::io::Error) -> Error {
+    Error::Os {
+        context: format!(
+            "cannot start benchmark thread {} of {threads} (fewer --threads, or raise the limit on processes: \
+             `ulimit -u`, the cgroup's pids.max, vm.max_map_count)",
+            index + 1
+        ),
+        source,
+    }
+}
+
 /// Opens the device and engine a config names and runs the benchmark.
 pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     if config.threads == 0 {
         return Err(Error::spec("--threads", "0", "at least one thread is needed"));
+    }
+    if config.threads > MAX_THREADS {
+        return Err(Error::spec(
+            "--threads",
+            config.threads.to_string(),
+            format!("at most {MAX_THREADS} (fio's limit too): each thread has its own stack and device queue"),
+        ));
     }
     if config.iodepth == 0 {
         return Err(Error::spec("--iodepth", "0", "the queue depth must be at least 1"));
@@ -390,7 +413,7 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
 }
 
 fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode) -> Result<BenchResult> {
-    let barrier = Arc::new(Barrier::new(config.threads + 1));
+    let gate = Arc::new(StartGate::default());
     // When the threads were let go: a warm-up (`ramp_time`) ends the same time after it for all.
     let released_at = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -401,24 +424,36 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
     let mut device_before = Default::default();
     let mut background_before = Default::default();
     let outcomes: Vec<Result<ThreadOutcome>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..config.threads)
-            .map(|thread| {
-                let job = Job {
-                    engine,
-                    config,
-                    size,
-                    verify,
-                    barrier: Arc::clone(&barrier),
-                    released_at: Arc::clone(&released_at),
-                    stop: Arc::clone(&stop),
-                    progress: Arc::clone(&progress),
-                };
-                std::thread::Builder::new()
-                    .name(format!("iopath-io-{thread}"))
-                    .spawn_scoped(scope, move || worker(&job, thread))
-                    .expect("spawn benchmark thread")
-            })
-            .collect();
+        let mut workers = Vec::with_capacity(config.threads);
+        for thread in 0..config.threads {
+            let job = Job {
+                engine,
+                config,
+                size,
+                verify,
+                gate: Arc::clone(&gate),
+                released_at: Arc::clone(&released_at),
+                stop: Arc::clone(&stop),
+                progress: Arc::clone(&progress),
+            };
+            match std::thread::Builder::new()
+                .name(format!("iopath-io-{thread}"))
+                .spawn_scoped(scope, move || worker(&job, thread))
+            {
+                Ok(w) => workers.push(w),
+                Err(source) => {
+                    // The threads started so far are let go at once and stop: none waits
+                    // for the ones that could not start.
+                    stop.store(true, Ordering::Relaxed);
+                    gate.open_when(workers.len());
+                    let started = workers.len();
+                    let mut outcomes: Vec<Result<ThreadOutcome>> =
+                        workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")).collect();
+                    outcomes.push(Err(thread_refused(started, config.threads, source)));
+                    return outcomes;
+                }
+            }
+        }
         // Everything "before" is read before the workers are let go: read after, on a
         // machine with more I/O threads than CPUs, this thread could wait a time slice
         // for its CPU while they work, and the run would look that much faster
@@ -428,7 +463,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         hog_units_before = hogs.units();
         start_ns = now_ns();
         released_at.store(start_ns, Ordering::Release);
-        barrier.wait();
+        gate.open_when(config.threads);
         if let Some(ramp) = config.fio.ramp {
             // Measured from the end of the warm-up, which every thread leaves at this time.
             let ramp_end = start_ns + ramp.as_nanos() as u64;
@@ -599,13 +634,46 @@ impl Status {
     }
 }
 
+/// Holds the benchmark threads until every one has set up, then lets them
+/// go together (and the timed phase starts). Unlike a `Barrier` it opens for
+/// however many threads did start: a thread the system refused to create
+/// must not leave the others waiting.
+#[derive(Default)]
+struct StartGate {
+    /// Threads arrived, and whether the gate is open.
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl StartGate {
+    /// A thread arrives and waits for the gate to open.
+    fn arrive_and_wait(&self) {
+        let mut state = self.state.lock().expect("start gate poisoned");
+        state.0 += 1;
+        self.changed.notify_all();
+        while !state.1 {
+            state = self.changed.wait(state).expect("start gate poisoned");
+        }
+    }
+
+    /// Waits until `threads` have arrived, then opens the gate.
+    fn open_when(&self, threads: usize) {
+        let mut state = self.state.lock().expect("start gate poisoned");
+        while state.0 < threads {
+            state = self.changed.wait(state).expect("start gate poisoned");
+        }
+        state.1 = true;
+        self.changed.notify_all();
+    }
+}
+
 /// What every benchmark thread shares.
 struct Job<'a> {
     engine: &'a Engine,
     config: &'a BenchConfig,
     size: u64,
     verify: VerifyMode,
-    barrier: Arc<Barrier>,
+    gate: Arc<StartGate>,
     released_at: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     progress: Arc<AtomicU64>,
@@ -788,12 +856,12 @@ impl ThreadRun<'_> {
 
 fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
     let config = job.config;
-    // Every thread must reach the barrier, even when its set-up fails.
+    // Every thread must reach the gate, even when its set-up fails.
     let setup = setup_thread(job, thread);
     if setup.is_err() {
         job.stop.store(true, Ordering::Relaxed);
     }
-    job.barrier.wait();
+    job.gate.arrive_and_wait();
     let (mut handle, mut run) = setup?;
     let now = now_ns();
     // The measured phase starts now, or when the warm-up ends (the same time for all threads).
@@ -1042,4 +1110,38 @@ fn run_queued(handle: &mut Handle, run: &mut ThreadRun) -> Result<()> {
         run.flush(handle)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_gate_lets_go_the_threads_that_did_start() {
+        // Five threads were planned and three started: the three must not wait for the rest.
+        let gate = StartGate::default();
+        let released = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    gate.arrive_and_wait();
+                    released.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            gate.open_when(3);
+        });
+        assert_eq!(released.load(Ordering::Relaxed), 3);
+        // Opening waits for the arrivals it is told of: none of them is let go early.
+        let gate = StartGate::default();
+        let arrived_first = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                arrived_first.store(true, Ordering::Relaxed);
+                gate.arrive_and_wait();
+            });
+            gate.open_when(1);
+            assert!(arrived_first.load(Ordering::Relaxed), "opened before the thread arrived");
+        });
+    }
 }

@@ -417,14 +417,16 @@ fn run_job_file(
         let outcomes: Vec<iopath::Result<bench::BenchResult>> = std::thread::scope(|scope| {
             let running: Vec<_> = configs[group.clone()]
                 .iter()
-                .map(|config| {
+                .enumerate()
+                .map(|(index, config)| {
                     std::thread::Builder::new()
                         .name(format!("iopath-job-{}", config.fio.job_name.as_deref().unwrap_or("")))
                         .spawn_scoped(scope, move || bench::run(config))
-                        .expect("spawn job thread")
+                        .map_err(|source| bench::run::thread_refused(index, group.len(), source))
                 })
                 .collect();
-            running.into_iter().map(|t| t.join().expect("job thread panicked")).collect()
+            // A job whose thread could not start fails; the others run to their end.
+            running.into_iter().map(|t| t.and_then(|t| t.join().expect("job thread panicked"))).collect()
         });
         let group_results = outcomes.into_iter().collect::<iopath::Result<Vec<_>>>()?;
         // fio's group_reporting: the jobs of a group reported as one, under the first's name.

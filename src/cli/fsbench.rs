@@ -121,6 +121,7 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
         fsync_every: args.fsync_every,
         repeat: args.repeat,
     };
+    config.validate()?;
     let table = matches!(args.output_format, OutputFormat::Table);
     if table {
         eprintln!("formatting {} and writing a {} file...", config.device, format_size(config.file_size));

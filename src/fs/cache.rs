@@ -34,6 +34,9 @@ pub type Key = (u64, u64);
 
 const SHARDS: usize = 64;
 
+/// Pages the cache keeps whatever its bound (room for the pages in flight).
+pub const MIN_PAGES: usize = 16;
+
 /// One part of the index.
 type Shard = IntMap<Key, Arc<Page>>;
 
@@ -184,7 +187,7 @@ impl PageCache {
                 ghost: VecDeque::new(),
                 ghosts: HashSet::new(),
             }),
-            capacity: capacity.max(16),
+            capacity: capacity.max(MIN_PAGES),
             resident: AtomicUsize::new(0),
             counters: Counters::default(),
             free_frames: Mutex::new(Vec::new()),

@@ -101,7 +101,8 @@ pub struct Formatted {
 /// How a file system is mounted: the page cache and the paths it takes.
 #[derive(Debug, Clone, Copy)]
 pub struct MountOptions {
-    /// Page cache bound in bytes (default 64 MiB).
+    /// Page cache bound in bytes (default 64 MiB; at least 16 pages are
+    /// kept whatever the bound).
     pub cache_bytes: u64,
     /// What a cache miss does (default `aios`).
     pub read_path: ReadPath,
