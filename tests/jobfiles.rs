@@ -231,3 +231,17 @@ fn group_reporting_reports_the_jobs_of_a_group_as_one() {
     assert_eq!(g["iopath"]["threads"], 3, "two readers and the writer");
     assert_eq!(jobs[1]["groupid"], 1);
 }
+
+#[test]
+fn a_job_that_ends_inside_its_warm_up_is_told_so_not_a_crash() {
+    // Ten I/Os cannot outlast a 2-second warm-up: nothing is measured, and the
+    // message says which option to change.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("short.fio");
+    std::fs::write(&path, "[short]\nrw=randread\nramp_time=2s\nnumber_ios=10\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_iopath")).args(["bench", "--no-progress"]).arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("ramp_time") && err.contains("nothing was measured"), "{err}");
+}

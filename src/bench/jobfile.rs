@@ -187,11 +187,11 @@ const FIO_EXTRAS: &[&str] = &[
 /// Sets one of fio's skew, pacing, warm-up, log or report options on
 /// `config`, with fio's spelling and meaning: `random_distribution=zipf:1.2`,
 /// `rate_iops=R[,W]` and `rate=R[,W]` (per thread and per direction; one
-/// value caps each direction, an empty one leaves it free), `ramp_time`
+/// value caps each direction, an empty one or 0 leaves it free), `ramp_time`
 /// (seconds unless given a unit), `write_lat_log=NAME` (and `_bw_`,
 /// `_iops_`), `log_avg_msec`, `percentile_list=P:P:...`, `thinktime`
 /// (microseconds unless a unit is given), `thinktime_spin`, `thinktime_blocks`,
-/// `fsync=N`, `end_fsync`, `offset`, `loops`, `startdelay` (seconds),
+/// `fsync=N` (0: none), `end_fsync`, `offset`, `loops`, `startdelay` (seconds),
 /// `cpus_allowed`, `bssplit=SIZE/PCT:...[,writes]`, `bsrange=MIN-MAX[,writes]`
 /// (both set the block size to the smallest size: requests align to it).
 pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<()> {
@@ -210,10 +210,8 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
                     parse_size(text).map(|n| n as f64)
                 }
                 .map_err(|_| bad("a number per second, e.g. 20000 (rate_iops) or 100m (rate), reads[,writes]"))?;
-                if n <= 0.0 {
-                    return Err(bad("a rate above 0"));
-                }
-                Ok(Some(n))
+                // fio's default, spelled out: no cap.
+                Ok((n > 0.0).then_some(n))
             };
             let mut parts = value.split(',');
             let read = parse(parts.next().unwrap_or(""))?;
@@ -245,6 +243,8 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
                 _ => config.fio.startdelay = d,
             }
         }
+        // fio's default, spelled out: no flushes.
+        "fsync" | "fdatasync" if value.trim() == "0" => config.fio.fsync_every = None,
         "thinktime_blocks" | "fsync" | "fdatasync" | "loops" => {
             let n: u64 = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| bad("a count of 1 or more"))?;
             match key {
@@ -538,6 +538,10 @@ iopath_path=stm
         let jobs = parse("[w]\nrw=randwrite\nverify=md5\n").unwrap();
         let w = to_config(&jobs[0], &BenchConfig::default()).unwrap();
         assert!(w.verify && w.fio.verify_readback);
+        // fio's defaults spelled out, as generated job files do: no flushes, no caps.
+        let jobs = parse("[d]\nrw=randwrite\nfsync=4\nfsync=0\nfdatasync=0\nrate=0\nrate_iops=0,0\n").unwrap();
+        let d = to_config(&jobs[0], &BenchConfig::default()).unwrap();
+        assert_eq!((d.fio.fsync_every, d.fio.rate_iops), (None, [None, None]));
         let jobs = parse("[s]\nbs=8k\nbssplit=4k/10:64k:16k,32k\n[r]\nstonewall\nbsrange=4k-16k\n").unwrap();
         let c = to_config(&jobs[0], &BenchConfig::default()).unwrap();
         assert_eq!(c.fio.bs_split, [vec![(4096, 10), (65536, 45), (16384, 45)], vec![(32768, 100)]]);

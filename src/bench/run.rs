@@ -874,7 +874,21 @@ fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
         if config.iodepth == 1 { run_blocking(&mut handle, &mut run) } else { run_queued(&mut handle, &mut run) };
     let end_ns = now_ns();
     run.tick(&handle, end_ns);
-    let (usage_before, path_before) = run.measured_since.take().expect("measured from the end at the latest");
+    let Some((usage_before, path_before)) = run.measured_since.take() else {
+        // Stopped (Ctrl-C, or its size or --ios moved) before its warm-up ended: nothing was measured.
+        result?;
+        if job.stop.load(Ordering::Relaxed) || crate::signal::interrupted() {
+            return Err(Error::Interrupted {
+                during: "in the warm-up (ramp_time), before anything was measured".into(),
+            });
+        }
+        return Err(Error::spec(
+            "ramp_time (--ramp-time)",
+            format!("{:?}", config.fio.ramp.unwrap_or_default()),
+            "the job moved all it had to move before its warm-up ended, so nothing was measured: \
+             shorten the warm-up, or run for a time (time_based with runtime; --runtime)",
+        ));
+    };
     let usage = ThreadUsage::now().since(&usage_before);
     result?;
     let path = handle.stats().since(&path_before);
