@@ -245,3 +245,23 @@ fn a_job_that_ends_inside_its_warm_up_is_told_so_not_a_crash() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("ramp_time") && err.contains("nothing was measured"), "{err}");
 }
+
+#[test]
+fn size_and_offset_may_be_shares_of_the_device() {
+    // fio's size=25% and offset=50% on a 64 MiB device: every request lands in
+    // [32 MiB, 48 MiB), aligned to the block size.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("share.fio");
+    std::fs::write(
+        &path,
+        "[share]\niopath_device=emu:dram-ssd,size=64m\nrw=randread\nbs=8k\nsize=25%\noffset=50%\nruntime=300ms\n\
+         time_based\nwrite_lat_log=share\nlog_offset=1\n",
+    )
+    .unwrap();
+    let doc = run_in(dir.path(), &path);
+    assert!(doc["jobs"][0]["read"]["total_ios"].as_u64().unwrap() > 100, "{doc}");
+    let lat = lines(&dir.path().join("share_lat.1.log"));
+    let (start, end) = (32u64 << 20, 48u64 << 20);
+    assert!(lat.iter().all(|l| l[4] >= start && l[4] + l[3] <= end && l[4] % 8192 == 0), "outside the share");
+    assert!(lat.iter().any(|l| l[4] < start + (1 << 20)) && lat.iter().any(|l| l[4] >= end - (1 << 20)), "all of it");
+}

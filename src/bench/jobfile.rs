@@ -184,6 +184,11 @@ const FIO_EXTRAS: &[&str] = &[
     "do_verify",
 ];
 
+/// `P%` as a number (fio's share of a file or device), if `text` is one.
+fn percent(text: &str) -> Option<f64> {
+    text.trim().strip_suffix('%').map(|p| p.trim().parse::<f64>().unwrap_or(f64::NAN))
+}
+
 /// Sets one of fio's skew, pacing, warm-up, log or report options on
 /// `config`, with fio's spelling and meaning: `random_distribution=zipf:1.2`,
 /// `rate_iops=R[,W]` and `rate=R[,W]` (per thread and per direction; one
@@ -191,7 +196,7 @@ const FIO_EXTRAS: &[&str] = &[
 /// (seconds unless given a unit), `write_lat_log=NAME` (and `_bw_`,
 /// `_iops_`), `log_avg_msec`, `percentile_list=P:P:...`, `thinktime`
 /// (microseconds unless a unit is given), `thinktime_spin`, `thinktime_blocks`,
-/// `fsync=N` (0: none), `end_fsync`, `offset`, `loops`, `startdelay` (seconds),
+/// `fsync=N` (0: none), `end_fsync`, `offset` (bytes or `P%`), `loops`, `startdelay` (seconds),
 /// `cpus_allowed`, `bssplit=SIZE/PCT:...[,writes]`, `bsrange=MIN-MAX[,writes]`
 /// (both set the block size to the smallest size: requests align to it).
 pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<()> {
@@ -286,10 +291,13 @@ pub fn apply_option(config: &mut BenchConfig, key: &str, value: &str) -> Result<
         // Read by `to_config` once every option is in (it may come before `verify`).
         "do_verify" if matches!(value, "0" | "1") => {}
         "do_verify" => return Err(bad("0 or 1")),
-        "offset" => {
-            config.fio.offset =
-                parse_size(value).map_err(|_| bad("a size such as 1g (percentages are not supported)"))?;
-        }
+        "offset" => match percent(value) {
+            Some(p) if (0.0..100.0).contains(&p) => config.fio.offset_percent = Some(p),
+            Some(_) => return Err(bad("a share of the device from 0% up to (not including) 100%")),
+            None => {
+                config.fio.offset = parse_size(value).map_err(|_| bad("a size such as 1g, or a share such as 25%"))?
+            }
+        },
         "cpus_allowed" => {
             let mut cpus = Vec::new();
             for part in value.split(',') {
@@ -397,7 +405,14 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
         c.threads = v.parse().ok().filter(|d| *d > 0).ok_or_else(|| job.error("numjobs", v, "1 or more"))?;
     }
     if let Some(v) = value("size") {
-        c.size = Some(parse_size(v).map_err(|_| job.error("size", v, "a size such as 1g"))?);
+        match percent(v) {
+            Some(p) if p > 0.0 && p <= 100.0 => c.fio.size_percent = Some(p),
+            Some(_) => return Err(job.error("size", v, "a share of the device above 0% and at most 100%")),
+            None => {
+                c.size =
+                    Some(parse_size(v).map_err(|_| job.error("size", v, "a size such as 1g, or a share such as 50%"))?)
+            }
+        }
     }
     if let Some(v) = value("runtime") {
         // fio's runtime is in seconds unless it has a unit.
@@ -567,7 +582,6 @@ iopath_path=stm
         assert!(err("[a]\nrate_iops=fast\n").contains("rate_iops=fast in [a]"));
         assert!(err("[a]\npercentile_list=99:101\n").contains("at most 100"));
         assert!(err("[a]\ncpus_allowed=3-1\n").contains("e.g. 0-1,3"));
-        assert!(err("[a]\noffset=50%\n").contains("percentages are not supported"));
         assert!(err("[a]\nfsync\n").contains("give it a value"));
         assert!(err("[a]\nbssplit=4k/70:64k/50\n").contains("SIZE/PERCENT"));
         assert!(err("[a]\nbsrange=64k-4k\n").contains("MIN-MAX"));
@@ -578,5 +592,8 @@ iopath_path=stm
         assert!(err("rw=read\n").contains("options go in [global] or in a [job] section"));
         assert!(err("[global]\nrw=read\n").contains("no job"));
         assert!(err("[a]\nioengine=psync\n").contains("give filename="));
+        assert!(err("[a]\nsize=0%\n").contains("above 0% and at most 100%"));
+        assert!(err("[a]\nsize=x%\n").contains("above 0% and at most 100%"));
+        assert!(err("[a]\noffset=100%\n").contains("up to (not including) 100%"));
     }
 }

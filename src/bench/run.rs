@@ -93,6 +93,12 @@ pub struct FioOptions {
     pub bs_split: [Vec<(u64, u32)>; 2],
     /// Where the region starts on the device (`offset`).
     pub offset: u64,
+    /// `offset=P%`: the region starts at this share of the device (aligned
+    /// down to the block size); replaces `offset`.
+    pub offset_percent: Option<f64>,
+    /// `size=P%`: the region is this share of the device (aligned down to
+    /// the block size); replaces `BenchConfig::size`.
+    pub size_percent: Option<f64>,
     /// Passes over the region when the run is not time-based (`loops`).
     pub loops: u64,
     /// Pause after each `thinktime_blocks` requests: spin `thinktime_spin`,
@@ -133,6 +139,8 @@ impl Default for FioOptions {
             job_options: Vec::new(),
             bs_split: [Vec::new(), Vec::new()],
             offset: 0,
+            offset_percent: None,
+            size_percent: None,
             loops: 1,
             thinktime: Duration::ZERO,
             thinktime_spin: Duration::ZERO,
@@ -298,8 +306,10 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             "percentiles above 0 and at most 100, separated by ':' (e.g. 50:99:99.9)",
         ));
     }
-    let offset = config.fio.offset;
-    let mut spec = DeviceSpec::parse(&config.device, config.size.map(|s| s + offset))?;
+    // A share of the device is known once the device is open; a file that does
+    // not exist yet then needs its size given.
+    let in_bytes = config.fio.size_percent.is_none() && config.fio.offset_percent.is_none();
+    let mut spec = DeviceSpec::parse(&config.device, config.size.filter(|_| in_bytes).map(|s| s + config.fio.offset))?;
     let read_only = !config.rw.writes();
     spec.protect(config.guard, read_only);
     let verify = match (config.verify, read_only && spec.holds_user_data()) {
@@ -361,6 +371,8 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             format!("{} takes at most {largest} bytes in one request: use a smaller --bs", config.device),
         ));
     }
+    let share = |percent: f64, unit: u64| (device.size() as f64 * percent / 100.0) as u64 / unit * unit;
+    let offset = config.fio.offset_percent.map_or(config.fio.offset, |p| share(p, align.max(config.block_size)));
     if offset >= device.size() || !offset.is_multiple_of(align) {
         return Err(Error::spec(
             "offset",
@@ -368,7 +380,10 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
             format!("the region must start inside the device ({} bytes) at a multiple of {align}", device.size()),
         ));
     }
-    let size = config.size.unwrap_or(device.size() - offset);
+    let size = match config.fio.size_percent {
+        Some(p) => share(p, config.block_size),
+        None => config.size.unwrap_or(device.size() - offset),
+    };
     if offset + size > device.size() {
         return Err(Error::OutOfRange { offset, len: size, size: device.size() });
     }
@@ -390,7 +405,14 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
         ));
     }
     let engine = Engine::with_device(device, config.path.clone())?;
-    run_with(&engine, config, size, verify)
+    if in_bytes {
+        return run_with(&engine, config, size, verify);
+    }
+    // The shares, resolved: what the threads and the report use.
+    let mut resolved = config.clone();
+    resolved.size = Some(size);
+    resolved.fio.offset = offset;
+    run_with(&engine, &resolved, size, verify)
 }
 
 struct ThreadOutcome {
