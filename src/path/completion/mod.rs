@@ -31,8 +31,9 @@ pub struct WaitStats {
     /// Epochs the adaptive policy spent trying a mode to measure it.
     pub mode_probes: u64,
     /// Time the adaptive policy spent in poll, hybrid and interrupt mode (ns),
-    /// counted when it leaves a mode.
-    pub mode_ns: [u64; 3],
+    /// counted when it leaves a mode, and waiting in a crowd (more waiters
+    /// than CPUs, when every wait yields between looks).
+    pub mode_ns: [u64; 4],
 }
 
 impl WaitStats {
