@@ -264,4 +264,13 @@ fn size_and_offset_may_be_shares_of_the_device() {
     let (start, end) = (32u64 << 20, 48u64 << 20);
     assert!(lat.iter().all(|l| l[4] >= start && l[4] + l[3] <= end && l[4] % 8192 == 0), "outside the share");
     assert!(lat.iter().any(|l| l[4] < start + (1 << 20)) && lat.iter().any(|l| l[4] >= end - (1 << 20)), "all of it");
+    // A share of a file that does not exist yet cannot be taken.
+    let missing = dir.path().join("missing.fio");
+    let file = dir.path().join("nothing-here.img");
+    std::fs::write(&missing, format!("[m]\nioengine=psync\nfilename={}\nsize=10%\n", file.display())).unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_iopath")).args(["bench", "--no-progress"]).arg(&missing).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("does not exist yet") && err.contains("size=1g"), "{err}");
+    assert!(!file.exists(), "nothing was created");
 }

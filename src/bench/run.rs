@@ -12,6 +12,7 @@ use super::logs::{LogConfig, ThreadLog};
 use super::stats::{DirStats, Measurements};
 use super::workload::{Generator, Rw};
 use crate::clock::{ThreadUsage, now_ns};
+use crate::device::spec::Backend;
 use crate::device::target::Guard;
 use crate::device::{DeviceSpec, Op};
 use crate::engine::{Engine, Handle, HandleOptions};
@@ -310,6 +311,25 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     // not exist yet then needs its size given.
     let in_bytes = config.fio.size_percent.is_none() && config.fio.offset_percent.is_none();
     let mut spec = DeviceSpec::parse(&config.device, config.size.filter(|_| in_bytes).map(|s| s + config.fio.offset))?;
+    if let Backend::Uring(crate::device::uring::UringConfig { target, .. })
+    | Backend::Psync(crate::device::psync::PsyncConfig { target }) = &spec.backend
+        && !in_bytes
+        && target.size.is_none()
+        && !target.path.exists()
+    {
+        let (option, share) = match config.fio.size_percent {
+            Some(p) => ("size", p),
+            None => ("offset", config.fio.offset_percent.unwrap_or_default()),
+        };
+        return Err(Error::spec(
+            option,
+            format!("{share}%"),
+            format!(
+                "a share of {}, which does not exist yet: give its size in bytes (size=1g) to create it",
+                target.path.display()
+            ),
+        ));
+    }
     let read_only = !config.rw.writes();
     spec.protect(config.guard, read_only);
     let verify = match (config.verify, read_only && spec.holds_user_data()) {
