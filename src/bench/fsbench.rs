@@ -17,7 +17,7 @@
 //! (lookup, alloc, insert, submit, device, copy; fsync data, journal, flush,
 //! commit) are divided by the ops that ran.
 
-use super::run::{MAX_THREADS, thread_refused};
+use super::run::{check_threads, thread_refused};
 use crate::clock::{ThreadUsage, now_ns};
 use crate::device::DeviceSpec;
 use crate::device::spec::Backend;
@@ -152,16 +152,7 @@ impl FsBenchConfig {
     /// gets a message that names it and says what would do.
     pub fn validate(&self) -> Result<()> {
         let size = |v: u64| format_size(v);
-        if self.threads == 0 {
-            return Err(Error::spec("--threads", "0", "at least one thread is needed"));
-        }
-        if self.threads > MAX_THREADS {
-            return Err(Error::spec(
-                "--threads",
-                self.threads.to_string(),
-                format!("at most {MAX_THREADS} (fio's limit too): each thread has its own stack and device queue"),
-            ));
-        }
+        check_threads(self.threads)?;
         if self.runtime.is_zero() {
             return Err(Error::spec("--runtime", "0", "a run must last longer than 0, e.g. --runtime 2s"));
         }

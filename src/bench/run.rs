@@ -250,6 +250,21 @@ impl BenchResult {
 /// Most benchmark threads a run takes.
 pub const MAX_THREADS: usize = 4096;
 
+/// Checks a count of benchmark threads: at least 1, at most [`MAX_THREADS`].
+pub fn check_threads(threads: usize) -> Result<()> {
+    if threads == 0 {
+        return Err(Error::spec("--threads", "0", "at least one thread is needed"));
+    }
+    if threads > MAX_THREADS {
+        return Err(Error::spec(
+            "--threads",
+            threads.to_string(),
+            format!("at most {MAX_THREADS} (fio's limit too): each thread has its own stack and device queue"),
+        ));
+    }
+    Ok(())
+}
+
 /// The error for a benchmark thread (`index`, from 0) the system would not
 /// create: what to lower or raise.
 pub fn thread_refused(index: usize, threads: usize, source: std::io::Error) -> Error {
@@ -265,16 +280,7 @@ pub fn thread_refused(index: usize, threads: usize, source: std::io::Error) -> E
 
 /// Opens the device and engine a config names and runs the benchmark.
 pub fn run(config: &BenchConfig) -> Result<BenchResult> {
-    if config.threads == 0 {
-        return Err(Error::spec("--threads", "0", "at least one thread is needed"));
-    }
-    if config.threads > MAX_THREADS {
-        return Err(Error::spec(
-            "--threads",
-            config.threads.to_string(),
-            format!("at most {MAX_THREADS} (fio's limit too): each thread has its own stack and device queue"),
-        ));
-    }
+    check_threads(config.threads)?;
     if config.iodepth == 0 {
         return Err(Error::spec("--iodepth", "0", "the queue depth must be at least 1"));
     }
