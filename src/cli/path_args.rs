@@ -102,8 +102,11 @@ pub fn presets_help() -> String {
         text.push_str(&format!("  {:<10} {}+{}: {}\n", p.name, p.dispatch.name(), p.completion.name(), p.about));
     }
     text.push_str(
-        "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  hybrid (sleep a learned share, then spin), adaptive (switch among them from measured costs\n  \
-         and CPU contention; IOPATH_TRACE_ADAPTIVE=1 prints each decision to stderr).\n  \
+        "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  \
+         yield (spin, handing the CPU to any runnable thread between looks), hybrid (sleep a learned\n  \
+         share, then spin), adaptive (switch among poll, hybrid and interrupt from measured costs and\n  \
+         CPU contention, and yield while more threads wait than there are CPUs;\n  \
+         IOPATH_TRACE_ADAPTIVE=1 prints each decision to stderr).\n  \
          --dispatch and --completion override either half of a preset.\n  \
          PATH@knob=value[@knob=value] sets knobs for that path alone, so compare can run two settings\n  \
          side by side: --paths stm,stm@combine-polling=winner. Knobs: combine-polling, combine-budget,\n  \
