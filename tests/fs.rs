@@ -1142,7 +1142,8 @@ fn random_damage_to_the_metadata_is_an_error_or_a_working_file_system_never_a_pa
     // transactions to replay, then bytes overwritten at random in the metadata (or
     // anywhere, one time in eight): mounting, listing, reading every file, writing and
     // unmounting must each succeed or fail with an error. IOPATH_DAMAGE_ROUNDS=N runs
-    // more rounds than the 1000 CI runs.
+    // more rounds than the 1000 CI runs, IOPATH_DAMAGE_SEED=S other damage (best in a
+    // debug build, whose assertions check the invariants damage must not break).
     let (dev, fs) = fresh("emu:null,size=8m,wcache=1,cut=drop", FormatOptions::default());
     let (a, b) = (fs.create("a").unwrap(), fs.create("b").unwrap());
     for i in 0..200u64 {
@@ -1167,7 +1168,8 @@ fn random_damage_to_the_metadata_is_an_error_or_a_working_file_system_never_a_pa
     for (i, chunk) in image.chunks_mut(1 << 20).enumerate() {
         eng.read_at(chunk, (i << 20) as u64).unwrap();
     }
-    let mut rng = fastrand::Rng::with_seed(42);
+    let seed = std::env::var("IOPATH_DAMAGE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(42);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let (mut mounted, mut refused) = (0, 0);
     let rounds: usize = std::env::var("IOPATH_DAMAGE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     for round in 0..rounds {

@@ -450,6 +450,12 @@ impl Inode {
             }
             end = e.end();
         }
+        // Space past the end is only ever allocated ahead of appends, unwritten: written
+        // data there is damage (and closing the file would free it as if it were not).
+        let past_end = inode.size.div_ceil(BLOCK as u64);
+        if super::extents::runs(&inode.extents, past_end, u32::MAX as u64 + 1).iter().any(|r| r.has_data()) {
+            return Err(bad("written data past the end of the file"));
+        }
         Ok(Some(inode))
     }
 }
@@ -621,6 +627,30 @@ mod tests {
         slot[100] ^= 1;
         assert!(Inode::decode(&slot, 0, |_| Ok(zero_block()), &s).is_err());
         assert_eq!(Inode::decode(&[0u8; INODE_SIZE], 0, |_| Ok(zero_block()), &s).unwrap(), None);
+    }
+
+    #[test]
+    fn written_data_past_the_end_of_a_file_is_damage_unwritten_space_is_not() {
+        let s = sb();
+        let inode = |unwritten: bool| Inode {
+            name: "f".into(),
+            size: 4096 + 1, // two blocks
+            mtime_ns: 0,
+            generation: 0,
+            extents: vec![
+                Extent { logical: 0, len: 2, physical: s.data_start, unwritten: false },
+                Extent { logical: 2, len: 3, physical: s.data_start + 2, unwritten },
+            ],
+            overflow: Vec::new(),
+        };
+        let decode = |inode: &Inode| {
+            let mut slot = [0u8; INODE_SIZE];
+            inode.encode(&mut slot, &mut Vec::new());
+            Inode::decode(&slot, 4, |_| Ok(zero_block()), &s)
+        };
+        assert_eq!(decode(&inode(true)).unwrap(), Some(inode(true)), "space allocated ahead of appends");
+        let e = decode(&inode(false)).unwrap_err().to_string();
+        assert!(e.contains("inode 4 is damaged: written data past the end"), "{e}");
     }
 
     #[test]
