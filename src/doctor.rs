@@ -154,6 +154,10 @@ pub struct Report {
     pub trials: Vec<Trial>,
     /// What to use.
     pub recommendations: Vec<Recommendation>,
+    /// One path for every thread count tried, when one comes close to the
+    /// best at each (`threads` is 0): a program whose thread count varies
+    /// need not choose.
+    pub one_path: Option<Recommendation>,
 }
 
 /// What `doctor` should look at.
@@ -416,13 +420,70 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
 /// on a loop device over /dev/shm, 16 threads: 416K IOPS against 238K for
 /// the kernel's pread and 190-215K for the merging paths; ARCHITECTURE.md,
 /// "Real devices"). Many threads also try plain pread (`psync:` on the same
-/// target), the kernel's own path.
+/// target), the kernel's own path. Every count tries `sync-path+adaptive`,
+/// which chooses for itself, as a candidate for one path for all counts.
 fn candidates(threads: usize) -> &'static [&'static str] {
     if threads == 1 {
-        &["sync-path", "sync-intr", "sync-yield", "sync-path+hybrid", "stm"]
+        &["sync-path", "sync-intr", "sync-yield", "sync-path+hybrid", "stm", ADAPTIVE_CANDIDATE]
     } else {
-        &["sync-yield", "stm", "stm+hybrid", "2q+hybrid", "htm+hybrid", "sync-intr", PREAD_CANDIDATE]
+        &[
+            "sync-yield",
+            "stm",
+            "stm+hybrid",
+            "2q+hybrid",
+            "htm+hybrid",
+            "sync-intr",
+            PREAD_CANDIDATE,
+            ADAPTIVE_CANDIDATE,
+        ]
     }
+}
+
+/// The path tried at every thread count for [`Report::one_path`]: it measures
+/// its own costs and yields while its threads outnumber the CPUs.
+const ADAPTIVE_CANDIDATE: &str = "sync-path+adaptive";
+
+/// The share of the best IOPS at every thread count that a path needs to be
+/// recommended as [`Report::one_path`].
+const ONE_PATH_SHARE: f64 = 0.9;
+
+/// A path tried at every one of `threads` that comes within [`ONE_PATH_SHARE`]
+/// of the best IOPS at each (the one that comes closest in its worst case).
+fn recommend_one(trials: &[Trial], threads: &[usize]) -> Option<Recommendation> {
+    if threads.len() < 2 {
+        return None;
+    }
+    let best = |n: usize| trials.iter().filter(|t| t.threads == n).map(|t| t.iops).fold(0.0, f64::max);
+    let worst_share = |path: &str| {
+        threads
+            .iter()
+            .map(|&n| {
+                let iops = trials.iter().find(|t| t.threads == n && t.path == path).map_or(0.0, |t| t.iops);
+                iops / best(n).max(1.0)
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (path, share) =
+        trials.iter().map(|t| (t.path.as_str(), worst_share(&t.path))).max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if share < ONE_PATH_SHARE {
+        return None;
+    }
+    let each: Vec<String> = threads
+        .iter()
+        .filter_map(|&n| trials.iter().find(|t| t.threads == n && t.path == path))
+        .map(|t| {
+            format!("{} thread(s) {:.0} IOPS ({:.0}% of the best)", t.threads, t.iops, 100.0 * t.iops / best(t.threads))
+        })
+        .collect();
+    Some(Recommendation {
+        threads: 0,
+        path: path.to_string(),
+        why: format!(
+            "within {:.0}% of the best at every thread count tried: {}",
+            100.0 * (1.0 - share),
+            each.join(", ")
+        ),
+    })
 }
 
 fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&DeviceFacts>) -> Option<Recommendation> {
@@ -521,6 +582,7 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
     }
     let recommendations =
         config.threads.iter().filter_map(|&t| recommend(&trials, t, &costs, device.as_ref())).collect();
+    let one_path = recommend_one(&trials, &config.threads);
     Ok(Report {
         kernel,
         machine,
@@ -532,6 +594,7 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
         spec,
         trials,
         recommendations,
+        one_path,
     })
 }
 
@@ -633,6 +696,9 @@ impl Report {
         for r in &self.recommendations {
             out.push_str(&format!("recommended   {} thread(s): {} ({})\n", r.threads, r.path, r.why));
         }
+        if let Some(r) = &self.one_path {
+            out.push_str(&format!("one path      {} ({})\n", r.path, r.why));
+        }
         if self.spec.is_none() {
             out.push_str(
                 "recommended   name a device (iopath doctor uring:/dev/nvme0n1, or a file) for a recommendation\n",
@@ -685,6 +751,46 @@ impl Report {
                 "lat_ns_p99": t.p99_ns, "cpu_ns_per_io": t.cpu_ns_per_io,
             })).collect::<Vec<_>>(),
             "recommendations": self.recommendations.iter().map(|r| json!({"threads": r.threads, "path": r.path, "why": r.why})).collect::<Vec<_>>(),
+            "one_path": self.one_path.as_ref().map(|r| json!({"path": r.path, "why": r.why})),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trial(path: &str, threads: usize, iops: f64) -> Trial {
+        Trial { path: path.into(), threads, iops, mean_ns: 1e4, p99_ns: 20_000, cpu_ns_per_io: 5e3 }
+    }
+
+    #[test]
+    fn one_path_is_the_one_closest_to_the_best_at_every_thread_count() {
+        let trials = [
+            trial("sync-path", 1, 100.0),
+            trial("sync-yield", 1, 95.0),
+            trial("sync-path+adaptive", 1, 92.0),
+            trial("sync-yield", 16, 380.0),
+            trial("sync-path+adaptive", 16, 400.0),
+            trial("stm", 16, 200.0),
+        ];
+        // sync-yield: 95% and 95%; adaptive: 92% and 100%; sync-path was not tried at 16.
+        let one = recommend_one(&trials, &[1, 16]).unwrap();
+        assert_eq!(one.path, "sync-yield");
+        assert!(
+            one.why.contains("within 5%") && one.why.contains("16 thread(s) 380 IOPS (95% of the best)"),
+            "{}",
+            one.why
+        );
+        // Nothing within 10% at both counts: no single path is recommended.
+        let apart = [
+            trial("sync-path", 1, 100.0),
+            trial("sync-path", 16, 100.0),
+            trial("sync-yield", 1, 50.0),
+            trial("sync-yield", 16, 400.0),
+        ];
+        assert!(recommend_one(&apart, &[1, 16]).is_none());
+        // One thread count: the per-count recommendation says it all.
+        assert!(recommend_one(&trials, &[16]).is_none());
     }
 }
