@@ -280,6 +280,20 @@ fn help_teaches() {
 fn a_device_error_fails_the_run_with_its_location() {
     let err = fails(&["bench", "--device", "emu:dram-ssd,size=1m,fail_nth=5", "--ios", "20", "--no-progress"]);
     assert!(err.contains("device error on read"), "{err}");
+    // In the warm-up too, with other threads stopped by it: the error, not an interruption.
+    let err = fails(&[
+        "bench",
+        "--device",
+        "emu:dram-ssd,size=16m,fail_nth=500",
+        "--threads",
+        "4",
+        "--ramp-time",
+        "1s",
+        "--runtime",
+        "1s",
+        "--no-progress",
+    ]);
+    assert!(err.contains("device error on read") && !err.contains("interrupted"), "{err}");
 }
 
 #[test]

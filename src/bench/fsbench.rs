@@ -151,7 +151,6 @@ impl FsBenchConfig {
     /// Checks the settings before anything is formatted: each wrong one
     /// gets a message that names it and says what would do.
     pub fn validate(&self) -> Result<()> {
-        let size = |v: u64| format_size(v);
         check_threads(self.threads)?;
         if self.runtime.is_zero() {
             return Err(Error::spec("--runtime", "0", "a run must last longer than 0, e.g. --runtime 2s"));
@@ -160,17 +159,17 @@ impl FsBenchConfig {
             return Err(Error::spec("--repeat", "0", "at least one round"));
         }
         if self.bs == 0 || !self.bs.is_multiple_of(512) {
-            return Err(Error::spec("--bs", size(self.bs), "a multiple of 512 bytes, e.g. 4k"));
+            return Err(Error::spec("--bs", format_size(self.bs), "a multiple of 512 bytes, e.g. 4k"));
         }
         if self.file_size < self.bs * self.threads as u64 {
             return Err(Error::spec(
                 "--file-size",
-                size(self.file_size),
+                format_size(self.file_size),
                 format!(
                     "at least --bs ({}) per thread ({} thread(s)): {} or more, or a smaller --bs",
-                    size(self.bs),
+                    format_size(self.bs),
                     self.threads,
-                    size(self.bs * self.threads as u64)
+                    format_size(self.bs * self.threads as u64)
                 ),
             ));
         }
@@ -178,10 +177,10 @@ impl FsBenchConfig {
         if reads_through_cache && self.cache_bytes < MIN_CACHE_BYTES {
             return Err(Error::spec(
                 "--cache",
-                size(self.cache_bytes),
+                format_size(self.cache_bytes),
                 format!(
                     "at least {} (the page cache keeps {} pages whatever its bound)",
-                    size(MIN_CACHE_BYTES),
+                    format_size(MIN_CACHE_BYTES),
                     crate::fs::cache::MIN_PAGES
                 ),
             ));
@@ -189,11 +188,11 @@ impl FsBenchConfig {
         if self.workloads.contains(&FsWorkload::Region) && !(self.bs..=self.file_size).contains(&self.region) {
             return Err(Error::spec(
                 "--region",
-                size(self.region),
+                format_size(self.region),
                 format!(
                     "from --bs ({}) to --file-size ({}): the region lies inside the file",
-                    size(self.bs),
-                    size(self.file_size)
+                    format_size(self.bs),
+                    format_size(self.file_size)
                 ),
             ));
         }

@@ -495,9 +495,9 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
                     stop.store(true, Ordering::Relaxed);
                     gate.open_when(workers.len());
                     let started = workers.len();
-                    let mut outcomes: Vec<Result<ThreadOutcome>> =
-                        workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")).collect();
-                    outcomes.push(Err(thread_refused(started, config.threads, source)));
+                    // The refusal first: it is what the run reports.
+                    let mut outcomes = vec![Err(thread_refused(started, config.threads, source))];
+                    outcomes.extend(workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")));
                     return outcomes;
                 }
             }
@@ -922,23 +922,30 @@ fn worker(job: &Job, thread: usize) -> Result<ThreadOutcome> {
         if config.iodepth == 1 { run_blocking(&mut handle, &mut run) } else { run_queued(&mut handle, &mut run) };
     let end_ns = now_ns();
     run.tick(&handle, end_ns);
-    let Some((usage_before, path_before)) = run.measured_since.take() else {
-        // Stopped (Ctrl-C, or its size or --ios moved) before its warm-up ended: nothing was measured.
-        result?;
-        if job.stop.load(Ordering::Relaxed) || crate::signal::interrupted() {
-            return Err(Error::Interrupted {
-                during: "in the warm-up (ramp_time), before anything was measured".into(),
-            });
+    result?;
+    let (usage_before, path_before) = match run.measured_since.take() {
+        Some(since) => since,
+        // Stopped before its warm-up ended: nothing was measured.
+        None => {
+            if crate::signal::interrupted() {
+                return Err(Error::Interrupted {
+                    during: "in the warm-up (ramp_time), before anything was measured".into(),
+                });
+            }
+            if !job.stop.load(Ordering::Relaxed) {
+                return Err(Error::spec(
+                    "ramp_time (--ramp-time)",
+                    format!("{:?}", config.fio.ramp.unwrap_or_default()),
+                    "the job moved all it had to move before its warm-up ended, so nothing was measured: \
+                     shorten the warm-up, or run for a time (time_based with runtime; --runtime)",
+                ));
+            }
+            // Another thread stopped the run (its error is the one reported): this
+            // one measured nothing.
+            (ThreadUsage::now(), handle.stats())
         }
-        return Err(Error::spec(
-            "ramp_time (--ramp-time)",
-            format!("{:?}", config.fio.ramp.unwrap_or_default()),
-            "the job moved all it had to move before its warm-up ended, so nothing was measured: \
-             shorten the warm-up, or run for a time (time_based with runtime; --runtime)",
-        ));
     };
     let usage = ThreadUsage::now().since(&usage_before);
-    result?;
     let path = handle.stats().since(&path_before);
     if config.fio.verify_readback && run.verify == VerifyMode::LayOut && config.rw.writes() {
         read_back(&mut handle, &mut run)?;
