@@ -2,7 +2,7 @@
 //!
 //! Every thread opens its own [`Handle`] with one pre-registered buffer per
 //! queue slot, lays out its slice first when `--verify` is on, then waits at
-//! a barrier so that all threads (and the device counters) start the timed
+//! a start gate so that all threads (and the device counters) start the timed
 //! phase together. Blocking I/O (`--iodepth 1`) goes through `read_into` /
 //! `write_from`; deeper queues use submit / commit / reap.
 
