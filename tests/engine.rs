@@ -891,3 +891,47 @@ fn a_failed_durable_write_reports_its_error() {
     assert!(engine.write_durable_at(&IoBuf::from_slice(&[1u8; 4096]), 0).is_err());
     engine.write_durable_at(&IoBuf::from_slice(&[1u8; 4096]), 8192).unwrap();
 }
+
+/// io_uring cancels what a thread sent that still waits for its workers (a
+/// flush, a `RWF_DSYNC` write) when that thread exits; on a queue that threads
+/// take turns on (`combine`'s) the sender may leave before anyone waits. Such
+/// a command is sent again by whoever reaps it, never handed back cancelled
+/// (seen as a rare ECANCELED of `stm`'s durable writes on a file).
+#[test]
+fn a_command_the_kernel_cancels_when_its_sender_exits_is_sent_again() {
+    use iopath::device::{Command, Durability, QueueConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("leaver.img");
+    let device = open_device(&format!("uring:{}", file.display()), Some(1 << 20)).unwrap();
+    for round in 0..40u64 {
+        let mut buf = IoBuf::from_slice(&[round as u8; 4096]);
+        let addr = buf.as_mut_ptr() as usize;
+        let mut queue = device.open_queue(&QueueConfig { shared: true, ..QueueConfig::depth(4) }).unwrap();
+        // Sent by a thread that exits at once; reaped by this one.
+        let mut queue = std::thread::scope(|s| {
+            s.spawn(move || {
+                let mut c = Command::with_capacity(1);
+                c.reset(Op::Write, round);
+                c.durability = if round % 2 == 0 { Durability::Ordered } else { Durability::Fua };
+                c.push(round * 4096, addr as *mut u8, 4096);
+                // SAFETY: the buffer outlives the command, which is reaped below.
+                unsafe { queue.submit(c) };
+                queue.commit().unwrap();
+                queue
+            })
+            .join()
+            .unwrap()
+        });
+        let mut out = Vec::new();
+        while out.is_empty() {
+            queue.wait(&mut out, 1_000_000_000).unwrap();
+        }
+        let c = &out[0];
+        assert!(
+            c.result >= 0 && c.segments[0].result == 4096,
+            "round {round}: {:?} {}",
+            c.result,
+            c.segments[0].result
+        );
+    }
+}

@@ -315,7 +315,21 @@ impl Device for UringDevice {
 struct Slot {
     command: Option<Command>,
     remaining: usize,
+    /// iopath asked the kernel to cancel it ([`Queue::cancel`]).
+    cancel_asked: bool,
+    /// Times it was sent again after the kernel cancelled it on its own.
+    resent: u8,
 }
+
+impl Slot {
+    fn holding(command: Option<Command>, remaining: usize) -> Slot {
+        Slot { command, remaining, cancel_asked: false, resent: 0 }
+    }
+}
+
+/// Times a command the kernel cancelled on its own is sent again before its
+/// `-ECANCELED` is handed back.
+const MAX_RESENDS: u8 = 3;
 
 struct UringQueue {
     shared: Arc<Shared>,
@@ -407,7 +421,7 @@ impl UringQueue {
             fixed_file,
             registered,
             taskrun,
-            slots: (0..depth).map(|_| Slot { command: None, remaining: 0 }).collect(),
+            slots: (0..depth).map(|_| Slot::holding(None, 0)).collect(),
             free_slots: (0..depth).rev().collect(),
             ready: Vec::with_capacity(depth),
             in_flight: 0,
@@ -599,11 +613,77 @@ impl UringQueue {
         seen
     }
 
+    /// Pushes the SQEs of the command in `slot` (its results cleared) and
+    /// counts them as outstanding.
+    fn send_slot(&mut self, slot: usize) {
+        let command = self.slots[slot].command.as_mut().expect("a command to send");
+        let (op, durability) = (command.op, command.durability);
+        let count = if op == Op::Flush { 1 } else { command.segments.len() };
+        let rw_flags = match (op, durability) {
+            (Op::Write, Durability::Fua) => libc::RWF_DSYNC,
+            _ => 0,
+        };
+        if durability == Durability::Ordered && op == Op::Write {
+            self.slots[slot].remaining = count + 1;
+            self.submit_ordered(slot);
+            return;
+        }
+        self.slots[slot].remaining = count;
+        for i in 0..count {
+            let user_data = ((slot as u64) << SEG_BITS) | i as u64;
+            let entry = match op {
+                Op::Flush => self.entry(Op::Flush, 0, std::ptr::null_mut(), 0),
+                _ => {
+                    let seg = self.slots[slot].command.as_ref().expect("just stored").segments[i];
+                    self.entry_with(op, seg.offset, seg.buf, seg.len, rw_flags)
+                }
+            };
+            if let Err(err) = self.push(&entry.user_data(user_data)) {
+                // The rest of this command never reaches the kernel: fail those segments.
+                let errno = err.raw_os_error().unwrap_or(libc::EIO);
+                for rest in i..count {
+                    self.complete_sqe(((slot as u64) << SEG_BITS) | rest as u64, -errno);
+                }
+                break;
+            }
+        }
+    }
+
+    /// Whether the finished command in `slot` was cancelled by the kernel on
+    /// its own, not at iopath's request: io_uring cancels the requests a
+    /// thread sent that are still queued to its workers (a flush, a
+    /// `RWF_DSYNC` write) when that thread exits, and on a ring that threads
+    /// take turns on (`combine`'s) the sender may have left long before the
+    /// waiter. Reads and writes of the same bytes can simply be sent again.
+    fn cancelled_by_the_kernel(&self, slot: usize) -> bool {
+        let s = &self.slots[slot];
+        let command = s.command.as_ref().expect("ready slot holds a command");
+        !s.cancel_asked
+            && s.resent < MAX_RESENDS
+            && (command.result == -libc::ECANCELED || command.segments.iter().any(|g| g.result == -libc::ECANCELED))
+    }
+
     fn collect_finished(&mut self, out: &mut Vec<Command>) -> usize {
-        let n = self.ready.len();
-        for slot in self.ready.drain(..) {
+        let mut n = 0;
+        let mut resent = false;
+        for slot in std::mem::take(&mut self.ready) {
+            if self.broken.is_none() && self.cancelled_by_the_kernel(slot) {
+                let command = self.slots[slot].command.as_mut().expect("ready slot holds a command");
+                command.result = 0;
+                command.segments.iter_mut().for_each(|g| g.result = 0);
+                self.slots[slot].resent += 1;
+                self.send_slot(slot);
+                resent = true;
+                continue;
+            }
             out.push(self.slots[slot].command.take().expect("ready slot holds a command"));
             self.free_slots.push(slot);
+            n += 1;
+        }
+        if resent {
+            // If the ring broke, what it did not take was handed back failed
+            // (`break_ring`) and is in `ready` for the next look.
+            let _ = self.enter_submit();
         }
         self.in_flight -= n;
         n
@@ -641,47 +721,18 @@ impl Queue for UringQueue {
             debug_assert!(free.is_some(), "uring queue over its depth");
             command.fail_all(self.broken.unwrap_or(libc::EBUSY));
             let slot = free.unwrap_or_else(|| {
-                self.slots.push(Slot { command: None, remaining: 0 });
+                self.slots.push(Slot::holding(None, 0));
                 self.slots.len() - 1
             });
-            self.slots[slot] = Slot { command: Some(command), remaining: 0 };
+            self.slots[slot] = Slot::holding(Some(command), 0);
             self.ready.push(slot);
             self.in_flight += 1;
             return;
         };
         self.shared.counters.record(&command);
-        let op = command.op;
-        let count = if op == Op::Flush { 1 } else { command.segments.len() };
-        let rw_flags = match (op, command.durability) {
-            (Op::Write, Durability::Fua) => libc::RWF_DSYNC,
-            _ => 0,
-        };
-        if command.durability == Durability::Ordered && op == Op::Write {
-            self.slots[slot] = Slot { command: Some(command), remaining: count + 1 };
-            self.in_flight += 1;
-            self.submit_ordered(slot);
-            return;
-        }
-        self.slots[slot] = Slot { command: Some(command), remaining: count };
+        self.slots[slot] = Slot::holding(Some(command), 0);
         self.in_flight += 1;
-        for i in 0..count {
-            let user_data = ((slot as u64) << SEG_BITS) | i as u64;
-            let entry = match op {
-                Op::Flush => self.entry(Op::Flush, 0, std::ptr::null_mut(), 0),
-                _ => {
-                    let seg = self.slots[slot].command.as_ref().expect("just stored").segments[i];
-                    self.entry_with(op, seg.offset, seg.buf, seg.len, rw_flags)
-                }
-            };
-            if let Err(err) = self.push(&entry.user_data(user_data)) {
-                // The rest of this command never reaches the kernel: fail those segments.
-                let errno = err.raw_os_error().unwrap_or(libc::EIO);
-                for rest in i..count {
-                    self.complete_sqe(((slot as u64) << SEG_BITS) | rest as u64, -errno);
-                }
-                break;
-            }
-        }
+        self.send_slot(slot);
     }
 
     fn commit(&mut self) -> Result<()> {
@@ -767,17 +818,21 @@ impl Queue for UringQueue {
         if self.broken.is_some() {
             return Ok(());
         }
-        let mut targets = Vec::new();
+        let (mut targets, mut cancelled) = (Vec::new(), Vec::new());
         for (slot, s) in self.slots.iter().enumerate() {
             let Some(command) = &s.command else { continue };
             if s.remaining == 0 || (which != Cancel::All && which != Cancel::Tag(command.tag)) {
                 continue;
             }
             let sqes = if command.op == Op::Flush { 1 } else { command.segments.len() };
+            cancelled.push(slot);
             targets.extend((0..sqes).map(|i| ((slot as u64) << SEG_BITS) | i as u64));
             if command.durability == Durability::Ordered && command.op == Op::Write {
                 targets.push(((slot as u64) << SEG_BITS) | FLUSH_SEG);
             }
+        }
+        for slot in cancelled {
+            self.slots[slot].cancel_asked = true;
         }
         for user_data in targets {
             // A segment that already finished answers ENOENT; one the kernel cannot stop
