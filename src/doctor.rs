@@ -6,14 +6,16 @@
 //! sysfs, the memlock limit, CPU pressure), measures what the brief of this
 //! project says matters most on a given machine (a system call, a wake-up of
 //! a sleeping thread on another CPU, a timer sleep's overshoot, an io_uring
-//! no-op), and, for a device, runs a few short read-only benchmarks of the
-//! paths that could win and recommends the fastest, with the reasons.
-//! Nothing is ever written to the device.
+//! no-op), how idle CPUs wait and what a wake-up costs while they poll
+//! instead ([`crate::idle`]), and, for a device, runs a few short read-only
+//! benchmarks of the paths that could win and recommends the fastest, with
+//! the reasons. Nothing is ever written to the device.
 
 use crate::bench::{BenchConfig, Rw, run};
 use crate::clock::now_ns;
 use crate::device::target::Guard;
 use crate::error::{Error, Result};
+use crate::idle::{IdleFacts, IdlePolling};
 use crate::path::PathSpec;
 use crate::sync::{AtomicU32, Ordering, Parking};
 use crate::sys;
@@ -86,6 +88,9 @@ pub struct Costs {
     pub syscall_ns: f64,
     /// Waking a thread that sleeps on a futex on another CPU, until it runs.
     pub cross_cpu_wake_ns: Option<f64>,
+    /// The same while idle CPUs poll (measured holding an [`IdlePolling`]
+    /// request; `None` where it cannot be asked for or polling was already in force).
+    pub cross_cpu_wake_polling_ns: Option<f64>,
     /// How late a 50 µs timer sleep ends (timer slack 1 ns).
     pub timer_overshoot_ns: f64,
     /// One io_uring no-op in batches of 32.
@@ -144,6 +149,12 @@ pub struct Report {
     pub memlock: (u64, u64),
     /// CPUs.
     pub cpu: CpuFacts,
+    /// How idle CPUs wait (as found, before any request of doctor's own).
+    pub idle: IdleFacts,
+    /// What to do about expensive wake-ups of idle CPUs, when it pays.
+    pub idle_advice: Option<String>,
+    /// The trials ran while idle CPUs polled (`--idle-poll`, or another process's request).
+    pub trials_idle_polling: bool,
     /// Measured costs.
     pub costs: Costs,
     /// The device, if one was named.
@@ -171,6 +182,8 @@ pub struct DoctorConfig {
     pub trial_time: Duration,
     /// Thread counts to try.
     pub threads: Vec<usize>,
+    /// Run the trials while idle CPUs poll ([`IdlePolling`]).
+    pub idle_poll: bool,
 }
 
 fn read_trim(path: impl AsRef<Path>) -> Option<String> {
@@ -486,7 +499,14 @@ fn recommend_one(trials: &[Trial], threads: &[usize]) -> Option<Recommendation> 
     })
 }
 
-fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&DeviceFacts>) -> Option<Recommendation> {
+/// The best path for `threads` among the trials; `wake_ns` is what a
+/// cross-CPU wake-up cost while they ran.
+fn recommend(
+    trials: &[Trial],
+    threads: usize,
+    wake_ns: Option<f64>,
+    device: Option<&DeviceFacts>,
+) -> Option<Recommendation> {
     let mine: Vec<&Trial> = trials.iter().filter(|t| t.threads == threads).collect();
     let best = mine.iter().copied().max_by(|a, b| a.iops.total_cmp(&b.iops))?;
     let frugal = mine
@@ -511,7 +531,7 @@ fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&De
         why.push_str(&format!("; the others: {}", others.join(", ")));
     }
     let pick_sleeps = pick.path.contains("intr") || pick.path.contains("interrupt");
-    if let (Some(wake), true, false) = (costs.cross_cpu_wake_ns, pick.mean_ns > 0.0, pick_sleeps)
+    if let (Some(wake), true, false) = (wake_ns, pick.mean_ns > 0.0, pick_sleeps)
         && wake > pick.mean_ns / 4.0
     {
         why.push_str(&format!(
@@ -541,12 +561,23 @@ fn recommend(trials: &[Trial], threads: usize, costs: &Costs, device: Option<&De
 pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Result<Report> {
     let (kernel, machine) = sys::kernel_release();
     let cpu = cpu_facts();
+    let idle = IdleFacts::read();
+    let cross_cpu_wake_ns = measure_cross_cpu_wake(cpu.cpus);
+    // Measured again while idle CPUs poll, where doctor may ask for it and no one has.
+    let cross_cpu_wake_polling_ns = match (cross_cpu_wake_ns, idle.polling()) {
+        (Some(_), false) => IdlePolling::request().ok().and_then(|_held| measure_cross_cpu_wake(cpu.cpus)),
+        _ => None,
+    };
     let costs = Costs {
         syscall_ns: measure_syscall(),
-        cross_cpu_wake_ns: measure_cross_cpu_wake(cpu.cpus),
+        cross_cpu_wake_ns,
+        cross_cpu_wake_polling_ns,
         timer_overshoot_ns: measure_timer_overshoot(),
         uring_nop_ns: measure_uring_nop(),
     };
+    let idle_advice = idle_advice(&idle, &costs);
+    let idle_request = if config.idle_poll { Some(IdlePolling::request()?) } else { None };
+    let trials_idle_polling = IdleFacts::read().polling();
     let spec =
         config.device.as_ref().map(|d| if d.contains(':') || d == "null" { d.clone() } else { format!("uring:{d}") });
     let target = spec.as_deref().and_then(|s| {
@@ -580,15 +611,24 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
             }
         }
     }
+    // Measured before the trials; where doctor itself made idle CPUs poll for them, the polling figure.
+    let wake_ns = match (trials_idle_polling, costs.cross_cpu_wake_polling_ns) {
+        (true, Some(polling)) => Some(polling),
+        _ => costs.cross_cpu_wake_ns,
+    };
     let recommendations =
-        config.threads.iter().filter_map(|&t| recommend(&trials, t, &costs, device.as_ref())).collect();
+        config.threads.iter().filter_map(|&t| recommend(&trials, t, wake_ns, device.as_ref())).collect();
     let one_path = recommend_one(&trials, &config.threads);
+    drop(idle_request);
     Ok(Report {
         kernel,
         machine,
         io_uring: io_uring_facts(),
         memlock: sys::memlock_limit(),
         cpu,
+        idle,
+        idle_advice,
+        trials_idle_polling,
         costs,
         device,
         spec,
@@ -596,6 +636,28 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
         recommendations,
         one_path,
     })
+}
+
+/// Advice when waking an idle CPU costs much more than waking a polling one.
+fn idle_advice(idle: &IdleFacts, costs: &Costs) -> Option<String> {
+    let (wake, polling) = (costs.cross_cpu_wake_ns?, costs.cross_cpu_wake_polling_ns?);
+    if wake < 5_000.0 || polling > wake / 2.0 {
+        return None;
+    }
+    let mut text = format!(
+        "a wake-up of a thread on an idle CPU costs {:.1} us here, {:.1} us while idle CPUs poll: where a request \
+         sleeps or needs a kernel worker (interrupt completion, pread, a loop device), run with --idle-poll",
+        wake / 1e3,
+        polling / 1e3
+    );
+    if idle.driver.as_deref() == Some("haltpoll") && idle.guest_halt_poll_ns == Some(0) {
+        text.push_str(
+            " or raise /sys/module/haltpoll/parameters/guest_halt_poll_ns (idle vCPUs poll that long before \
+             halting, for every program)",
+        );
+    }
+    text.push_str("; the price is idle CPUs spinning (power; host CPU time in a VM)");
+    Some(text)
 }
 
 fn limit_text(v: u64) -> String {
@@ -645,14 +707,19 @@ impl Report {
                 "              the CPUs are contended: polling will lose to hybrid or interrupts (seed 001)\n",
             );
         }
+        out.push_str(&format!("cpu idle      {}\n", self.idle.summary()));
         let c = &self.costs;
         out.push_str(&format!(
-            "costs         system call {}; wake-up of a sleeping thread on another CPU {}; 50 us timer sleep ends {} late; io_uring no-op {}\n",
+            "costs         system call {}; wake-up of a sleeping thread on another CPU {}{}; 50 us timer sleep ends {} late; io_uring no-op {}\n",
             us(c.syscall_ns),
             c.cross_cpu_wake_ns.map_or("(1 CPU)".into(), us),
+            c.cross_cpu_wake_polling_ns.map_or(String::new(), |p| format!(" ({} while idle CPUs poll)", us(p))),
             us(c.timer_overshoot_ns),
             c.uring_nop_ns.map_or("(no io_uring)".into(), us),
         ));
+        if let Some(advice) = &self.idle_advice {
+            out.push_str(&format!("              {advice}\n"));
+        }
         if let Some(d) = &self.device {
             out.push_str(&format!("device        {} ({})\n", d.path, d.kind));
             let show =
@@ -677,8 +744,9 @@ impl Report {
         }
         if !self.trials.is_empty() {
             out.push_str(&format!(
-                "trials        4 KiB random reads, read-only, on {}:\n",
-                self.spec.as_deref().unwrap_or("?")
+                "trials        4 KiB random reads, read-only, on {}{}:\n",
+                self.spec.as_deref().unwrap_or("?"),
+                if self.trials_idle_polling { ", idle CPUs polling" } else { "" }
             ));
             let width = self.trials.iter().map(|t| t.path.len()).max().unwrap_or(0).max(14);
             for t in &self.trials {
@@ -724,9 +792,18 @@ impl Report {
             },
             "memlock_bytes": {"soft": self.memlock.0, "hard": self.memlock.1},
             "cpu": {"cpus": self.cpu.cpus, "pressure_some_avg10": self.cpu.pressure_some_avg10, "load1": self.cpu.load1},
+            "cpu_idle": {
+                "driver": self.idle.driver,
+                "governor": self.idle.governor,
+                "states": self.idle.states.iter().map(|s| json!({"name": s.name, "exit_latency_us": s.exit_latency_us, "disabled": s.disabled})).collect::<Vec<_>>(),
+                "guest_halt_poll_ns": self.idle.guest_halt_poll_ns,
+                "latency_limit_us": self.idle.latency_limit_us,
+                "advice": self.idle_advice,
+            },
             "costs_ns": {
                 "syscall": self.costs.syscall_ns,
                 "cross_cpu_wake": self.costs.cross_cpu_wake_ns,
+                "cross_cpu_wake_idle_polling": self.costs.cross_cpu_wake_polling_ns,
                 "timer_overshoot_50us": self.costs.timer_overshoot_ns,
                 "uring_nop": self.costs.uring_nop_ns,
             },
@@ -746,6 +823,7 @@ impl Report {
                 "loop_backing": d.loop_backing,
                 "kernel_polling": d.polling,
             })),
+            "trials_idle_polling": self.trials_idle_polling,
             "trials": self.trials.iter().map(|t| json!({
                 "path": t.path, "threads": t.threads, "iops": t.iops, "lat_ns_mean": t.mean_ns,
                 "lat_ns_p99": t.p99_ns, "cpu_ns_per_io": t.cpu_ns_per_io,

@@ -28,6 +28,7 @@ pub mod engine;
 pub mod error;
 pub mod fs;
 mod hash;
+pub mod idle;
 pub mod path;
 pub mod pattern;
 pub mod reproduce;

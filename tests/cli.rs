@@ -515,6 +515,70 @@ fn doctor_reports_the_machine_and_recommends_a_path() {
     });
 }
 
+/// Whether this process may ask that idle CPUs poll (root with PM QoS).
+fn may_ask_for_idle_polling() -> bool {
+    std::fs::OpenOptions::new().write(true).open("/dev/cpu_dma_latency").is_ok()
+}
+
+#[test]
+fn idle_polling_is_asked_for_reported_and_its_refusal_explained() {
+    let bench = ["bench", "--device", "emu:dram-ssd,size=16m", "--runtime", "200ms"];
+    let doctor = ["doctor", "--no-trials", "--output-format", "json"];
+    let o = iopath(&doctor);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["cpu_idle"].is_object() && v["costs_ns"].as_object().unwrap().contains_key("cross_cpu_wake_idle_polling")
+    );
+    if !may_ask_for_idle_polling() {
+        let err = fails(&[&bench[..], &["--idle-poll"]].concat());
+        assert!(err.contains("/dev/cpu_dma_latency") && err.contains("--idle-poll"), "{err}");
+        return;
+    }
+    let v = bench_json(&[&bench[1..], &["--idle-poll"]].concat());
+    assert_eq!(v["jobs"][0]["iopath"]["idle_polling"], Value::Bool(true), "{v}");
+    let out = common::succeeds(&[&bench[..], &["--idle-poll", "--no-progress"]].concat());
+    assert!(out.contains("idle CPUs polled instead of halting"), "{out}");
+    // Only while the run lasts: a run without the flag after it is not polling (unless
+    // another process holds a request of its own, which this one cannot tell apart).
+    let others_poll = iopath::idle::IdleFacts::read().polling();
+    let v = bench_json(&bench[1..]);
+    assert_eq!(v["jobs"][0]["iopath"]["idle_polling"], Value::Bool(others_poll), "{v}");
+    let o = iopath(&[&doctor[..], &["--idle-poll"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["cpu_idle"]["driver"].is_string() || v["cpu_idle"]["driver"].is_null(), "{v}");
+    let out = common::succeeds(&[
+        "fsbench",
+        "--device",
+        "emu:optane",
+        "--workloads",
+        "randread",
+        "--paths",
+        "aios",
+        "--runtime",
+        "100ms",
+        "--file-size",
+        "8m",
+        "--idle-poll",
+    ]);
+    assert!(out.contains("idle CPUs polled instead of halting"), "{out}");
+    let out = common::succeeds(&[
+        "compare",
+        "--device",
+        "emu:dram-ssd,size=16m",
+        "--paths",
+        "sync-path",
+        "--workloads",
+        "randread",
+        "--runtime",
+        "100ms",
+        "--no-progress",
+        "--idle-poll",
+    ]);
+    assert!(out.contains("idle CPUs polled instead of halting during every run"), "{out}");
+}
+
 #[test]
 fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not() {
     use common::succeeds;

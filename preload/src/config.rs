@@ -8,6 +8,9 @@
 //!   dispatcher that spins on the device while the callers sleep).
 //! - `IOPATH_LOG=1`: one line on stderr per routing decision and a summary
 //!   of routed and passed-through calls at exit.
+//! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
+//!   instead of halting (`iopath::idle::IdlePolling`; root only, a refusal is
+//!   logged and changes nothing else).
 
 /// The interposer's settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -18,6 +21,8 @@ pub struct Config {
     pub path: String,
     /// Print routing decisions and a summary.
     pub log: bool,
+    /// Ask that idle CPUs poll while the program runs.
+    pub idle_poll: bool,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -30,7 +35,14 @@ impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> Config {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        Config::from_values(var("IOPATH_FILES").as_deref(), var("IOPATH_PATH").as_deref(), var("IOPATH_LOG").as_deref())
+        Config {
+            idle_poll: var("IOPATH_IDLE_POLL").is_some_and(|v| v != "0"),
+            ..Config::from_values(
+                var("IOPATH_FILES").as_deref(),
+                var("IOPATH_PATH").as_deref(),
+                var("IOPATH_LOG").as_deref(),
+            )
+        }
     }
 
     /// Builds the settings from the variables' values.
@@ -41,6 +53,7 @@ impl Config {
             // ahead of stm for fio at 1, 4 and 16 jobs and for db_bench at 4 and 16 threads.
             path: path.unwrap_or(DEFAULT_PATH).to_string(),
             log: log.is_some_and(|v| v != "0"),
+            idle_poll: false,
         }
     }
 

@@ -38,6 +38,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
+/// The request that idle CPUs poll (`IOPATH_IDLE_POLL=1`), held until the process ends.
+static IDLE_POLLING: OnceLock<iopath::idle::IdlePolling> = OnceLock::new();
 /// Set in a child after `fork`: nothing is routed there.
 static FORKED: AtomicBool = AtomicBool::new(false);
 /// Whether any pattern is set (otherwise every hook passes straight through).
@@ -94,6 +96,16 @@ extern "C" fn on_load() {
         COUNTING.store(c.log, Ordering::SeqCst);
         ACTIVE.store(true, Ordering::SeqCst);
         log(&format!("routing O_DIRECT files matching {} through {}", c.files.join(":"), c.path));
+        if c.idle_poll {
+            let _inside = Inside::enter();
+            match iopath::idle::IdlePolling::request() {
+                Ok(held) => {
+                    let _ = IDLE_POLLING.set(held);
+                    log("idle CPUs poll while this program runs (IOPATH_IDLE_POLL)");
+                }
+                Err(e) => log(&format!("IOPATH_IDLE_POLL: {e}")),
+            }
+        }
     }
 }
 

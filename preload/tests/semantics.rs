@@ -79,3 +79,24 @@ fn without_patterns_nothing_is_routed_and_nothing_is_printed() {
     assert!(!stderr.contains("iopath:"), "{stderr}");
     let _ = std::fs::remove_file(program);
 }
+
+#[test]
+fn idle_polling_is_asked_for_when_the_environment_says_so() {
+    let program = compile_test_program("idle");
+    let library = preload_library().display().to_string();
+    let (_, stderr) = run(
+        &program,
+        &[
+            ("LD_PRELOAD", library),
+            ("IOPATH_FILES", "/**/data.img".into()),
+            ("IOPATH_IDLE_POLL", "1".into()),
+            ("IOPATH_LOG", "1".into()),
+        ],
+    );
+    // Granted where the test runs as root (CI), refused with the reason elsewhere:
+    // never silent, and the program's semantics hold either way.
+    let root = std::fs::OpenOptions::new().write(true).open("/dev/cpu_dma_latency").is_ok();
+    let line = if root { "idle CPUs poll while this program runs" } else { "IOPATH_IDLE_POLL: cannot ask" };
+    assert!(stderr.contains(line), "{stderr}");
+    let _ = std::fs::remove_file(program);
+}

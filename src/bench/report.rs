@@ -183,6 +183,7 @@ fn iopath_object(r: &BenchResult) -> Value {
         })),
         "verified_blocks": m.verified_blocks,
         "started_unix_ms": r.started_unix_ms,
+        "idle_polling": r.idle_polling,
         "logs": r.logs_written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
     })
 }
@@ -451,6 +452,11 @@ pub fn to_table(r: &BenchResult) -> String {
         );
     }
     out.push_str(&format!("\n        on {}\n", r.completion_source));
+    if r.idle_polling {
+        out.push_str(
+            "        idle CPUs polled instead of halting (PM QoS CPU latency limit 0 us): wake-ups were cheap\n",
+        );
+    }
     let w = &m.path.wait;
     let in_modes: u64 = w.mode_ns.iter().sum();
     if in_modes > 0 {

@@ -68,6 +68,9 @@ pub struct BenchConfig {
     pub guard: Guard,
     /// fio's skew, pacing, warm-up, logs and reporting options.
     pub fio: FioOptions,
+    /// Ask that idle CPUs poll rather than halt while the run lasts
+    /// ([`IdlePolling`](crate::idle::IdlePolling)); a run that cannot ask fails.
+    pub idle_poll: bool,
 }
 
 /// fio options beyond the basic workload (`random_distribution`,
@@ -178,6 +181,7 @@ impl Default for BenchConfig {
             hogs: HogConfig::default(),
             guard: Guard::Protect { allow_overwrite: false, allow_fs: false },
             fio: FioOptions::default(),
+            idle_poll: false,
         }
     }
 }
@@ -217,6 +221,9 @@ pub struct BenchResult {
     pub logs_written: Vec<std::path::PathBuf>,
     /// When the measured phase began, in milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
+    /// Idle CPUs polled during the run (a 0 µs PM QoS CPU latency limit was in
+    /// force, asked for by `idle_poll` or by another process): wake-ups were cheap.
+    pub idle_polling: bool,
 }
 
 impl BenchResult {
@@ -242,6 +249,7 @@ impl BenchResult {
             out.samples.add_samples(&r.samples);
             out.logs_written.extend(r.logs_written);
             out.started_unix_ms = out.started_unix_ms.min(r.started_unix_ms);
+            out.idle_polling &= r.idle_polling;
         }
         Some(out)
     }
@@ -466,6 +474,8 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
     let released_at = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
+    let idle_request = if config.idle_poll { Some(crate::idle::IdlePolling::request()?) } else { None };
+    let idle_polling = crate::idle::IdleFacts::read().polling();
     let hogs = Hogs::start(&config.hogs)?;
     let mut hog_units_before = 0;
     let mut start_ns = 0;
@@ -543,6 +553,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         workers.into_iter().map(|w| w.join().expect("benchmark thread panicked")).collect()
     });
     let hog_report = hogs.stop(&config.hogs, hog_units_before, start_ns);
+    drop(idle_request);
     let device_after = engine.device().stats();
     // The path's own threads (an ATM dispatcher) count as part of the I/O path.
     let (stats_before, usage_before): (PathStats, ThreadUsage) = background_before;
@@ -607,6 +618,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
         samples,
         logs_written,
         started_unix_ms,
+        idle_polling,
     })
 }
 

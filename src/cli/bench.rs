@@ -1,6 +1,6 @@
 //! `iopath bench`: one workload, fio-like flags.
 
-use super::path_args::{PathKnobs, duration_arg, presets_help, resolve_path};
+use super::path_args::{IdleArgs, PathKnobs, duration_arg, presets_help, resolve_path};
 use clap::{Args, ValueEnum};
 use iopath::bench::{self, BenchConfig, Rw, report};
 use iopath::units::parse_size;
@@ -192,6 +192,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     hogs: HogArgs,
     #[command(flatten)]
+    idle: IdleArgs,
+    #[command(flatten)]
     safety: SafetyArgs,
     /// table, json or json+ (json with latency histograms).
     #[arg(long, value_enum, default_value = "table")]
@@ -368,6 +370,7 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
         hogs: args.hogs.config(args.hogs.cpu_hogs),
         guard: args.safety.guard(),
         fio: Default::default(),
+        idle_poll: args.idle.idle_poll,
     };
     let mut config = config;
     args.fio.apply(&mut config)?;

@@ -1,7 +1,7 @@
 //! `iopath compare`: a matrix of paths x workloads on one device.
 
 use super::bench::{DEVICES_HELP, OutputFormat, SafetyArgs};
-use super::path_args::{PathKnobs, duration_arg, presets_help, resolve_path};
+use super::path_args::{IdleArgs, PathKnobs, duration_arg, presets_help, resolve_path};
 use clap::Args;
 use iopath::bench::compare::Comparison;
 use iopath::bench::compare::compare;
@@ -84,6 +84,8 @@ pub struct CompareArgs {
     knobs: PathKnobs,
     #[command(flatten)]
     safety: SafetyArgs,
+    #[command(flatten)]
+    idle: IdleArgs,
     /// table or json.
     #[arg(long, value_enum, default_value = "table")]
     output_format: OutputFormat,
@@ -141,6 +143,8 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
             hogs: Default::default(),
             guard: args.safety.guard(),
             fio: Default::default(),
+            // Held once below for the whole matrix, not asked for run by run.
+            idle_poll: false,
         });
     }
     // Found out now, not after the whole matrix has run: the chart's file can be written.
@@ -154,6 +158,7 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
     };
     let show = !args.no_progress && std::io::stderr().is_terminal();
     let baseline = if policies { configs[0].path_name.clone() } else { args.baseline.clone() };
+    let idle_request = args.idle.hold()?;
     let mut sections = Vec::new();
     for &hogs in &args.cpu_hogs {
         let configs: Vec<BenchConfig> = configs
@@ -175,8 +180,12 @@ pub fn run(args: CompareArgs) -> iopath::Result<()> {
         })?;
         sections.push((hogs, comparison));
     }
+    drop(idle_request);
     match args.output_format {
         OutputFormat::Table => {
+            if args.idle.idle_poll {
+                println!("idle CPUs polled instead of halting during every run (--idle-poll)");
+            }
             for (hogs, comparison) in &sections {
                 if args.cpu_hogs.len() > 1 || *hogs > 0 {
                     println!("=== {hogs} competing CPU hog(s) ===");

@@ -1,7 +1,7 @@
 //! `iopath doctor`: what this machine and a device support, and which path to use.
 
 use super::bench::OutputFormat;
-use super::path_args::duration_arg;
+use super::path_args::{IdleArgs, duration_arg};
 use clap::Args;
 use iopath::doctor::{DoctorConfig, examine};
 use std::time::Duration;
@@ -10,7 +10,9 @@ const DOCTOR_HELP: &str = "\
 Reports the kernel, whether io_uring is usable (the io_uring_disabled sysctl, seccomp) and which setup
 flags it accepts, the memlock limit for registered buffers, the CPUs and how contended they are
 (PSI), and measures what waiting costs here: a system call, a wake-up of a sleeping thread on another
-CPU, a timer sleep's overshoot, an io_uring no-op. Given a device (a spec, or a bare path taken as
+CPU, a timer sleep's overshoot, an io_uring no-op; how idle CPUs wait (cpuidle driver and states, a
+VM's halt polling, the PM QoS CPU latency limit) and what a wake-up costs while they poll instead
+(--idle-poll runs the trials that way too). Given a device (a spec, or a bare path taken as
 uring:PATH) it also reads its queue from sysfs (logical block size and O_DIRECT alignment, poll queues
 and why kernel polling is or is not available, scheduler, nomerges, queue depth) and runs short
 read-only trials of the paths that can win at 1 and 16 threads, then recommends one and says why.
@@ -37,6 +39,8 @@ pub struct DoctorArgs {
     /// Do not run trials (facts and machine costs only).
     #[arg(long)]
     no_trials: bool,
+    #[command(flatten)]
+    idle: IdleArgs,
     /// table or json.
     #[arg(long, value_enum, default_value = "table")]
     output_format: OutputFormat,
@@ -52,6 +56,7 @@ pub fn run(args: DoctorArgs) -> iopath::Result<()> {
         measure: !args.no_trials,
         trial_time: args.trial_time,
         threads: args.threads,
+        idle_poll: args.idle.idle_poll,
     };
     let table = matches!(args.output_format, OutputFormat::Table);
     let report = examine(&config, |t| {

@@ -1,7 +1,7 @@
 //! `iopath fsbench`: the file layer's read and fsync paths side by side.
 
 use super::bench::{OutputFormat, SafetyArgs};
-use super::path_args::duration_arg;
+use super::path_args::{IdleArgs, duration_arg};
 use clap::Args;
 use iopath::Error;
 use iopath::bench::fsbench::{self, FsBenchConfig, FsPaths, FsRun, FsWorkload};
@@ -91,6 +91,8 @@ pub struct FsBenchArgs {
     output_format: OutputFormat,
     #[command(flatten)]
     safety: SafetyArgs,
+    #[command(flatten)]
+    idle: IdleArgs,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -126,6 +128,8 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
     if table {
         eprintln!("formatting {} and writing a {} file...", config.device, format_size(config.file_size));
     }
+    let idle_request = args.idle.hold()?;
+    let idle_polling = iopath::idle::IdleFacts::read().polling();
     let runs = fsbench::run(&config, |r| {
         if table {
             eprintln!(
@@ -138,9 +142,12 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
             );
         }
     })?;
+    drop(idle_request);
     match args.output_format {
-        OutputFormat::Table => print!("{}", to_table(&config, &runs)),
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&to_json(&config, &runs)).expect("JSON")),
+        OutputFormat::Table => print!("{}", to_table(&config, &runs, idle_polling)),
+        OutputFormat::Json => {
+            println!("{}", serde_json::to_string_pretty(&to_json(&config, &runs, idle_polling)).expect("JSON"))
+        }
     }
     if iopath::signal::interrupted() {
         eprintln!("interrupted: the table holds the runs that finished");
@@ -168,7 +175,7 @@ fn cells(runs: &[FsRun]) -> Vec<Vec<&FsRun>> {
     out
 }
 
-fn to_table(config: &FsBenchConfig, runs: &[FsRun]) -> String {
+fn to_table(config: &FsBenchConfig, runs: &[FsRun], idle_polling: bool) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(
@@ -181,6 +188,9 @@ fn to_table(config: &FsBenchConfig, runs: &[FsRun]) -> String {
         config.device,
         config.repeat.max(1)
     );
+    if idle_polling {
+        let _ = writeln!(s, "idle CPUs polled instead of halting during the runs (a 0 us PM QoS CPU latency limit)");
+    }
     let _ = writeln!(
         s,
         "{:<9} {:<13} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8} {:>9} {:>8}",
@@ -282,10 +292,11 @@ fn fsbench_seq() -> FsWorkload {
     FsWorkload::SeqRead
 }
 
-fn to_json(config: &FsBenchConfig, runs: &[FsRun]) -> serde_json::Value {
+fn to_json(config: &FsBenchConfig, runs: &[FsRun], idle_polling: bool) -> serde_json::Value {
     json!({
         "fsbench": {
             "device": config.device,
+            "idle_polling": idle_polling,
             "engine_path": config.engine_path.label(),
             "threads": config.threads,
             "bs": config.bs,

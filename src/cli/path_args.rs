@@ -114,3 +114,23 @@ pub fn presets_help() -> String {
     );
     text
 }
+
+/// How idle CPUs wait during a run (shared by `bench`, `compare`, `fsbench` and `doctor`).
+#[derive(Args, Debug, Clone)]
+pub struct IdleArgs {
+    /// While the run lasts, ask that idle CPUs poll instead of halting (a PM QoS CPU
+    /// latency limit of 0 us through /dev/cpu_dma_latency, as cyclictest does; root only).
+    /// A wake-up of a thread on an idle CPU then costs ~2 us instead of what leaving a
+    /// deep idle state costs (10-40 us in these VMs: `iopath doctor` measures both), for
+    /// every request that sleeps or needs a kernel worker; the price is idle CPUs
+    /// spinning (power; host CPU time in a VM). The request ends with the run.
+    #[arg(long, help_heading = "CPU")]
+    pub idle_poll: bool,
+}
+
+impl IdleArgs {
+    /// Holds the request if asked, for as long as the returned value lives.
+    pub fn hold(&self) -> iopath::Result<Option<iopath::idle::IdlePolling>> {
+        self.idle_poll.then(iopath::idle::IdlePolling::request).transpose()
+    }
+}
