@@ -646,7 +646,10 @@ fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     let e = fails(&["fsbench", "--paths", "fast"]);
     assert!(e.contains("conventional or aios"), "{e}");
     let e = fails(&["fsbench", "--device", "emu:optane,size=64m", "--file-size", "256m"]);
-    assert!(e.contains("--file-size") && e.contains("holds 64MiB"), "{e}");
+    assert!(e.contains("--file-size") && e.contains("holds 64MiB") && e.contains("no file fits"), "{e}");
+    // Where a smaller file fits, the message says how large.
+    let e = fails(&["fsbench", "--device", "emu:optane,size=128m", "--file-size", "256m"]);
+    assert!(e.contains("--file-size 56MiB or less fits"), "{e}");
     // Settings that cannot make a run are refused before anything is formatted.
     for (args, names) in [
         (&["--bs", "1g"][..], "--file-size '256MiB': at least --bs (1GiB)"),

@@ -284,16 +284,28 @@ pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<V
     spec.protect(config.guard, false);
     let device = spec.open()?;
     // The file, its metadata and the journal must fit.
-    let needed = config.file_size + config.file_size / 8 + (64 << 20);
+    const RESERVE: u64 = 64 << 20;
+    let needed = config.file_size + config.file_size / 8 + RESERVE;
     if device.size() < needed {
+        // The largest file that fits, in whole MiB (whole blocks below that): what to ask for instead.
+        let fits = device.size().saturating_sub(RESERVE) / 9 * 8;
+        let unit = if fits >= 1 << 20 { (1 << 20).max(config.bs) } else { config.bs };
+        let fits = fits / unit * unit;
+        let instead = if fits >= config.bs * config.threads as u64 {
+            format!("--file-size {} or less fits", format_size(fits))
+        } else {
+            format!("no file fits: use a device of at least {}", format_size(needed))
+        };
         return Err(Error::spec(
             "--file-size",
             format_size(config.file_size),
             format!(
-                "{} holds {}; a file of this size needs about {} of device (a smaller --file-size fits)",
+                "{} holds {}; a file of this size needs about {} of device (the file, its metadata and {} \
+                 for the journal and the rest): {instead}",
                 config.device,
                 format_size(device.size()),
-                format_size(needed)
+                format_size(needed),
+                format_size(RESERVE)
             ),
         ));
     }
