@@ -100,6 +100,23 @@ char *iopath_stats_json(const iopath_engine *engine);
 /** Frees a string returned by iopath. NULL is ignored. */
 void iopath_string_free(char *s);
 
+/** A held request that idle CPUs poll (see iopath_idle_poll_request). */
+typedef struct iopath_idle_poll iopath_idle_poll;
+
+/**
+ * Asks the kernel that idle CPUs poll instead of halting until the request
+ * is released (a PM QoS CPU latency limit of 0 us through
+ * /dev/cpu_dma_latency; root only). A wake-up of a thread whose CPU is idle
+ * then costs ~2 us instead of leaving a deep idle state (10-40 us on a VM
+ * whose idle vCPUs halt): it pays where requests sleep or need a kernel
+ * worker. The price is idle CPUs spinning. The request also ends when the
+ * process does. NULL on failure (iopath_last_error() says why).
+ */
+iopath_idle_poll *iopath_idle_poll_request(void);
+
+/** Ends the request. NULL is ignored. */
+void iopath_idle_poll_release(iopath_idle_poll *request);
+
 /**
  * Opens a queue for the calling thread with room for depth requests in
  * flight. NULL on failure.

@@ -328,6 +328,41 @@ pub unsafe extern "C" fn iopath_string_free(s: *mut c_char) {
     }
 }
 
+/// A held request that idle CPUs poll ([`crate::idle::IdlePolling`]).
+pub struct CIdlePolling {
+    _request: crate::idle::IdlePolling,
+}
+
+/// Asks that idle CPUs poll instead of halting until released; see `iopath.h`.
+#[unsafe(no_mangle)]
+pub extern "C" fn iopath_idle_poll_request() -> *mut CIdlePolling {
+    let mut out = std::ptr::null_mut();
+    guarded("iopath_idle_poll_request", || match crate::idle::IdlePolling::request() {
+        Ok(request) => {
+            out = Box::into_raw(Box::new(CIdlePolling { _request: request }));
+            0
+        }
+        Err(e) => fail(&e),
+    });
+    out
+}
+
+/// Ends a request from [`iopath_idle_poll_request`]; see `iopath.h`.
+///
+/// # Safety
+/// `request` must come from [`iopath_idle_poll_request`] (or be NULL) and be released once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn iopath_idle_poll_release(request: *mut CIdlePolling) {
+    if request.is_null() {
+        return;
+    }
+    guarded("iopath_idle_poll_release", || {
+        // SAFETY: the caller hands back what iopath_idle_poll_request returned, once.
+        drop(unsafe { Box::from_raw(request) });
+        0
+    });
+}
+
 /// Opens a queue (this thread's handle at `depth`); see `iopath.h`.
 ///
 /// # Safety

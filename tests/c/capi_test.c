@@ -7,15 +7,18 @@
  * 8 threads on one merging engine write and read back distinct blocks, every
  * byte checked; a queue refuses more than its depth, hands completions out
  * in pieces and waits for its requests when closed; a device error inside a
- * merged batch reaches exactly the request it hit; statistics are JSON.
+ * merged batch reaches exactly the request it hit; statistics are JSON;
+ * idle polling is in force while held (root) or refused with a reason.
  * Prints "N passed, M failed" and exits non-zero on any failure.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <iopath.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHECK_CONTEXT() fprintf(stderr, " (last error: %s)", iopath_last_error())
 #include "check.h"
@@ -184,6 +187,23 @@ static void device_error(void) {
     iopath_close(e);
 }
 
+/* Idle polling: granted to root (and then in force until released), refused with a reason otherwise. */
+static void idle_poll(void) {
+    int root = access("/dev/cpu_dma_latency", W_OK) == 0;
+    iopath_idle_poll *p = iopath_idle_poll_request();
+    if (root) {
+        CHECK(p != NULL, "root may ask that idle CPUs poll: %s", iopath_last_error());
+        int fd = open("/dev/cpu_dma_latency", O_RDONLY);
+        int32_t limit = -1;
+        CHECK(fd >= 0 && read(fd, &limit, sizeof limit) == sizeof limit && limit == 0, "limit %d while held", limit);
+        if (fd >= 0) close(fd);
+    } else {
+        CHECK(p == NULL && strstr(iopath_last_error(), "cpu_dma_latency") != NULL, "refused: %s", iopath_last_error());
+    }
+    iopath_idle_poll_release(p);
+    iopath_idle_poll_release(NULL);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: capi_test SCRATCH-FILE\n");
@@ -195,6 +215,7 @@ int main(int argc, char **argv) {
     threads("sync-intr");
     queue();
     device_error();
+    idle_poll();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
