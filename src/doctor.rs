@@ -134,6 +134,9 @@ pub struct Recommendation {
     pub path: String,
     /// Why.
     pub why: String,
+    /// The same path's trial again while idle CPUs polled, where the trials
+    /// ran with them halting and polling would make wake-ups much cheaper.
+    pub with_idle_polling: Option<Trial>,
 }
 
 /// Everything `doctor` found.
@@ -496,6 +499,7 @@ fn recommend_one(trials: &[Trial], threads: &[usize]) -> Option<Recommendation> 
             100.0 * (1.0 - share),
             each.join(", ")
         ),
+        with_idle_polling: None,
     })
 }
 
@@ -554,7 +558,7 @@ fn recommend(
     } else if device.is_some_and(|d| d.io_poll.as_deref() != Some("1")) {
         why.push_str("; no kernel polling on this device, so polling means user-space spinning on the ring");
     }
-    Some(Recommendation { threads, path: pick.path.clone(), why })
+    Some(Recommendation { threads, path: pick.path.clone(), why, with_idle_polling: None })
 }
 
 /// Examines the machine and, if given, a device.
@@ -616,9 +620,31 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
         (true, Some(polling)) => Some(polling),
         _ => costs.cross_cpu_wake_ns,
     };
-    let recommendations =
+    let mut recommendations: Vec<Recommendation> =
         config.threads.iter().filter_map(|&t| recommend(&trials, t, wake_ns, device.as_ref())).collect();
     let one_path = recommend_one(&trials, &config.threads);
+    // Where idle CPUs halted and polling would make wake-ups much cheaper, each pick is
+    // tried once more while they poll: what --idle-poll would give (often another ranking).
+    if let (Some(spec), false, Some(_)) = (&spec, trials_idle_polling, &idle_advice)
+        && let Ok(_polling) = IdlePolling::request()
+    {
+        for r in &mut recommendations {
+            if crate::signal::interrupted() {
+                break;
+            }
+            let name = if r.path.starts_with("sync-intr on psync:") { PREAD_CANDIDATE } else { r.path.as_str() };
+            let mut t = trial(spec, name, r.threads, config.trial_time)?;
+            t.path = format!("{} (idle CPUs polling)", r.path);
+            on_trial(&t);
+            r.why.push_str(&format!(
+                "; with idle CPUs polling (--idle-poll) it made {:.0} IOPS, mean {:.1} us (iopath doctor ... \
+                 --idle-poll tries every path that way)",
+                t.iops,
+                t.mean_ns / 1e3
+            ));
+            r.with_idle_polling = Some(t);
+        }
+    }
     drop(idle_request);
     Ok(Report {
         kernel,
@@ -828,7 +854,12 @@ impl Report {
                 "path": t.path, "threads": t.threads, "iops": t.iops, "lat_ns_mean": t.mean_ns,
                 "lat_ns_p99": t.p99_ns, "cpu_ns_per_io": t.cpu_ns_per_io,
             })).collect::<Vec<_>>(),
-            "recommendations": self.recommendations.iter().map(|r| json!({"threads": r.threads, "path": r.path, "why": r.why})).collect::<Vec<_>>(),
+            "recommendations": self.recommendations.iter().map(|r| json!({
+                "threads": r.threads, "path": r.path, "why": r.why,
+                "with_idle_polling": r.with_idle_polling.as_ref().map(|t| json!({
+                    "iops": t.iops, "lat_ns_mean": t.mean_ns, "lat_ns_p99": t.p99_ns, "cpu_ns_per_io": t.cpu_ns_per_io,
+                })),
+            })).collect::<Vec<_>>(),
             "one_path": self.one_path.as_ref().map(|r| json!({"path": r.path, "why": r.why})),
         })
     }

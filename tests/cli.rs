@@ -492,6 +492,15 @@ fn doctor_reports_the_machine_and_recommends_a_path() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["costs_ns"]["syscall"].as_f64().unwrap() > 0.0);
     assert_eq!(v["recommendations"].as_array().unwrap().len(), 2, "{v}");
+    for r in v["recommendations"].as_array().unwrap() {
+        // The pick tried again while idle CPUs poll, where that pays and may be asked for; else null.
+        match &r["with_idle_polling"] {
+            Value::Null => {}
+            t => {
+                assert!(t["iops"].as_f64().unwrap() > 0.0 && r["why"].as_str().unwrap().contains("--idle-poll"), "{r}")
+            }
+        }
+    }
     // One path for both counts, if one came within 10% of the best at each: one that was tried.
     let tried: Vec<&str> = v["trials"].as_array().unwrap().iter().map(|t| t["path"].as_str().unwrap()).collect();
     match &v["one_path"] {

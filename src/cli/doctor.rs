@@ -15,7 +15,9 @@ VM's halt polling, the PM QoS CPU latency limit) and what a wake-up costs while 
 (--idle-poll runs the trials that way too). Given a device (a spec, or a bare path taken as
 uring:PATH) it also reads its queue from sysfs (logical block size and O_DIRECT alignment, poll queues
 and why kernel polling is or is not available, scheduler, nomerges, queue depth) and runs short
-read-only trials of the paths that can win at 1 and 16 threads, then recommends one and says why.
+read-only trials of the paths that can win at 1 and 16 threads, then recommends one and says why
+(where idle CPUs halt and polling would make wake-ups much cheaper, each pick is tried once more
+while they poll, to show what --idle-poll would give).
 It never writes to the device.
 
 EXAMPLES:
