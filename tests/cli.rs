@@ -548,11 +548,8 @@ fn idle_polling_is_asked_for_reported_and_its_refusal_explained() {
     assert_eq!(v["jobs"][0]["iopath"]["idle_polling"], Value::Bool(true), "{v}");
     let out = common::succeeds(&[&bench[..], &["--idle-poll", "--no-progress"]].concat());
     assert!(out.contains("idle CPUs polled instead of halting"), "{out}");
-    // Only while the run lasts: a run without the flag after it is not polling (unless
-    // another process holds a request of its own, which this one cannot tell apart).
-    let others_poll = iopath::idle::IdleFacts::read().polling();
-    let v = bench_json(&bench[1..]);
-    assert_eq!(v["jobs"][0]["iopath"]["idle_polling"], Value::Bool(others_poll), "{v}");
+    // (That the request ends with the run is checked in src/idle.rs: here other tests'
+    // doctor runs, which hold requests of their own, may overlap this one.)
     let o = iopath(&[&doctor[..], &["--idle-poll"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
