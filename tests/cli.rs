@@ -544,6 +544,20 @@ fn idle_polling_is_asked_for_reported_and_its_refusal_explained() {
         assert!(err.contains("/dev/cpu_dma_latency") && err.contains("--idle-poll"), "{err}");
         return;
     }
+    // As root (CI), the refusal is met by running as an unprivileged user, where setpriv exists.
+    if let Ok(o) = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_iopath")])
+        .args(bench)
+        .args(["--idle-poll", "--no-progress"])
+        .output()
+        // (Not where the binary is out of the unprivileged user's reach: setpriv says so itself.)
+        && !String::from_utf8_lossy(&o.stderr).starts_with("setpriv:")
+    {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(err.contains("only root may ask") && err.contains("--idle-poll"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
     let v = bench_json(&[&bench[1..], &["--idle-poll"]].concat());
     assert_eq!(v["jobs"][0]["iopath"]["idle_polling"], Value::Bool(true), "{v}");
     let out = common::succeeds(&[&bench[..], &["--idle-poll", "--no-progress"]].concat());
