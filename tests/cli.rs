@@ -597,6 +597,12 @@ fn idle_polling_is_asked_for_reported_and_its_refusal_explained() {
         "--idle-poll",
     ]);
     assert!(out.contains("idle CPUs polled instead of halting during every run"), "{out}");
+    // A reproduce report says on its first line that idle CPUs polled.
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().display().to_string();
+    common::succeeds(&["reproduce", "merge", "--quick", "--idle-poll", "--no-progress", "--out", &out_dir]);
+    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(report.lines().nth(2).is_some_and(|l| l.contains("idle CPUs polled instead of halting")), "{report}");
 }
 
 #[test]

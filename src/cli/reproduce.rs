@@ -28,6 +28,7 @@ EXAMPLES:
   iopath reproduce --quick                 # everything, short runs (under a minute on 2 vCPUs)
   sudo iopath reproduce real               # the designs on a loop device (needs root)
   iopath reproduce latency peak --out r    # two experiments, 1 s runs
+  sudo iopath reproduce --quick --idle-poll  # with idle CPUs polling (cheap wake-ups)
   iopath report r                          # redraw r/REPORT.md and r/report.html from r/results.json
 ";
 
@@ -46,6 +47,8 @@ pub struct ReproduceArgs {
     /// No progress bars.
     #[arg(long)]
     no_progress: bool,
+    #[command(flatten)]
+    idle: super::path_args::IdleArgs,
 }
 
 /// Arguments of `iopath report`.
@@ -74,6 +77,8 @@ pub fn run(args: ReproduceArgs) -> iopath::Result<()> {
     })?;
     let show = !args.no_progress && std::io::stderr().is_terminal();
     let config = ReproduceConfig { experiments: args.experiments, quick: args.quick };
+    // Held until the report is made: its machine line says whether idle CPUs polled.
+    let idle_request = args.idle.hold()?;
     let bar = std::cell::RefCell::new(None::<indicatif::ProgressBar>);
     let style = indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} runs, {eta} left")
         .expect("a valid template")
@@ -102,6 +107,7 @@ pub fn run(args: ReproduceArgs) -> iopath::Result<()> {
             eprintln!("{:>12}: {held} of {} findings hold", section.key, section.findings.len());
         },
     )?;
+    drop(idle_request);
     report.save(&args.out)?;
     let (held, total) =
         report.sections.iter().flat_map(|s| &s.findings).fold((0, 0), |(h, t), f| (h + usize::from(f.holds), t + 1));

@@ -126,6 +126,10 @@ pub struct Machine {
     pub date: String,
     /// iopath's version.
     pub version: String,
+    /// Idle CPUs polled instead of halting while the experiments ran
+    /// (`--idle-poll`, or another process's request): wake-ups were cheap.
+    #[serde(default)]
+    pub idle_polling: bool,
 }
 
 impl Machine {
@@ -138,6 +142,7 @@ impl Machine {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             date: utc_date(secs),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            idle_polling: crate::idle::IdleFacts::read().polling(),
         }
     }
 }

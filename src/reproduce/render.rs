@@ -27,11 +27,12 @@ fn summary(report: &Report) -> (usize, usize) {
 fn machine_line(report: &Report) -> String {
     let m = &report.machine;
     format!(
-        "iopath {} on Linux {}, {} CPU(s), {}{}",
+        "iopath {} on Linux {}, {} CPU(s), {}{}{}",
         m.version,
         m.kernel,
         m.cpus,
         m.date,
+        if m.idle_polling { "; idle CPUs polled instead of halting (--idle-poll: cheap wake-ups)" } else { "" },
         if report.quick { "; --quick (short runs: figures are noisier)" } else { "" }
     )
 }
