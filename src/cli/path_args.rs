@@ -115,7 +115,7 @@ pub fn presets_help() -> String {
     text
 }
 
-/// How idle CPUs wait during a run (shared by `bench`, `compare`, `fsbench` and `doctor`).
+/// How idle CPUs wait during a run (shared by `bench`, `compare`, `fsbench`, `doctor` and `reproduce`).
 #[derive(Args, Debug, Clone)]
 pub struct IdleArgs {
     /// While the run lasts, ask that idle CPUs poll instead of halting (a PM QoS CPU
