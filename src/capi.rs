@@ -148,12 +148,22 @@ pub unsafe extern "C" fn iopath_open(device_spec: *const c_char, path_spec: *con
 /// `engine` must come from [`iopath_open`] and not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn iopath_close(engine: *mut CEngine) {
-    if engine.is_null() {
+    // SAFETY: the caller hands back what iopath_open returned, once (header contract).
+    unsafe { release("iopath_close", engine) }
+}
+
+/// Drops what a C caller hands back (NULL is ignored), under `guarded`.
+///
+/// # Safety
+/// `ptr` must be NULL or come from `Box::into_raw` of a `Box<T>` made in this
+/// library, and not be used afterwards.
+unsafe fn release<T>(what: &str, ptr: *mut T) {
+    if ptr.is_null() {
         return;
     }
-    guarded("iopath_close", || {
-        // SAFETY: the caller hands back what iopath_open returned, once.
-        drop(unsafe { Box::from_raw(engine) });
+    guarded(what, || {
+        // SAFETY: as the function's contract says.
+        drop(unsafe { Box::from_raw(ptr) });
         0
     });
 }
@@ -353,14 +363,8 @@ pub extern "C" fn iopath_idle_poll_request() -> *mut CIdlePolling {
 /// `request` must come from [`iopath_idle_poll_request`] (or be NULL) and be released once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn iopath_idle_poll_release(request: *mut CIdlePolling) {
-    if request.is_null() {
-        return;
-    }
-    guarded("iopath_idle_poll_release", || {
-        // SAFETY: the caller hands back what iopath_idle_poll_request returned, once.
-        drop(unsafe { Box::from_raw(request) });
-        0
-    });
+    // SAFETY: the caller hands back what iopath_idle_poll_request returned, once (header contract).
+    unsafe { release("iopath_idle_poll_release", request) }
 }
 
 /// Opens a queue (this thread's handle at `depth`); see `iopath.h`.
