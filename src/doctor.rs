@@ -665,22 +665,34 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
 }
 
 /// Advice when waking an idle CPU costs much more than waking a polling one.
+/// Without the polling figure (doctor may not ask: not root), the idle states
+/// the kernel lists and the halting wake-up's cost decide.
 fn idle_advice(idle: &IdleFacts, costs: &Costs) -> Option<String> {
-    let (wake, polling) = (costs.cross_cpu_wake_ns?, costs.cross_cpu_wake_polling_ns?);
-    if wake < 5_000.0 || polling > wake / 2.0 {
-        return None;
-    }
-    let mut text = format!(
-        "a wake-up of a thread on an idle CPU costs {:.1} us here, {:.1} us while idle CPUs poll: where a request \
-         sleeps or needs a kernel worker (interrupt completion, pread, a loop device), run with --idle-poll",
-        wake / 1e3,
-        polling / 1e3
-    );
+    let wake = costs.cross_cpu_wake_ns?;
+    let mut text = match costs.cross_cpu_wake_polling_ns {
+        Some(polling) if wake >= 5_000.0 && polling <= wake / 2.0 => format!(
+            "a wake-up of a thread on an idle CPU costs {:.1} us here, {:.1} us while idle CPUs poll: where a \
+             request sleeps or needs a kernel worker (interrupt completion, pread, a loop device), run with \
+             --idle-poll",
+            wake / 1e3,
+            polling / 1e3
+        ),
+        None if wake >= 5_000.0 && idle.sleeps_deeply() && !idle.polling() => format!(
+            "a wake-up of a thread on an idle CPU costs {:.1} us here and idle CPUs sleep deeply: as root, \
+             --idle-poll makes them poll while a run lasts",
+            wake / 1e3
+        ),
+        _ => return None,
+    };
+    let measured = costs.cross_cpu_wake_polling_ns.is_some();
     if idle.driver.as_deref() == Some("haltpoll") && idle.guest_halt_poll_ns == Some(0) {
         text.push_str(
             " or raise /sys/module/haltpoll/parameters/guest_halt_poll_ns (idle vCPUs poll that long before \
              halting, for every program)",
         );
+    }
+    if !measured {
+        text.push_str("; `iopath doctor` run as root measures what polling saves");
     }
     text.push_str("; the price is idle CPUs spinning (power; host CPU time in a VM)");
     Some(text)
@@ -871,6 +883,28 @@ mod tests {
 
     fn trial(path: &str, threads: usize, iops: f64) -> Trial {
         Trial { path: path.into(), threads, iops, mean_ns: 1e4, p99_ns: 20_000, cpu_ns_per_io: 5e3 }
+    }
+
+    #[test]
+    fn idle_advice_is_given_where_idle_cpus_are_expensive_to_wake() {
+        let halting =
+            IdleFacts { driver: Some("haltpoll".into()), guest_halt_poll_ns: Some(0), ..IdleFacts::default() };
+        let costs = |wake: f64, polling: Option<f64>| Costs {
+            cross_cpu_wake_ns: Some(wake),
+            cross_cpu_wake_polling_ns: polling,
+            ..Costs::default()
+        };
+        // Measured both ways (root): the two figures and the flag.
+        let text = idle_advice(&halting, &costs(40_000.0, Some(2_000.0))).unwrap();
+        assert!(text.contains("40.0 us here, 2.0 us while idle CPUs poll") && text.contains("--idle-poll"), "{text}");
+        assert!(text.contains("guest_halt_poll_ns"), "{text}");
+        // Not measurable (not root): the idle states decide, and the text says how to measure.
+        let text = idle_advice(&halting, &costs(40_000.0, None)).unwrap();
+        assert!(text.contains("as root, --idle-poll") && text.contains("run as root measures"), "{text}");
+        // Cheap wake-ups, or polling that saves little: nothing to advise.
+        assert!(idle_advice(&halting, &costs(3_000.0, Some(1_000.0))).is_none());
+        assert!(idle_advice(&halting, &costs(40_000.0, Some(30_000.0))).is_none());
+        assert!(idle_advice(&IdleFacts::default(), &costs(40_000.0, None)).is_none(), "shallow idle states");
     }
 
     #[test]
