@@ -41,6 +41,18 @@ fn cut_and_remount(dev: &Arc<EmuDevice>, fs: FileSystem) -> FileSystem {
     mount(dev)
 }
 
+/// Files `a` and `b`, written block by block in turn (`blocks` each, block `i` of
+/// `a` holding `bytes(i)`, of `b` `bytes(1000 + i)`): each ends up with an extent
+/// per block, more than an inode holds, so overflow extent blocks are used.
+fn interleaved_pair(fs: &FileSystem, blocks: u64) -> (iopath::fs::File, iopath::fs::File) {
+    let (a, b) = (fs.create("a").unwrap(), fs.create("b").unwrap());
+    for i in 0..blocks {
+        a.write_at(&bytes(i, 4096), i * 4096).unwrap();
+        b.write_at(&bytes(1000 + i, 4096), i * 4096).unwrap();
+    }
+    (a, b)
+}
+
 fn fresh(spec: &str, options: FormatOptions) -> (Arc<EmuDevice>, FileSystem) {
     let dev = emu(spec);
     FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
@@ -181,11 +193,7 @@ fn everything_survives_a_remount_including_fragmented_files() {
     let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
     // Two files written block by block in turn: each ends up with hundreds of extents,
     // far more than the inode holds, so the overflow blocks are exercised.
-    let (a, b) = (fs.create("a").unwrap(), fs.create("b").unwrap());
-    for i in 0..600u64 {
-        a.write_at(&bytes(i, 4096), i * 4096).unwrap();
-        b.write_at(&bytes(1000 + i, 4096), i * 4096).unwrap();
-    }
+    let (a, b) = interleaved_pair(&fs, 600);
     // Free every other block of b and shrink a: extent maps shrink and overflow blocks go.
     b.truncate(300 * 4096).unwrap();
     a.truncate(123_456).unwrap();
@@ -1145,11 +1153,7 @@ fn random_damage_to_the_metadata_is_an_error_or_a_working_file_system_never_a_pa
     // more rounds than the 1000 CI runs, IOPATH_DAMAGE_SEED=S other damage (best in a
     // debug build, whose assertions check the invariants damage must not break).
     let (dev, fs) = fresh("emu:null,size=8m,wcache=1,cut=drop", FormatOptions::default());
-    let (a, b) = (fs.create("a").unwrap(), fs.create("b").unwrap());
-    for i in 0..200u64 {
-        a.write_at(&bytes(i, 4096), i * 4096).unwrap();
-        b.write_at(&bytes(1000 + i, 4096), i * 4096).unwrap();
-    }
+    let (a, b) = interleaved_pair(&fs, 200);
     a.fsync().unwrap();
     b.fsync().unwrap();
     fs.rename("b", "c").unwrap();
