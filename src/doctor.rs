@@ -15,7 +15,7 @@ use crate::bench::{BenchConfig, Rw, run};
 use crate::clock::now_ns;
 use crate::device::target::Guard;
 use crate::error::{Error, Result};
-use crate::idle::{IdleFacts, IdlePolling};
+use crate::idle::{IdleFacts, IdlePolling, polling_now};
 use crate::path::PathSpec;
 use crate::sync::{AtomicU32, Ordering, Parking};
 use crate::sys;
@@ -581,7 +581,7 @@ pub fn examine(config: &DoctorConfig, mut on_trial: impl FnMut(&Trial)) -> Resul
     };
     let idle_advice = idle_advice(&idle, &costs);
     let idle_request = if config.idle_poll { Some(IdlePolling::request()?) } else { None };
-    let trials_idle_polling = IdleFacts::read().polling();
+    let trials_idle_polling = polling_now();
     let spec =
         config.device.as_ref().map(|d| if d.contains(':') || d == "null" { d.clone() } else { format!("uring:{d}") });
     let target = spec.as_deref().and_then(|s| {

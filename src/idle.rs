@@ -150,6 +150,13 @@ impl IdleFacts {
     }
 }
 
+/// Whether idle CPUs poll now (a 0 µs PM QoS CPU latency limit is in force,
+/// whoever asked); `false` where the limit cannot be read (not root). Reads
+/// only the limit, not the rest of [`IdleFacts`].
+pub fn polling_now() -> bool {
+    read_latency_limit() == Some(0)
+}
+
 /// The PM QoS CPU latency limit in force, in µs (root only; opening the file
 /// adds a request with no limit, which ends when it is closed here).
 fn read_latency_limit() -> Option<i32> {
@@ -171,10 +178,11 @@ mod tests {
         match IdlePolling::request() {
             Ok(held) => {
                 assert_eq!(IdleFacts::read().latency_limit_us, Some(0), "the limit while the request is held");
-                assert!(IdleFacts::read().polling());
+                assert!(IdleFacts::read().polling() && polling_now());
                 drop(held);
                 // Another process may hold a request of its own; ours must be gone.
                 assert_eq!(IdleFacts::read().latency_limit_us, before.latency_limit_us);
+                assert_eq!(polling_now(), before.polling());
             }
             Err(e) => {
                 let text = e.to_string();

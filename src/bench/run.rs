@@ -475,7 +475,7 @@ fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
     let idle_request = if config.idle_poll { Some(crate::idle::IdlePolling::request()?) } else { None };
-    let idle_polling = crate::idle::IdleFacts::read().polling();
+    let idle_polling = crate::idle::polling_now();
     let hogs = Hogs::start(&config.hogs)?;
     let mut hog_units_before = 0;
     let mut start_ns = 0;

@@ -129,7 +129,7 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
         eprintln!("formatting {} and writing a {} file...", config.device, format_size(config.file_size));
     }
     let idle_request = args.idle.hold()?;
-    let idle_polling = iopath::idle::IdleFacts::read().polling();
+    let idle_polling = iopath::idle::polling_now();
     let runs = fsbench::run(&config, |r| {
         if table {
             eprintln!(

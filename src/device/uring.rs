@@ -322,8 +322,9 @@ struct Slot {
 }
 
 impl Slot {
-    fn holding(command: Option<Command>, remaining: usize) -> Slot {
-        Slot { command, remaining, cancel_asked: false, resent: 0 }
+    /// A slot holding `command` (or free), nothing of it outstanding yet.
+    fn holding(command: Option<Command>) -> Slot {
+        Slot { command, remaining: 0, cancel_asked: false, resent: 0 }
     }
 }
 
@@ -421,7 +422,7 @@ impl UringQueue {
             fixed_file,
             registered,
             taskrun,
-            slots: (0..depth).map(|_| Slot::holding(None, 0)).collect(),
+            slots: (0..depth).map(|_| Slot::holding(None)).collect(),
             free_slots: (0..depth).rev().collect(),
             ready: Vec::with_capacity(depth),
             in_flight: 0,
@@ -721,16 +722,16 @@ impl Queue for UringQueue {
             debug_assert!(free.is_some(), "uring queue over its depth");
             command.fail_all(self.broken.unwrap_or(libc::EBUSY));
             let slot = free.unwrap_or_else(|| {
-                self.slots.push(Slot::holding(None, 0));
+                self.slots.push(Slot::holding(None));
                 self.slots.len() - 1
             });
-            self.slots[slot] = Slot::holding(Some(command), 0);
+            self.slots[slot] = Slot::holding(Some(command));
             self.ready.push(slot);
             self.in_flight += 1;
             return;
         };
         self.shared.counters.record(&command);
-        self.slots[slot] = Slot::holding(Some(command), 0);
+        self.slots[slot] = Slot::holding(Some(command));
         self.in_flight += 1;
         self.send_slot(slot);
     }

@@ -142,7 +142,7 @@ impl Machine {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             date: utc_date(secs),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            idle_polling: crate::idle::IdleFacts::read().polling(),
+            idle_polling: crate::idle::polling_now(),
         }
     }
 }
