@@ -9,9 +9,9 @@
  *                 "psync:/dev/loop0"     pread/pwrite
  *                 "emu:dram-ssd"         the emulated ultra-low-latency SSD
  *                 "null"                 completes at once, moves no data
- *   path spec     "sync-path", "sync-intr", "sync-yield", "stm", "atm", "htm", "2q", "scsi-intr",
+ *   path spec     "auto", "sync-path", "sync-intr", "sync-yield", "stm", "atm", "htm", "2q", "scsi-intr",
  *                 "dispatch+completion" ("stm+hybrid", "combine+adaptive"),
- *                 knobs after '@' ("stm@combine-polling=winner"); NULL = "sync-yield"
+ *                 knobs after '@' ("stm@combine-polling=winner"); NULL = "auto"
  *                 (each caller polls its own completions and yields the CPU between
  *                 looks: safe with more threads than CPUs)
  *

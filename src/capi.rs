@@ -103,7 +103,7 @@ pub struct CQueue {
 /// polls its own completions and yields the CPU between looks, which is as
 /// fast as pure polling for one thread and does not collapse when a program
 /// has more threads than CPUs (pure polling does).
-pub const DEFAULT_PATH: &str = "sync-yield";
+pub const DEFAULT_PATH: &str = "auto";
 
 /// Opens an engine; see `iopath.h`.
 ///

@@ -436,28 +436,20 @@ fn trial(spec: &str, path_name: &str, threads: usize, time: Duration) -> Result<
 /// on a loop device over /dev/shm, 16 threads: 416K IOPS against 238K for
 /// the kernel's pread and 190-215K for the merging paths; ARCHITECTURE.md,
 /// "Real devices"). Many threads also try plain pread (`psync:` on the same
-/// target), the kernel's own path. Every count tries `sync-path+adaptive`,
-/// which chooses for itself, as a candidate for one path for all counts.
+/// target), the kernel's own path. Every count tries `auto`, the default,
+/// which chooses for itself, as the candidate for one path for all counts.
 fn candidates(threads: usize) -> &'static [&'static str] {
     if threads == 1 {
-        &["sync-path", "sync-intr", "sync-yield", "sync-path+hybrid", "stm", ADAPTIVE_CANDIDATE]
+        &["sync-path", "sync-intr", "sync-yield", "sync-path+hybrid", "stm", AUTO_CANDIDATE]
     } else {
-        &[
-            "sync-yield",
-            "stm",
-            "stm+hybrid",
-            "2q+hybrid",
-            "htm+hybrid",
-            "sync-intr",
-            PREAD_CANDIDATE,
-            ADAPTIVE_CANDIDATE,
-        ]
+        &["sync-yield", "stm", "stm+hybrid", "2q+hybrid", "htm+hybrid", "sync-intr", PREAD_CANDIDATE, AUTO_CANDIDATE]
     }
 }
 
-/// The path tried at every thread count for [`Report::one_path`]: it measures
-/// its own costs and yields while its threads outnumber the CPUs.
-const ADAPTIVE_CANDIDATE: &str = "sync-path+adaptive";
+/// The path tried at every thread count for [`Report::one_path`], and
+/// recommended there whenever it qualifies: the default, which measures its
+/// own costs and yields while its threads outnumber the CPUs.
+const AUTO_CANDIDATE: &str = "auto";
 
 /// The share of the best IOPS at every thread count that a path needs to be
 /// recommended as [`Report::one_path`].
@@ -479,8 +471,11 @@ fn recommend_one(trials: &[Trial], threads: &[usize]) -> Option<Recommendation> 
             })
             .fold(f64::INFINITY, f64::min)
     };
+    // The default is kept wherever it qualifies: one path less to configure.
     let (path, share) =
-        trials.iter().map(|t| (t.path.as_str(), worst_share(&t.path))).max_by(|a, b| a.1.total_cmp(&b.1))?;
+        Some((AUTO_CANDIDATE, worst_share(AUTO_CANDIDATE))).filter(|&(_, share)| share >= ONE_PATH_SHARE).or_else(
+            || trials.iter().map(|t| (t.path.as_str(), worst_share(&t.path))).max_by(|a, b| a.1.total_cmp(&b.1)),
+        )?;
     if share < ONE_PATH_SHARE {
         return None;
     }
@@ -912,12 +907,12 @@ mod tests {
         let trials = [
             trial("sync-path", 1, 100.0),
             trial("sync-yield", 1, 95.0),
-            trial("sync-path+adaptive", 1, 92.0),
+            trial("auto", 1, 85.0),
             trial("sync-yield", 16, 380.0),
-            trial("sync-path+adaptive", 16, 400.0),
+            trial("auto", 16, 400.0),
             trial("stm", 16, 200.0),
         ];
-        // sync-yield: 95% and 95%; adaptive: 92% and 100%; sync-path was not tried at 16.
+        // sync-yield: 95% and 95%; auto: 85% and 100%; sync-path was not tried at 16.
         let one = recommend_one(&trials, &[1, 16]).unwrap();
         assert_eq!(one.path, "sync-yield");
         assert!(
@@ -925,6 +920,11 @@ mod tests {
             "{}",
             one.why
         );
+        // The default wherever it is within 10% at every count, even if another is closer.
+        let mut close = trials.clone();
+        close[2] = trial("auto", 1, 92.0);
+        let one = recommend_one(&close, &[1, 16]).unwrap();
+        assert_eq!(one.path, "auto", "{}", one.why);
         // Nothing within 10% at both counts: no single path is recommended.
         let apart = [
             trial("sync-path", 1, 100.0),

@@ -52,8 +52,10 @@ fn completion_flag_overrides_the_preset() {
     let sleeps = io["sleeps_per_io"].as_f64().unwrap();
     assert!(sleeps > 0.5 && sleeps < 1.5, "one sleep per request: {io}");
     assert_eq!(v["jobs"][0]["read"]["total_ios"], 50);
-    let v = bench_json(&["--device", device, "--ios", "50"]);
+    let v = bench_json(&["--device", device, "--path", "sync-path", "--ios", "50"]);
     assert_eq!(v["jobs"][0]["iopath"]["sleeps_per_io"].as_f64().unwrap(), 0.0, "poll never sleeps");
+    let v = bench_json(&["--device", device, "--ios", "50"]);
+    assert_eq!(v["jobs"][0]["iopath"]["completion"]["policy"], "auto", "the default path is auto");
 }
 
 #[test]
@@ -173,7 +175,7 @@ fn table_output_is_readable() {
     let o = iopath(&["bench", "--device", "emu:optane,size=16m", "--rw", "randwrite", "--ios", "500", "--no-progress"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    for needle in ["IOPS", "p99.9", "write", "of peak bandwidth", "context switches per I/O", "sync-path"] {
+    for needle in ["IOPS", "p99.9", "write", "of peak bandwidth", "context switches per I/O", "auto"] {
         assert!(out.contains(needle), "missing {needle}: {out}");
     }
 }

@@ -221,7 +221,7 @@ fn everything_survives_a_remount_including_fragmented_files() {
 
 #[test]
 fn sixteen_threads_of_reads_writes_and_fsyncs_lose_nothing() {
-    for path in ["sync-yield", "sync-path", "stm"] {
+    for path in ["auto", "sync-yield", "sync-path", "stm"] {
         let dev = emu("emu:dram-ssd,size=64m,wcache=1");
         FileSystem::format(engine(&dev, path), FormatOptions::default()).unwrap();
         let (fs, _) = FileSystem::mount(engine(&dev, path)).unwrap();

@@ -29,7 +29,7 @@ pub struct Config {
 /// threads polls its own ring and yields between looks (through the
 /// interposer on a loop device it was ahead of `2q` and `stm` for fio at 1,
 /// 4 and 16 jobs and for db_bench at 1 and 4 threads; README).
-pub const DEFAULT_PATH: &str = "sync-yield";
+pub const DEFAULT_PATH: &str = "auto";
 
 impl Config {
     /// Reads the settings from the environment.

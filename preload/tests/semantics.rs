@@ -50,7 +50,7 @@ fn programs_see_the_kernels_semantics_with_and_without_the_interposer() {
     let program = compile_test_program("semantics");
     run(&program, &[]);
     let library = preload_library().display().to_string();
-    for path in ["sync-yield", "stm", "sync-path", "2q", "sync-intr", "stm+adaptive"] {
+    for path in ["auto", "sync-yield", "stm", "sync-path", "2q", "sync-intr", "stm+adaptive"] {
         let (_, stderr) = run(
             &program,
             &[

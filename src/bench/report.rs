@@ -216,7 +216,8 @@ fn completion_object(r: &BenchResult) -> Value {
             "poll": w.mode_ns[0],
             "hybrid": w.mode_ns[1],
             "interrupt": w.mode_ns[2],
-            "crowd_yield": w.mode_ns[3],
+            "yield": w.mode_ns[3],
+            "crowd_yield": w.mode_ns[4],
         },
     })
 }
@@ -462,14 +463,15 @@ pub fn to_table(r: &BenchResult) -> String {
     if in_modes > 0 {
         let share = |i: usize| 100.0 * w.mode_ns[i] as f64 / in_modes as f64;
         out.push_str(&format!(
-            "policy: {} switch(es), {} probe(s); time in poll {:.1}%, hybrid {:.1}%, interrupt {:.1}%; \
-             yielding in a crowd (more waiters than CPUs) {:.1}%\n",
+            "policy: {} switch(es), {} probe(s); time in yield {:.1}%, poll {:.1}%, hybrid {:.1}%, interrupt \
+             {:.1}%; yielding in a crowd (more waiters than CPUs) {:.1}%\n",
             w.mode_switches,
             w.mode_probes,
+            share(3),
             share(0),
             share(1),
             share(2),
-            share(3),
+            share(4),
         ));
     }
     out.push_str(&format!(

@@ -147,14 +147,15 @@ pub struct BenchArgs {
     /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v].
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
-    /// Path preset (scsi-intr, sync-path, sync-intr, sync-yield, stm, atm, htm, 2q) or DISPATCH+COMPLETION,
-    /// optionally with @knob=value settings (stm@pipeline=1).
-    #[arg(long, default_value = "sync-path")]
+    /// Path preset (auto, scsi-intr, sync-path, sync-intr, sync-yield, stm, atm, htm, 2q) or DISPATCH+COMPLETION,
+    /// optionally with @knob=value settings (stm@pipeline=1). The default, auto, waits in whichever
+    /// way is cheapest as the run goes (--explain says which and why).
+    #[arg(long, default_value = "auto")]
     path: String,
     /// Override the preset's dispatch strategy (direct, combine, queue, hybrid, twoq, elevator).
     #[arg(long)]
     dispatch: Option<String>,
-    /// Override the preset's completion policy (poll, interrupt, yield, hybrid, adaptive).
+    /// Override the preset's completion policy (poll, interrupt, yield, hybrid, adaptive, auto).
     #[arg(long)]
     completion: Option<String>,
     #[command(flatten)]
@@ -201,6 +202,11 @@ pub struct BenchArgs {
     /// Do not show the progress line.
     #[arg(long)]
     no_progress: bool,
+    /// Say what the self-choosing policies (auto, adaptive) decided and why: every mode change,
+    /// probe and crowd or hog verdict, printed on standard error after the run (IOPATH_LOG=1 prints
+    /// them as they happen, for any program on iopath).
+    #[arg(long)]
+    explain: bool,
     /// Write the report (table or JSON) to this file instead of standard output.
     #[arg(long, value_name = "FILE")]
     output: Option<std::path::PathBuf>,
@@ -379,11 +385,33 @@ pub fn run(args: BenchArgs) -> iopath::Result<()> {
     // Found out now, not after the run: the report's file can be written.
     let mut out = Output::open(args.output.as_deref())?;
     super::warn_if_busy();
-    if let Some(file) = args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
-        return run_job_file(file, &config, args.output_format, &mut out);
+    if args.explain {
+        iopath::path::completion::explain::collect();
     }
-    let result = bench::run(&config)?;
-    out.write(&args.output_format.render(std::slice::from_ref(&result)))
+    let ran = match args.job_file_arg.as_ref().or(args.job_file.as_ref()) {
+        Some(file) => run_job_file(file, &config, args.output_format, &mut out),
+        None => bench::run(&config).and_then(|r| out.write(&args.output_format.render(std::slice::from_ref(&r)))),
+    };
+    if args.explain {
+        print_explanation();
+    }
+    ran
+}
+
+/// Prints what the policies said during the run (`--explain`) on standard error.
+fn print_explanation() {
+    let (lines, left_out) = iopath::path::completion::explain::take();
+    if lines.is_empty() {
+        eprintln!("explain: no decisions (only the auto and adaptive policies make any)");
+        return;
+    }
+    eprintln!("explain: {} decision(s) of the completion policy (at seconds since the tool started):", lines.len());
+    for line in &lines {
+        eprintln!("  {line}");
+    }
+    if left_out > 0 {
+        eprintln!("  ({left_out} more not shown)");
+    }
 }
 
 /// Runs the jobs of an fio job file as fio does (the jobs of a group at the

@@ -53,11 +53,11 @@ pub struct FsBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "conventional,aios")]
     paths: Vec<String>,
     /// The engine's path under the file layer, as `bench --path` takes it
-    /// (`sync-yield`, `sync-path`, `sync-intr`, `stm`, `sync-path+adaptive`, ...).
+    /// (`auto`, the default, `sync-yield`, `sync-path`, `sync-intr`, `stm`, ...).
     /// The default polls and yields: as fast as `sync-path` for one thread,
     /// and with more threads than CPUs it does not starve the device's
     /// worker or the other threads.
-    #[arg(long, default_value = "sync-yield")]
+    #[arg(long, default_value = "auto")]
     engine_path: String,
     /// Threads.
     #[arg(long, default_value_t = 1)]

@@ -33,7 +33,7 @@
 //! use iopath::fs::{FileSystem, FormatOptions};
 //! use iopath::{Engine, PathConfig};
 //! use std::sync::Arc;
-//! let engine = Arc::new(Engine::open("emu:optane,size=64m,wcache=1", PathConfig::preset("sync-yield")?)?);
+//! let engine = Arc::new(Engine::open("emu:optane,size=64m,wcache=1", PathConfig::preset("auto")?)?);
 //! FileSystem::format(Arc::clone(&engine), FormatOptions::default())?;
 //! let (fs, _) = FileSystem::mount(engine)?;
 //! let f = fs.create("log")?;

@@ -126,6 +126,14 @@ pub const PRESETS: &[PathPreset] = &[
                 and a device worker or other threads that share the CPU still run",
     },
     PathPreset {
+        name: "auto",
+        dispatch: DispatchKind::Direct,
+        completion: CompletionKind::Auto,
+        about: "the default: the caller submits and waits in whichever way is cheapest now (yield, poll, hybrid or \
+                interrupt), measured per thread while the program runs; yields while waiters outnumber the CPUs \
+                and sleeps when a CPU-bound thread would keep the CPU (IOPATH_LOG=1 says why)",
+    },
+    PathPreset {
         name: "stm",
         dispatch: DispatchKind::Combine,
         completion: CompletionKind::Poll,
@@ -194,9 +202,11 @@ impl PathConfig {
     /// The waiter spin in effect.
     pub fn waiter_spin_ns(&self) -> u64 {
         let default = match self.completion {
-            CompletionKind::Poll | CompletionKind::Yield | CompletionKind::Hybrid | CompletionKind::Adaptive => {
-                DEFAULT_POLL_WAITER_SPIN
-            }
+            CompletionKind::Poll
+            | CompletionKind::Yield
+            | CompletionKind::Hybrid
+            | CompletionKind::Adaptive
+            | CompletionKind::Auto => DEFAULT_POLL_WAITER_SPIN,
             CompletionKind::Interrupt => Duration::ZERO,
         };
         self.waiter_spin.unwrap_or(default).as_nanos() as u64

@@ -38,7 +38,7 @@ static void errors(const char *file) {
     iopath_engine *d = iopath_open("emu:dram-ssd,size=16m", NULL);
     CHECK(d != NULL, "no path spec opens the default path");
     char *stats = d ? iopath_stats_json(d) : NULL;
-    CHECK(stats && strstr(stats, "\"path\":\"sync-yield\""), "the default path is sync-yield: %s", stats ? stats : "NULL");
+    CHECK(stats && strstr(stats, "\"path\":\"auto\""), "the default path is auto: %s", stats ? stats : "NULL");
     iopath_string_free(stats);
     iopath_close(d);
     CHECK(iopath_open("uring:/nonexistent-dir/x.img", NULL) == NULL, "a missing file opens nothing");

@@ -3,12 +3,17 @@
 //! A policy is one file: [`poll`] spins on the queue, [`interrupt`] sleeps
 //! until the device's completion wakes it, [`hybrid`] sleeps for a learned
 //! share of the expected service time and then spins, [`yielding`] spins but
-//! gives the CPU to any other runnable thread between looks. Every dispatch
+//! gives the CPU to any other runnable thread between looks; [`adaptive`]
+//! switches among them at run time (`adaptive` and `auto`, the default), with
+//! [`crowd`] (how many of the process's threads wait) and [`explain`] (what
+//! it decided, in words) beside it. Every dispatch
 //! strategy waits through a policy, so any dispatch combines with any
 //! completion. Each channel has its own policy instance, so what a policy
 //! learns is per queue.
 
 pub mod adaptive;
+pub mod crowd;
+pub mod explain;
 pub mod hybrid;
 pub mod interrupt;
 pub mod poll;
@@ -30,10 +35,10 @@ pub struct WaitStats {
     pub mode_switches: u64,
     /// Epochs the adaptive policy spent trying a mode to measure it.
     pub mode_probes: u64,
-    /// Time the adaptive policy spent in poll, hybrid and interrupt mode (ns),
-    /// counted when it leaves a mode, and waiting in a crowd (more waiters
-    /// than CPUs, when every wait yields between looks).
-    pub mode_ns: [u64; 4],
+    /// Time the adaptive and auto policies spent in poll, hybrid, interrupt
+    /// and yield mode (ns, booked every epoch), and waiting in a crowd (more
+    /// waiters than CPUs, when every wait yields between looks), in that order.
+    pub mode_ns: [u64; 5],
 }
 
 impl WaitStats {
@@ -119,16 +124,20 @@ pub enum CompletionKind {
     Adaptive,
     /// Spin, yielding the CPU to other runnable threads between looks.
     Yield,
+    /// Switch among yield, poll, hybrid and interrupt from measured latency,
+    /// CPU cost, contention and the crowd of waiters (the default).
+    Auto,
 }
 
 impl CompletionKind {
     /// All kinds, in the order reports list them.
-    pub const ALL: [CompletionKind; 5] = [
+    pub const ALL: [CompletionKind; 6] = [
         CompletionKind::Interrupt,
         CompletionKind::Poll,
         CompletionKind::Yield,
         CompletionKind::Hybrid,
         CompletionKind::Adaptive,
+        CompletionKind::Auto,
     ];
 
     /// Command-line name.
@@ -139,13 +148,14 @@ impl CompletionKind {
             CompletionKind::Hybrid => "hybrid",
             CompletionKind::Adaptive => "adaptive",
             CompletionKind::Yield => "yield",
+            CompletionKind::Auto => "auto",
         }
     }
 
     /// Parses a command-line name.
     pub fn parse(text: &str) -> Result<CompletionKind> {
         Self::ALL.into_iter().find(|k| k.name() == text).ok_or_else(|| {
-            Error::spec("completion policy", text, "expected one of: interrupt, poll, yield, hybrid, adaptive")
+            Error::spec("completion policy", text, "expected one of: interrupt, poll, yield, hybrid, adaptive, auto")
         })
     }
 
@@ -157,6 +167,7 @@ impl CompletionKind {
             CompletionKind::Hybrid => Box::new(hybrid::Hybrid::new()),
             CompletionKind::Adaptive => Box::new(adaptive::Adaptive::new()),
             CompletionKind::Yield => Box::new(yielding::Yield::default()),
+            CompletionKind::Auto => Box::new(adaptive::Adaptive::auto()),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The adaptive policy's decision logic: which mode (poll, hybrid,
-//! interrupt) to wait in next, from what each epoch measured. A pure
-//! function of its inputs (no clock, no system call), so it is tested with
-//! synthetic machines.
+//! interrupt, and for `auto` yield) to wait in next, from what each epoch
+//! measured. A pure function of its inputs (no clock, no system call), so it
+//! is tested with synthetic machines. Every decision that changes the mode
+//! or starts a probe leaves its [`Reason`], which the policy can explain.
 
 use super::super::hybrid::sleep_feasible;
 
@@ -62,11 +63,18 @@ pub enum Mode {
     Hybrid = 1,
     /// Sleep until woken.
     Interrupt = 2,
+    /// Spin, handing the CPU to any other runnable thread between looks
+    /// (and sleeping while a CPU-bound thread would keep it).
+    Yield = 3,
 }
 
 impl Mode {
     /// All modes.
-    pub const ALL: [Mode; 3] = [Mode::Poll, Mode::Hybrid, Mode::Interrupt];
+    pub const ALL: [Mode; 4] = [Mode::Poll, Mode::Hybrid, Mode::Interrupt, Mode::Yield];
+    /// The modes of `adaptive`.
+    pub const ADAPTIVE: &'static [Mode] = &[Mode::Poll, Mode::Hybrid, Mode::Interrupt];
+    /// The modes of `auto`.
+    pub const AUTO: &'static [Mode] = &[Mode::Yield, Mode::Poll, Mode::Hybrid, Mode::Interrupt];
 
     /// Name for reports.
     pub fn name(self) -> &'static str {
@@ -74,6 +82,64 @@ impl Mode {
             Mode::Poll => "poll",
             Mode::Hybrid => "hybrid",
             Mode::Interrupt => "interrupt",
+            Mode::Yield => "yield",
+        }
+    }
+
+    /// Whether the mode spins (never sleeps for the device).
+    pub fn spins(self) -> bool {
+        matches!(self, Mode::Poll | Mode::Yield)
+    }
+}
+
+/// Why the controller changed mode or started a probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reason {
+    /// Nothing changed yet.
+    Start,
+    /// A mode not in use was tried: never measured, measured too long ago,
+    /// or measured at another contention level.
+    Probe {
+        /// Never measured (else: stale or measured at another level).
+        never: bool,
+    },
+    /// A probed mode cost less twice in a row (J per I/O, before and after).
+    ProbeWon {
+        /// The probed mode's cost.
+        tried: f64,
+        /// The mode it replaces.
+        was: f64,
+    },
+    /// A probed mode cost more: back to the one before.
+    ProbeLost {
+        /// The probed mode's cost.
+        tried: f64,
+        /// The mode returned to.
+        kept: f64,
+    },
+    /// The poller was preempted (stalls, involuntary switches or run delay).
+    Preempted,
+    /// The mode cannot work for this device (latency, timer reach).
+    Infeasible,
+    /// Another mode looked cheaper for two epochs: it is re-measured.
+    Cheaper,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Reason::Start => write!(f, "start"),
+            Reason::Probe { never: true } => write!(f, "probe: never measured"),
+            Reason::Probe { never: false } => write!(f, "probe: measured too long ago or at another contention level"),
+            Reason::ProbeWon { tried, was } => {
+                write!(f, "kept: J {:.1} us per I/O against {:.1} us, twice", tried / 1e3, was / 1e3)
+            }
+            Reason::ProbeLost { tried, kept } => {
+                write!(f, "probe lost: J {:.1} us per I/O against {:.1} us", tried / 1e3, kept / 1e3)
+            }
+            Reason::Preempted => write!(f, "the poller was preempted (CPU contended)"),
+            Reason::Infeasible => write!(f, "mode cannot work for this device's latency or the timer's reach"),
+            Reason::Cheaper => write!(f, "looked cheaper for two epochs: re-measuring it"),
         }
     }
 }
@@ -170,8 +236,12 @@ pub struct Controller {
     confirming: bool,
     /// A cheaper-looking mode and for how many epochs in a row it has looked so.
     candidate: Option<(Mode, u32)>,
-    seen: [Seen; 3],
-    probe_interval_ns: [u64; 3],
+    /// The modes it may choose.
+    modes: &'static [Mode],
+    seen: [Seen; 4],
+    probe_interval_ns: [u64; 4],
+    /// Why the mode last changed (or a probe began).
+    pub reason: Reason,
     /// Smoothed (run delay, pressure, wall) for the contention level.
     contention: (f64, f64, f64),
     clock_ns: u64,
@@ -194,18 +264,34 @@ impl Default for Controller {
 }
 
 impl Controller {
-    /// Starts in poll mode (the cheapest way to learn the device's latency).
+    /// `adaptive`'s controller: poll, hybrid and interrupt; starts polling (the
+    /// cheapest way to learn the device's latency).
     pub fn new() -> Controller {
+        Controller::with_modes(Mode::ADAPTIVE)
+    }
+
+    /// `auto`'s controller: yield, poll, hybrid and interrupt; starts yielding
+    /// (it learns the latency as polling does, and gives the CPU to the
+    /// program's own threads if they need it).
+    pub fn auto() -> Controller {
+        Controller::with_modes(Mode::AUTO)
+    }
+
+    /// A controller choosing among `modes`, starting in the first.
+    pub fn with_modes(modes: &'static [Mode]) -> Controller {
+        assert!(!modes.is_empty(), "a controller needs a mode");
         Controller {
-            mode: Mode::Poll,
+            mode: modes[0],
+            modes,
+            reason: Reason::Start,
             level: Level::Low,
             raise_votes: 0,
             lower_votes: 0,
             probing_from: None,
             confirming: false,
             candidate: None,
-            seen: [Seen::default(); 3],
-            probe_interval_ns: [PROBE_INTERVAL_NS; 3],
+            seen: [Seen::default(); 4],
+            probe_interval_ns: [PROBE_INTERVAL_NS; 4],
             contention: (0.0, 0.0, 0.0),
             clock_ns: 0,
             usual_device_ns: 0.0,
@@ -214,6 +300,11 @@ impl Controller {
             switches: 0,
             probes: 0,
         }
+    }
+
+    /// The modes it chooses among.
+    pub fn modes(&self) -> &'static [Mode] {
+        self.modes
     }
 
     /// The current mode.
@@ -281,7 +372,7 @@ impl Controller {
         // loop device's does): that is the mode's cost, already in its measured
         // latency, not contention, and counting it would raise lambda and favour
         // sleeping further. Only the excess counts.
-        let own = if self.mode == Mode::Poll { 0 } else { s.ios * WAKE_RUN_DELAY_NS };
+        let own = if self.mode.spins() { 0 } else { s.ios * WAKE_RUN_DELAY_NS };
         // Both counters can run ahead of the wall clock by a few ms (they are read
         // after it, and a delay is booked when it ends): no epoch counts more than its length.
         let run_delay = s.run_delay_ns.saturating_sub(own).min(s.wall_ns) as f64;
@@ -348,7 +439,7 @@ impl Controller {
         // waiter sleeps, because its worker thread gets the CPU).
         let hybrid_feasible = self.mode == Mode::Hybrid || sleep_feasible(l, s.overshoot_ns);
         let feasible = |m: Mode| match m {
-            Mode::Poll => l <= MAX_POLL_LATENCY_NS,
+            Mode::Poll | Mode::Yield => l <= MAX_POLL_LATENCY_NS,
             Mode::Hybrid => hybrid_feasible,
             Mode::Interrupt => true,
         };
@@ -370,7 +461,9 @@ impl Controller {
             if wins || !feasible(from) {
                 self.probe_interval_ns[tried as usize] = PROBE_INTERVAL_NS;
                 self.switches += 1;
+                self.reason = if wins { Reason::ProbeWon { tried: t, was: f } } else { Reason::Infeasible };
             } else {
+                self.reason = Reason::ProbeLost { tried: t, kept: f };
                 // One epoch is a small sample: only a clear loss makes the next probe wait
                 // longer, and a mode worse on both latency and CPU (it cannot win at any
                 // lambda) waits four times longer.
@@ -391,21 +484,27 @@ impl Controller {
         if self.mode == Mode::Poll && preempted && hybrid_feasible {
             let i = &mut self.probe_interval_ns[Mode::Poll as usize];
             *i = (*i * 2).min(MAX_PROBE_INTERVAL_NS);
+            self.reason = Reason::Preempted;
             return self.switch_to(Mode::Hybrid);
         }
         if !feasible(self.mode) {
-            // The cheapest measured mode that can work, else polling if the CPU is free.
-            let measured = Mode::ALL
-                .into_iter()
+            // The cheapest measured mode that can work, else spinning (yielding where
+            // allowed) if the CPU is free.
+            let modes = self.modes;
+            let measured = modes
+                .iter()
+                .copied()
                 .filter(|&m| feasible(m))
                 .filter_map(|m| self.cost(m).map(|c| (m, c)))
                 .min_by(|a, b| a.1.total_cmp(&b.1))
                 .map(|(m, _)| m);
-            let fallback = measured.unwrap_or(if feasible(Mode::Poll) && self.level == Level::Low {
-                Mode::Poll
+            let spinner = if modes.contains(&Mode::Yield) { Mode::Yield } else { Mode::Poll };
+            let fallback = measured.unwrap_or(if feasible(spinner) && self.level == Level::Low {
+                spinner
             } else {
                 Mode::Interrupt
             });
+            self.reason = Reason::Infeasible;
             return self.switch_to(fallback);
         }
         if self.seen[self.mode as usize].per_io().is_none() {
@@ -416,7 +515,7 @@ impl Controller {
         // (not too often) not at this contention level, unless it was worse on
         // both latency and CPU than the current mode is now: a probe costs its
         // epoch (with hogs on a fast device, 64 sleeping I/Os are a p99.9 risk).
-        let due = Mode::ALL.into_iter().find(|&m| {
+        let due = self.modes.iter().copied().find(|&m| {
             m != self.mode && feasible(m) && {
                 let seen = &self.seen[m as usize];
                 let age = now - seen.at_ns;
@@ -428,20 +527,26 @@ impl Controller {
             }
         });
         if let Some(m) = due {
+            self.reason = Reason::Probe { never: self.seen[m as usize].per_io().is_none() };
             return self.probe(m);
         }
 
         // Otherwise the cheapest measured mode, if it has looked clearly cheaper for
         // two epochs in a row; it is re-measured (probed) before it is kept.
         let current = self.cost(self.mode).unwrap_or(f64::INFINITY);
-        let best = Mode::ALL
-            .into_iter()
+        let best = self
+            .modes
+            .iter()
+            .copied()
             .filter(|&m| feasible(m))
             .filter_map(|m| self.cost(m).map(|c| (m, c)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
         match best {
             Some((m, c)) if m != self.mode && c < SWITCH_MARGIN * current => match self.candidate {
-                Some((cm, n)) if cm == m && n + 1 >= 2 => self.probe(m),
+                Some((cm, n)) if cm == m && n + 1 >= 2 => {
+                    self.reason = Reason::Cheaper;
+                    self.probe(m)
+                }
                 Some((cm, n)) if cm == m => {
                     self.candidate = Some((m, n + 1));
                     self.mode
@@ -477,6 +582,15 @@ impl Controller {
         mode
     }
 
+    /// Puts the controller in `mode` at once, as a switch (tests that make the
+    /// policy change mode between any two waits).
+    #[cfg(test)]
+    pub(crate) fn force(&mut self, mode: Mode) {
+        self.probing_from = None;
+        self.confirming = false;
+        self.switch_to(mode);
+    }
+
     fn switch_to(&mut self, mode: Mode) -> Mode {
         self.candidate = None;
         if mode != self.mode {
@@ -502,6 +616,8 @@ mod tests {
         poll: (f64, f64),
         hybrid: (f64, f64),
         interrupt: (f64, f64),
+        /// Yielding between looks (sleeping while a CPU-bound thread holds the CPU).
+        yielding: (f64, f64),
         run_delay: f64,
         noise: f64,
     }
@@ -512,23 +628,45 @@ mod tests {
         poll: (7.2, 7.4),
         hybrid: (7.3, 7.5),
         interrupt: (27.0, 28.0),
+        yielding: (7.4, 7.6),
         run_delay: 0.0,
         noise: 0.0,
     };
     /// The DRAM-SSD with two hogs: polling is preempted but still far ahead.
-    const DRAM_HOGS: Machine = Machine { poll: (10.4, 7.3), interrupt: (44.0, 26.0), run_delay: 0.3, ..DRAM };
+    const DRAM_HOGS: Machine =
+        Machine { poll: (10.4, 7.3), interrupt: (44.0, 26.0), yielding: (46.0, 26.0), run_delay: 0.3, ..DRAM };
     const NAND: Machine = Machine {
         device_us: 80.1,
         overshoot_us: 30.0,
         poll: (80.5, 81.0),
         hybrid: (81.5, 33.0),
         interrupt: (113.0, 30.0),
+        yielding: (81.0, 79.0),
         run_delay: 0.0,
         noise: 0.0,
     };
     /// NAND with two hogs: a preempted poller, a hybrid that oversleeps.
-    const NAND_HOGS: Machine =
-        Machine { poll: (117.0, 80.0), hybrid: (130.0, 40.0), interrupt: (100.0, 19.0), run_delay: 0.3, ..NAND };
+    const NAND_HOGS: Machine = Machine {
+        poll: (117.0, 80.0),
+        hybrid: (130.0, 40.0),
+        interrupt: (100.0, 19.0),
+        yielding: (104.0, 20.0),
+        run_delay: 0.3,
+        ..NAND
+    };
+    /// A loop device whose worker runs on the waiters' CPUs: a spinning waiter
+    /// delays the worker, a sleeping one pays a wake-up; a yielding one hands
+    /// the worker its CPU and needs no wake-up.
+    const LOOP: Machine = Machine {
+        device_us: 25.0,
+        overshoot_us: 25.0,
+        poll: (38.0, 38.0),
+        hybrid: (40.0, 22.0),
+        interrupt: (45.0, 20.0),
+        yielding: (26.0, 12.0),
+        run_delay: 0.0,
+        noise: 0.05,
+    };
 
     impl Machine {
         fn epoch(&self, mode: Mode, i: u64) -> EpochSignals {
@@ -536,6 +674,7 @@ mod tests {
                 Mode::Poll => self.poll,
                 Mode::Hybrid => self.hybrid,
                 Mode::Interrupt => self.interrupt,
+                Mode::Yield => self.yielding,
             };
             // Deterministic noise: +-noise on latency, alternating.
             let lat = lat * (1.0 + if i.is_multiple_of(2) { self.noise } else { -self.noise });
@@ -653,6 +792,7 @@ mod tests {
             poll: (28.0, 26.0),
             hybrid: (22.0, 21.0),
             interrupt: (75.0, 30.0),
+            yielding: (28.0, 26.0),
             run_delay: 0.0,
             noise: 0.0,
         };
@@ -732,5 +872,65 @@ mod tests {
         run(&mut c, &DRAM, 200);
         assert_eq!(c.level(), Level::Low);
         assert_eq!(c.mode(), Mode::Poll);
+    }
+
+    #[test]
+    fn auto_starts_yielding_and_keeps_it_where_it_is_cheapest() {
+        let mut c = Controller::auto();
+        assert_eq!((c.mode(), c.reason), (Mode::Yield, Reason::Start));
+        let modes = run(&mut c, &LOOP, 5_000);
+        assert_eq!(c.mode(), Mode::Yield);
+        assert_eq!(c.switches, 0, "every other mode is only probed");
+        assert!(share(&modes, Mode::Yield) > 0.97, "{}", share(&modes, Mode::Yield));
+        // The adaptive controller never yields.
+        let mut c = Controller::new();
+        assert!(!run(&mut c, &LOOP, 2_000).contains(&Mode::Yield));
+    }
+
+    #[test]
+    fn auto_finds_hybrid_on_a_slow_device_and_the_sleeping_mode_under_hogs() {
+        let mut c = Controller::auto();
+        let modes = run(&mut c, &NAND, 2_000);
+        assert_eq!(c.mode(), Mode::Hybrid);
+        assert!(matches!(c.reason, Reason::ProbeWon { .. } | Reason::ProbeLost { .. } | Reason::Probe { .. }));
+        assert!(share(&modes[20..], Mode::Hybrid) > 0.97, "{}", share(&modes[20..], Mode::Hybrid));
+        let mut c = Controller::auto();
+        let modes = run(&mut c, &NAND_HOGS, 2_000);
+        // J: interrupt 100+4x19 = 176, yield (which sleeps while the hogs hold the
+        // CPU) 184, within the switching margin of each other; hybrid 290, poll 437.
+        assert!(matches!(c.mode(), Mode::Interrupt | Mode::Yield), "{:?}", c.mode());
+        let sleeping = share(&modes[50..], Mode::Interrupt) + share(&modes[50..], Mode::Yield);
+        assert!(sleeping > 0.95, "{sleeping}");
+    }
+
+    #[test]
+    fn auto_on_a_device_faster_than_a_wake_up_spins() {
+        let mut c = Controller::auto();
+        let modes = run(&mut c, &DRAM, 5_000);
+        assert!(c.mode().spins(), "{:?}", c.mode());
+        assert!(!modes.contains(&Mode::Hybrid), "hybrid cannot sleep on a 7 us device");
+        let spinning = modes.iter().filter(|m| m.spins()).count() as f64 / modes.len() as f64;
+        assert!(spinning > 0.99, "{spinning}");
+    }
+
+    #[test]
+    fn every_switch_and_probe_leaves_a_reason() {
+        let mut c = Controller::auto();
+        let mut last = (c.mode(), c.probes);
+        for i in 0..3_000 {
+            let m = if i < 1_000 {
+                &NAND
+            } else if i < 2_000 {
+                &NAND_HOGS
+            } else {
+                &LOOP
+            };
+            c.on_epoch(&m.epoch(c.mode(), i));
+            if (c.mode(), c.probes) != last {
+                assert_ne!(c.reason, Reason::Start, "epoch {i}: {:?} without a reason", c.mode());
+                assert!(!c.reason.to_string().is_empty());
+            }
+            last = (c.mode(), c.probes);
+        }
     }
 }

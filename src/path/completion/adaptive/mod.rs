@@ -1,9 +1,12 @@
-//! `adaptive`: switch among interrupt, hybrid and poll at run time.
+//! `adaptive` and `auto`: switch among waiting modes at run time.
 //!
 //! Seed 001 found that polling, fastest on an idle machine, loses badly once
 //! other work competes for the CPU, and left the choice between the two as
 //! future work. This policy makes it per queue from what it measures
-//! (../shared/notes/adaptive-completion.md §7, "CAPS", simplified):
+//! (../shared/notes/adaptive-completion.md §7, "CAPS", simplified). Two
+//! flavours share it: `adaptive` chooses among poll, hybrid and interrupt;
+//! `auto`, the default path's policy, adds yield (poll, handing the CPU to
+//! any other runnable thread between looks) and starts there.
 //!
 //! - **costs are measured, not modelled**: for each mode the latency and the
 //!   thread CPU time per I/O it was seen to cost (decayed sums, half-life
@@ -27,23 +30,27 @@
 //!   delay) leaves at once for hybrid; hybrid is never used where a sleep
 //!   cannot end before the device does (the DRAM-SSD here: a preempted poller
 //!   still beats a wake-up per I/O), with hysteresis; a mode that stops being
-//!   usable gives way to the cheapest measured one; polling is not used for
-//!   I/Os over 200 µs. Outside hybrid mode, a timer-overshoot estimate that
-//!   rules hybrid out is refreshed by a calibration sleep per epoch;
-//! - the crowd: while the process's adaptive waiters outnumber its CPUs,
-//!   every wait yields between looks whatever the mode (see `WAITING`'s
-//!   comment: no thread can learn that from its own measurements).
+//!   usable gives way to the cheapest measured one; polling and yielding are
+//!   not used for I/Os over 200 µs. Outside hybrid mode, a timer-overshoot
+//!   estimate that rules hybrid out is refreshed by a calibration sleep per epoch;
+//! - the crowd: while the process's waiters outnumber its CPUs, every wait
+//!   yields between looks whatever the mode, and sleeps instead when the
+//!   [crowd's verdict](super::crowd::Verdict) says a long yield went to a
+//!   thread that is not waiting (a hog, the program's own computing threads).
+//!   No thread can learn that from its own measurements: one that yields
+//!   among spinners or sleepers only loses, so the choice is the crowd's.
+//!   Measured on the loop device, 16 threads on 2 CPUs: adaptive 161-164K
+//!   IOPS before (80% of its time in interrupt mode), yielding 383-415K.
 //!
 //! An epoch is 64 completions (at least 2 ms) or 5 ms. While polling it is
 //! 20-50 ms and makes no system call at all (CPU time and run delay are
 //! estimated from its stalls): each system call of a polling thread under
 //! contention is a point where the scheduler can take its CPU (measured:
 //! p99.9 ~2 ms instead of ~60 µs with 2 hogs on the DRAM-SSD).
-//! Every decision is counted (switches, probes, time in each mode) and, with
-//! `IOPATH_TRACE_ADAPTIVE=1`, printed to stderr one line per epoch.
-//! [`Controller`] holds the decision logic as a pure function of its inputs
-//! and is tested with synthetic machines; [`Adaptive`] samples the signals and
-//! runs the chosen mode.
+//! Every decision is counted (switches, probes, time in each mode) and said
+//! in words through [`explain`](super::explain) (`IOPATH_LOG=1`, `iopath
+//! bench --explain`); with `IOPATH_TRACE_ADAPTIVE=1` every epoch's signals
+//! are printed to stderr.
 //!
 //! One file each: [`controller`] (the decision logic, a pure function of its
 //! inputs, tested with synthetic machines), `signals` (what is sampled from
@@ -55,37 +62,33 @@ mod signals;
 
 pub use controller::*;
 
+use super::crowd::{self, Waiting};
+use super::explain;
 use super::hybrid::{Hybrid, sleep_feasible};
 use super::interrupt::Interrupt;
 use super::poll::{self, Gaps};
-use super::yielding::Yield;
+use super::yielding::{Yield, YieldOutcome};
 use super::{CompletionPolicy, Expect, WaitStats};
 use crate::clock::{ThreadUsage, now_ns};
 use crate::device::{Command, Queue};
 use crate::error::Result;
 use signals::{Snapshot, read_pressure, read_run_delay, thread_cpu_ns};
 use std::fs::File;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Threads of this process inside an adaptive wait right now. While they
-/// outnumber the CPUs every wait yields between its looks, whatever the
-/// controller's mode: spinning waiters would take turns holding the CPUs
-/// that the others (and a device's worker on the same CPUs) need, and
-/// sleeping ones pay a wake-up each, often across CPUs. No thread can learn
-/// that from its own measurements: one that yields among spinners or
-/// sleepers only loses, so the choice is the crowd's. Measured on the loop
-/// device, 16 threads on 2 CPUs: adaptive 161-164K IOPS before (80% of its
-/// time in interrupt mode), `sync-yield` 383-415K.
-static WAITING: AtomicUsize = AtomicUsize::new(0);
-
-/// The adaptive policy (one per channel).
+/// The adaptive or auto policy (one per channel).
 pub struct Adaptive {
+    /// `adaptive` or `auto`.
+    name: &'static str,
     controller: Controller,
     hybrid: Hybrid,
-    /// The waits while the waiters outnumber the CPUs.
+    /// Yield mode's waits, and every wait while the waiters outnumber the CPUs.
     yielder: Yield,
-    /// CPUs this process may run on.
-    cpus: usize,
+    /// The last wait was in the crowd (for saying when it starts and ends).
+    in_crowd: bool,
+    /// When the crowd's coming or going was last said: at most once a second
+    /// per thread (a program whose waiters number about its CPUs crosses the
+    /// line all the time).
+    crowd_said_ns: u64,
     /// A crowded wait came since the epoch began: the epoch starts afresh at
     /// the next wait the controller's mode runs (it measured the crowd, not the mode).
     crowd_seen: bool,
@@ -109,13 +112,24 @@ impl Default for Adaptive {
 }
 
 impl Adaptive {
-    /// A policy that starts polling and learns.
+    /// `adaptive`: poll, hybrid and interrupt; starts polling and learns.
     pub fn new() -> Adaptive {
+        Adaptive::with(Controller::new(), "adaptive")
+    }
+
+    /// `auto`: yield, poll, hybrid and interrupt; starts yielding and learns.
+    pub fn auto() -> Adaptive {
+        Adaptive::with(Controller::auto(), "auto")
+    }
+
+    fn with(controller: Controller, name: &'static str) -> Adaptive {
         Adaptive {
-            controller: Controller::new(),
+            name,
+            controller,
             hybrid: Hybrid::new(),
             yielder: Yield::default(),
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            in_crowd: false,
+            crowd_said_ns: 0,
             crowd_seen: false,
             // Opened lazily on the waiting thread (thread-self must be that thread).
             schedstat: None,
@@ -132,16 +146,18 @@ impl Adaptive {
 
     fn trace_epoch(&self, before: Mode, s: &EpochSignals) {
         let c = &self.controller;
-        let costs: Vec<String> = Mode::ALL
-            .into_iter()
-            .map(|m| match c.measured(m) {
+        let costs: Vec<String> = c
+            .modes()
+            .iter()
+            .map(|&m| match c.measured(m) {
                 Some((lat, cpu)) => format!("{}={:.1}/{:.1}us", m.name(), lat / 1e3, cpu / 1e3),
                 None => format!("{}=?", m.name()),
             })
             .collect();
         let wall = s.wall_ns.max(1) as f64;
         eprintln!(
-            "adaptive: {:>9} -> {:<9}{} jitter={:.2} level={:?} ios={} wall={:.2}ms run_delay={:.1}% psi={:.1}% inv={} L={:.1}us W={:.1}us measured lat/cpu per io: {}",
+            "{}: {:>9} -> {:<9}{} jitter={:.2} level={:?} ios={} wall={:.2}ms run_delay={:.1}% psi={:.1}% inv={} L={:.1}us W={:.1}us measured lat/cpu per io: {}",
+            self.name,
             before.name(),
             c.mode().name(),
             if c.probing() { " (probe)" } else { "" },
@@ -222,10 +238,26 @@ impl Adaptive {
             device_latency_ns: self.hybrid.bucket_latency_any(),
             overshoot_ns: self.hybrid.overshoot_ns(),
         };
-        let (switches, probes) = (self.controller.switches, self.controller.probes);
+        let (switches, probes, was_probing) =
+            (self.controller.switches, self.controller.probes, self.controller.probing());
         self.controller.on_epoch(&signals);
         if self.trace {
             self.trace_epoch(before, &signals);
+        }
+        let c = &self.controller;
+        if (c.mode() != before || c.probes != probes || was_probing != c.probing()) && explain::enabled() {
+            let (mode, level, device_us) = (c.mode().name(), c.level(), signals.device_latency_ns / 1e3);
+            let step = if c.probing() && c.probes != probes {
+                format!("{} -> {mode}, probing", before.name())
+            } else if c.mode() == before {
+                format!("{mode} kept")
+            } else {
+                format!("{} -> {mode}", before.name())
+            };
+            explain::say(
+                self.name,
+                format_args!("{step} ({}; device {device_us:.1} us, contention {level:?})", c.reason),
+            );
         }
         // Time is booked to the mode every epoch, so reports are right at any moment.
         stats.mode_ns[before as usize] += end.at_ns - self.mode_since_ns;
@@ -242,7 +274,7 @@ impl Adaptive {
 
 impl CompletionPolicy for Adaptive {
     fn name(&self) -> &'static str {
-        "adaptive"
+        self.name
     }
 
     fn uses_expect(&self) -> bool {
@@ -267,27 +299,71 @@ impl CompletionPolicy for Adaptive {
             self.mode_since_ns = now_ns();
             self.start = Some(self.snapshot(self.controller.mode() != Mode::Poll));
         }
-        if WAITING.fetch_add(1, Ordering::Relaxed) >= self.cpus {
+        let waiting = Waiting::enter();
+        if waiting.crowded() {
+            if !std::mem::replace(&mut self.in_crowd, true) && explain::enabled() && self.crowd_say_due() {
+                explain::say(
+                    self.name,
+                    format_args!(
+                        "crowd: {} waiters on {} CPUs, every wait yields between looks unless others want the \
+                         CPUs (mode {} set aside)",
+                        waiting.count,
+                        crowd::cpus(),
+                        self.controller.mode().name()
+                    ),
+                );
+            }
             let began = now_ns();
-            let waited = self.yielder.wait(queue, out, stats, limit_ns, expect);
-            WAITING.fetch_sub(1, Ordering::Relaxed);
+            let (n, outcome) = self.yielder.wait_counted(&waiting, queue, out, stats, limit_ns, expect)?;
             stats.mode_ns[CROWD] += now_ns() - began;
             self.crowd_seen = true;
-            return waited;
+            self.say_hog(outcome);
+            return Ok(n);
         }
-        let waited = self.wait_in_mode(queue, out, stats, limit_ns, expect);
-        WAITING.fetch_sub(1, Ordering::Relaxed);
-        waited
+        if std::mem::take(&mut self.in_crowd) && explain::enabled() && self.crowd_say_due() {
+            explain::say(self.name, format_args!("crowd gone: back to {}", self.controller.mode().name()));
+        }
+        self.wait_in_mode(&waiting, queue, out, stats, limit_ns, expect)
     }
 }
 
-/// Where `WaitStats::mode_ns` books the waits of a crowd (after poll, hybrid, interrupt).
-const CROWD: usize = 3;
+/// Where `WaitStats::mode_ns` books the waits of a crowd (after poll, hybrid,
+/// interrupt and yield).
+const CROWD: usize = 4;
 
 impl Adaptive {
+    /// Whether the crowd's coming or going may be said now (once a second).
+    fn crowd_say_due(&mut self) -> bool {
+        let now = now_ns();
+        let due = self.crowd_said_ns == 0 || now - self.crowd_said_ns >= 1_000_000_000;
+        if due {
+            self.crowd_said_ns = now;
+        }
+        due
+    }
+
+    /// Says that a long yield went to a thread not waiting for the device.
+    fn say_hog(&self, outcome: YieldOutcome) {
+        if let YieldOutcome::HogSeen(stretch_ns) = outcome {
+            explain::say(
+                self.name,
+                format_args!(
+                    "a yield waited over {} ms behind a thread that is not waiting for the device ({} runnable, {} \
+                     waiting, {} CPUs): waits sleep for {} ms",
+                    super::yielding::LONG_YIELD_NS / 1_000_000,
+                    crowd::runnable().map_or("?".to_string(), |r| r.to_string()),
+                    crowd::waiting(),
+                    crowd::cpus(),
+                    stretch_ns / 1_000_000
+                ),
+            );
+        }
+    }
+
     /// One wait in the controller's mode, and the epoch bookkeeping.
     fn wait_in_mode(
         &mut self,
+        waiting: &Waiting,
         queue: &mut dyn Queue,
         out: &mut Vec<Command>,
         stats: &mut WaitStats,
@@ -314,6 +390,16 @@ impl Adaptive {
                 (n, seen)
             }
             Mode::Interrupt => (Interrupt.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
+            Mode::Yield => {
+                let (n, outcome) = self.yielder.wait_counted(waiting, queue, out, stats, limit_ns, expect)?;
+                let seen = now_ns();
+                // Only a wait that stayed on its CPU saw the completion when it came.
+                if n > 0 && expect.since_ns > 0 && outcome == YieldOutcome::Short {
+                    self.hybrid.learn(expect, seen);
+                }
+                self.say_hog(outcome);
+                (n, seen)
+            }
         };
         let l = self.hybrid.bucket_latency_any();
         if n > 0 {
@@ -378,6 +464,68 @@ mod tests {
             all.into_iter().map(|t| t.join().unwrap().mode_ns[CROWD]).collect()
         });
         assert!(crowded.iter().any(|&ns| ns > 0), "no wait yielded in the crowd: {crowded:?}");
-        assert_eq!(WAITING.load(Ordering::Relaxed), 0, "every wait left the count");
+    }
+
+    /// A thread's reads and writes of its own blocks, `depth` at a time, while
+    /// its policy changes mode every `every` waits and every third wait gives
+    /// up at once (a limit already past): every command comes back exactly
+    /// once, with its bytes.
+    fn churn(device: &dyn crate::device::Device, thread: u64, depth: usize, every: usize) -> WaitStats {
+        let mut policy = Adaptive::auto();
+        let mut q = device.open_queue(&QueueConfig::depth(depth as u32)).unwrap();
+        let mut bufs: Vec<IoBuf> = (0..depth).map(|_| IoBuf::new(4096)).collect();
+        let (mut out, mut stats, mut waits) = (Vec::new(), WaitStats::default(), 0usize);
+        for round in 0..40u64 {
+            for op in [Op::Write, Op::Read] {
+                for (i, buf) in bufs.iter_mut().enumerate() {
+                    let fill = (thread * 41 + round * 7 + i as u64) as u8;
+                    buf.iter_mut().for_each(|b| *b = if op == Op::Write { fill } else { !fill });
+                    let mut c = Command::with_capacity(1);
+                    c.reset(op, i as u64);
+                    c.push((thread * depth as u64 + i as u64) * 4096, buf.as_mut_ptr(), 4096);
+                    // SAFETY: every buffer outlives its command, which is waited for below.
+                    unsafe { q.submit(c) };
+                }
+                q.commit().unwrap();
+                let mut back = vec![0u32; depth];
+                let expect = Expect { since_ns: now_ns(), op, bytes: 4096 };
+                while back.iter().sum::<u32>() < depth as u32 {
+                    if waits.is_multiple_of(every) {
+                        let next = Mode::AUTO[(waits / every) % Mode::AUTO.len()];
+                        policy.controller.force(next);
+                    }
+                    let limit = if waits % 3 == 2 { 0 } else { now_ns() + 1_000_000_000 };
+                    waits += 1;
+                    policy.wait(q.as_mut(), &mut out, &mut stats, limit, expect).unwrap();
+                    for c in out.drain(..) {
+                        assert_eq!(c.segments[0].result, 4096, "thread {thread} round {round} command {}", c.tag);
+                        back[c.tag as usize] += 1;
+                    }
+                }
+                assert!(back.iter().all(|&n| n == 1), "every command back exactly once: {back:?}");
+                assert_eq!(q.in_flight(), 0);
+                if op == Op::Read {
+                    for (i, buf) in bufs.iter().enumerate() {
+                        let fill = (thread * 41 + round * 7 + i as u64) as u8;
+                        assert!(buf.iter().all(|&b| b == fill), "thread {thread} round {round} block {i}");
+                    }
+                }
+            }
+        }
+        stats
+    }
+
+    #[test]
+    fn auto_changing_mode_between_any_two_waits_loses_no_request_and_no_byte() {
+        let threads = 3 * crowd::cpus() + 1;
+        for spec in ["emu:nand,size=16m", "emu:optane,size=16m", "emu:null,size=16m"] {
+            let dev = DeviceSpec::parse(spec, None).unwrap().open().unwrap();
+            std::thread::scope(|s| {
+                for t in 0..threads as u64 {
+                    let dev = &dev;
+                    s.spawn(move || churn(dev.as_ref(), t, 4, 1 + t as usize % 3));
+                }
+            });
+        }
     }
 }
