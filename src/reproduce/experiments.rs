@@ -545,28 +545,49 @@ fn sensitivity(runner: &mut Runner, quick: bool) -> Result<Section> {
 
 fn contention(runner: &mut Runner) -> Result<Section> {
     let device = "emu:nand";
-    let policies = ["poll", "yield", "interrupt", "hybrid", "adaptive"];
+    let policies = ["poll", "yield", "interrupt", "hybrid", "adaptive", "auto"];
+    // The policies that do not choose: auto is judged against the best of them.
+    let fixed = ["poll", "yield", "interrupt", "hybrid"];
     let levels = [0usize, 1, 2];
-    runner.plan((policies.len() * levels.len()) as u64);
-    let mut data = Vec::new(); // (policy, hogs, iops, hog ops/s)
-    for &hogs in &levels {
-        for &p in &policies {
-            let m = runner.measure(device, &format!("sync-path+{p}"), "randread", 1, hogs)?;
-            data.push((p, hogs, m.total_iops(), m.hogs.map_or(0.0, |h| h.ops_per_sec)));
+    let rounds = 3;
+    runner.plan((policies.len() * levels.len() * rounds) as u64);
+    // Rounds alternate the order of the policies, so none always runs first or last.
+    let mut runs = Vec::new(); // (policy, hogs, iops, hog ops/s, CPU ns per I/O), one per round
+    for round in 0..rounds {
+        for &hogs in &levels {
+            let order: Vec<&str> =
+                if round % 2 == 0 { policies.to_vec() } else { policies.iter().rev().copied().collect() };
+            for p in order {
+                let m = runner.measure(device, &format!("sync-path+{p}"), "randread", 1, hogs)?;
+                runs.push((p, hogs, m.total_iops(), m.hogs.map_or(0.0, |h| h.ops_per_sec), m.cpu_ns_per_io()));
+            }
         }
     }
-    let at = |p: &str, h: usize| data.iter().find(|d| d.0 == p && d.1 == h).map_or(0.0, |d| d.2);
+    let of = |p: &str, h: usize| -> Vec<&(&str, usize, f64, f64, f64)> {
+        runs.iter().filter(|d| d.0 == p && d.1 == h).collect()
+    };
+    let med =
+        |p: &str, h: usize, f: fn(&(&str, usize, f64, f64, f64)) -> f64| median(of(p, h).into_iter().map(f).collect());
+    let at = |p: &str, h: usize| med(p, h, |d| d.2);
+    let cpu = |p: &str, h: usize| med(p, h, |d| d.4);
     let best = |h: usize| policies.iter().map(|p| at(p, h)).fold(0.0, f64::max);
+    let best_fixed = |h: usize| fixed.iter().map(|&p| (p, at(p, h))).max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    // auto against the best fixed policy, round by round (each its own round's figure).
+    let spread = |h: usize| {
+        let (b, _) = best_fixed(h);
+        let ratios: Vec<f64> = of("auto", h).iter().zip(of(b, h)).map(|(a, f)| a.2 / f.2.max(1.0)).collect();
+        (ratios.iter().copied().fold(f64::INFINITY, f64::min), ratios.iter().copied().fold(0.0, f64::max))
+    };
     let rows = levels
         .iter()
         .map(|&h| {
             let mut row = vec![format!("{h} hog(s)")];
             for &p in &policies {
-                let d = data.iter().find(|d| d.0 == p && d.1 == h).expect("measured");
+                let hog_ops = med(p, h, |d| d.3);
                 row.push(if h > 0 {
-                    format!("{:.1}K (hogs {:.0}M/s)", d.2 / 1e3, d.3 / 1e6)
+                    format!("{:.1}K, {:.0} us CPU (hogs {:.0}M/s)", at(p, h) / 1e3, cpu(p, h) / 1e3, hog_ops / 1e6)
                 } else {
-                    format!("{:.1}K", d.2 / 1e3)
+                    format!("{:.1}K, {:.0} us CPU", at(p, h) / 1e3, cpu(p, h) / 1e3)
                 });
             }
             row
@@ -609,6 +630,35 @@ fn contention(runner: &mut Runner) -> Result<Section> {
             holds: at("yield", 0) >= 0.95 * at("poll", 0) && at("yield", 2) >= 0.8 * at("interrupt", 2),
             rule: "yield at least 95% of poll's IOPS with no hogs and 80% of interrupt's with 2".into(),
         },
+        Finding {
+            claim: "The default chooses for itself: auto keeps up with the best fixed policy, and leaves the CPU \
+                    to the hogs"
+                .into(),
+            paper: "iopath's auto (issue 26): as fast as the best fixed policy in every cell, at most half of \
+                    polling's CPU per I/O where hogs run"
+                .into(),
+            iopath: levels
+                .iter()
+                .map(|&h| {
+                    let (b, iops) = best_fixed(h);
+                    let (lo, hi) = spread(h);
+                    format!(
+                        "{h} hog(s): {:.2}x {b} ({lo:.2}-{hi:.2}x over {rounds} rounds), CPU {:.0} us against \
+                         poll's {:.0} us",
+                        at("auto", h) / iops.max(1.0),
+                        cpu("auto", h) / 1e3,
+                        cpu("poll", h) / 1e3
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            holds: levels.iter().all(|&h| {
+                at("auto", h) >= 0.95 * best_fixed(h).1 && (h == 0 || cpu("auto", h) <= 0.5 * cpu("poll", h))
+            }),
+            rule: "auto's median IOPS at least 95% of the best fixed policy's at 0, 1 and 2 hogs, and its CPU per \
+                   I/O at most half of poll's with hogs"
+                .into(),
+        },
     ];
     let chart = Chart {
         kind: ChartKind::Bars,
@@ -628,11 +678,12 @@ fn contention(runner: &mut Runner) -> Result<Section> {
     };
     Ok(Section {
         key: "contention".into(),
-        title: "Polling, yielding, interrupts, hybrid and adaptive under CPU contention".into(),
+        title: "Polling, yielding, interrupts, hybrid, adaptive and auto under CPU contention".into(),
         source: "seed 001 (polling under contention) and the adaptive policy (ARCHITECTURE.md, Completion policies)"
             .into(),
         setup: format!(
-            "{device} (~80 us reads), sync-path with each completion policy, 1 thread, 0-2 CPU hogs at full duty, {:?} per run",
+            "{device} (~80 us reads), sync-path with each completion policy, 1 thread, 0-2 CPU hogs at full duty, \
+             {:?} per run, {rounds} rounds alternating the order; medians (IOPS, CPU per I/O)",
             runner.runtime
         ),
         explanation: "With no competition a poller sees its completion at once. A hog on the poller's CPU takes \
