@@ -14,7 +14,8 @@
 //! loop device: `sync-yield` with a plain 1 ms rule slept 85-90% of its waits
 //! and made 112-182K IOPS; never sleeping made 211K). The run queue can:
 //! [`Verdict::of`] compares the machine's runnable threads (`/proc/loadavg`,
-//! read after a long yield) with this process's waiters. The same comparison
+//! read after a long yield) with this process's waiters, and asks whether the
+//! process made progress (completions) while the waiter was away. The same comparison
 //! on a figure at most half a millisecond old ([`runnable_lately`], read by
 //! one thread for all) tells a waiter before it yields whether the CPUs are
 //! wanted by threads that are not waiting ([`cpus_wanted`]): a program's own
@@ -113,8 +114,9 @@ pub fn parse_runnable(text: &str) -> Option<usize> {
 /// What a yield that kept a waiter away for long says about who had the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// The crowd's own turn: this process's waiters outnumber the CPUs and
-    /// few other threads are runnable. Keep yielding.
+    /// The crowd's own turn: this process's waiters outnumber the CPUs, few
+    /// other threads are runnable, and the others made progress while this
+    /// one was away. Keep yielding.
     CrowdTurn,
     /// A thread that is not waiting for the device used the CPU (a hog, the
     /// program's own computing threads): sleep rather than yield to it again.
@@ -123,24 +125,50 @@ pub enum Verdict {
 
 impl Verdict {
     /// The verdict from `runnable` threads on the machine (None: unknown),
-    /// `waiting` threads of this process and `cpus`. Runnable threads that
-    /// are not waiters are allowed for up to one per CPU (device workers, a
-    /// loop device's; short-lived kernel threads) plus a quarter of the
-    /// waiters: the crowd's own threads between two waits (submitting, or
-    /// on their way back to the caller) are runnable but not counted as
-    /// waiting (measured with 32 threads on the loop device: with no such
-    /// allowance 0.18 waits in 1 slept and IOPS fell from 181K to 129K).
-    pub fn of(runnable: Option<usize>, waiting: usize, cpus: usize) -> Verdict {
+    /// `waiting` threads of this process, `cpus`, and the `progress` the
+    /// process made while the waiter was away (completions its waiters saw).
+    ///
+    /// Runnable threads that are not waiters are allowed for up to one per CPU
+    /// (device workers, a loop device's; short-lived kernel threads) plus a
+    /// quarter of the waiters: the crowd's own threads between two waits
+    /// (submitting, or on their way back to the caller) are runnable but not
+    /// counted as waiting (measured with 32 threads on the loop device: with
+    /// no such allowance 0.18 waits in 1 slept and IOPS fell from 181K to
+    /// 129K). That allowance cannot tell two CPU hogs from two device workers,
+    /// so the time away must also have been the crowd's: at least two
+    /// completions per waiter. Behind a crowd of 32 on the loop device a 1 ms
+    /// yield sees over 100; 16 waiters yielding behind 2 hogs on `emu:nand`
+    /// collapse to one look per waiter per scheduler slice (5.6K IOPS), about
+    /// one completion per waiter in a long yield.
+    pub fn of(runnable: Option<usize>, waiting: usize, cpus: usize, progress: u64) -> Verdict {
         match runnable {
-            Some(r) if waiting > cpus && !wanted(r, waiting, cpus) => Verdict::CrowdTurn,
+            Some(r) if waiting > cpus && !wanted(r, waiting, cpus) && progress >= 2 * waiting as u64 => {
+                Verdict::CrowdTurn
+            }
             _ => Verdict::CpuTaken,
         }
     }
 
-    /// The verdict now.
-    pub fn now() -> Verdict {
-        Verdict::of(runnable(), waiting(), cpus())
+    /// The verdict now, for a waiter that was away while the process saw
+    /// `progress` completions.
+    pub fn now(progress: u64) -> Verdict {
+        Verdict::of(runnable(), waiting(), cpus(), progress)
     }
+}
+
+/// Completions seen by this process's yielding waiters so far.
+static COMPLETED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `n` completions a yielding waiter saw.
+pub fn note_completed(n: usize) {
+    if n > 0 {
+        COMPLETED.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Completions seen by this process's yielding waiters so far.
+pub fn completed() -> u64 {
+    COMPLETED.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -158,18 +186,23 @@ mod tests {
     }
 
     #[test]
-    fn a_long_yield_is_the_crowds_turn_only_in_a_crowd_with_few_others_runnable() {
-        // 32 waiters on 2 CPUs, the loop worker and a few of the crowd between waits: their turn.
-        assert_eq!(Verdict::of(Some(38), 32, 2), Verdict::CrowdTurn);
+    fn a_long_yield_is_the_crowds_turn_only_in_a_crowd_with_few_others_runnable_that_made_progress() {
+        // 32 waiters on 2 CPUs, the loop worker and a few of the crowd between waits,
+        // 120 completions meanwhile: their turn.
+        assert_eq!(Verdict::of(Some(38), 32, 2, 120), Verdict::CrowdTurn);
+        // The same with little progress: something else had the CPUs.
+        assert_eq!(Verdict::of(Some(38), 32, 2, 20), Verdict::CpuTaken);
         // 8 waiters, the worker and 4 computing threads: somebody else's.
-        assert_eq!(Verdict::of(Some(13), 8, 2), Verdict::CpuTaken);
-        assert_eq!(Verdict::of(Some(12), 8, 2), Verdict::CrowdTurn);
+        assert_eq!(Verdict::of(Some(13), 8, 2, 100), Verdict::CpuTaken);
+        assert_eq!(Verdict::of(Some(12), 8, 2, 100), Verdict::CrowdTurn);
+        // 16 waiters behind 2 hogs: the run queue allows it, the progress does not.
+        assert_eq!(Verdict::of(Some(18), 16, 2, 17), Verdict::CpuTaken);
         // One waiter and one hog: no crowd, so whoever took the CPU was not ours.
-        assert_eq!(Verdict::of(Some(2), 1, 2), Verdict::CpuTaken);
+        assert_eq!(Verdict::of(Some(2), 1, 2, 100), Verdict::CpuTaken);
         // Unknown run queue: the safe answer is to stop yielding to it.
-        assert_eq!(Verdict::of(None, 32, 2), Verdict::CpuTaken);
+        assert_eq!(Verdict::of(None, 32, 2, 1000), Verdict::CpuTaken);
         // Fewer runnable than waiting (sleepers counted as waiting): their turn.
-        assert_eq!(Verdict::of(Some(3), 16, 2), Verdict::CrowdTurn);
+        assert_eq!(Verdict::of(Some(3), 16, 2, 40), Verdict::CrowdTurn);
     }
 
     #[test]

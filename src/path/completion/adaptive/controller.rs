@@ -515,6 +515,10 @@ impl Controller {
         // (not too often) not at this contention level, unless it was worse on
         // both latency and CPU than the current mode is now: a probe costs its
         // epoch (with hogs on a fast device, 64 sleeping I/Os are a p99.9 risk).
+        // A mode whose probes lost clearly is not tried sooner than half its
+        // backed-off interval for a change of level either: with hogs the level
+        // moves between LOW and HIGH every few hundred ms, and polling was
+        // probed every 250 ms at 2.5x hybrid's cost (`auto`, 2 hogs, emu:nand).
         let due = self.modes.iter().copied().find(|&m| {
             m != self.mode && feasible(m) && {
                 let seen = &self.seen[m as usize];
@@ -522,7 +526,7 @@ impl Controller {
                 seen.per_io().is_none()
                     || age >= self.probe_interval_ns[m as usize]
                     || (seen.level != Some(self.level)
-                        && age >= REPROBE_AFTER_LEVEL_CHANGE_NS
+                        && age >= REPROBE_AFTER_LEVEL_CHANGE_NS.max(self.probe_interval_ns[m as usize] / 2)
                         && !self.dominated(m, self.mode))
             }
         });
