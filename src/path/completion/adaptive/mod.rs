@@ -48,7 +48,7 @@
 //! contention is a point where the scheduler can take its CPU (measured:
 //! p99.9 ~2 ms instead of ~60 µs with 2 hogs on the DRAM-SSD).
 //! Every decision is counted (switches, probes, time in each mode) and said
-//! in words through [`explain`](super::explain) (`IOPATH_LOG=1`, `iopath
+//! in words through [`explain`] (`IOPATH_LOG=1`, `iopath
 //! bench --explain`); with `IOPATH_TRACE_ADAPTIVE=1` every epoch's signals
 //! are printed to stderr.
 //!
