@@ -11,6 +11,7 @@
 //! benchmarks of the paths that could win and recommends the fastest, with
 //! the reasons. Nothing is ever written to the device.
 
+use crate::bench::stats::median;
 use crate::bench::{BenchConfig, Rw, run};
 use crate::clock::now_ns;
 use crate::device::target::Guard;
@@ -224,11 +225,6 @@ fn io_uring_facts() -> IoUringFacts {
         })
         .collect();
     IoUringFacts { disabled_sysctl, seccomp, available, flags }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn measure_syscall() -> f64 {

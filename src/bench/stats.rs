@@ -219,3 +219,10 @@ impl Measurements {
         100.0 * self.usage.sys_ns as f64 / self.wall_ns.max(1) as f64
     }
 }
+
+/// The median of `values` (the upper one of an even count; 0 when empty):
+/// what repeated runs are summarised by.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}

@@ -5,6 +5,7 @@ use super::path_args::{IdleArgs, duration_arg};
 use clap::Args;
 use iopath::Error;
 use iopath::bench::fsbench::{self, FsBenchConfig, FsPaths, FsRun, FsWorkload};
+use iopath::bench::stats::median;
 use iopath::path::PathSpec;
 use iopath::units::{format_size, parse_size};
 use serde_json::json;
@@ -153,11 +154,6 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
         eprintln!("interrupted: the table holds the runs that finished");
     }
     Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
 /// Runs of one (workload, cache, path) cell.

@@ -7,6 +7,7 @@
 
 use super::{Chart, ChartKind, DataTable, Finding, Runner, Section, Series};
 use crate::bench::stats::Measurements;
+use crate::bench::stats::median;
 use crate::error::Result;
 
 /// Runs experiment `key`.
@@ -892,11 +893,6 @@ fn cpu(runner: &mut Runner) -> Result<Section> {
         findings,
         chart,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
