@@ -27,8 +27,6 @@ use std::time::Duration;
 const PREFILL_CHUNK: u64 = 1 << 20;
 /// How many requests a thread completes between two updates of the progress counter.
 const PROGRESS_BATCH: u64 = 64;
-/// A rate-limited thread that fell behind catches up at most this much time's worth.
-const RATE_CATCH_UP_NS: u64 = 100_000_000;
 
 /// One benchmark.
 #[derive(Debug, Clone)]
@@ -797,7 +795,7 @@ impl ThreadRun<'_> {
     /// direction ahead of its rate gives way to the other one if that one
     /// may go now (as fio does; both then run at their rates), or else the
     /// thread sleeps until it is due. A thread that fell behind catches up
-    /// back to back, for at most 100 ms worth.
+    /// back to back, however far behind (fio's schedule).
     fn pace(&mut self, wanted: Op) -> Op {
         if self.interval_ns == [None, None] {
             return wanted;
@@ -805,16 +803,18 @@ impl ThreadRun<'_> {
         let due = |run: &Self, d: usize| run.interval_ns[d].map_or(0, |_| run.next_due_ns[d]);
         let mix = self.config.rw.read_fraction(self.config.rwmixread);
         let mut d = usize::from(wanted != Op::Read);
-        let mut now = now_ns();
+        let now = now_ns();
         if now < due(self, d) && mix > 0.0 && mix < 1.0 && now >= due(self, 1 - d) {
             d = 1 - d;
         }
         if now < due(self, d) {
             crate::clock::sleep_until_ns(due(self, d));
-            now = now_ns();
         }
         if let Some(interval) = self.interval_ns[d] {
-            self.next_due_ns[d] = self.next_due_ns[d].max(now.saturating_sub(RATE_CATCH_UP_NS)) + interval;
+            // fio's schedule (`usec_for_io`): the Nth request is due N intervals after
+            // the start, so a thread held up (a loaded machine) makes the time up
+            // back to back and the rate holds over the run, as fio's does.
+            self.next_due_ns[d] += interval;
         }
         if d == 0 { Op::Read } else { Op::Write }
     }
