@@ -55,9 +55,9 @@ pub struct FsBenchArgs {
     paths: Vec<String>,
     /// The engine's path under the file layer, as `bench --path` takes it
     /// (`auto`, the default, `sync-yield`, `sync-path`, `sync-intr`, `stm`, ...).
-    /// The default polls and yields: as fast as `sync-path` for one thread,
-    /// and with more threads than CPUs it does not starve the device's
-    /// worker or the other threads.
+    /// The default chooses per thread how to wait (yield, poll, hybrid or
+    /// interrupt) from what each costs, and yields while the threads
+    /// outnumber the CPUs.
     #[arg(long, default_value = "auto")]
     engine_path: String,
     /// Threads.

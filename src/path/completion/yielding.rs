@@ -86,11 +86,6 @@ pub enum YieldOutcome {
 }
 
 impl Yield {
-    /// Whether waits are sleeping now (a hog was seen lately).
-    pub fn sleeping(&self, now: u64) -> bool {
-        self.sleep_until_ns != 0 && now < self.sleep_until_ns
-    }
-
     /// One wait by a thread already counted among the waiters (`waiting`);
     /// returns how many came back and what its yields said.
     pub fn wait_counted(
@@ -102,13 +97,13 @@ impl Yield {
         limit_ns: u64,
         expect: Expect,
     ) -> Result<(usize, YieldOutcome)> {
-        // (No clock read per wait while no hog was ever seen.)
         // Every completion counts toward the process's progress (what a long yield's verdict asks about).
         let sleep = |queue: &mut dyn Queue, out: &mut Vec<Command>, stats: &mut WaitStats| {
             let n = Interrupt.wait(queue, out, stats, limit_ns, expect)?;
             note_completed(n);
             Ok::<usize, crate::error::Error>(n)
         };
+        // (No clock read per wait while no hog was ever seen.)
         if self.sleep_until_ns != 0 && now_ns() < self.sleep_until_ns {
             return Ok((sleep(queue, out, stats)?, YieldOutcome::Sleeping));
         }
