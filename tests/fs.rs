@@ -4,7 +4,7 @@
 use iopath::device::emu::EmuDevice;
 use iopath::device::spec::Backend;
 use iopath::device::{Device, DeviceSpec};
-use iopath::fs::{FileSystem, FormatOptions, FsyncPath, MountOptions, ReadPath};
+use iopath::fs::{FileSystem, FormatOptions, FsyncPath, MountOptions, ReadPath, check};
 use iopath::{Engine, Error, PathConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -112,14 +112,27 @@ fn files_are_written_read_renamed_and_removed() {
     assert_eq!(f.name(), "c");
     let names: Vec<_> = fs.list().into_iter().map(|e| (e.name, e.size)).collect();
     assert_eq!(names, vec![("b".to_string(), 3), ("c".to_string(), 9000)]);
-    // Rename over an existing file replaces it; its open handle goes stale.
+    // Rename over an existing file replaces it; its open handle keeps the old
+    // file, unnamed, until it is closed (POSIX), and the name now holds `c`.
     let b = fs.open("b").unwrap();
     fs.rename("c", "b").unwrap();
-    assert_eq!(errno(b.read_at(&mut five, 0).unwrap_err()), libc::ESTALE);
+    assert_eq!(b.read_at(&mut five, 0).unwrap(), 3);
+    assert_eq!(&five[..3], b"bee");
+    assert_eq!(b.metadata().nlink, 0);
+    assert!(b.name().ends_with("(deleted)"), "{}", b.name());
+    assert_eq!(f.name(), "b");
     assert_eq!(fs.list().len(), 1);
+    let free_with_orphan = fs.stats().free_blocks;
+    drop(b);
+    fs.sync().unwrap();
+    assert!(fs.stats().free_blocks > free_with_orphan, "the last close frees the replaced file's block");
     fs.unlink("b").unwrap();
     assert!(fs.list().is_empty());
-    assert_eq!(errno(f.write_at(b"x", 0).unwrap_err()), libc::ESTALE);
+    // Still open: the unlinked file reads and writes until its last close.
+    f.write_at(b"x", 0).unwrap();
+    f.read_at(&mut five, 0).unwrap();
+    assert_eq!(five[0], b'x');
+    assert_eq!(errno(fs.open("b").unwrap_err()), libc::ENOENT);
 }
 
 #[test]
@@ -132,11 +145,13 @@ fn wrong_requests_get_errors_that_name_the_problem() {
     let e = fs.create("x").unwrap_err();
     assert!(e.to_string().contains("exists"), "{e}");
     assert_eq!(errno(e), libc::EEXIST);
-    for bad in ["", "a/b", &"n".repeat(300)] {
-        assert_eq!(errno(fs.create(bad).unwrap_err()), libc::EINVAL, "{bad:?}");
+    for (bad, want) in
+        [("", libc::ENOENT), ("a/b", libc::ENOENT), ("x/y", libc::ENOTDIR), (&"n".repeat(300), libc::ENAMETOOLONG)]
+    {
+        assert_eq!(errno(fs.create(bad).unwrap_err()), want, "{bad:?}");
     }
     for i in 0..7 {
-        fs.create(&format!("f{i}")).unwrap();
+        fs.create(format!("f{i}")).unwrap();
     }
     let e = fs.create("one-too-many").unwrap_err();
     assert!(e.to_string().contains("--inodes"), "{e}");
@@ -229,7 +244,7 @@ fn sixteen_threads_of_reads_writes_and_fsyncs_lose_nothing() {
             .map(|t| {
                 let fs = fs.clone();
                 std::thread::spawn(move || {
-                    let mine = fs.create(&format!("t{t}")).unwrap();
+                    let mine = fs.create(format!("t{t}")).unwrap();
                     let shared = fs.open_or_create("shared").unwrap();
                     let mut rng = fastrand::Rng::with_seed(t);
                     let mut expect = Vec::new();
@@ -297,7 +312,7 @@ fn fsyncs_of_many_threads_survive_a_power_cut_in_the_middle() {
                 std::thread::spawn(move || {
                     let data = bytes(round * 100 + t, 512 * 1024);
                     let mut rng = fastrand::Rng::with_seed(t);
-                    let Ok(f) = fs.create(&format!("t{t}")) else { return };
+                    let Ok(f) = fs.create(format!("t{t}")) else { return };
                     let mut written = 0;
                     while written < data.len() {
                         let n = rng.usize(1..6000).min(data.len() - written);
@@ -330,7 +345,7 @@ fn fsyncs_of_many_threads_survive_a_power_cut_in_the_middle() {
         let fs = mount(&dev);
         for t in 0..THREADS {
             let synced = durable[t as usize].load(std::sync::atomic::Ordering::Acquire) as usize;
-            let got = if synced == 0 && fs.open(&format!("t{t}")).is_err() {
+            let got = if synced == 0 && fs.open(format!("t{t}")).is_err() {
                 Vec::new()
             } else {
                 read_all(&fs, &format!("t{t}"))
@@ -350,43 +365,91 @@ enum Step {
     Create(String),
     Append(String, Vec<u8>),
     Truncate(String, u64),
+    /// A file or a directory (with everything below it).
     Rename(String, String),
     Unlink(String),
+    Mkdir(String),
+    Rmdir(String),
     Fsync(String),
     Sync,
 }
 
-/// Name -> (file identity, contents): identities follow files through renames.
+/// Path -> (file identity, contents): identities follow files through
+/// renames. A directory is its path with a trailing `/`, identity 0, no
+/// contents.
 type State = BTreeMap<String, (u32, Vec<u8>)>;
 
-/// A random workload over a handful of names, valid at every step, and the state after each step.
+fn is_dir_key(key: &str) -> bool {
+    key.ends_with('/')
+}
+
+/// Whether `path`'s directory exists in `state` (the root always does).
+fn parent_exists(state: &State, path: &str) -> bool {
+    path.rsplit_once('/').is_none_or(|(dir, _)| state.contains_key(&format!("{dir}/")))
+}
+
+/// A random workload over a handful of names in nested directories, valid
+/// at every step, and the state after each step.
 fn workload(seed: u64, steps: usize) -> (Vec<Step>, Vec<State>) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let names = ["a", "b", "c", "d", "tmp"];
+    let file_names = ["a", "b", "tmp", "d/c", "d/s/x", "e/c"];
+    let dir_names = ["d", "d/s", "e"];
     let mut state = State::new();
     let mut out = Vec::new();
     let mut states = vec![state.clone()];
     let mut ids = 0;
     while out.len() < steps {
-        let existing: Vec<String> = state.keys().cloned().collect();
-        let pick = |rng: &mut fastrand::Rng| existing[rng.usize(..existing.len())].clone();
-        let step = match rng.u8(..10) {
-            0 | 1 if existing.len() < names.len() => {
-                let free: Vec<_> = names.iter().filter(|n| !state.contains_key(**n)).collect();
-                Step::Create(free[rng.usize(..free.len())].to_string())
+        let files: Vec<String> = state.keys().filter(|k| !is_dir_key(k)).cloned().collect();
+        let dirs: Vec<String> =
+            state.keys().filter(|k| is_dir_key(k)).map(|k| k.trim_end_matches('/').into()).collect();
+        let pick = |rng: &mut fastrand::Rng, from: &[String]| from[rng.usize(..from.len())].clone();
+        let free = |name: &&str| {
+            parent_exists(&state, name) && !state.contains_key(*name) && !state.contains_key(&format!("{name}/"))
+        };
+        let creatable: Vec<&str> = file_names.iter().copied().filter(free).collect();
+        let makable: Vec<&str> = dir_names.iter().copied().filter(free).collect();
+        let empty_dirs: Vec<String> = dirs
+            .iter()
+            .filter(|d| !state.keys().any(|k| k.starts_with(&format!("{d}/")) && **k != format!("{d}/")))
+            .cloned()
+            .collect();
+        let step = match rng.u8(..13) {
+            0 | 1 if !creatable.is_empty() => Step::Create(creatable[rng.usize(..creatable.len())].to_string()),
+            2..=4 if !files.is_empty() => {
+                Step::Append(pick(&mut rng, &files), bytes(rng.u64(..), rng.usize(1..3 * 4096 + 100)))
             }
-            2..=4 if !existing.is_empty() => {
-                Step::Append(pick(&mut rng), bytes(rng.u64(..), rng.usize(1..3 * 4096 + 100)))
-            }
-            5 if !existing.is_empty() => {
-                let name = pick(&mut rng);
+            5 if !files.is_empty() => {
+                let name = pick(&mut rng, &files);
                 let len = state[&name].1.len() as u64;
                 Step::Truncate(name, if rng.bool() { len / 2 } else { len + rng.u64(1..6000) })
             }
-            6 if !existing.is_empty() => Step::Rename(pick(&mut rng), names[rng.usize(..names.len())].to_string()),
-            7 if existing.len() > 2 => Step::Unlink(pick(&mut rng)),
-            8 if !existing.is_empty() => Step::Fsync(pick(&mut rng)),
+            6 if !files.is_empty() => {
+                let to = file_names[rng.usize(..file_names.len())];
+                if !parent_exists(&state, to) || state.contains_key(&format!("{to}/")) {
+                    continue;
+                }
+                Step::Rename(pick(&mut rng, &files), to.to_string())
+            }
+            7 if files.len() > 2 => Step::Unlink(pick(&mut rng, &files)),
+            8 if !files.is_empty() => Step::Fsync(pick(&mut rng, &files)),
             9 => Step::Sync,
+            10 if !makable.is_empty() => Step::Mkdir(makable[rng.usize(..makable.len())].to_string()),
+            11 if !empty_dirs.is_empty() => Step::Rmdir(pick(&mut rng, &empty_dirs)),
+            12 if !dirs.is_empty() => {
+                // A directory to a free name or over an empty directory, never below itself.
+                let from = pick(&mut rng, &dirs);
+                let to = dir_names[rng.usize(..dir_names.len())];
+                let over_empty = empty_dirs.iter().any(|d| d == to);
+                if to == from
+                    || to.starts_with(&format!("{from}/"))
+                    || !parent_exists(&state, to)
+                    || state.contains_key(to)
+                    || (state.contains_key(&format!("{to}/")) && !over_empty)
+                {
+                    continue;
+                }
+                Step::Rename(from, to.to_string())
+            }
             _ => continue,
         };
         match &step {
@@ -396,12 +459,27 @@ fn workload(seed: u64, steps: usize) -> (Vec<Step>, Vec<State>) {
             }
             Step::Append(n, d) => state.get_mut(n).unwrap().1.extend_from_slice(d),
             Step::Truncate(n, len) => state.get_mut(n).unwrap().1.resize(*len as usize, 0),
-            Step::Rename(from, to) => {
+            Step::Rename(from, to) if state.contains_key(from) => {
                 let d = state.remove(from).unwrap();
                 state.insert(to.clone(), d);
             }
+            Step::Rename(from, to) => {
+                state.remove(&format!("{to}/"));
+                let prefix = format!("{from}/");
+                let moved: Vec<String> = state.keys().filter(|k| k.starts_with(&prefix)).cloned().collect();
+                for key in moved {
+                    let value = state.remove(&key).unwrap();
+                    state.insert(format!("{to}/{}", &key[prefix.len()..]), value);
+                }
+            }
             Step::Unlink(n) => {
                 state.remove(n);
+            }
+            Step::Mkdir(d) => {
+                state.insert(format!("{d}/"), (0, Vec::new()));
+            }
+            Step::Rmdir(d) => {
+                state.remove(&format!("{d}/"));
             }
             Step::Fsync(_) | Step::Sync => {}
         }
@@ -419,17 +497,40 @@ fn run_step(fs: &FileSystem, step: &Step, direct: bool) -> iopath::Result<()> {
         Step::Truncate(n, len) => open(n)?.truncate(*len),
         Step::Rename(from, to) => fs.rename(from, to),
         Step::Unlink(n) => fs.unlink(n),
+        Step::Mkdir(d) => fs.mkdir(d, 0o755),
+        Step::Rmdir(d) => fs.rmdir(d),
         Step::Fsync(n) => open(n)?.fsync(),
         Step::Sync => fs.sync(),
     }
 }
 
-fn names_touched(step: &Step) -> Vec<&str> {
+/// Whether `step` changes what `name` holds.
+fn touches(step: &Step, name: &str) -> bool {
+    let under = |dir: &str| name == dir || name.starts_with(&format!("{dir}/"));
     match step {
-        Step::Create(n) | Step::Append(n, _) | Step::Truncate(n, _) | Step::Unlink(n) => vec![n],
-        Step::Rename(a, b) => vec![a, b],
-        Step::Fsync(_) | Step::Sync => vec![],
+        Step::Create(n) | Step::Append(n, _) | Step::Truncate(n, _) | Step::Unlink(n) => n == name,
+        Step::Rename(a, b) => under(a) || under(b),
+        Step::Mkdir(_) | Step::Rmdir(_) | Step::Fsync(_) | Step::Sync => false,
     }
+}
+
+/// Everything in the file system: files by path with their contents,
+/// directories by path with a trailing `/` (as [`State`] keys them).
+fn tree(fs: &FileSystem) -> BTreeMap<String, Vec<u8>> {
+    fn walk(fs: &FileSystem, dir: &str, out: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in fs.read_dir(if dir.is_empty() { "/" } else { dir }).unwrap() {
+            let path = format!("{dir}{}", String::from_utf8(entry.name).unwrap());
+            if entry.kind == iopath::fs::Kind::Dir {
+                out.insert(format!("{path}/"), Vec::new());
+                walk(fs, &format!("{path}/"), out);
+            } else {
+                out.insert(path.clone(), read_all(fs, &path));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(fs, "", &mut out);
+    out
 }
 
 /// Checks a recovered file system against the workload's states `synced..=reached`:
@@ -545,11 +646,16 @@ fn crash_at_every_step(seed: u64, cut: &str, mount_options: MountOptions, direct
             dev.power_cut();
         }
         dev.power_on();
+        // fsck replays the journal as a mount would, and finds nothing wrong; the mount then
+        // has nothing left to replay.
+        let report = check::check(engine(&dev, "sync-path"))
+            .unwrap_or_else(|e| panic!("seed {seed} cut {cut} at command {cut_at}: fsck failed: {e}"));
+        assert!(report.is_clean(), "seed {seed} cut {cut} at command {cut_at}: fsck: {:?}", report.problems);
+        replays += report.replayed;
         let (fs, mounted) = FileSystem::mount(engine(&dev, "sync-path"))
             .unwrap_or_else(|e| panic!("seed {seed} cut {cut} at command {cut_at}: mount failed: {e}"));
-        replays += mounted.replayed;
-        let got: BTreeMap<String, Vec<u8>> =
-            fs.list().into_iter().map(|e| (e.name.clone(), read_all(&fs, &e.name))).collect();
+        assert_eq!(mounted.replayed, 0);
+        let got = tree(&fs);
         if let Err(why) = check_recovered(&got, &states, synced, reached) {
             let summary =
                 |s: &State| s.iter().map(|(k, (id, v))| format!("{k}#{id}:{}", v.len())).collect::<Vec<_>>().join(" ");
@@ -567,12 +673,15 @@ fn crash_at_every_step(seed: u64, cut: &str, mount_options: MountOptions, direct
             );
         }
         for (name, at) in fsynced {
-            let touched_later = steps[at..reached].iter().any(|s| names_touched(s).contains(&name.as_str()));
+            let touched_later = steps[at..reached].iter().any(|s| touches(s, &name));
             if !touched_later {
                 let want = states[at].get(&name).map(|(_, d)| d);
                 assert_eq!(got.get(&name), want, "seed {seed} cut {cut} at {cut_at}: fsync'd '{name}'");
             }
         }
+        fs.unmount().unwrap();
+        let report = check::check(engine(&dev, "sync-path")).unwrap();
+        assert!(report.is_clean(), "seed {seed} cut {cut} at {cut_at}: fsck after remount: {:?}", report.problems);
     }
     assert!(replays > 0, "some cut must have left a transaction to replay");
 }
@@ -1223,4 +1332,424 @@ fn random_damage_to_the_metadata_is_an_error_or_a_working_file_system_never_a_pa
     }
     eprintln!("{mounted} mounted, {refused} refused");
     assert!(mounted > 0 && refused > 0, "both outcomes occur: {mounted} mounted, {refused} refused");
+}
+
+#[test]
+fn directories_nest_list_rename_and_refuse_what_posix_refuses() {
+    use iopath::fs::{Kind, Rename};
+    let (dev, fs) = fresh("emu:null,size=32m,wcache=1", FormatOptions::default());
+    fs.mkdir("db", 0o750).unwrap();
+    fs.mkdir("/db/wal/", 0o755).unwrap();
+    fs.create("db/wal/000001.log").unwrap().write_at(b"log", 0).unwrap();
+    fs.create("db/./CURRENT").unwrap().write_at(b"MANIFEST-1", 0).unwrap();
+    let names = |p: &str| -> Vec<String> {
+        fs.read_dir(p).unwrap().into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect()
+    };
+    assert_eq!(names("db"), ["CURRENT", "wal"]);
+    assert_eq!(names("/"), ["db"]);
+    let db = fs.metadata("db").unwrap();
+    assert_eq!((db.kind, db.mode, db.nlink), (Kind::Dir, libc::S_IFDIR | 0o750, 3));
+    let root = fs.metadata("/").unwrap();
+    assert_eq!((root.ino, root.nlink), (iopath::fs::namespace::ROOT_INO, 3));
+    let log = fs.metadata("db/wal/../wal/000001.log").unwrap();
+    assert_eq!((log.kind, log.size, log.nlink, log.mode), (Kind::File, 3, 1, libc::S_IFREG | 0o644));
+    assert!(log.blocks >= 8, "one 4 KiB block is eight 512-byte units: {}", log.blocks);
+
+    // What POSIX refuses, with its errno.
+    assert_eq!(errno(fs.mkdir("db", 0o755).unwrap_err()), libc::EEXIST);
+    assert_eq!(errno(fs.mkdir("no/such", 0o755).unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.mkdir("db/CURRENT/x", 0o755).unwrap_err()), libc::ENOTDIR);
+    assert_eq!(errno(fs.rmdir("db").unwrap_err()), libc::ENOTEMPTY);
+    assert_eq!(errno(fs.rmdir("db/CURRENT").unwrap_err()), libc::ENOTDIR);
+    assert_eq!(errno(fs.rmdir("/").unwrap_err()), libc::EBUSY);
+    assert_eq!(errno(fs.rmdir("db/wal/.").unwrap_err()), libc::EINVAL);
+    assert_eq!(errno(fs.unlink("db").unwrap_err()), libc::EISDIR);
+    assert_eq!(errno(fs.open("db").unwrap_err()), libc::EISDIR);
+    assert_eq!(errno(fs.open("db/CURRENT/").unwrap_err()), libc::ENOTDIR);
+    assert_eq!(errno(fs.read_dir("db/CURRENT").unwrap_err()), libc::ENOTDIR);
+    assert_eq!(errno(fs.rename("db", "db/wal/inside").unwrap_err()), libc::EINVAL);
+    assert_eq!(errno(fs.rename("db/CURRENT", "db/wal").unwrap_err()), libc::EISDIR);
+    fs.mkdir("empty", 0o755).unwrap();
+    assert_eq!(errno(fs.rename("empty", "db/CURRENT").unwrap_err()), libc::ENOTDIR);
+    assert_eq!(errno(fs.rename("empty", "db").unwrap_err()), libc::ENOTEMPTY);
+    assert_eq!(errno(fs.rename_with("db/CURRENT", "db/wal/000001.log", Rename::NoReplace).unwrap_err()), libc::EEXIST);
+    assert_eq!(errno(fs.rename_with("db/CURRENT", "db/none", Rename::Exchange).unwrap_err()), libc::ENOENT);
+
+    // Names: any byte but '/' and NUL, up to 255 of them.
+    let odd = "sp ace\n\u{e9}\u{1F600}";
+    fs.create(format!("db/{odd}")).unwrap();
+    fs.create(format!("db/{}", "n".repeat(255))).unwrap();
+    assert_eq!(errno(fs.create(format!("db/{}", "n".repeat(256))).unwrap_err()), libc::ENAMETOOLONG);
+    fs.create([b'd', b'b', b'/', 0xff, 0xfe]).unwrap();
+    assert!(fs.exists([b'd', b'b', b'/', 0xff, 0xfe]));
+    fs.unlink([b'd', b'b', b'/', 0xff, 0xfe]).unwrap();
+
+    // A directory moves with everything below it, across directories, in one rename.
+    let log_handle = fs.open("db/wal/000001.log").unwrap();
+    fs.mkdir("archive", 0o755).unwrap();
+    fs.rename("db/wal", "archive/wal-1").unwrap();
+    assert_eq!(log_handle.name(), "archive/wal-1/000001.log");
+    assert_eq!(read_all(&fs, "archive/wal-1/000001.log"), b"log");
+    assert_eq!(fs.metadata("db").unwrap().nlink, 2);
+    // An empty directory may be replaced by a directory; an exchange swaps a file and a directory.
+    fs.rename("archive/wal-1", "empty").unwrap();
+    assert!(!fs.exists("archive/wal-1"));
+    fs.rename_with("empty", "db/CURRENT", Rename::Exchange).unwrap();
+    assert_eq!(fs.metadata("empty").unwrap().kind, Kind::File);
+    assert_eq!(read_all(&fs, "empty"), b"MANIFEST-1");
+    assert_eq!(read_all(&fs, "db/CURRENT/000001.log"), b"log");
+    // An exchange never moves a directory below itself.
+    assert_eq!(errno(fs.rename_with("db", "db/CURRENT/000001.log", Rename::Exchange).unwrap_err()), libc::EINVAL);
+
+    // Modes and times.
+    fs.set_mode("db/CURRENT", 0o700).unwrap();
+    assert_eq!(fs.metadata("db/CURRENT").unwrap().mode, libc::S_IFDIR | 0o700);
+    fs.set_mtime("empty", 1_000_000_000).unwrap();
+    assert_eq!(fs.metadata("empty").unwrap().mtime_ns, 1_000_000_000);
+
+    // All of it survives a remount, and a power cut after a sync.
+    let before = tree(&fs);
+    drop(log_handle);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(tree(&fs), before);
+    assert_eq!(fs.metadata("db/CURRENT").unwrap().mode, libc::S_IFDIR | 0o700);
+    assert_eq!(fs.metadata("empty").unwrap().mtime_ns, 1_000_000_000);
+    fs.rmdir("archive").unwrap();
+    fs.sync().unwrap();
+    let fs = cut_and_remount(&dev, fs);
+    assert!(!fs.exists("archive"));
+    assert_eq!(tree(&fs).len(), before.len() - 1);
+}
+
+#[test]
+fn a_file_unlinked_while_open_lives_until_its_last_close_and_a_crash_reclaims_it() {
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1", FormatOptions::default());
+    let empty = fs.stats().free_blocks;
+    let f = fs.create("victim").unwrap();
+    f.write_at(&bytes(7, 64 << 10), 0).unwrap();
+    f.fsync().unwrap();
+    let second = f.clone();
+    fs.unlink("victim").unwrap();
+    assert!(!fs.exists("victim"));
+    fs.create("victim").unwrap(); // the name is free for a new file
+    // Both handles still read and write the unlinked file.
+    second.write_at(b"after", 0).unwrap();
+    let mut five = [0u8; 5];
+    f.read_at(&mut five, 0).unwrap();
+    assert_eq!(&five, b"after");
+    assert_eq!(f.metadata().nlink, 0);
+    drop(second);
+    fs.sync().unwrap();
+    assert!(fs.stats().free_blocks < empty - 8, "one handle still holds the data");
+    // A crash before the last close: the next mount frees the orphan.
+    assert!(dev.power_cut());
+    drop(f);
+    drop(fs);
+    dev.power_on();
+    let report = check::check(engine(&dev, "sync-path")).unwrap();
+    assert!(report.is_clean() && report.orphans == 1, "fsck: an orphan is no damage: {report:?}");
+    let (fs, mounted) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
+    assert_eq!((mounted.orphans_reclaimed, mounted.files), (1, 1));
+    assert_eq!(read_all(&fs, "victim"), b"");
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().free_blocks, empty, "an empty file holds no block");
+    // A close without a crash frees it at once.
+    let g = fs.open("victim").unwrap();
+    g.write_at(&bytes(8, 64 << 10), 0).unwrap();
+    fs.unlink("victim").unwrap();
+    drop(g);
+    fs.sync().unwrap();
+    fs.unmount().unwrap();
+    let (_fs, mounted) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
+    assert_eq!((mounted.orphans_reclaimed, mounted.files), (0, 0));
+}
+
+#[test]
+fn an_older_image_is_upgraded_at_mount_and_its_files_are_in_the_root() {
+    use iopath::fs::format::{INODE_SIZE, Superblock, crc};
+    let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    fs.create("a").unwrap().write_at(b"alpha", 0).unwrap();
+    fs.create("b").unwrap().write_at(&bytes(3, 9000), 0).unwrap();
+    fs.unmount().unwrap();
+    // Make it what version 2 wrote: the version in the superblock, zeros where v3 keeps
+    // the parent, mode and change time.
+    let eng = engine(&dev, "sync-path");
+    let mut block = iopath::IoBuf::new(4096);
+    eng.read_at(&mut block, 0).unwrap();
+    let mut sb = Superblock::decode(&block, dev.size() / 4096).unwrap();
+    sb.version = 2;
+    eng.write_at(&iopath::IoBuf::from_slice(&sb.encode()[..]), 0).unwrap();
+    let at = sb.inode_start * 4096;
+    eng.read_at(&mut block, at).unwrap();
+    for slot in 0..2 {
+        let inode = &mut block[slot * INODE_SIZE..(slot + 1) * INODE_SIZE];
+        inode[44..64].fill(0);
+        let sum = crc(&inode[..508]);
+        inode[508..].copy_from_slice(&sum.to_le_bytes());
+    }
+    eng.write_at(&block, at).unwrap();
+    eng.flush().unwrap();
+    drop(eng);
+
+    let (fs, mounted) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
+    assert_eq!((mounted.upgraded_from, mounted.files), (Some(2), 2));
+    assert_eq!(fs.superblock().version, iopath::fs::format::VERSION);
+    assert_eq!(read_all(&fs, "/a"), b"alpha");
+    assert_eq!(read_all(&fs, "b"), bytes(3, 9000));
+    assert_eq!(fs.metadata("a").unwrap().mode, libc::S_IFREG | 0o644);
+    fs.mkdir("new", 0o755).unwrap();
+    fs.rename("a", "new/a").unwrap();
+    fs.unmount().unwrap();
+    let (fs, mounted) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
+    assert_eq!((mounted.upgraded_from, mounted.dirs), (None, 1));
+    assert_eq!(read_all(&fs, "new/a"), b"alpha");
+}
+
+/// A namespace operation, for [`the_namespace_answers_as_ext4_does`].
+#[derive(Debug, Clone)]
+enum NsOp {
+    Create(String),
+    Mkdir(String),
+    Rmdir(String),
+    Unlink(String),
+    Rename(String, String, iopath::fs::Rename),
+}
+
+fn ns_path() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let part = prop_oneof![8 => "[abc]", 1 => Just(".".to_string()), 1 => Just("..".to_string())];
+    // Mostly a name last, sometimes what the parts end with (`.` or `..` too).
+    let last = prop_oneof![6 => "[abc]", 1 => Just(String::new())];
+    (proptest::collection::vec(part, 1..4), any::<bool>(), last).prop_map(|(mut parts, slash, last)| {
+        // Never `..` above the start: the kernel's side would leave its directory.
+        let mut depth = 0;
+        for part in &mut parts {
+            match part.as_str() {
+                "." => {}
+                ".." if depth == 0 => {
+                    *part = "a".into();
+                    depth += 1;
+                }
+                ".." => depth -= 1,
+                _ => depth += 1,
+            }
+        }
+        if !last.is_empty() {
+            parts.push(last);
+        }
+        let mut path = parts.join("/");
+        if slash {
+            path.push('/');
+        }
+        path
+    })
+}
+
+fn ns_op() -> impl proptest::strategy::Strategy<Value = NsOp> {
+    use iopath::fs::Rename;
+    use proptest::prelude::*;
+    let how = prop_oneof![4 => Just(Rename::Replace), 1 => Just(Rename::NoReplace), 1 => Just(Rename::Exchange)];
+    prop_oneof![
+        3 => ns_path().prop_map(NsOp::Create),
+        3 => ns_path().prop_map(NsOp::Mkdir),
+        1 => ns_path().prop_map(NsOp::Rmdir),
+        1 => ns_path().prop_map(NsOp::Unlink),
+        3 => (ns_path(), ns_path(), how).prop_map(|(a, b, h)| NsOp::Rename(a, b, h)),
+    ]
+}
+
+/// The same operation on the kernel's file system under `root`: `Ok` or its errno.
+fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<(), i32> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &str| CString::new(root.join(p).as_os_str().as_bytes()).unwrap();
+    let check =
+        |rc: libc::c_int| if rc < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap()) } else { Ok(()) };
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    unsafe {
+        match op {
+            NsOp::Create(p) => {
+                let fd = libc::open(c(p).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
+                check(fd)?;
+                check(libc::close(fd))
+            }
+            NsOp::Mkdir(p) => check(libc::mkdir(c(p).as_ptr(), 0o755)),
+            NsOp::Rmdir(p) => check(libc::rmdir(c(p).as_ptr())),
+            NsOp::Unlink(p) => check(libc::unlink(c(p).as_ptr())),
+            NsOp::Rename(a, b, how) => {
+                let flags = match how {
+                    iopath::fs::Rename::Replace => 0,
+                    iopath::fs::Rename::NoReplace => libc::RENAME_NOREPLACE,
+                    iopath::fs::Rename::Exchange => libc::RENAME_EXCHANGE,
+                };
+                check(libc::renameat2(libc::AT_FDCWD, c(a).as_ptr(), libc::AT_FDCWD, c(b).as_ptr(), flags))
+            }
+        }
+    }
+}
+
+fn iopath_op(fs: &FileSystem, op: &NsOp) -> Result<(), i32> {
+    let r = match op {
+        NsOp::Create(p) => fs.create(p).map(drop),
+        NsOp::Mkdir(p) => fs.mkdir(p, 0o755),
+        NsOp::Rmdir(p) => fs.rmdir(p),
+        NsOp::Unlink(p) => fs.unlink(p),
+        NsOp::Rename(a, b, how) => fs.rename_with(a, b, *how),
+    };
+    r.map_err(errno)
+}
+
+/// The kernel's tree under `root`, keyed as [`tree`] keys it.
+fn kernel_tree(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(dir: &std::path::Path, prefix: &str, out: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let name = format!("{prefix}{}", entry.file_name().to_str().unwrap());
+            if entry.file_type().unwrap().is_dir() {
+                out.insert(format!("{name}/"), Vec::new());
+                walk(&entry.path(), &format!("{name}/"), out);
+            } else {
+                out.insert(name, std::fs::read(entry.path()).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, "", &mut out);
+    out
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// Random sequences of create, mkdir, rmdir, unlink and rename (with
+    /// dots, trailing slashes and renameat2's flags), valid or not, give the
+    /// same result and errno as the kernel's file system under a temporary
+    /// directory, and leave the same tree.
+    #[test]
+    fn the_namespace_answers_as_ext4_does(ops in proptest::collection::vec(ns_op(), 1..40)) {
+        let (_dev, fs) = fresh("emu:null,size=8m", FormatOptions::default());
+        let dir = tempfile::tempdir().unwrap();
+        for (i, op) in ops.iter().enumerate() {
+            let (want, got) = (kernel_op(dir.path(), op), iopath_op(&fs, op));
+            proptest::prop_assert_eq!(got, want, "step {} {:?}", i, op);
+        }
+        proptest::prop_assert_eq!(tree(&fs), kernel_tree(dir.path()));
+    }
+}
+
+#[test]
+fn threads_renaming_unlinking_and_reading_across_directories_never_deadlock_or_tear() {
+    within(std::time::Duration::from_secs(120), || {
+        let (dev, fs) = fresh("emu:null,size=32m", FormatOptions::default());
+        let fs = Arc::new(fs);
+        let files = ["x", "y", "d1/x", "d1/y", "d2/x", "d2/s/y"];
+        let dirs = ["d1", "d2", "d2/s", "d3"];
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let fs = Arc::clone(&fs);
+                std::thread::spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    let mut held = Vec::new();
+                    for i in 0..400u64 {
+                        let f = files[rng.usize(..files.len())];
+                        let d = dirs[rng.usize(..dirs.len())];
+                        match rng.u8(..9) {
+                            0 => {
+                                // Every file holds one tag, written whole before it gets its name.
+                                let tmp = format!("tmp-{t}");
+                                if let Ok(h) = fs.create(&tmp) {
+                                    h.write_at(format!("tag {t:02} {i:04}").as_bytes(), 0).unwrap();
+                                    let _ = fs.rename(&tmp, f);
+                                    let _ = fs.unlink(&tmp);
+                                }
+                            }
+                            1 => drop(fs.unlink(f)),
+                            2 => drop(fs.rename(f, files[rng.usize(..files.len())])),
+                            3 => drop(fs.mkdir(d, 0o755)),
+                            4 => drop(fs.rmdir(d)),
+                            5 => drop(fs.rename(d, dirs[rng.usize(..dirs.len())])),
+                            6 => {
+                                if let Ok(h) = fs.open(f) {
+                                    held.push(h);
+                                }
+                            }
+                            7 => {
+                                // Open handles read their file's tag, renamed or unlinked since.
+                                for h in held.drain(..) {
+                                    let mut buf = [0u8; 16];
+                                    let n = h.read_at(&mut buf, 0).unwrap();
+                                    assert_eq!(n, 11, "a tag is 11 bytes: {:?}", &buf[..n]);
+                                    assert!(buf.starts_with(b"tag "), "{:?}", &buf[..n]);
+                                    let _ = h.metadata();
+                                    let _ = h.name();
+                                }
+                            }
+                            _ => {
+                                let _ = fs.read_dir(d);
+                                let _ = fs.metadata(f);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let fs = Arc::into_inner(fs).unwrap();
+        let before = tree(&fs);
+        assert!(before.iter().filter(|(k, _)| !k.ends_with('/')).all(|(_, v)| v.starts_with(b"tag ")), "{before:?}");
+        let free = fs.stats().free_blocks;
+        fs.unmount().unwrap();
+        let (fs, mounted) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
+        assert_eq!(mounted.orphans_reclaimed, 0, "every orphan was freed at its last close");
+        assert_eq!(tree(&fs), before);
+        assert_eq!(fs.stats().free_blocks, free);
+    });
+}
+
+#[test]
+fn fsck_reports_every_problem_and_mount_refuses_the_first() {
+    use iopath::fs::format::{INODE_SIZE, Inode};
+    let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    fs.create("a").unwrap().write_at(b"alpha", 0).unwrap();
+    fs.mkdir("d", 0o755).unwrap();
+    fs.create("d/x").unwrap().write_at(&bytes(1, 10_000), 0).unwrap();
+    fs.create("b").unwrap();
+    let sb = *fs.superblock();
+    fs.unmount().unwrap();
+    let clean = check::check(engine(&dev, "sync-path")).unwrap();
+    assert!(clean.is_clean(), "{:?}", clean.problems);
+    assert_eq!((clean.files, clean.dirs, clean.orphans, clean.leaked_blocks), (3, 1, 0, 0));
+
+    // Two kinds of damage at once: 'd/x' moved to the root as a second 'a', and 'b''s checksum broken.
+    let eng = engine(&dev, "sync-path");
+    let at = sb.inode_start * 4096;
+    let mut block = iopath::IoBuf::new(4096);
+    eng.read_at(&mut block, at).unwrap();
+    let no_overflow = |_| unreachable!("no overflow blocks");
+    for slot in 0..8 {
+        let raw = &mut block[slot * INODE_SIZE..(slot + 1) * INODE_SIZE];
+        let Some(mut inode) = Inode::decode(raw, slot as u64, no_overflow, &sb).unwrap() else { continue };
+        match &inode.name[..] {
+            b"x" => {
+                inode.name = b"a".to_vec();
+                inode.parent = iopath::fs::format::ROOT;
+                inode.encode(raw, &mut []);
+            }
+            b"b" => raw[100] ^= 1,
+            _ => {}
+        }
+    }
+    eng.write_at(&block, at).unwrap();
+    eng.flush().unwrap();
+    let report = check::check(engine(&dev, "sync-path")).unwrap();
+    assert!(!report.is_clean());
+    let all = report.problems.join("\n");
+    assert!(all.contains("damaged: checksum") && all.contains("named 'a'"), "{all}");
+    // 'b' no longer decodes, so its inode is not counted, and 'x''s blocks are still owned: no leak.
+    assert_eq!((report.files, report.leaked_blocks), (2, 0), "{all}");
+    let e = FileSystem::mount(engine(&dev, "sync-path")).err().unwrap().to_string();
+    assert!(e.contains("iopath fsck"), "{e}");
 }

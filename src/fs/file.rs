@@ -178,15 +178,10 @@ impl File {
                 op,
                 &state.inode.name,
                 libc::ESTALE,
-                "the file was unlinked or replaced while open",
+                "the file no longer exists (freed after its last name and handle went)",
             ));
         }
         Ok(())
-    }
-
-    /// The file's name now.
-    pub fn name(&self) -> String {
-        self.state_read().inode.name.clone()
     }
 
     /// Size in bytes.
@@ -615,7 +610,7 @@ impl File {
     /// Gives back the space appends took past the end of the file (the
     /// unwritten blocks past its last one), as XFS trims its speculative
     /// preallocation on close. Free once the change commits.
-    fn trim_ahead(&self) {
+    pub(super) fn trim_ahead(&self) {
         let fs = &self.fs;
         let Ok(mut state) = self.node.state.write() else { return };
         if !state.live || fs.check_writable("close", &state.inode.name).is_err() {
@@ -784,12 +779,18 @@ pub(super) fn writeback_all(fs: &Inner, state: &mut NodeState) -> Result<()> {
     }
 }
 
+impl Clone for File {
+    fn clone(&self) -> File {
+        // From a live handle: the count is not zero, so no unlink can be deciding on it.
+        self.node.handles.fetch_add(1, Ordering::AcqRel);
+        File { fs: Arc::clone(&self.fs), node: Arc::clone(&self.node), direct: self.direct }
+    }
+}
+
 impl Drop for File {
     fn drop(&mut self) {
-        // The last handle (the file table holds the other reference; a read-ahead
-        // job or a listing may hold one for a moment, and then the space stays).
-        if Arc::strong_count(&self.node) <= 2 {
-            self.trim_ahead();
+        if self.node.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.last_close();
         }
     }
 }

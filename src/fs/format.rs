@@ -1,9 +1,9 @@
-//! The on-device format of an iopath file system (version 2).
+//! The on-device format of an iopath file system (version 3).
 //!
 //! Everything is in 4 KiB blocks; numbers are little-endian.
 //!
 //! ```text
-//!  block 0            superblock (first 512-byte sector; never rewritten after mkfs)
+//!  block 0            superblock (first 512-byte sector; rewritten only to upgrade the format)
 //!  block 1            journal header (first sector): where replay starts
 //!  inode_start..      inode table: 8 inodes of 512 bytes per block
 //!  bitmap_start..     free-space bitmap: one bit per block of the device, 1 = in use
@@ -16,6 +16,16 @@
 //! [commit]` with the images' home blocks in the commit block itself (one
 //! block fewer for the small transactions an append + fsync makes). Version
 //! 1 file systems are read and keep version 1's transactions.
+//!
+//! Version 3 adds directories without adding a structure: every inode
+//! names its parent directory and its own name in it (the file system's
+//! namespace is the set of (parent, name) pairs, indexed in memory at
+//! mount: see [`super::namespace`]), its kind and permission bits, a change
+//! time, and an orphan flag (unlinked while open: reclaimed at the next
+//! mount if a crash came before its last close). The root directory has no
+//! inode. Version 1 and 2 inodes have zeros there, which read as regular
+//! files in the root: mounting an older file system upgrades its superblock
+//! to version 3 (one sector, after journal replay), and nothing else moves.
 //!
 //! Every structure that is rewritten in place and must be read whole (the
 //! superblock, the journal header, an inode, a journal commit) fits in one
@@ -36,6 +46,10 @@ pub const INODE_SIZE: usize = 512;
 pub const INODES_PER_BLOCK: usize = BLOCK / INODE_SIZE;
 /// Longest file name in bytes.
 pub const MAX_NAME: usize = 255;
+/// Longest path the file system resolves, in bytes (Linux's `PATH_MAX` less its NUL).
+pub const MAX_PATH: usize = 4095;
+/// The root directory's number where an inode names its parent (it has no inode slot).
+pub const ROOT: u32 = u32::MAX;
 /// Extents held in the inode itself.
 pub const INLINE_EXTENTS: usize = 11;
 /// Extents held by one overflow block.
@@ -51,8 +65,8 @@ const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
 /// Format version `mkfs` writes.
-pub const VERSION: u32 = 2;
-/// Oldest format version this code reads (and writes back in that version).
+pub const VERSION: u32 = 3;
+/// Oldest format version this code mounts (mounting upgrades it to [`VERSION`]).
 pub const OLDEST_VERSION: u32 = 1;
 /// Home blocks a commit block names itself (version 2): what fits in its
 /// first sector after the header, so a torn commit is never trusted.
@@ -322,15 +336,24 @@ impl Extent {
     }
 }
 
-/// A file as stored in its inode (and overflow blocks).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// A file or directory as stored in its inode (and overflow blocks).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inode {
-    /// File name.
-    pub name: String,
-    /// Size in bytes.
+    /// Its name in its parent directory: 1 to [`MAX_NAME`] bytes, any but `/` and NUL.
+    pub name: Vec<u8>,
+    /// The slot of its parent directory, or [`ROOT`].
+    pub parent: u32,
+    /// File type and permission bits, as `st_mode` (`S_IFREG` or `S_IFDIR`).
+    pub mode: u32,
+    /// Unlinked while open: its blocks are freed at its last close, or at
+    /// the next mount if a crash comes first.
+    pub orphan: bool,
+    /// Size in bytes (0 for a directory).
     pub size: u64,
     /// Last data change, nanoseconds since the Unix epoch.
     pub mtime_ns: u64,
+    /// Last inode change (name, mode, times, size), nanoseconds since the Unix epoch.
+    pub ctime_ns: u64,
     /// Bumped each time the slot is reused.
     pub generation: u64,
     /// Sorted, non-overlapping extents.
@@ -340,8 +363,33 @@ pub struct Inode {
 }
 
 const INODE_IN_USE: u32 = 1;
+const INODE_ORPHAN: u32 = 2;
+/// Permission bits of a regular file an older format made (its inode has no mode).
+const OLD_FILE_MODE: u32 = libc::S_IFREG | 0o644;
+
+impl Default for Inode {
+    fn default() -> Inode {
+        Inode {
+            name: Vec::new(),
+            parent: ROOT,
+            mode: libc::S_IFREG | 0o644,
+            orphan: false,
+            size: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            generation: 0,
+            extents: Vec::new(),
+            overflow: Vec::new(),
+        }
+    }
+}
 
 impl Inode {
+    /// Whether it is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
     /// Overflow blocks needed for `extents` extents.
     pub fn overflow_needed(extents: usize) -> usize {
         extents.saturating_sub(INLINE_EXTENTS).div_ceil(OVERFLOW_EXTENTS)
@@ -352,7 +400,7 @@ impl Inode {
     pub fn encode(&self, slot: &mut [u8], overflow: &mut [Block]) {
         debug_assert_eq!(overflow.len(), Inode::overflow_needed(self.extents.len()));
         slot.fill(0);
-        put_u32(slot, 0, INODE_IN_USE);
+        put_u32(slot, 0, INODE_IN_USE | if self.orphan { INODE_ORPHAN } else { 0 });
         put_u16(slot, 4, self.name.len() as u16);
         let inline = self.extents.len().min(INLINE_EXTENTS);
         put_u16(slot, 6, inline as u16);
@@ -361,7 +409,10 @@ impl Inode {
         put_u64(slot, 24, self.overflow.first().copied().unwrap_or(0));
         put_u64(slot, 32, self.generation);
         put_u32(slot, 40, self.extents.len() as u32);
-        slot[64..64 + self.name.len()].copy_from_slice(self.name.as_bytes());
+        put_u32(slot, 44, if self.parent == ROOT { 0 } else { self.parent + 1 });
+        put_u32(slot, 48, self.mode);
+        put_u64(slot, 56, self.ctime_ns);
+        slot[64..64 + self.name.len()].copy_from_slice(&self.name);
         for (i, e) in self.extents[..inline].iter().enumerate() {
             e.encode(&mut slot[320 + 16 * i..336 + 16 * i]);
         }
@@ -400,14 +451,28 @@ impl Inode {
         if !sector_sealed(slot) {
             return Err(bad("checksum mismatch"));
         }
-        if get_u32(slot, 0) != INODE_IN_USE {
+        let flags = get_u32(slot, 0);
+        if flags & INODE_IN_USE == 0 || flags & !(INODE_IN_USE | INODE_ORPHAN) != 0 {
             return Err(bad("unknown flags"));
         }
         let name_len = get_u16(slot, 4) as usize;
         if name_len == 0 || name_len > MAX_NAME {
             return Err(bad("name length"));
         }
-        let name = std::str::from_utf8(&slot[64..64 + name_len]).map_err(|_| bad("name is not UTF-8"))?.to_string();
+        let name = slot[64..64 + name_len].to_vec();
+        if name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+            return Err(bad("name holds '/' or NUL, or is '.' or '..'"));
+        }
+        let parent = match get_u32(slot, 44) {
+            0 => ROOT,
+            p if (p as u64) <= sb.inodes() && p as u64 - 1 != index => p - 1,
+            _ => return Err(bad("parent directory out of range")),
+        };
+        let mode = match get_u32(slot, 48) {
+            0 => OLD_FILE_MODE,
+            m if m & libc::S_IFMT == libc::S_IFREG || m & libc::S_IFMT == libc::S_IFDIR => m,
+            _ => return Err(bad("neither a regular file nor a directory")),
+        };
         let inline = get_u16(slot, 6) as usize;
         let total = get_u32(slot, 40) as usize;
         if inline > INLINE_EXTENTS || inline > total || (total > INLINE_EXTENTS && inline != INLINE_EXTENTS) {
@@ -415,8 +480,12 @@ impl Inode {
         }
         let mut inode = Inode {
             name,
+            parent,
+            mode,
+            orphan: flags & INODE_ORPHAN != 0,
             size: get_u64(slot, 8),
             mtime_ns: get_u64(slot, 16),
+            ctime_ns: get_u64(slot, 56),
             generation: get_u64(slot, 32),
             extents: (0..inline).map(|i| Extent::decode(&slot[320 + 16 * i..336 + 16 * i])).collect(),
             overflow: Vec::new(),
@@ -440,6 +509,9 @@ impl Inode {
         }
         if inode.overflow.len() != Inode::overflow_needed(total) {
             return Err(bad("overflow chain length"));
+        }
+        if inode.is_dir() && (inode.size != 0 || total != 0 || inode.orphan) {
+            return Err(bad("a directory with data or an orphan flag"));
         }
         let mut end = 0u64;
         for e in &inode.extents {
@@ -566,17 +638,22 @@ impl Commit {
     }
 }
 
-/// Checks a file name: 1 to 255 bytes, no `/` and no NUL.
-pub fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_NAME || name.contains(['/', '\0']) {
-        return Err(Error::File {
-            op: "name",
-            name: name.chars().take(64).collect(),
-            errno: libc::EINVAL,
-            why: format!("a file name is 1 to {MAX_NAME} bytes without '/' or NUL"),
-        });
-    }
-    Ok(())
+/// Checks a name of one directory entry: 1 to 255 bytes, no `/` and no
+/// NUL (`EINVAL`; `ENAMETOOLONG` if longer).
+pub fn check_name(name: &[u8]) -> Result<()> {
+    let errno = if name.len() > MAX_NAME {
+        libc::ENAMETOOLONG
+    } else if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        libc::EINVAL
+    } else {
+        return Ok(());
+    };
+    Err(Error::File {
+        op: "name",
+        name: String::from_utf8_lossy(&name[..name.len().min(64)]).into_owned(),
+        errno,
+        why: format!("a name is 1 to {MAX_NAME} bytes, any byte but '/' and NUL"),
+    })
 }
 
 #[cfg(test)]
@@ -611,9 +688,13 @@ mod tests {
             })
             .collect();
         let inode = Inode {
-            name: "é-file".into(),
+            name: "é-file ".as_bytes().iter().copied().chain([0xff, 0xfe]).collect(),
+            parent: 7,
+            mode: libc::S_IFREG | 0o600,
+            orphan: true,
             size: 600 * 4096,
             mtime_ns: 5,
+            ctime_ns: 6,
             generation: 3,
             extents,
             overflow: vec![s.data_start, s.data_start + 1],
@@ -633,15 +714,13 @@ mod tests {
     fn written_data_past_the_end_of_a_file_is_damage_unwritten_space_is_not() {
         let s = sb();
         let inode = |unwritten: bool| Inode {
-            name: "f".into(),
+            name: b"f".to_vec(),
             size: 4096 + 1, // two blocks
-            mtime_ns: 0,
-            generation: 0,
             extents: vec![
                 Extent { logical: 0, len: 2, physical: s.data_start, unwritten: false },
                 Extent { logical: 2, len: 3, physical: s.data_start + 2, unwritten },
             ],
-            overflow: Vec::new(),
+            ..Inode::default()
         };
         let decode = |inode: &Inode| {
             let mut slot = [0u8; INODE_SIZE];
@@ -673,9 +752,30 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        assert!(check_name("a").is_ok());
-        for bad in ["", "a/b", "x\0", &"n".repeat(256)] {
-            assert!(check_name(bad).is_err(), "{bad:?}");
+        assert!(check_name(b"a").is_ok());
+        assert!(check_name(&[0xff, b'\n', b' ']).is_ok(), "any byte but '/' and NUL");
+        assert!(check_name(&[b'n'; MAX_NAME]).is_ok());
+        for bad in [&b""[..], b"a/b", b"x\0"] {
+            assert_eq!(check_name(bad).unwrap_err().errno(), Some(libc::EINVAL), "{bad:?}");
         }
+        assert_eq!(check_name(&[b'n'; MAX_NAME + 1]).unwrap_err().errno(), Some(libc::ENAMETOOLONG));
+    }
+
+    #[test]
+    fn older_inodes_read_as_files_in_the_root_and_directories_hold_no_data() {
+        let s = sb();
+        let mut slot = [0u8; INODE_SIZE];
+        Inode { name: b"old".to_vec(), parent: 3, ..Inode::default() }.encode(&mut slot, &mut []);
+        slot[44..64].fill(0); // what versions 1 and 2 wrote there
+        seal_sector(&mut slot);
+        let old = Inode::decode(&slot, 0, |_| Ok(zero_block()), &s).unwrap().unwrap();
+        assert_eq!((old.parent, old.mode, old.is_dir()), (ROOT, libc::S_IFREG | 0o644, false));
+        let dir = Inode { name: b"d".to_vec(), mode: libc::S_IFDIR | 0o755, size: 4096, ..Inode::default() };
+        dir.encode(&mut slot, &mut []);
+        let e = Inode::decode(&slot, 0, |_| Ok(zero_block()), &s).unwrap_err().to_string();
+        assert!(e.contains("directory with data"), "{e}");
+        let own_parent = Inode { name: b"x".to_vec(), parent: 5, ..Inode::default() };
+        own_parent.encode(&mut slot, &mut []);
+        assert!(Inode::decode(&slot, 5, |_| Ok(zero_block()), &s).is_err(), "an inode is not its own parent");
     }
 }

@@ -1,6 +1,7 @@
-//! The file layer: named files on any iopath device, in the spirit of SPDK's
-//! BlobFS (a flat namespace, extents, a journal), with the semantics an
-//! application expects from POSIX files.
+//! The file layer: files and directories on any iopath device, in the
+//! spirit of SPDK's BlobFS (extents, a journal), with the semantics an
+//! application expects from POSIX files ([`namespace`]: paths, directories,
+//! rename, unlink while open).
 //!
 //! - [`FileSystem::format`] (`iopath mkfs`) writes the on-device format
 //!   ([`mod@format`]); [`FileSystem::mount`] replays the journal ([`journal`]),
@@ -18,7 +19,7 @@
 //! - A write is on the device (in its volatile cache) when `write_at`
 //!   returns; it survives a power cut once `fsync`/`fdatasync` on that file
 //!   (or [`FileSystem::sync`]) returns.
-//! - `create`, `rename`, `unlink` and `truncate` are atomic (all of their
+//! - `create`, `mkdir`, `rmdir`, `rename`, `unlink` and `truncate` are atomic (all of their
 //!   metadata is in one transaction) and durable after the next `fsync` of
 //!   any file or `sync` (transactions are shared, as ext4's).
 //! - After a crash the file system is as it was at some point between the
@@ -26,8 +27,9 @@
 //!   a file size that exposes blocks that were not written (those read as
 //!   zeros or are not there).
 //!
-//! A file that is unlinked (or replaced by a rename) while open is gone at
-//! once: its handles then fail with `ESTALE`.
+//! A file that is unlinked (or replaced by a rename) while open keeps its
+//! data for its handles until the last one closes (POSIX), and a crash
+//! before that is cleaned up at the next mount.
 //!
 //! ```
 //! use iopath::fs::{FileSystem, FormatOptions};
@@ -39,21 +41,24 @@
 //! let f = fs.create("log")?;
 //! f.append(b"record")?;
 //! f.fsync()?;
-//! fs.rename("log", "log.1")?;
+//! fs.mkdir("old", 0o755)?;
+//! fs.rename("log", "old/log.1")?;
 //! let mut buf = [0u8; 6];
-//! assert_eq!(fs.open("log.1")?.read_at(&mut buf, 0)?, 6);
+//! assert_eq!(fs.open("old/log.1")?.read_at(&mut buf, 0)?, 6);
 //! assert_eq!(&buf, b"record");
 //! # Ok::<(), iopath::Error>(())
 //! ```
 
 pub mod alloc;
 pub mod cache;
+pub mod check;
 pub mod disk;
 pub mod extents;
 mod file;
 pub mod format;
 pub mod fsync_path;
 pub mod journal;
+pub mod namespace;
 pub mod read_path;
 pub mod readahead;
 pub mod steps;
@@ -64,14 +69,15 @@ use crate::error::{Error, Result};
 use alloc::Allocator;
 use cache::{CacheStats, Page, PageCache};
 use disk::Disk;
-use format::{BLOCK, BLOCK_U64, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, check_name, zero_block};
+use format::{BLOCK, BLOCK_U64, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, zero_block};
 pub use fsync_path::FsyncPath;
 use journal::{Journal, JournalStats};
+pub use namespace::{DirEntry, Kind, Metadata, Rename};
 pub use read_path::ReadPath;
 use readahead::ReadAhead;
 use std::collections::BTreeMap;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use steps::Steps;
 
@@ -84,7 +90,7 @@ pub const MAX_FILE_SIZE: u64 = (u32::MAX as u64) * BLOCK_U64;
 /// How `iopath mkfs` lays out a device.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FormatOptions {
-    /// Files the file system can hold (default: one per MiB of device, 64 to 65,536;
+    /// Files and directories the file system can hold (default: one per 64 KiB of device, 64 to 131,072;
     /// the inode table is kept in memory while mounted: 512 bytes per inode).
     pub inodes: Option<u64>,
     /// Journal size in blocks (default: 1/64 of the device, 256 to 32768 blocks).
@@ -149,12 +155,18 @@ pub struct Mounted {
     pub replayed: u64,
     /// Files found.
     pub files: usize,
+    /// Directories found (not counting the root).
+    pub dirs: usize,
+    /// Files unlinked while open and not closed before a crash: freed now.
+    pub orphans_reclaimed: usize,
+    /// The format version the device had, if mounting upgraded it to [`format::VERSION`].
+    pub upgraded_from: Option<u32>,
 }
 
 /// One file as `list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// Name.
+    /// Path from the root (lossy UTF-8).
     pub name: String,
     /// Size in bytes.
     pub size: u64,
@@ -193,8 +205,8 @@ pub struct FileSystem {
     mount: Arc<Mount>,
 }
 
-/// An open file. Cheap to clone; shared by threads.
-#[derive(Clone)]
+/// An open file. Cheap to clone; shared by threads. A file unlinked while
+/// open lives on until its last handle is dropped.
 pub struct File {
     /// The file system, kept mounted while the file is open.
     fs: Arc<Mount>,
@@ -268,6 +280,18 @@ struct Node {
     slot: u32,
     state: RwLock<NodeState>,
     readahead: ReadAhead,
+    /// Open [`File`] handles (an unlink while some are open makes an orphan).
+    /// Counted up under the metadata lock, which an unlink holds to read it.
+    handles: AtomicUsize,
+}
+
+/// What an inode slot holds while mounted.
+enum Slot {
+    Free,
+    /// A file (linked, or an orphan kept for its open handles).
+    File(Arc<Node>),
+    /// A directory: only its inode (its entries are in the namespace index).
+    Dir(Box<Inode>),
 }
 
 struct NodeState {
@@ -296,9 +320,12 @@ struct NodeState {
 struct Meta {
     /// Inode-table block images.
     table: Vec<Block>,
-    /// Open file nodes by inode slot (every file has one while mounted).
-    slots: Vec<Option<Arc<Node>>>,
-    names: HashMap<String, u32>,
+    /// What each inode slot holds.
+    slots: Vec<Slot>,
+    /// Every name, indexed.
+    ns: namespace::Index,
+    /// The root directory's times (it has no inode: the mount time, then its last change).
+    root_times: u64,
     alloc: Allocator,
     /// Overflow extent block images by block number.
     overflow: HashMap<u64, Block>,
@@ -329,8 +356,8 @@ struct Meta {
     overwrote_journaled: bool,
 }
 
-fn file_error(op: &'static str, name: &str, errno: i32, why: impl Into<String>) -> Error {
-    Error::File { op, name: name.to_string(), errno, why: why.into() }
+fn file_error(op: &'static str, name: impl AsRef<[u8]>, errno: i32, why: impl Into<String>) -> Error {
+    Error::File { op, name: String::from_utf8_lossy(name.as_ref()).into_owned(), errno, why: why.into() }
 }
 
 fn now_ns() -> u64 {
@@ -410,8 +437,8 @@ impl Meta {
             &mut self.table[slot as usize / INODES_PER_BLOCK][index * INODE_SIZE..(index + 1) * INODE_SIZE],
         );
         self.dirty.insert(self.inode_block(sb, slot));
-        self.names.remove(&state.inode.name);
-        self.slots[slot as usize] = None;
+        self.ns.remove_slot(slot);
+        self.slots[slot as usize] = Slot::Free;
         for page in std::mem::take(&mut state.dirty).into_values() {
             page.data.write().expect("page lock poisoned").dirty = false;
         }
@@ -469,7 +496,7 @@ impl FileSystem {
     pub fn format(engine: Arc<Engine>, options: FormatOptions) -> Result<Formatted> {
         let disk = Disk::new(engine);
         let blocks = disk.blocks();
-        let inodes = options.inodes.unwrap_or((blocks / 256).clamp(64, 1 << 16));
+        let inodes = options.inodes.unwrap_or((blocks / 16).clamp(64, 1 << 17));
         if inodes == 0 {
             return Err(Error::spec("inode count", "0", "a file system needs at least one inode"));
         }
@@ -508,35 +535,30 @@ impl FileSystem {
         if disk.blocks() < 2 {
             return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
         }
-        let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
-        let journal = Journal::recover(&disk, &sb)?;
+        let mut sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
+        let mut journal = Journal::recover(&disk, &sb)?;
         let replayed = journal.stats().replayed;
-        let read_range = |start: u64, count: u64| -> Result<Vec<Block>> {
-            let mut buf = IoBuf::new(count as usize * BLOCK);
-            disk.read(start, &mut buf)?;
-            Ok(buf
-                .chunks(BLOCK)
-                .map(|c| {
-                    let mut b = zero_block();
-                    b.copy_from_slice(c);
-                    b
-                })
-                .collect())
-        };
-        let table = read_range(sb.inode_start, sb.inode_blocks)?;
-        let bitmap = read_range(sb.bitmap_start, sb.bitmap_blocks)?;
-        let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
-        for n in 0..sb.data_start {
-            if !alloc.in_use(n) {
-                return Err(format::corrupt(format!("the bitmap marks metadata block {n} free")));
-            }
+        let upgraded_from = (sb.version < format::VERSION).then_some(sb.version);
+        if upgraded_from.is_some() {
+            // The journal is empty now; older inodes read as files in the root.
+            sb.version = format::VERSION;
+            disk.write(0, &IoBuf::from_slice(&sb.encode()[..]))?;
+            disk.flush()?;
+            journal = Journal::recover(&disk, &sb)?;
         }
+        let table = check::read_blocks(&disk, sb.inode_start, sb.inode_blocks)?;
+        let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
+        let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
+        let mut first = check::FirstProblem;
+        let scan = check::scan(&disk, &sb, &table, &alloc, &mut first)?;
+        let ns = namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut first)?;
         let mut meta = Meta {
             table,
-            slots: vec![None; sb.inodes() as usize],
-            names: HashMap::new(),
+            slots: (0..sb.inodes()).map(|_| Slot::Free).collect(),
+            ns,
+            root_times: now_ns(),
             alloc,
-            overflow: HashMap::new(),
+            overflow: scan.overflow,
             dirty: BTreeSet::new(),
             freed: Vec::new(),
             freed_meta: Vec::new(),
@@ -546,50 +568,35 @@ impl FileSystem {
             in_place_data: false,
             overwrote_journaled: false,
         };
-        let mut owner: HashMap<u64, u64> = HashMap::new();
-        for slot in 0..sb.inodes() {
-            let index = slot as usize % INODES_PER_BLOCK;
-            let raw = &meta.table[slot as usize / INODES_PER_BLOCK][index * INODE_SIZE..(index + 1) * INODE_SIZE];
-            let Some(inode) = Inode::decode(raw, slot, |b| Ok(read_range(b, 1)?.remove(0)), &sb)? else { continue };
-            let mut claim = |start: u64, len: u64| -> Result<()> {
-                for b in start..start + len {
-                    if !meta.alloc.in_use(b) {
-                        return Err(format::corrupt(format!(
-                            "file '{}' owns block {b}, which the bitmap marks free",
-                            inode.name
-                        )));
-                    }
-                    if let Some(other) = owner.insert(b, slot) {
-                        return Err(format::corrupt(format!("block {b} is owned by inodes {other} and {slot}")));
-                    }
-                }
-                Ok(())
-            };
-            for e in &inode.extents {
-                claim(e.physical, e.len as u64)?;
+        let mut orphans = Vec::new();
+        for (slot, inode) in scan.inodes {
+            if inode.is_dir() {
+                meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
+                continue;
             }
-            for b in &inode.overflow {
-                claim(*b, 1)?;
-            }
-            if meta.names.insert(inode.name.clone(), slot as u32).is_some() {
-                return Err(format::corrupt(format!("two files are named '{}'", inode.name)));
-            }
-            for b in &inode.overflow {
-                meta.overflow.insert(*b, read_range(*b, 1)?.remove(0));
+            if inode.orphan {
+                orphans.push(slot);
             }
             let state = NodeState {
-                slot: slot as u32,
+                slot,
                 disk_size: inode.size,
                 inode,
-                cache_id: slot + 1,
+                cache_id: slot as u64 + 1,
                 dirty: BTreeMap::new(),
                 live: true,
                 meta_tid: 0,
                 layout_tid: 0,
             };
-            meta.slots[slot as usize] = Some(Node::new(state));
+            meta.slots[slot as usize] = Slot::File(Node::new(state));
         }
-        let files = meta.names.len();
+        for &slot in &orphans {
+            // Unlinked while open, and the crash came before the last close.
+            let node = Arc::clone(meta.file(slot).expect("an orphan is a file"));
+            let mut state = node.state.write().expect("file lock poisoned");
+            meta.drop_inode(&sb, slot, &mut state);
+        }
+        let files = meta.slots.iter().filter(|s| matches!(s, Slot::File(_))).count();
+        let dirs = meta.slots.iter().filter(|s| matches!(s, Slot::Dir(_))).count();
         let slots = sb.inodes();
         let inner = Inner {
             disk,
@@ -625,158 +632,13 @@ impl FileSystem {
                     .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
             }
         }
-        Ok((FileSystem { mount: Arc::new(Mount { inner }) }, Mounted { replayed, files }))
+        let mounted = Mounted { replayed, files, dirs, orphans_reclaimed: orphans.len(), upgraded_from };
+        Ok((FileSystem { mount: Arc::new(Mount { inner }) }, mounted))
     }
 
     /// The layout.
     pub fn superblock(&self) -> &Superblock {
         &self.mount.sb
-    }
-
-    /// Creates an empty file; fails with `EEXIST` if the name is taken.
-    pub fn create(&self, name: &str) -> Result<File> {
-        check_name(name)?;
-        let fs = &self.mount;
-        fs.check_writable("create", name)?;
-        let mut meta = fs.meta();
-        if meta.names.contains_key(name) {
-            return Err(file_error(
-                "create",
-                name,
-                libc::EEXIST,
-                "a file of that name exists; open it or unlink it first",
-            ));
-        }
-        let count = meta.slots.len();
-        let Some(slot) = (0..count).map(|i| (meta.slot_hint + i) % count).find(|&s| meta.slots[s].is_none()) else {
-            return Err(file_error(
-                "create",
-                name,
-                libc::ENOSPC,
-                format!("all {count} inodes are in use; unlink files or make the file system with more --inodes"),
-            ));
-        };
-        meta.slot_hint = slot + 1;
-        let mut inode = Inode { name: name.to_string(), mtime_ns: now_ns(), ..Inode::default() };
-        meta.store_inode(&fs.sb, slot as u32, &mut inode)?;
-        let tid = meta.tid;
-        let state = NodeState {
-            slot: slot as u32,
-            disk_size: 0,
-            inode,
-            cache_id: fs.new_cache_id(),
-            dirty: BTreeMap::new(),
-            live: true,
-            meta_tid: tid,
-            layout_tid: tid,
-        };
-        let node = Node::new(state);
-        meta.slots[slot] = Some(Arc::clone(&node));
-        meta.names.insert(name.to_string(), slot as u32);
-        Ok(File { fs: Arc::clone(fs), node, direct: false })
-    }
-
-    /// Opens an existing file; fails with `ENOENT` if there is none of that name.
-    pub fn open(&self, name: &str) -> Result<File> {
-        check_name(name)?;
-        let node = self.mount.lookup(name).ok_or_else(|| file_error("open", name, libc::ENOENT, "no such file"))?;
-        Ok(File { fs: Arc::clone(&self.mount), node, direct: false })
-    }
-
-    /// Opens an existing file for access that bypasses the page cache (like `O_DIRECT`):
-    /// every read and write goes to the device; the file's dirty cached pages are
-    /// written back first, and a direct write makes the cache forget the file's pages.
-    pub fn open_direct(&self, name: &str) -> Result<File> {
-        let mut file = self.open(name)?;
-        file.direct = true;
-        Ok(file)
-    }
-
-    /// Opens a file, creating it empty if there is none.
-    pub fn open_or_create(&self, name: &str) -> Result<File> {
-        match self.open(name) {
-            Err(Error::File { errno: libc::ENOENT, .. }) => match self.create(name) {
-                Err(Error::File { errno: libc::EEXIST, .. }) => self.open(name),
-                other => other,
-            },
-            other => other,
-        }
-    }
-
-    /// Whether a file of this name exists.
-    pub fn exists(&self, name: &str) -> bool {
-        self.mount.lookup(name).is_some()
-    }
-
-    /// Removes a file; its blocks are free once the removal is committed.
-    pub fn unlink(&self, name: &str) -> Result<()> {
-        check_name(name)?;
-        let fs = &self.mount;
-        fs.check_writable("unlink", name)?;
-        loop {
-            let node = fs.lookup(name).ok_or_else(|| file_error("unlink", name, libc::ENOENT, "no such file"))?;
-            let mut state = node.state.write().expect("file lock poisoned");
-            let mut meta = fs.meta();
-            if meta.names.get(name) != Some(&node.slot) {
-                continue; // renamed or replaced meanwhile: look again
-            }
-            meta.drop_inode(&fs.sb, node.slot, &mut state);
-            return Ok(());
-        }
-    }
-
-    /// Renames `from` to `to`, replacing `to` if it exists, atomically.
-    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
-        check_name(from)?;
-        check_name(to)?;
-        let fs = &self.mount;
-        fs.check_writable("rename", from)?;
-        loop {
-            let src = fs.lookup(from).ok_or_else(|| file_error("rename", from, libc::ENOENT, "no such file"))?;
-            if from == to {
-                return Ok(());
-            }
-            let dst = fs.lookup(to);
-            // Lock both files in slot order (no deadlock with a rename the other way).
-            let (mut src_state, mut dst_state) = match &dst {
-                Some(d) if d.slot < src.slot => {
-                    let ds = d.state.write().expect("file lock poisoned");
-                    (src.state.write().expect("file lock poisoned"), Some(ds))
-                }
-                Some(d) => {
-                    let ss = src.state.write().expect("file lock poisoned");
-                    (ss, Some(d.state.write().expect("file lock poisoned")))
-                }
-                None => (src.state.write().expect("file lock poisoned"), None),
-            };
-            let mut meta = fs.meta();
-            if meta.names.get(from) != Some(&src.slot) || meta.names.get(to) != dst.as_ref().map(|d| &d.slot) {
-                continue;
-            }
-            if let (Some(d), Some(ds)) = (&dst, dst_state.as_mut()) {
-                meta.drop_inode(&fs.sb, d.slot, ds);
-            }
-            meta.names.remove(from);
-            src_state.inode.name = to.to_string();
-            src_state.store(fs, &mut meta)?;
-            meta.names.insert(to.to_string(), src.slot);
-            src_state.meta_tid = meta.tid;
-            return Ok(());
-        }
-    }
-
-    /// Every file, sorted by name.
-    pub fn list(&self) -> Vec<Entry> {
-        let nodes: Vec<Arc<Node>> = self.mount.meta().slots.iter().flatten().cloned().collect();
-        let mut out: Vec<Entry> = nodes
-            .iter()
-            .filter_map(|n| {
-                let s = n.state.read().expect("file lock poisoned");
-                s.live.then(|| Entry { name: s.inode.name.clone(), size: s.inode.size })
-            })
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
     }
 
     /// Makes everything done so far durable (all files' data and metadata).
@@ -829,12 +691,7 @@ impl Inner {
         self.meta.lock().expect("metadata lock poisoned")
     }
 
-    fn lookup(&self, name: &str) -> Option<Arc<Node>> {
-        let meta = self.meta();
-        meta.names.get(name).and_then(|&slot| meta.slots[slot as usize].clone())
-    }
-
-    fn check_writable(&self, op: &'static str, name: &str) -> Result<()> {
+    fn check_writable(&self, op: &'static str, name: impl AsRef<[u8]>) -> Result<()> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(file_error(
                 op,
@@ -899,7 +756,7 @@ impl Inner {
 
     /// Writes back every file's dirty pages, then commits.
     fn sync_all(&self) -> Result<()> {
-        let nodes: Vec<Arc<Node>> = self.meta().slots.iter().flatten().cloned().collect();
+        let nodes: Vec<Arc<Node>> = self.meta().files().collect();
         for node in nodes {
             let mut state = node.state.write().expect("file lock poisoned");
             if state.live {
@@ -943,7 +800,12 @@ impl NodeState {
 
 impl Node {
     fn new(state: NodeState) -> Arc<Node> {
-        Arc::new(Node { slot: state.slot, state: RwLock::new(state), readahead: ReadAhead::default() })
+        Arc::new(Node {
+            slot: state.slot,
+            state: RwLock::new(state),
+            readahead: ReadAhead::default(),
+            handles: AtomicUsize::new(0),
+        })
     }
 }
 

@@ -1,0 +1,202 @@
+//! Checking a file system's structures: what `mount` refuses at the first
+//! problem and `iopath fsck` reports in full.
+//!
+//! One scan serves both ([`scan`] and [`super::namespace::index`]): every
+//! inode decodes (checksum, flags, name, parent, mode, extents in order and
+//! inside the data area, overflow chain, no written data past the end),
+//! every block a file owns is marked in use and owned once, every metadata
+//! block is marked in use, and the namespace is a tree (each parent a
+//! directory, no name taken twice in one directory, every directory reaches
+//! the root). A [`Problems`] sink decides what a problem does: mount's
+//! ([`FirstProblem`]) turns the first into an error naming `iopath fsck`;
+//! fsck's ([`AllProblems`]) writes each down and goes on. [`check`] adds
+//! what only fsck looks for: blocks marked in use that nothing owns, and
+//! orphans (files unlinked while open before a crash) the next mount frees.
+//!
+//! fsck repairs nothing. Like mount (and e2fsck), it replays the journal
+//! first, so it judges the file system a mount would see.
+
+use super::alloc::Allocator;
+use super::disk::Disk;
+use super::format::{self, BLOCK, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, zero_block};
+use super::journal::Journal;
+use crate::IoBuf;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where the problems a scan finds go.
+pub trait Problems {
+    /// A structure is wrong: `Err` stops the scan with that error, `Ok` goes on.
+    fn found(&mut self, why: String) -> Result<()>;
+}
+
+/// Mount's sink: the first problem is the error, with a pointer to `iopath fsck`.
+#[derive(Debug, Default)]
+pub struct FirstProblem;
+
+impl Problems for FirstProblem {
+    fn found(&mut self, why: String) -> Result<()> {
+        Err(format::corrupt(format!("{why}; run `iopath fsck` for the whole picture")))
+    }
+}
+
+/// fsck's sink: every problem, in the order found.
+#[derive(Debug, Default)]
+pub struct AllProblems(pub Vec<String>);
+
+impl Problems for AllProblems {
+    fn found(&mut self, why: String) -> Result<()> {
+        self.0.push(why);
+        Ok(())
+    }
+}
+
+/// The inodes a scan decoded, and what they own.
+#[derive(Debug, Default)]
+pub(super) struct Scan {
+    /// Every inode that decoded, by slot.
+    pub inodes: Vec<(u32, Inode)>,
+    /// Overflow extent blocks, by block number.
+    pub overflow: HashMap<u64, Block>,
+    /// Block -> the slot that owns it.
+    pub owner: HashMap<u64, u32>,
+}
+
+/// Reads `count` blocks from `start`.
+pub(super) fn read_blocks(disk: &Disk, start: u64, count: u64) -> Result<Vec<Block>> {
+    let mut buf = IoBuf::new(count as usize * BLOCK);
+    disk.read(start, &mut buf)?;
+    Ok(buf
+        .chunks(BLOCK)
+        .map(|c| {
+            let mut b = zero_block();
+            b.copy_from_slice(c);
+            b
+        })
+        .collect())
+}
+
+/// Decodes every inode of `table` and checks the blocks they own against
+/// the bitmap in `alloc`.
+pub(super) fn scan(
+    disk: &Disk,
+    sb: &Superblock,
+    table: &[Block],
+    alloc: &Allocator,
+    problems: &mut dyn Problems,
+) -> Result<Scan> {
+    for n in 0..sb.data_start {
+        if !alloc.in_use(n) {
+            problems.found(format!("the bitmap marks metadata block {n} free"))?;
+        }
+    }
+    let mut out = Scan::default();
+    for slot in 0..sb.inodes() {
+        let index = slot as usize % INODES_PER_BLOCK;
+        let raw = &table[slot as usize / INODES_PER_BLOCK][index * INODE_SIZE..(index + 1) * INODE_SIZE];
+        let inode = match Inode::decode(raw, slot, |b| Ok(read_blocks(disk, b, 1)?.remove(0)), sb) {
+            Ok(Some(inode)) => inode,
+            Ok(None) => continue,
+            Err(Error::Format { why }) => {
+                problems.found(why)?;
+                continue;
+            }
+            Err(other) => return Err(other),
+        };
+        let named = String::from_utf8_lossy(&inode.name).into_owned();
+        let owned =
+            inode.extents.iter().map(|e| (e.physical, e.len as u64)).chain(inode.overflow.iter().map(|&b| (b, 1)));
+        for (start, len) in owned {
+            for b in start..start + len {
+                if !alloc.in_use(b) {
+                    problems.found(format!("'{named}' (inode {slot}) owns block {b}, which the bitmap marks free"))?;
+                }
+                if let Some(other) = out.owner.insert(b, slot as u32) {
+                    problems.found(format!("block {b} is owned by inodes {other} and {slot}"))?;
+                }
+            }
+        }
+        for &b in &inode.overflow {
+            out.overflow.insert(b, read_blocks(disk, b, 1)?.remove(0));
+        }
+        out.inodes.push((slot as u32, inode));
+    }
+    Ok(out)
+}
+
+/// What `iopath fsck` found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Format version on the device.
+    pub version: u32,
+    /// Journal transactions replayed before the check (non-zero after a crash).
+    pub replayed: u64,
+    /// Files (orphans included) and directories (the root not counted).
+    pub files: usize,
+    /// See `files`.
+    pub dirs: usize,
+    /// Files unlinked while open when the file system stopped: the next mount frees them.
+    pub orphans: usize,
+    /// Inode slots in the table.
+    pub inodes: u64,
+    /// Blocks of the device and of its data area.
+    pub blocks: u64,
+    /// See `blocks`.
+    pub data_blocks: u64,
+    /// Blocks files own (data, preallocated space, overflow extent blocks).
+    pub owned_blocks: u64,
+    /// Blocks the bitmap marks free.
+    pub free_blocks: u64,
+    /// Data-area blocks marked in use that no file owns (space lost, no data at risk).
+    pub leaked_blocks: u64,
+    /// Everything wrong, in the order found; empty when the file system is clean.
+    pub problems: Vec<String>,
+}
+
+impl Report {
+    /// Whether nothing is wrong (leaked blocks count as wrong; orphans do not).
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks the file system on `engine`'s device: replays its journal (as a
+/// mount would), then checks every structure and reports every problem.
+/// An error means there is no file system to check (no superblock, a
+/// damaged one, a journal header that does not decode) or the device failed.
+pub fn check(engine: Arc<Engine>) -> Result<Report> {
+    let disk = Disk::new(engine);
+    if disk.blocks() < 2 {
+        return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
+    }
+    let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
+    let journal = Journal::recover(&disk, &sb)?;
+    let table = read_blocks(&disk, sb.inode_start, sb.inode_blocks)?;
+    let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
+    let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
+    let mut problems = AllProblems::default();
+    let scan = scan(&disk, &sb, &table, &alloc, &mut problems)?;
+    super::namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut problems)?;
+    let leaked = (sb.data_start..sb.blocks).filter(|b| alloc.in_use(*b) && !scan.owner.contains_key(b)).count() as u64;
+    if leaked > 0 {
+        problems.found(format!(
+            "{leaked} block(s) are marked in use but no file owns them (space lost; no data at risk)"
+        ))?;
+    }
+    Ok(Report {
+        version: sb.version,
+        replayed: journal.stats().replayed,
+        files: scan.inodes.iter().filter(|(_, i)| !i.is_dir()).count(),
+        dirs: scan.inodes.iter().filter(|(_, i)| i.is_dir()).count(),
+        orphans: scan.inodes.iter().filter(|(_, i)| i.orphan).count(),
+        inodes: sb.inodes(),
+        blocks: sb.blocks,
+        data_blocks: sb.blocks - sb.data_start,
+        owned_blocks: scan.owner.len() as u64,
+        free_blocks: alloc.free_blocks(),
+        leaked_blocks: leaked,
+        problems: problems.0,
+    })
+}

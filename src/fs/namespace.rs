@@ -1,0 +1,999 @@
+//! The namespace: directories, names and paths of the file layer, and the
+//! operations on them (create, open, mkdir, rmdir, unlink, rename, readdir,
+//! stat, chmod, utimes).
+//!
+//! There are no directory blocks. Every inode holds its own name and its
+//! parent directory's slot (format version 3, [`super::format`]); the root
+//! has no inode. At mount the namespace is indexed in memory ([`Index`]:
+//! `(parent, name) -> child`, ordered, so a directory's entries are one
+//! range), and checked: every parent is a directory, no name is taken
+//! twice, every directory reaches the root. So a rename, even of a
+//! directory across directories, rewrites one inode (two for an exchange,
+//! plus the parents' times), in one journal transaction: atomic by
+//! construction, and a crash leaves either the old name or the new one.
+//!
+//! Paths are bytes (any but NUL; `/` separates), relative to the root
+//! whether or not they start with `/`; `.` and `..` are resolved here (the
+//! root's `..` is the root), a trailing `/` demands a directory. Errors carry
+//! the errno POSIX gives for the same call (ENOENT, ENOTDIR, EISDIR,
+//! ENOTEMPTY, EEXIST, EINVAL, EBUSY, ENAMETOOLONG).
+//!
+//! A file unlinked (or replaced by a rename) while open keeps its data for
+//! its open handles, as POSIX says: it becomes an orphan (flagged in its
+//! inode, in the same transaction that removes its name), and its last
+//! close frees it; a crash before that leaves the flag, and the next mount
+//! frees it.
+
+use super::check::Problems;
+use super::format::{BLOCK_U64, Inode, MAX_NAME, MAX_PATH, ROOT, check_name};
+use super::{File, FileSystem, Meta, Node, NodeState, Slot, file_error, now_ns};
+use crate::error::{Error, Result};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLockWriteGuard};
+
+/// Inode number `stat` reports for the root directory (a slot's is slot + 2).
+pub const ROOT_INO: u64 = 1;
+
+/// What a directory entry leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Child {
+    /// Inode slot.
+    pub slot: u32,
+    /// It is a directory.
+    pub dir: bool,
+}
+
+const ROOT_CHILD: Child = Child { slot: ROOT, dir: true };
+
+/// The in-memory index of every name: built at mount, changed with the
+/// inodes under the metadata lock.
+#[derive(Debug, Default)]
+pub(super) struct Index {
+    /// `(parent, name) -> child`.
+    entries: BTreeMap<(u32, Vec<u8>), Child>,
+    /// `child -> (parent, name)` for every linked slot (an orphan has none).
+    links: HashMap<u32, (u32, Vec<u8>)>,
+}
+
+/// Where a path leads.
+#[derive(Debug, Clone)]
+pub(super) struct Walk {
+    /// The directory the last component is looked up in.
+    pub parent: u32,
+    /// The last component; `None` when the path names a directory by `/`,
+    /// `.` or `..` (a name that cannot be created, removed or renamed).
+    pub name: Option<Vec<u8>>,
+    /// What the path names now (a directory if the path ends in `/`).
+    pub found: Option<Child>,
+}
+
+/// A path that does not resolve: errno and why.
+type Refusal = (i32, &'static str);
+
+impl Index {
+    /// Adds an entry; false if the name is taken.
+    pub fn insert(&mut self, parent: u32, name: Vec<u8>, child: Child) -> bool {
+        use std::collections::btree_map::Entry;
+        match self.entries.entry((parent, name.clone())) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(v) => {
+                v.insert(child);
+                let old = self.links.insert(child.slot, (parent, name));
+                debug_assert!(old.is_none(), "slot {} linked twice", child.slot);
+                true
+            }
+        }
+    }
+
+    /// Removes the entry of `slot` (nothing if it has none).
+    pub fn remove_slot(&mut self, slot: u32) {
+        if let Some((parent, name)) = self.links.remove(&slot) {
+            let gone = self.entries.remove(&(parent, name));
+            debug_assert_eq!(gone.map(|c| c.slot), Some(slot));
+        }
+    }
+
+    /// The entry `name` of directory `parent`.
+    pub fn get(&self, parent: u32, name: &[u8]) -> Option<Child> {
+        // A borrowed key of a tuple needs an owned probe; names are short.
+        self.entries.get(&(parent, name.to_vec())).copied()
+    }
+
+    /// Where `slot` is linked.
+    pub fn link_of(&self, slot: u32) -> Option<&(u32, Vec<u8>)> {
+        self.links.get(&slot)
+    }
+
+    /// The entries of directory `dir`, by name.
+    pub fn children(&self, dir: u32) -> impl Iterator<Item = (&[u8], Child)> {
+        self.entries.range((dir, Vec::new())..).take_while(move |((p, _), _)| *p == dir).map(|((_, n), c)| (&n[..], *c))
+    }
+
+    /// Whether directory `dir` has no entries.
+    pub fn is_empty_dir(&self, dir: u32) -> bool {
+        self.children(dir).next().is_none()
+    }
+
+    /// The parent of directory `dir` (the root's is the root).
+    pub fn parent_of(&self, dir: u32) -> u32 {
+        if dir == ROOT { ROOT } else { self.links.get(&dir).map_or(ROOT, |(p, _)| *p) }
+    }
+
+    /// Whether `dir` is `ancestor` or lies below it.
+    pub fn is_within(&self, mut dir: u32, ancestor: u32) -> bool {
+        for _ in 0..=self.links.len() {
+            if dir == ancestor {
+                return true;
+            }
+            if dir == ROOT {
+                return false;
+            }
+            dir = self.parent_of(dir);
+        }
+        false
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The path of `slot` from the root, without a leading `/`; `None` for an orphan.
+    pub fn path_of(&self, slot: u32) -> Option<Vec<u8>> {
+        if slot == ROOT {
+            return Some(Vec::new());
+        }
+        let mut parts = Vec::new();
+        let mut at = slot;
+        while at != ROOT {
+            let (parent, name) = self.links.get(&at)?;
+            parts.push(&name[..]);
+            at = *parent;
+            if parts.len() > self.links.len() {
+                return None; // a loop (mount refuses those): never spin
+            }
+        }
+        parts.reverse();
+        Some(parts.join(&b'/'))
+    }
+
+    /// Resolves `path` (see the module's documentation).
+    pub fn walk(&self, path: &[u8]) -> std::result::Result<Walk, Refusal> {
+        if path.is_empty() {
+            return Err((libc::ENOENT, "an empty path names nothing"));
+        }
+        if path.len() > MAX_PATH {
+            return Err((libc::ENAMETOOLONG, "a path is at most 4095 bytes"));
+        }
+        if path.contains(&0) {
+            return Err((libc::EINVAL, "a path holds no NUL byte"));
+        }
+        let parts: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+        let dir_only = path.ends_with(b"/");
+        let mut dir = ROOT;
+        for (i, &part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            if part.len() > MAX_NAME {
+                return Err((libc::ENAMETOOLONG, "a name is at most 255 bytes"));
+            }
+            if part == b"." || part == b".." {
+                if part == b".." {
+                    dir = self.parent_of(dir);
+                }
+                if last {
+                    let found = Some(Child { slot: dir, dir: true });
+                    return Ok(Walk { parent: self.parent_of(dir), name: None, found });
+                }
+                continue;
+            }
+            let found = self.get(dir, part);
+            if last {
+                if dir_only && found.is_some_and(|c| !c.dir) {
+                    return Err((libc::ENOTDIR, "a path that ends in '/' names a directory, and this is a file"));
+                }
+                return Ok(Walk { parent: dir, name: Some(part.to_vec()), found });
+            }
+            match found {
+                None => return Err((libc::ENOENT, "a directory on the way does not exist")),
+                Some(c) if !c.dir => return Err((libc::ENOTDIR, "a name on the way is a file, not a directory")),
+                Some(c) => dir = c.slot,
+            }
+        }
+        Ok(Walk { parent: ROOT, name: None, found: Some(ROOT_CHILD) })
+    }
+}
+
+/// What a name leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+}
+
+/// One entry of a directory, as [`FileSystem::read_dir`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Its name (any bytes but `/` and NUL).
+    pub name: Vec<u8>,
+    /// Its inode number (as `stat` reports it).
+    pub ino: u64,
+    /// File or directory.
+    pub kind: Kind,
+}
+
+/// What `stat` says about a file or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metadata {
+    /// Inode number (the root's is [`ROOT_INO`]).
+    pub ino: u64,
+    /// File or directory.
+    pub kind: Kind,
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    /// Links: 1 for a file (0 once unlinked while open), 2 plus its
+    /// subdirectories for a directory.
+    pub nlink: u32,
+    /// Size in bytes (a directory reports one block).
+    pub size: u64,
+    /// Space allocated, in 512-byte units (as `st_blocks`).
+    pub blocks: u64,
+    /// Last data change, ns since the Unix epoch (atime reads the same: no
+    /// access times are kept).
+    pub mtime_ns: u64,
+    /// Last inode change, ns since the Unix epoch.
+    pub ctime_ns: u64,
+}
+
+/// What [`FileSystem::rename_with`] does when the new name is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rename {
+    /// Replace it, atomically (`rename`).
+    #[default]
+    Replace,
+    /// Fail with `EEXIST` (`RENAME_NOREPLACE`).
+    NoReplace,
+    /// Swap the two names, atomically; both must exist (`RENAME_EXCHANGE`).
+    Exchange,
+}
+
+fn lossy(path: &[u8]) -> String {
+    String::from_utf8_lossy(path).into_owned()
+}
+
+fn refused(op: &'static str, path: &[u8], (errno, why): Refusal) -> Error {
+    file_error(op, path, errno, why)
+}
+
+/// `path` without its trailing slashes (`/` stays `/`).
+fn trim_trailing_slashes(path: &[u8]) -> &[u8] {
+    let end = path.iter().rposition(|&b| b != b'/').map_or(path.len().min(1), |i| i + 1);
+    &path[..end]
+}
+
+/// Inode number of a slot.
+fn ino(slot: u32) -> u64 {
+    if slot == ROOT { ROOT_INO } else { slot as u64 + 2 }
+}
+
+fn blocks_512(inode: &Inode) -> u64 {
+    inode.extents.iter().map(|e| e.len as u64).sum::<u64>() * (BLOCK_U64 / 512)
+}
+
+/// Indexes the names of `inodes` (linked ones: orphans have none), checking
+/// the tree: each parent is a directory, no name is taken twice, every
+/// directory reaches the root. An entry that breaks a rule is reported to
+/// `problems` and left out.
+pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems: &mut dyn Problems) -> Result<Index> {
+    let inodes: Vec<&(u32, Inode)> = inodes.collect();
+    let dirs: HashSet<u32> = inodes.iter().filter(|(_, i)| i.is_dir()).map(|(s, _)| *s).collect();
+    let mut ns = Index::default();
+    for (slot, inode) in inodes {
+        let (slot, parent) = (*slot, inode.parent);
+        if parent != ROOT && !dirs.contains(&parent) {
+            problems.found(format!(
+                "inode {slot} ('{}') names inode {parent} as its directory, which is not one",
+                lossy(&inode.name)
+            ))?;
+            continue;
+        }
+        if !ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() }) {
+            problems.found(format!(
+                "two entries of directory {} are named '{}' (inode {slot} is the second)",
+                ns.path_of(parent).map_or_else(|| format!("inode {parent}"), |p| format!("'/{}'", lossy(&p))),
+                lossy(&inode.name)
+            ))?;
+        }
+    }
+    let mut lost: Vec<u32> = ns.links.keys().copied().filter(|&slot| ns.path_of(slot).is_none()).collect();
+    lost.sort_unstable();
+    for slot in lost {
+        problems.found(format!("inode {slot} never reaches the root: directories form a loop"))?;
+    }
+    Ok(ns)
+}
+
+impl Meta {
+    /// Every file node (linked or orphan).
+    pub(super) fn files(&self) -> impl Iterator<Item = Arc<Node>> + '_ {
+        self.slots.iter().filter_map(|s| match s {
+            Slot::File(n) => Some(Arc::clone(n)),
+            _ => None,
+        })
+    }
+
+    /// The file node in `slot`, if it holds a file.
+    pub(super) fn file(&self, slot: u32) -> Option<&Arc<Node>> {
+        match self.slots.get(slot as usize) {
+            Some(Slot::File(node)) => Some(node),
+            _ => None,
+        }
+    }
+
+    /// A free inode slot, searching from the last one taken.
+    fn free_slot(&mut self) -> Option<u32> {
+        let count = self.slots.len();
+        let slot = (0..count).map(|i| (self.slot_hint + i) % count).find(|&s| matches!(self.slots[s], Slot::Free))?;
+        self.slot_hint = slot + 1;
+        Some(slot as u32)
+    }
+
+    /// Puts directory `slot`'s inode (as changed by `change`) in the running transaction.
+    fn change_dir(&mut self, sb: &super::Superblock, slot: u32, change: impl FnOnce(&mut Inode)) -> Result<()> {
+        let Slot::Dir(inode) = &mut self.slots[slot as usize] else { unreachable!("slot {slot} holds a directory") };
+        change(inode);
+        let mut copy = (**inode).clone();
+        self.store_inode(sb, slot, &mut copy)
+    }
+
+    /// An entry of directory `dir` came or went: its times change.
+    fn touch_dir(&mut self, sb: &super::Superblock, dir: u32, now: u64) -> Result<()> {
+        if dir == ROOT {
+            self.root_times = now;
+            return Ok(());
+        }
+        self.change_dir(sb, dir, |i| {
+            i.mtime_ns = now;
+            i.ctime_ns = now;
+        })
+    }
+
+    /// A new inode named `name` in `parent`: stored, linked, in the running transaction.
+    fn link_new(&mut self, sb: &super::Superblock, parent: u32, inode: &mut Inode, op: &'static str) -> Result<u32> {
+        let count = self.slots.len();
+        let Some(slot) = self.free_slot() else {
+            return Err(file_error(
+                op,
+                &inode.name,
+                libc::ENOSPC,
+                format!("all {count} inodes are in use; remove files or make the file system with more --inodes"),
+            ));
+        };
+        inode.parent = parent;
+        self.store_inode(sb, slot, inode)?;
+        let inserted = self.ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() });
+        debug_assert!(inserted, "the caller checked the name is free");
+        self.touch_dir(sb, parent, inode.ctime_ns)?;
+        Ok(slot)
+    }
+
+    /// Removes the name of file `node` (locked as `state`): it is gone now if no
+    /// handle holds it open, else it becomes an orphan its last close frees.
+    fn unlink_file(&mut self, fs: &super::Inner, node: &Node, state: &mut NodeState, now: u64) -> Result<()> {
+        let (parent, _) = self.ns.link_of(node.slot).cloned().expect("a linked file");
+        self.ns.remove_slot(node.slot);
+        if node.handles.load(Ordering::Acquire) == 0 {
+            self.drop_inode(&fs.sb, node.slot, state);
+        } else {
+            state.inode.orphan = true;
+            state.inode.ctime_ns = now;
+            state.store(fs, self)?;
+            state.meta_tid = self.tid;
+        }
+        self.touch_dir(&fs.sb, parent, now)
+    }
+
+    /// Frees directory `slot` (empty, and already unlinked from the index).
+    fn drop_dir(&mut self, sb: &super::Superblock, slot: u32) {
+        debug_assert!(self.ns.is_empty_dir(slot));
+        let index = slot as usize % super::INODES_PER_BLOCK;
+        Inode::encode_free(
+            &mut self.table[slot as usize / super::INODES_PER_BLOCK]
+                [index * super::INODE_SIZE..(index + 1) * super::INODE_SIZE],
+        );
+        self.dirty.insert(self.inode_block(sb, slot));
+        self.slots[slot as usize] = Slot::Free;
+    }
+
+    /// `stat` of a directory slot (or the root).
+    fn dir_metadata(&self, slot: u32) -> Metadata {
+        let subdirs = self.ns.children(slot).filter(|(_, c)| c.dir).count() as u32;
+        let (mode, mtime_ns, ctime_ns) = match self.slots.get(slot as usize) {
+            Some(Slot::Dir(i)) => (i.mode, i.mtime_ns, i.ctime_ns),
+            _ => (libc::S_IFDIR | 0o755, self.root_times, self.root_times),
+        };
+        Metadata {
+            ino: ino(slot),
+            kind: Kind::Dir,
+            mode,
+            nlink: 2 + subdirs,
+            size: BLOCK_U64,
+            blocks: BLOCK_U64 / 512,
+            mtime_ns,
+            ctime_ns,
+        }
+    }
+}
+
+/// `stat` of a file, from its state.
+fn file_metadata(state: &NodeState) -> Metadata {
+    Metadata {
+        ino: ino(state.slot),
+        kind: Kind::File,
+        mode: state.inode.mode,
+        nlink: if state.inode.orphan || !state.live { 0 } else { 1 },
+        size: state.inode.size,
+        blocks: blocks_512(&state.inode),
+        mtime_ns: state.inode.mtime_ns,
+        ctime_ns: state.inode.ctime_ns,
+    }
+}
+
+/// What a name change needs locked: the file nodes it touches, in slot order.
+struct Locked<'a> {
+    guards: Vec<(u32, RwLockWriteGuard<'a, NodeState>)>,
+}
+
+impl<'a> Locked<'a> {
+    fn take(nodes: &'a [Arc<Node>]) -> Locked<'a> {
+        let mut sorted: Vec<&Arc<Node>> = nodes.iter().collect();
+        sorted.sort_by_key(|n| n.slot);
+        sorted.dedup_by_key(|n| n.slot);
+        Locked { guards: sorted.into_iter().map(|n| (n.slot, n.state.write().expect("file lock poisoned"))).collect() }
+    }
+
+    fn get(&mut self, slot: u32) -> &mut NodeState {
+        &mut self.guards.iter_mut().find(|(s, _)| *s == slot).expect("locked").1
+    }
+}
+
+impl FileSystem {
+    fn walk(&self, op: &'static str, path: &[u8]) -> Result<Walk> {
+        self.mount.meta().ns.walk(path).map_err(|r| refused(op, path, r))
+    }
+
+    fn handle(&self, node: Arc<Node>, direct: bool) -> File {
+        node.handles.fetch_add(1, Ordering::AcqRel);
+        File { fs: Arc::clone(&self.mount), node, direct }
+    }
+
+    /// Creates an empty file (mode `0644`); fails with `EEXIST` if the name is taken.
+    pub fn create(&self, path: impl AsRef<[u8]>) -> Result<File> {
+        self.create_with_mode(path, 0o644)
+    }
+
+    /// Creates an empty file with permission bits `mode` (the caller applies
+    /// its umask); `EEXIST` if the name is taken, `ENOENT` if its directory
+    /// does not exist.
+    pub fn create_with_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<File> {
+        let path = path.as_ref();
+        let fs = &self.mount;
+        fs.check_writable("create", path)?;
+        let mut meta = fs.meta();
+        // As Linux's open(O_CREAT | O_EXCL): '.', '..' or '/' last exist;
+        // a name with a trailing '/' is EISDIR, whatever it holds.
+        let trimmed = trim_trailing_slashes(path);
+        let walk = meta.ns.walk(trimmed).map_err(|r| refused("create", path, r))?;
+        if walk.name.is_some() && trimmed.len() < path.len() {
+            return Err(file_error("create", path, libc::EISDIR, "a path that ends in '/' names a directory"));
+        }
+        let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
+            return Err(file_error("create", path, libc::EEXIST, "that name exists; open it or unlink it first"));
+        };
+        check_name(&name)?;
+        let now = now_ns();
+        let mut inode =
+            Inode { name, mode: libc::S_IFREG | (mode & 0o7777), mtime_ns: now, ctime_ns: now, ..Inode::default() };
+        let slot = meta.link_new(&fs.sb, walk.parent, &mut inode, "create")?;
+        let tid = meta.tid;
+        let state = NodeState {
+            slot,
+            disk_size: 0,
+            inode,
+            cache_id: fs.new_cache_id(),
+            dirty: BTreeMap::new(),
+            live: true,
+            meta_tid: tid,
+            layout_tid: tid,
+        };
+        let node = Node::new(state);
+        meta.slots[slot as usize] = Slot::File(Arc::clone(&node));
+        // Counted under the metadata lock, as every open: an unlink sees it.
+        Ok(self.handle(node, false))
+    }
+
+    /// Opens an existing file; `ENOENT` if there is none, `EISDIR` for a directory.
+    pub fn open(&self, path: impl AsRef<[u8]>) -> Result<File> {
+        let path = path.as_ref();
+        let meta = self.mount.meta();
+        let walk = meta.ns.walk(path).map_err(|r| refused("open", path, r))?;
+        match walk.found {
+            None => Err(file_error("open", path, libc::ENOENT, "no such file")),
+            Some(c) if c.dir => Err(file_error("open", path, libc::EISDIR, "it is a directory")),
+            Some(c) => {
+                let node = Arc::clone(meta.file(c.slot).expect("a file's slot holds its node"));
+                Ok(self.handle(node, false))
+            }
+        }
+    }
+
+    /// Opens an existing file for access that bypasses the page cache (like `O_DIRECT`):
+    /// every read and write goes to the device; the file's dirty cached pages are
+    /// written back first, and a direct write makes the cache forget the file's pages.
+    pub fn open_direct(&self, path: impl AsRef<[u8]>) -> Result<File> {
+        let mut file = self.open(path)?;
+        file.direct = true;
+        Ok(file)
+    }
+
+    /// Opens a file, creating it empty if there is none.
+    pub fn open_or_create(&self, path: impl AsRef<[u8]>) -> Result<File> {
+        let path = path.as_ref();
+        match self.open(path) {
+            Err(Error::File { errno: libc::ENOENT, .. }) => match self.create(path) {
+                Err(Error::File { errno: libc::EEXIST, .. }) => self.open(path),
+                other => other,
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the path names a file or directory.
+    pub fn exists(&self, path: impl AsRef<[u8]>) -> bool {
+        self.mount.meta().ns.walk(path.as_ref()).is_ok_and(|w| w.found.is_some())
+    }
+
+    /// Makes a directory with permission bits `mode`.
+    pub fn mkdir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<()> {
+        let path = path.as_ref();
+        let fs = &self.mount;
+        fs.check_writable("mkdir", path)?;
+        let mut meta = fs.meta();
+        // Trailing slashes are allowed on a new directory, and whatever the
+        // name holds makes it EEXIST (as Linux, even for a file).
+        let walk = meta.ns.walk(trim_trailing_slashes(path)).map_err(|r| refused("mkdir", path, r))?;
+        let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
+            return Err(file_error("mkdir", path, libc::EEXIST, "that name exists"));
+        };
+        check_name(&name)?;
+        let now = now_ns();
+        let mut inode =
+            Inode { name, mode: libc::S_IFDIR | (mode & 0o7777), mtime_ns: now, ctime_ns: now, ..Inode::default() };
+        let slot = meta.link_new(&fs.sb, walk.parent, &mut inode, "mkdir")?;
+        meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
+        Ok(())
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let path = path.as_ref();
+        let fs = &self.mount;
+        fs.check_writable("rmdir", path)?;
+        let mut meta = fs.meta();
+        let walk = meta.ns.walk(path).map_err(|r| refused("rmdir", path, r))?;
+        let Some(found) = walk.found else { return Err(file_error("rmdir", path, libc::ENOENT, "no such directory")) };
+        if walk.name.is_none() {
+            // As Linux: what the last component is decides, before what it names.
+            let last = trim_trailing_slashes(path).rsplit(|&b| b == b'/').next().unwrap_or_default();
+            let (errno, why) = match last {
+                b"." => (libc::EINVAL, "a path ending in '.' cannot be removed"),
+                b".." => (libc::ENOTEMPTY, "a path ending in '..' names a directory that holds this one"),
+                _ => (libc::EBUSY, "the root cannot be removed"),
+            };
+            return Err(file_error("rmdir", path, errno, why));
+        }
+        if !found.dir {
+            return Err(file_error("rmdir", path, libc::ENOTDIR, "it is a file; unlink it"));
+        }
+        if !meta.ns.is_empty_dir(found.slot) {
+            return Err(file_error("rmdir", path, libc::ENOTEMPTY, "the directory is not empty"));
+        }
+        meta.ns.remove_slot(found.slot);
+        meta.drop_dir(&fs.sb, found.slot);
+        meta.touch_dir(&fs.sb, walk.parent, now_ns())
+    }
+
+    /// Removes a file's name; its blocks are free once the removal is
+    /// committed and its last handle is closed (handles open now keep working).
+    pub fn unlink(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let path = path.as_ref();
+        let fs = &self.mount;
+        fs.check_writable("unlink", path)?;
+        loop {
+            let node = {
+                let meta = fs.meta();
+                let walk = meta.ns.walk(path).map_err(|r| refused("unlink", path, r))?;
+                match walk.found {
+                    None => return Err(file_error("unlink", path, libc::ENOENT, "no such file")),
+                    Some(c) if c.dir => {
+                        return Err(file_error("unlink", path, libc::EISDIR, "it is a directory; use rmdir"));
+                    }
+                    Some(c) => Arc::clone(meta.file(c.slot).expect("a file's slot holds its node")),
+                }
+            };
+            let mut state = node.state.write().expect("file lock poisoned");
+            let mut meta = fs.meta();
+            if meta.ns.walk(path).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
+                continue; // renamed or replaced meanwhile: look again
+            }
+            return meta.unlink_file(fs, &node, &mut state, now_ns());
+        }
+    }
+
+    /// Renames `from` to `to`, replacing `to` if it exists, atomically.
+    pub fn rename(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>) -> Result<()> {
+        self.rename_with(from, to, Rename::Replace)
+    }
+
+    /// Renames `from` to `to` as `how` says (`renameat2`'s flags), atomically:
+    /// files or directories, within or across directories.
+    pub fn rename_with(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>, how: Rename) -> Result<()> {
+        let (from, to) = (from.as_ref(), to.as_ref());
+        let fs = &self.mount;
+        fs.check_writable("rename", from)?;
+        loop {
+            // Look, unlocked; lock the files it touches; look again under the lock.
+            let (plan, nodes) = {
+                let meta = fs.meta();
+                let plan = plan_rename(&meta, from, to, how)?;
+                let touched = plan.iter().flat_map(RenamePlan::touched);
+                let nodes: Vec<Arc<Node>> =
+                    touched.filter(|c| !c.dir).map(|c| Arc::clone(meta.file(c.slot).expect("file"))).collect();
+                (plan, nodes)
+            };
+            let Some(plan) = plan else { return Ok(()) };
+            let mut locked = Locked::take(&nodes);
+            let mut meta = fs.meta();
+            if plan_rename(&meta, from, to, how)?.as_ref() != Some(&plan) {
+                continue;
+            }
+            return apply_rename(fs, &mut meta, &mut locked, &plan, how);
+        }
+    }
+
+    /// The entries of a directory, by name (without `.` and `..`).
+    pub fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<Vec<DirEntry>> {
+        let path = path.as_ref();
+        let meta = self.mount.meta();
+        let walk = meta.ns.walk(path).map_err(|r| refused("read_dir", path, r))?;
+        match walk.found {
+            None => Err(file_error("read_dir", path, libc::ENOENT, "no such directory")),
+            Some(c) if !c.dir => Err(file_error("read_dir", path, libc::ENOTDIR, "it is a file")),
+            Some(c) => Ok(meta
+                .ns
+                .children(c.slot)
+                .map(|(name, child)| DirEntry {
+                    name: name.to_vec(),
+                    ino: ino(child.slot),
+                    kind: if child.dir { Kind::Dir } else { Kind::File },
+                })
+                .collect()),
+        }
+    }
+
+    /// `stat`: what the path names.
+    pub fn metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
+        let path = path.as_ref();
+        let meta = self.mount.meta();
+        let walk = meta.ns.walk(path).map_err(|r| refused("stat", path, r))?;
+        match walk.found {
+            None => Err(file_error("stat", path, libc::ENOENT, "no such file or directory")),
+            Some(c) if c.dir => Ok(meta.dir_metadata(c.slot)),
+            Some(c) => {
+                let node = Arc::clone(meta.file(c.slot).expect("file"));
+                drop(meta);
+                let state = node.state.read().expect("file lock poisoned");
+                Ok(file_metadata(&state))
+            }
+        }
+    }
+
+    /// `chmod`: sets the permission bits (the low 12 bits of `mode`).
+    pub fn set_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<()> {
+        self.change_inode(path.as_ref(), "chmod", |i| i.mode = (i.mode & libc::S_IFMT) | (mode & 0o7777))
+    }
+
+    /// `utimes`: sets the modification time (ns since the Unix epoch).
+    pub fn set_mtime(&self, path: impl AsRef<[u8]>, mtime_ns: u64) -> Result<()> {
+        self.change_inode(path.as_ref(), "utimes", |i| i.mtime_ns = mtime_ns)
+    }
+
+    fn change_inode(&self, path: &[u8], op: &'static str, change: impl FnOnce(&mut Inode)) -> Result<()> {
+        let fs = &self.mount;
+        fs.check_writable(op, path)?;
+        let found = self.walk(op, path)?.found;
+        match found {
+            None => Err(file_error(op, path, libc::ENOENT, "no such file or directory")),
+            Some(c) if c.slot == ROOT => {
+                Err(file_error(op, path, libc::EPERM, "the root of an iopath file system keeps its mode and times"))
+            }
+            Some(c) if c.dir => {
+                let mut meta = fs.meta();
+                if !matches!(meta.slots[c.slot as usize], Slot::Dir(_)) {
+                    return Err(file_error(op, path, libc::ENOENT, "removed meanwhile"));
+                }
+                let now = now_ns();
+                meta.change_dir(&fs.sb, c.slot, |i| {
+                    change(i);
+                    i.ctime_ns = now;
+                })
+            }
+            Some(_) => self.open(path)?.change_inode(op, change),
+        }
+    }
+
+    /// Every file (not directory), by path from the root, sorted.
+    pub fn list(&self) -> Vec<super::Entry> {
+        let meta = self.mount.meta();
+        let files: Vec<(Vec<u8>, Arc<Node>)> =
+            meta.files().filter_map(|n| Some((meta.ns.path_of(n.slot)?, n))).collect();
+        drop(meta);
+        let mut out: Vec<super::Entry> = files
+            .into_iter()
+            .filter_map(|(path, n)| {
+                let s = n.state.read().expect("file lock poisoned");
+                s.live.then(|| super::Entry { name: lossy(&path), size: s.inode.size })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Names in the namespace (files and directories, not the root).
+    pub fn names(&self) -> usize {
+        self.mount.meta().ns.len()
+    }
+}
+
+impl File {
+    /// The file's path from the root now (lossy UTF-8); an unlinked file's
+    /// last name with ` (deleted)`, as `/proc` shows it.
+    pub fn name(&self) -> String {
+        let path = self.fs.meta().ns.path_of(self.node.slot);
+        match path {
+            Some(p) => lossy(&p),
+            None => format!("{} (deleted)", lossy(&self.node.state.read().expect("file lock poisoned").inode.name)),
+        }
+    }
+
+    /// `fstat`.
+    pub fn metadata(&self) -> Metadata {
+        file_metadata(&self.node.state.read().expect("file lock poisoned"))
+    }
+
+    /// `fchmod`: sets the permission bits (the low 12 bits of `mode`).
+    pub fn set_mode(&self, mode: u32) -> Result<()> {
+        self.change_inode("chmod", |i| i.mode = (i.mode & libc::S_IFMT) | (mode & 0o7777))
+    }
+
+    /// `futimens`: sets the modification time (ns since the Unix epoch).
+    pub fn set_mtime(&self, mtime_ns: u64) -> Result<()> {
+        self.change_inode("utimes", |i| i.mtime_ns = mtime_ns)
+    }
+
+    fn change_inode(&self, op: &'static str, change: impl FnOnce(&mut Inode)) -> Result<()> {
+        let fs = &self.fs;
+        let mut state = self.node.state.write().expect("file lock poisoned");
+        fs.check_writable(op, &state.inode.name)?;
+        if !state.live {
+            return Err(file_error(op, &state.inode.name, libc::ESTALE, "the file is gone"));
+        }
+        change(&mut state.inode);
+        state.inode.ctime_ns = now_ns();
+        let mut meta = fs.meta();
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        Ok(())
+    }
+
+    /// The last handle closed: gives back the space appends took ahead, and
+    /// frees an orphan.
+    pub(super) fn last_close(&self) {
+        self.trim_ahead();
+        let fs = &self.fs;
+        let Ok(mut state) = self.node.state.write() else { return };
+        if !state.live || !state.inode.orphan || fs.check_writable("close", &state.inode.name).is_err() {
+            return;
+        }
+        let mut meta = fs.meta();
+        if self.node.handles.load(Ordering::Acquire) == 0 {
+            meta.drop_inode(&fs.sb, self.node.slot, &mut state);
+        }
+    }
+}
+
+/// A rename, resolved: what moves where, and what it replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RenamePlan {
+    src: Child,
+    from_parent: u32,
+    from_name: Vec<u8>,
+    to_parent: u32,
+    to_name: Vec<u8>,
+    /// What `to` names now (replaced, or swapped with an exchange).
+    dst: Option<Child>,
+}
+
+impl RenamePlan {
+    fn touched(&self) -> impl Iterator<Item = Child> + '_ {
+        std::iter::once(self.src).chain(self.dst)
+    }
+}
+
+/// Resolves and checks a rename, in the order Linux's `renameat2` checks
+/// (so a call that is wrong in several ways gets the errno it gets there);
+/// `None` when there is nothing to do (both names lead to the same inode).
+fn plan_rename(meta: &Meta, from: &[u8], to: &[u8], how: Rename) -> Result<Option<RenamePlan>> {
+    let (from_dir, to_dir) = (from.ends_with(b"/"), to.ends_with(b"/"));
+    let src = meta.ns.walk(trim_trailing_slashes(from)).map_err(|r| refused("rename", from, r))?;
+    let dst = meta.ns.walk(trim_trailing_slashes(to)).map_err(|r| refused("rename", to, r))?;
+    let Some(from_name) = src.name else {
+        return Err(file_error("rename", from, libc::EBUSY, "'/', '.' and '..' cannot be renamed"));
+    };
+    let Some(to_name) = dst.name else {
+        let errno = if how == Rename::NoReplace { libc::EEXIST } else { libc::EBUSY };
+        return Err(file_error("rename", to, errno, "'/', '.' and '..' cannot be replaced"));
+    };
+    let Some(s) = src.found else { return Err(file_error("rename", from, libc::ENOENT, "no such file or directory")) };
+    match (how, dst.found) {
+        (Rename::NoReplace, Some(_)) => return Err(file_error("rename", to, libc::EEXIST, "that name exists")),
+        (Rename::Exchange, None) => return Err(file_error("rename", to, libc::ENOENT, "nothing to exchange with")),
+        (Rename::Exchange, Some(d)) if !d.dir && to_dir => {
+            return Err(file_error("rename", to, libc::ENOTDIR, "a path that ends in '/' names a directory"));
+        }
+        _ => {}
+    }
+    if !s.dir && (from_dir || (to_dir && how != Rename::Exchange)) {
+        return Err(file_error("rename", from, libc::ENOTDIR, "a path that ends in '/' names a directory"));
+    }
+    // Neither may move below itself.
+    if s.dir && dst.parent != src.parent && meta.ns.is_within(dst.parent, s.slot) {
+        return Err(file_error("rename", to, libc::EINVAL, "a directory cannot move into itself"));
+    }
+    if dst.found.is_some_and(|d| d.dir && dst.parent != src.parent && meta.ns.is_within(src.parent, d.slot)) {
+        let errno = if how == Rename::Exchange { libc::EINVAL } else { libc::ENOTEMPTY };
+        return Err(file_error("rename", to, errno, "it would replace a directory the source lies in"));
+    }
+    if dst.found == Some(s) {
+        return Ok(None);
+    }
+    match (how, dst.found) {
+        (Rename::Exchange, _) | (_, None) => {}
+        (_, Some(d)) if s.dir && !d.dir => {
+            return Err(file_error("rename", to, libc::ENOTDIR, "a directory cannot replace a file"));
+        }
+        (_, Some(d)) if !s.dir && d.dir => {
+            return Err(file_error("rename", to, libc::EISDIR, "a file cannot replace a directory"));
+        }
+        (_, Some(d)) if d.dir && !meta.ns.is_empty_dir(d.slot) => {
+            return Err(file_error("rename", to, libc::ENOTEMPTY, "the directory it would replace is not empty"));
+        }
+        _ => {}
+    }
+    Ok(Some(RenamePlan { src: s, from_parent: src.parent, from_name, to_parent: dst.parent, to_name, dst: dst.found }))
+}
+
+/// Gives inode `child` the name `name` in `parent`, in memory and in the running transaction.
+fn rename_inode(
+    fs: &super::Inner,
+    meta: &mut Meta,
+    locked: &mut Locked<'_>,
+    child: Child,
+    parent: u32,
+    name: &[u8],
+    now: u64,
+) -> Result<()> {
+    let inserted = meta.ns.insert(parent, name.to_vec(), child);
+    debug_assert!(inserted, "the new name is free");
+    if child.dir {
+        return meta.change_dir(&fs.sb, child.slot, |i| {
+            i.parent = parent;
+            i.name = name.to_vec();
+            i.ctime_ns = now;
+        });
+    }
+    let state = locked.get(child.slot);
+    state.inode.parent = parent;
+    state.inode.name = name.to_vec();
+    state.inode.ctime_ns = now;
+    state.store(fs, meta)?;
+    state.meta_tid = meta.tid;
+    Ok(())
+}
+
+fn apply_rename(
+    fs: &super::Inner,
+    meta: &mut Meta,
+    locked: &mut Locked<'_>,
+    plan: &RenamePlan,
+    how: Rename,
+) -> Result<()> {
+    let now = now_ns();
+    meta.ns.remove_slot(plan.src.slot);
+    match (how, plan.dst) {
+        (Rename::Exchange, Some(d)) => {
+            meta.ns.remove_slot(d.slot);
+            rename_inode(fs, meta, locked, d, plan.from_parent, &plan.from_name, now)?;
+        }
+        (_, Some(d)) if d.dir => {
+            meta.ns.remove_slot(d.slot);
+            meta.drop_dir(&fs.sb, d.slot);
+        }
+        (_, Some(d)) => {
+            let node = Arc::clone(meta.file(d.slot).expect("file"));
+            meta.unlink_file(fs, &node, locked.get(d.slot), now)?;
+        }
+        (_, None) => {}
+    }
+    rename_inode(fs, meta, locked, plan.src, plan.to_parent, &plan.to_name, now)?;
+    meta.touch_dir(&fs.sb, plan.from_parent, now)?;
+    if plan.to_parent != plan.from_parent {
+        meta.touch_dir(&fs.sb, plan.to_parent, now)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(entries: &[(u32, &str, u32, bool)]) -> Index {
+        let mut ix = Index::default();
+        for &(parent, name, slot, dir) in entries {
+            assert!(ix.insert(parent, name.as_bytes().to_vec(), Child { slot, dir }));
+        }
+        ix
+    }
+
+    #[test]
+    fn paths_resolve_with_dots_slashes_and_the_errno_posix_gives() {
+        // /a (dir 0), /a/b (dir 1), /a/b/f (file 2), /g (file 3)
+        let ix = index(&[(ROOT, "a", 0, true), (0, "b", 1, true), (1, "f", 2, false), (ROOT, "g", 3, false)]);
+        let found = |p: &str| ix.walk(p.as_bytes()).map(|w| w.found.map(|c| c.slot));
+        assert_eq!(found("a/b/f"), Ok(Some(2)));
+        assert_eq!(found("/a//b/./f"), Ok(Some(2)));
+        assert_eq!(found("a/b/../b/f"), Ok(Some(2)));
+        assert_eq!(found("../../a"), Ok(Some(0)), "the root's parent is the root");
+        assert_eq!(found("/"), Ok(Some(ROOT)));
+        assert_eq!(found("a/b/.."), Ok(Some(0)));
+        assert_eq!(found("a/new"), Ok(None));
+        let errno = |p: &[u8]| ix.walk(p).unwrap_err().0;
+        assert_eq!(errno(b""), libc::ENOENT);
+        assert_eq!(errno(b"nope/f"), libc::ENOENT);
+        assert_eq!(errno(b"g/x"), libc::ENOTDIR);
+        assert_eq!(errno(b"g/"), libc::ENOTDIR);
+        assert_eq!(errno(b"g/.."), libc::ENOTDIR);
+        assert_eq!(errno(&[b'n'; 256]), libc::ENAMETOOLONG);
+        assert_eq!(errno(&[b'a'; MAX_PATH + 1]), libc::ENAMETOOLONG);
+        let w = ix.walk(b"a/b/").unwrap();
+        assert!(w.name.as_deref() == Some(&b"b"[..]) && w.parent == 0);
+        let dot = ix.walk(b"a/.").unwrap();
+        assert_eq!((dot.name, dot.found.map(|c| c.slot), dot.parent), (None, Some(0), ROOT));
+    }
+
+    #[test]
+    fn paths_ancestry_and_removal_follow_the_links() {
+        let mut ix = index(&[(ROOT, "a", 0, true), (0, "b", 1, true), (1, "f", 2, false)]);
+        assert_eq!(ix.path_of(2).unwrap(), b"a/b/f");
+        assert_eq!(ix.path_of(ROOT).unwrap(), b"");
+        assert!(ix.is_within(1, 0) && ix.is_within(0, 0) && ix.is_within(0, ROOT) && !ix.is_within(0, 1));
+        assert!(!ix.is_empty_dir(1));
+        assert!(!ix.insert(1, b"f".to_vec(), Child { slot: 9, dir: false }), "a taken name");
+        ix.remove_slot(2);
+        assert!(ix.is_empty_dir(1) && ix.path_of(2).is_none() && ix.get(1, b"f").is_none());
+        let names: Vec<&[u8]> = ix.children(ROOT).map(|(n, _)| n).collect();
+        assert_eq!(names, vec![&b"a"[..]]);
+    }
+}
