@@ -1,4 +1,4 @@
-//! Sizes and durations written the way fio writes them.
+//! Sizes, durations and dates written the way fio and ls write them.
 //!
 //! Sizes take a binary suffix (`512`, `4k`, `128KiB`, `1g`, `2t`; fio's
 //! default `kb_base=1024`). Durations take a unit (`500ns`, `20us`, `5ms`,
@@ -70,9 +70,32 @@ pub fn format_size(bytes: u64) -> String {
     format!("{value}{}", UNITS[unit])
 }
 
+/// `YYYY-MM-DD HH:MM UTC` from seconds since the epoch (civil-from-days).
+pub fn utc_date(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
+        assert_eq!(utc_date(1_795_000_000), "2026-11-18 11:06 UTC");
+        assert_eq!(utc_date(951_782_400), "2000-02-29 00:00 UTC");
+    }
 
     #[test]
     fn sizes_follow_fio() {

@@ -615,7 +615,7 @@ fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not(
     let img = img.to_str().unwrap();
     let out = succeeds(&["mkfs", img, "--size", "32m", "--inodes", "100"]);
     assert!(out.contains("104 files at most"), "{out}");
-    let out = succeeds(&["ls", img]);
+    let out = succeeds(&["ls", "-l", img]);
     assert!(out.contains("0 file(s)"), "{out}");
     // Made once, it is a file system: making it again (or a write benchmark) needs both flags.
     let e = fails(&["mkfs", img]);
@@ -635,6 +635,80 @@ fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not(
     assert!(e.contains("file="), "{e}");
     let e = fails(&["ls", dir.path().join("missing.img").to_str().unwrap()]);
     assert!(e.contains("no such file") && !e.contains("--size"), "{e}");
+}
+
+#[test]
+fn the_file_tools_copy_in_and_out_list_remove_and_check() {
+    use common::succeeds;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let img = img.to_str().unwrap();
+    succeeds(&["mkfs", img, "--size", "64m"]);
+    // A tree with a nested directory, an odd name and a file of several chunks.
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    std::fs::write(src.join("a.txt"), "hello\n").unwrap();
+    std::fs::write(src.join("sub/with space"), "x").unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(src.join("sub/deeper/big"), &big).unwrap();
+    let src_s = src.to_str().unwrap();
+    let e = fails(&["cp", img, src_s, "::/"]);
+    assert!(e.contains("-r"), "{e}");
+    succeeds(&["cp", img, "-r", src_s, "::/"]);
+    let out = succeeds(&["ls", "-lR", img]);
+    assert!(out.contains("/src/sub/deeper:") && out.contains("3000000") && out.contains("with space"), "{out}");
+    assert!(out.contains("3 file(s), 3 directory(ies)"), "{out}");
+    assert_eq!(succeeds(&["ls", img, "/src"]), "a.txt\nsub\n");
+    assert_eq!(succeeds(&["cat", img, "/src/a.txt", "src/sub/with space"]), "hello\nx");
+    // Out again, byte for byte.
+    let back = dir.path().join("back");
+    succeeds(&["cp", img, "-r", "::/src", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(back.join("sub/deeper/big")).unwrap(), big);
+    assert_eq!(std::fs::read(back.join("a.txt")).unwrap(), b"hello\n");
+    // Within the file system, into a directory made with -p.
+    succeeds(&["mkdir", "-p", img, "/x/y/z"]);
+    succeeds(&["cp", img, "::/src/a.txt", "::/src/sub/with space", "::/x/y/z"]);
+    assert_eq!(succeeds(&["ls", img, "x/y/z"]), "a.txt\nwith space\n");
+    // Wrong requests: clear errors, nothing changed.
+    let e = fails(&["cp", img, "a", "b"]);
+    assert!(e.contains("::"), "{e}");
+    let e = fails(&["cat", img, "/nope"]);
+    assert!(e.contains("/nope") && e.to_lowercase().contains("no such file"), "{e}");
+    let e = fails(&["rm", img, "/x"]);
+    assert!(e.contains("-r"), "{e}");
+    let e = fails(&["mkdir", img, "/x"]);
+    assert!(e.contains("exists"), "{e}");
+    succeeds(&["rm", "-f", img, "/nope"]);
+    succeeds(&["rm", "-r", img, "/x", "/src/sub"]);
+    assert_eq!(succeeds(&["ls", img, "/src"]), "a.txt\n");
+    let out = succeeds(&["df", img]);
+    assert!(out.contains("inodes") && out.contains("use%"), "{out}");
+    let out = succeeds(&["fsck", img]);
+    assert!(out.trim_end().ends_with("clean") && out.contains("1 file(s), 1 directory(ies)"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&succeeds(&["fsck", img, "--json"])).unwrap();
+    assert_eq!(
+        (v["clean"].as_bool(), v["files"].as_u64(), v["leaked_blocks"].as_u64()),
+        (Some(true), Some(1), Some(0))
+    );
+
+    // Damage: the block of the one file left marked free in the bitmap. fsck names it and
+    // fails; mount refuses.
+    let mut bytes = std::fs::read(img).unwrap();
+    let sb = iopath::fs::format::Superblock::decode(&bytes[..4096], bytes.len() as u64 / 4096).unwrap();
+    let owned = (sb.data_start..sb.blocks)
+        .find(|b| {
+            let bit = (sb.bitmap_start * 4096 * 8 + b) as usize;
+            bytes[bit / 8] & (1 << (bit % 8)) != 0
+        })
+        .unwrap();
+    let bit = (sb.bitmap_start * 4096 * 8 + owned) as usize;
+    bytes[bit / 8] &= !(1 << (bit % 8));
+    std::fs::write(img, &bytes).unwrap();
+    let o = common::iopath(&["fsck", img]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && out.contains("PROBLEM") && out.contains("marks free"), "{out}");
+    let e = fails(&["ls", img]);
+    assert!(e.contains("iopath fsck"), "{e}");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `iopath mkfs` and `iopath ls`: make an iopath file system on a device, list its files.
+//! `iopath mkfs`: make an iopath file system on a device (the tools that
+//! look into one are in `files.rs`).
 
 use super::bench::SafetyArgs;
 use clap::Args;
@@ -15,7 +16,7 @@ a block device, a file (created with --size if it does not exist), or an emulate
 file (emu:optane,file=PATH,size=1g). Everything the device held is lost: an existing file iopath did
 not create, or a block device, needs --allow-overwrite, and one that holds a file system (an iopath
 one included) also --allow-fs-overwrite. The library mounts it with iopath::fs::FileSystem::mount;
-`iopath ls DEVICE` lists its files.
+`iopath ls`, `cp`, `cat`, `rm`, `mkdir`, `df` and `fsck` look into it.
 
 EXAMPLES:
   iopath mkfs /tmp/iopath-fs.img --size 1g
@@ -32,7 +33,7 @@ pub struct MkfsArgs {
     /// Size of a file that does not exist yet (fio-style: 256m, 1g).
     #[arg(long, value_parser = size_arg)]
     size: Option<u64>,
-    /// Files the file system can hold (default: one per MiB, 64 to 65536; 512 bytes of memory each while mounted).
+    /// Files and directories the file system can hold (default: one per 64 KiB, 64 to 131072; 512 bytes of memory each while mounted).
     #[arg(long)]
     inodes: Option<u64>,
     /// Journal size (default: 1/64 of the device, 1 MiB to 128 MiB).
@@ -40,13 +41,6 @@ pub struct MkfsArgs {
     journal: Option<u64>,
     #[command(flatten)]
     safety: SafetyArgs,
-}
-
-/// Arguments of `iopath ls`.
-#[derive(Args, Debug)]
-pub struct LsArgs {
-    /// Device spec or bare path holding an iopath file system.
-    device: String,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -96,31 +90,11 @@ pub fn run_mkfs(args: MkfsArgs) -> iopath::Result<()> {
     Ok(())
 }
 
-/// Runs `iopath ls`.
-pub fn run_ls(args: LsArgs) -> iopath::Result<()> {
-    // A bare path that does not exist: say so (opening it would suggest --size, which ls has not).
-    if !args.device.contains(':') && !std::path::Path::new(&args.device).exists() {
-        return Err(Error::spec(
-            "device",
-            args.device,
-            "no such file or device; make a file system with `iopath mkfs`",
-        ));
+/// The engine of a device that should hold a file system already (no `--size`: a
+/// bare path that does not exist is an error that says how to make one).
+pub(super) fn open_existing(device: &str) -> iopath::Result<Arc<Engine>> {
+    if !device.contains(':') && !std::path::Path::new(device).exists() {
+        return Err(Error::spec("device", device, "no such file or device; make a file system with `iopath mkfs`"));
     }
-    let engine = open(&args.device, None, None)?;
-    let (fs, mounted) = FileSystem::mount(engine)?;
-    if mounted.replayed > 0 {
-        eprintln!("replayed {} journal transaction(s) left by an unclean stop", mounted.replayed);
-    }
-    let files = fs.list();
-    for e in &files {
-        println!("{:>12}  {}", e.size, e.name);
-    }
-    let stats = fs.stats();
-    println!(
-        "{} file(s), {} free of {}",
-        files.len(),
-        format_size(stats.free_blocks * 4096),
-        format_size((fs.superblock().blocks - fs.superblock().data_start) * 4096)
-    );
-    fs.unmount()
+    open(device, None, None)
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod compare;
 mod doctor;
+mod files;
 mod fsbench;
 mod mkfs;
 mod path_args;
@@ -43,8 +44,20 @@ enum Command {
     Fsbench(fsbench::FsBenchArgs),
     /// Make an iopath file system on a device (erases it).
     Mkfs(mkfs::MkfsArgs),
-    /// List the files of an iopath file system.
-    Ls(mkfs::LsArgs),
+    /// List directories of an iopath file system (-l long, -R recursive).
+    Ls(files::LsArgs),
+    /// Copy files in and out of an iopath file system ('::PATH' is inside it).
+    Cp(files::CpArgs),
+    /// Write files of an iopath file system to stdout.
+    Cat(files::CatArgs),
+    /// Remove files (and with -r, directories) of an iopath file system.
+    Rm(files::RmArgs),
+    /// Make directories in an iopath file system.
+    Mkdir(files::MkdirArgs),
+    /// Space and inodes used and free in an iopath file system.
+    Df(files::DfArgs),
+    /// Check every structure of an iopath file system and report what is wrong.
+    Fsck(files::FsckArgs),
     /// Run the seeds' experiments: the papers' figures beside iopath's, verdicts, charts, a report.
     Reproduce(reproduce::ReproduceArgs),
     /// Redraw a reproduce report (REPORT.md, report.html) from its results.json.
@@ -61,7 +74,13 @@ pub fn main() -> iopath::Result<()> {
         Command::Doctor(args) => doctor::run(args),
         Command::Fsbench(args) => fsbench::run(args),
         Command::Mkfs(args) => mkfs::run_mkfs(args),
-        Command::Ls(args) => mkfs::run_ls(args),
+        Command::Ls(args) => files::run_ls(args),
+        Command::Cp(args) => files::run_cp(args),
+        Command::Cat(args) => files::run_cat(args),
+        Command::Rm(args) => files::run_rm(args),
+        Command::Mkdir(args) => files::run_mkdir(args),
+        Command::Df(args) => files::run_df(args),
+        Command::Fsck(args) => files::run_fsck(args),
         Command::Reproduce(args) => reproduce::run(args),
         Command::Report(args) => reproduce::run_report(args),
     }

@@ -140,27 +140,11 @@ impl Machine {
         Machine {
             kernel: format!("{kernel} ({arch})"),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            date: utc_date(secs),
+            date: crate::units::utc_date(secs),
             version: env!("CARGO_PKG_VERSION").to_string(),
             idle_polling: crate::idle::polling_now(),
         }
     }
-}
-
-/// `YYYY-MM-DD HH:MM UTC` from seconds since the epoch (civil-from-days).
-fn utc_date(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
 }
 
 /// Everything `reproduce` found.
@@ -288,16 +272,4 @@ pub fn reproduce(
         sections.push(section);
     }
     Ok(Report { machine: Machine::here(), quick: config.quick, sections })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dates_are_civil() {
-        assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
-        assert_eq!(utc_date(1_795_000_000), "2026-11-18 11:06 UTC");
-        assert_eq!(utc_date(951_782_400), "2000-02-29 00:00 UTC");
-    }
 }
