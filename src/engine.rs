@@ -127,7 +127,8 @@ impl Engine {
         thread_local! {
             static HANDLES: RefCell<ThreadHandles> = const { RefCell::new(ThreadHandles::new()) };
         }
-        HANDLES.with(|handles| {
+        let mut f = Some(f);
+        let cached = HANDLES.try_with(|handles| {
             let mut handles = handles.borrow_mut();
             let index = match handles.position(self) {
                 Some(i) => i,
@@ -137,8 +138,14 @@ impl Engine {
                     handles.put(self, handle)
                 }
             };
-            f(handles.get(index))
-        })
+            f.take().expect("called once")(handles.get(index))
+        });
+        match cached {
+            Ok(result) => result,
+            // The thread's storage is gone (a call from an exit handler, as the interposer
+            // commits its mounts at exit): a handle for this call alone.
+            Err(_) => f.take().expect("not called")(&mut self.handle(HandleOptions::default())?),
+        }
     }
 
     /// Reads `buf.len()` bytes at `offset`, blocking until done. Callable from any thread.

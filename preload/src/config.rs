@@ -8,6 +8,12 @@
 //!   dispatcher that spins on the device while the callers sleep).
 //! - `IOPATH_LOG=1`: one line on stderr per routing decision and a summary
 //!   of routed and passed-through calls at exit.
+//! - `IOPATH_MOUNT=DIR=DEVICE[;DIR=DEVICE]`: every path under DIR is served
+//!   by the iopath file system on DEVICE (a device spec or a bare path;
+//!   made with `iopath mkfs`); see `mount.rs`. A relative DIR is taken
+//!   against the working directory when the program starts.
+//! - `IOPATH_FSYNC_PATH`: the mounts' fsync path (`conventional`, `aios`,
+//!   `journaled`; default: the file layer's).
 //! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
 //!   instead of halting (`iopath::idle::IdlePolling`; root only, a refusal is
 //!   logged and changes nothing else).
@@ -23,6 +29,10 @@ pub struct Config {
     pub log: bool,
     /// Ask that idle CPUs poll while the program runs.
     pub idle_poll: bool,
+    /// Mounts: (directory, device).
+    pub mounts: Vec<(String, String)>,
+    /// The mounts' fsync path, if set.
+    pub fsync_path: Option<iopath::fs::FsyncPath>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -35,8 +45,17 @@ impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> Config {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let fsync_path = var("IOPATH_FSYNC_PATH").and_then(|v| match iopath::fs::FsyncPath::parse(&v) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                crate::say(&format!("IOPATH_FSYNC_PATH: {e}; using the default"));
+                None
+            }
+        });
         Config {
             idle_poll: var("IOPATH_IDLE_POLL").is_some_and(|v| v != "0"),
+            mounts: var("IOPATH_MOUNT").map(|v| parse_mounts(&v)).unwrap_or_default(),
+            fsync_path,
             ..Config::from_values(
                 var("IOPATH_FILES").as_deref(),
                 var("IOPATH_PATH").as_deref(),
@@ -54,6 +73,8 @@ impl Config {
             path: path.unwrap_or(DEFAULT_PATH).to_string(),
             log: log.is_some_and(|v| v != "0"),
             idle_poll: false,
+            mounts: Vec::new(),
+            fsync_path: None,
         }
     }
 
@@ -61,6 +82,21 @@ impl Config {
     pub fn wants(&self, path: &str) -> bool {
         self.files.iter().any(|p| glob_match(p.as_bytes(), path.as_bytes()))
     }
+}
+
+/// `DIR=DEVICE[;DIR=DEVICE]` as (directory, device) pairs; a malformed
+/// entry is said on stderr and skipped.
+pub fn parse_mounts(text: &str) -> Vec<(String, String)> {
+    text.split(';')
+        .filter(|m| !m.trim().is_empty())
+        .filter_map(|m| match m.split_once('=') {
+            Some((dir, device)) if !dir.is_empty() && !device.is_empty() => Some((dir.to_string(), device.to_string())),
+            _ => {
+                crate::say(&format!("IOPATH_MOUNT: '{m}' is not DIR=DEVICE; skipped"));
+                None
+            }
+        })
+        .collect()
 }
 
 /// Shell-style matching: `?` one character and `*` any run, neither crossing
@@ -95,6 +131,15 @@ mod tests {
         assert!(glob_match(b"/tmp/x.img", b"/tmp/x.img"));
         assert!(!glob_match(b"/tmp/x.img", b"/tmp/x.img2"));
         assert!(glob_match(b"*", b"file"));
+    }
+
+    #[test]
+    fn mounts_are_dir_equals_device_pairs() {
+        assert_eq!(
+            parse_mounts("/mnt/db=/dev/loop0;data=uring:/tmp/f.img;"),
+            vec![("/mnt/db".into(), "/dev/loop0".into()), ("data".into(), "uring:/tmp/f.img".into())]
+        );
+        assert!(parse_mounts("nodevice").is_empty());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `dlsym(RTLD_NEXT)`: what every call goes to when iopath does not route it,
 //! and what the routed paths use for the file position and sizes.
 
-use libc::{c_char, c_int, c_uint, c_ulong, c_void, iovec, mode_t, off_t, size_t, ssize_t};
+use libc::{c_char, c_int, c_long, c_uint, c_ulong, c_void, iovec, mode_t, off_t, size_t, ssize_t};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// Declares a lazily resolved libc function: `real::NAME(args)` calls the
@@ -74,16 +74,75 @@ next_symbol! {
     write: fn(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     fsync: fn(fd: c_int) -> c_int;
     fdatasync: fn(fd: c_int) -> c_int;
+    __open_2: fn(path: *const c_char, flags: c_int) -> c_int;
+    __open64_2: fn(path: *const c_char, flags: c_int) -> c_int;
+    __openat_2: fn(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
+    __openat64_2: fn(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
+    readv: fn(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    writev: fn(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    lseek: fn(fd: c_int, offset: off_t, whence: c_int) -> off_t;
+    lseek64: fn(fd: c_int, offset: off_t, whence: c_int) -> off_t;
+    syncfs: fn(fd: c_int) -> c_int;
+    sync_file_range: fn(fd: c_int, offset: off_t, n: off_t, flags: c_uint) -> c_int;
+    fallocate: fn(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int;
+    fallocate64: fn(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int;
+    posix_fallocate: fn(fd: c_int, offset: off_t, len: off_t) -> c_int;
+    posix_fallocate64: fn(fd: c_int, offset: off_t, len: off_t) -> c_int;
+    posix_fadvise: fn(fd: c_int, offset: off_t, len: off_t, advice: c_int) -> c_int;
+    posix_fadvise64: fn(fd: c_int, offset: off_t, len: off_t, advice: c_int) -> c_int;
+    readahead: fn(fd: c_int, offset: off_t, count: size_t) -> ssize_t;
+    mmap: fn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void;
+    mmap64: fn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void;
+    umask: fn(mask: mode_t) -> mode_t;
+    unlink: fn(path: *const c_char) -> c_int;
+    unlinkat: fn(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
+    rmdir: fn(path: *const c_char) -> c_int;
+    mkdir: fn(path: *const c_char, mode: mode_t) -> c_int;
+    mkdirat: fn(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int;
+    rename: fn(old: *const c_char, new: *const c_char) -> c_int;
+    renameat: fn(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> c_int;
+    renameat2: fn(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char, flags: c_uint) -> c_int;
+    access: fn(path: *const c_char, how: c_int) -> c_int;
+    faccessat: fn(dirfd: c_int, path: *const c_char, how: c_int, flags: c_int) -> c_int;
+    truncate: fn(path: *const c_char, len: off_t) -> c_int;
+    truncate64: fn(path: *const c_char, len: off_t) -> c_int;
+    stat: fn(path: *const c_char, out: *mut libc::stat) -> c_int;
+    lstat: fn(path: *const c_char, out: *mut libc::stat) -> c_int;
+    stat64: fn(path: *const c_char, out: *mut libc::stat64) -> c_int;
+    lstat64: fn(path: *const c_char, out: *mut libc::stat64) -> c_int;
+    fstat: fn(fd: c_int, out: *mut libc::stat) -> c_int;
+    fstat64: fn(fd: c_int, out: *mut libc::stat64) -> c_int;
+    fstatat: fn(dirfd: c_int, path: *const c_char, out: *mut libc::stat, flags: c_int) -> c_int;
+    fstatat64: fn(dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int;
+    __xstat: fn(version: c_int, path: *const c_char, out: *mut libc::stat) -> c_int;
+    __lxstat: fn(version: c_int, path: *const c_char, out: *mut libc::stat) -> c_int;
+    __xstat64: fn(version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int;
+    __lxstat64: fn(version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int;
+    __fxstat: fn(version: c_int, fd: c_int, out: *mut libc::stat) -> c_int;
+    __fxstat64: fn(version: c_int, fd: c_int, out: *mut libc::stat64) -> c_int;
+    __fxstatat: fn(version: c_int, dirfd: c_int, path: *const c_char, out: *mut libc::stat, flags: c_int) -> c_int;
+    __fxstatat64: fn(version: c_int, dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int;
+    statx: fn(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, out: *mut libc::statx) -> c_int;
+    opendir: fn(path: *const c_char) -> *mut c_void;
+    fdopendir: fn(fd: c_int) -> *mut c_void;
+    readdir: fn(dir: *mut c_void) -> *mut libc::dirent64;
+    readdir64: fn(dir: *mut c_void) -> *mut libc::dirent64;
+    rewinddir: fn(dir: *mut c_void) -> ();
+    telldir: fn(dir: *mut c_void) -> c_long;
+    seekdir: fn(dir: *mut c_void, at: c_long) -> ();
+    dirfd: fn(dir: *mut c_void) -> c_int;
+    closedir: fn(dir: *mut c_void) -> c_int;
+    flock: fn(fd: c_int, operation: c_int) -> c_int;
 }
 
 /// The file position of `fd` (the kernel's, shared by its duplicates), or -1.
 pub fn position(fd: c_int) -> off_t {
     // SAFETY: lseek only reads and sets the descriptor's offset.
-    unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) }
+    unsafe { lseek(fd, 0, libc::SEEK_CUR) }
 }
 
 /// Sets the file position of `fd`.
 pub fn set_position(fd: c_int, pos: off_t) {
     // SAFETY: as above.
-    unsafe { libc::lseek(fd, pos, libc::SEEK_SET) };
+    unsafe { lseek(fd, pos, libc::SEEK_SET) };
 }

@@ -679,10 +679,18 @@ impl FileSystem {
     /// Commits everything, writes the metadata home and empties the journal,
     /// so the next mount replays nothing. Files still open stay usable.
     pub fn unmount(self) -> Result<()> {
-        self.mount.quiesce()?;
+        self.quiesce()?;
         self.mount.unmounted.store(true, Ordering::Release);
         self.mount.readahead_jobs.lock().map(|mut j| j.take()).ok();
         Ok(())
+    }
+
+    /// Commits everything and checkpoints the journal, leaving the device as
+    /// an unmount does (the next mount replays nothing), while the file
+    /// system stays mounted: for a process that cannot give up its handle
+    /// (the interposer, at exit).
+    pub fn quiesce(&self) -> Result<()> {
+        self.mount.quiesce()
     }
 }
 

@@ -1,0 +1,308 @@
+//! Mounts: directories whose paths iopath's file system serves
+//! (`IOPATH_MOUNT=DIR=DEVICE[;DIR=DEVICE]`), and the descriptors opened
+//! in them.
+//!
+//! A path is inside a mount when, made absolute (against the working
+//! directory, or the directory a `*at` call's descriptor names) and with
+//! `.`, `..` and repeated slashes resolved by name, it is the mount's
+//! directory or lies below it. The file system is mounted the first time a
+//! call reaches it, so a program that never touches the mount pays nothing
+//! but that check, and committed at exit.
+//!
+//! A descriptor opened in a mount is a real descriptor number: an `O_PATH`
+//! descriptor of the mount's directory (or `/`) reserves it, so no other
+//! open in the process can get that number, and a call the interposer does
+//! not implement reaches the kernel with an `O_PATH` descriptor, which
+//! fails with `EBADF` rather than touching another file. What it stands for
+//! (a [`Description`]: the file or directory, the open flags and one file
+//! position, shared by its duplicates as POSIX says) is in a table.
+
+use crate::real;
+use iopath::fs::{File, FileSystem, MountOptions};
+use libc::c_int;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// One mount: a directory and the device whose file system serves it.
+pub struct Mount {
+    /// The directory, absolute, without a trailing slash.
+    pub dir: Vec<u8>,
+    /// The device spec (a bare path means `uring:PATH`).
+    pub device: String,
+    /// `st_dev` reported for its files.
+    pub dev: u64,
+    fs: OnceLock<std::result::Result<FileSystem, String>>,
+}
+
+impl Mount {
+    /// The file system, mounted on first use; `Err(errno)` if it cannot be
+    /// (said once on stderr, whether or not `IOPATH_LOG` is set).
+    pub fn fs(&self) -> std::result::Result<&FileSystem, c_int> {
+        let mounted = self.fs.get_or_init(|| {
+            let _inside = crate::Inside::enter();
+            let spec = if self.device.contains(':') { self.device.clone() } else { format!("uring:{}", self.device) };
+            let mounted = iopath::PathConfig::preset(&crate::config().path)
+                .and_then(|path| iopath::Engine::open(&spec, path))
+                .and_then(|engine| FileSystem::mount_with(Arc::new(engine), mount_options()));
+            match mounted {
+                Ok((fs, _)) => {
+                    crate::log(&format!("mounted {} on {}", self.device, String::from_utf8_lossy(&self.dir)));
+                    Ok(fs)
+                }
+                Err(e) => {
+                    let why = format!("cannot mount {} on {}: {e}", self.device, String::from_utf8_lossy(&self.dir));
+                    crate::say(&why);
+                    Err(why)
+                }
+            }
+        });
+        mounted.as_ref().map_err(|_| libc::EIO)
+    }
+
+    /// The file system if it is mounted already.
+    pub fn mounted(&self) -> Option<&FileSystem> {
+        self.fs.get().and_then(|r| r.as_ref().ok())
+    }
+}
+
+fn mount_options() -> MountOptions {
+    let mut options = MountOptions::default();
+    if let Some(path) = crate::config().fsync_path {
+        options.fsync_path = path;
+    }
+    options
+}
+
+static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
+
+/// Every mount of `IOPATH_MOUNT`.
+pub fn mounts() -> &'static [Mount] {
+    MOUNTS.get_or_init(|| {
+        let cwd = real_cwd().unwrap_or_else(|| b"/".to_vec());
+        crate::config()
+            .mounts
+            .iter()
+            .enumerate()
+            .map(|(i, (dir, device))| Mount {
+                dir: normalize(&cwd, dir.as_bytes()),
+                device: device.clone(),
+                dev: 0x1_0000_0000 + i as u64,
+                fs: OnceLock::new(),
+            })
+            .collect()
+    })
+}
+
+/// The kernel's working directory.
+pub fn real_cwd() -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: getcwd writes at most buf.len() bytes into buf.
+    let got = unsafe { libc::getcwd(buf.as_mut_ptr().cast(), buf.len()) };
+    if got.is_null() {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0)?;
+    buf.truncate(len);
+    Some(buf)
+}
+
+/// `path` made absolute against `base` (absolute), with `.`, `..` and
+/// repeated slashes resolved by name; no trailing slash (but `/`).
+pub fn normalize(base: &[u8], path: &[u8]) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let start = if path.starts_with(b"/") { &b""[..] } else { base };
+    for part in start.split(|&b| b == b'/').chain(path.split(|&b| b == b'/')) {
+        match part {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len() + base.len());
+    for p in parts {
+        out.push(b'/');
+        out.extend_from_slice(p);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+/// A path inside a mount: the mount and the path from its root (`/...`,
+/// with a trailing `/` kept when the caller's had one: it demands a directory).
+pub struct Inside {
+    /// The mount.
+    pub mount: &'static Mount,
+    /// The path inside it.
+    pub path: Vec<u8>,
+}
+
+/// Where `path` leads, relative to `dirfd` (`AT_FDCWD` or a descriptor).
+/// `None`: outside every mount (the kernel's business).
+pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
+    let mounts = mounts();
+    if mounts.is_empty() || path.is_empty() {
+        return None;
+    }
+    let base = if path.starts_with(b"/") {
+        Vec::new()
+    } else if dirfd == libc::AT_FDCWD {
+        real_cwd()?
+    } else if let Some(d) = lookup(dirfd) {
+        let mut b = d.mount.dir.clone();
+        b.extend_from_slice(&d.path);
+        b
+    } else {
+        return None; // a real directory descriptor: the kernel resolves it
+    };
+    let full = normalize(&base, path);
+    let mount =
+        mounts.iter().find(|m| full.starts_with(&m.dir) && matches!(full.get(m.dir.len()), None | Some(b'/')))?;
+    let mut inner = full[mount.dir.len()..].to_vec();
+    if inner.is_empty() {
+        inner.push(b'/');
+    }
+    if path.ends_with(b"/") && !inner.ends_with(b"/") {
+        inner.push(b'/');
+    }
+    Some(Inside { mount, path: inner })
+}
+
+/// What an open descriptor of a mount stands for.
+pub enum Node {
+    /// A file.
+    File(File),
+    /// A directory (its path from the mount's root, as opened).
+    Dir,
+}
+
+/// An open file description: shared by a descriptor and its duplicates.
+pub struct Description {
+    /// The mount.
+    pub mount: &'static Mount,
+    /// The path it was opened by, from the mount's root.
+    pub path: Vec<u8>,
+    /// File or directory.
+    pub node: Node,
+    /// The status flags (`O_ACCMODE`, `O_APPEND`, `O_NONBLOCK`, ...), as `F_GETFL` gives them.
+    pub flags: AtomicI32,
+    /// The file position.
+    pub position: Mutex<u64>,
+}
+
+impl Description {
+    /// Whether it was opened for reading.
+    pub fn readable(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & libc::O_ACCMODE != libc::O_WRONLY
+    }
+
+    /// Whether it was opened for writing.
+    pub fn writable(&self) -> bool {
+        matches!(self.flags.load(Ordering::Relaxed) & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
+    }
+
+    /// Whether writes go to the end.
+    pub fn append(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & libc::O_APPEND != 0
+    }
+
+    /// The file, or `EISDIR`.
+    pub fn file(&self) -> std::result::Result<&File, c_int> {
+        match &self.node {
+            Node::File(f) => Ok(f),
+            Node::Dir => Err(libc::EISDIR),
+        }
+    }
+}
+
+impl Drop for Description {
+    fn drop(&mut self) {
+        crate::posix::locks::release(self);
+    }
+}
+
+/// Descriptor numbers with a description: one bit each, so a call on any
+/// other descriptor costs one load.
+static BITS: [AtomicU64; crate::fds::MAX_FD / 64] = [const { AtomicU64::new(0) }; crate::fds::MAX_FD / 64];
+static TABLE: RwLock<Option<HashMap<c_int, Arc<Description>>>> = RwLock::new(None);
+
+fn bit(fd: c_int) -> Option<(&'static AtomicU64, u64)> {
+    let i = usize::try_from(fd).ok()?;
+    Some((BITS.get(i / 64)?, 1 << (i % 64)))
+}
+
+/// The description of `fd` if it is a mount's.
+pub fn lookup(fd: c_int) -> Option<Arc<Description>> {
+    let (word, mask) = bit(fd)?;
+    if word.load(Ordering::Acquire) & mask == 0 {
+        return None;
+    }
+    TABLE.read().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&fd).cloned()
+}
+
+/// Whether `fd` is a mount's (one load).
+pub fn is_mounted(fd: c_int) -> bool {
+    bit(fd).is_some_and(|(word, mask)| word.load(Ordering::Acquire) & mask != 0)
+}
+
+/// Puts `description` at descriptor number `fd` (reserved by the caller).
+pub fn install(fd: c_int, description: Arc<Description>) {
+    let Some((word, mask)) = bit(fd) else { return };
+    TABLE.write().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(fd, description);
+    word.fetch_or(mask, Ordering::AcqRel);
+}
+
+/// Takes `fd` out of the table (closed, or replaced by `dup2`); the
+/// description goes when its last descriptor does.
+pub fn remove(fd: c_int) -> Option<Arc<Description>> {
+    let (word, mask) = bit(fd)?;
+    if word.load(Ordering::Acquire) & mask == 0 {
+        return None;
+    }
+    let removed = TABLE.write().unwrap_or_else(|e| e.into_inner()).as_mut()?.remove(&fd);
+    word.fetch_and(!mask, Ordering::AcqRel);
+    removed
+}
+
+/// Reserves a descriptor number for a description of `mount`: an `O_PATH`
+/// descriptor of its directory (or of `/` if that does not exist here).
+pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int> {
+    let flags = libc::O_PATH | if cloexec { libc::O_CLOEXEC } else { 0 };
+    let mut dir = mount.dir.clone();
+    dir.push(0);
+    // SAFETY: NUL-terminated paths we own.
+    let mut fd = unsafe { real::open(dir.as_ptr().cast(), flags, 0) };
+    if fd < 0 {
+        // SAFETY: as above.
+        fd = unsafe { real::open(c"/".as_ptr(), flags, 0) };
+    }
+    if fd < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE)) } else { Ok(fd) }
+}
+
+/// Commits every mounted file system (at exit).
+pub fn sync_all() {
+    for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
+        if let Some(fs) = m.mounted()
+            && let Err(e) = fs.quiesce()
+        {
+            crate::say(&format!("cannot commit {} at exit: {e}", m.device));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_normalize_by_name() {
+        assert_eq!(normalize(b"/home/u", b"a/../b//c/."), b"/home/u/b/c");
+        assert_eq!(normalize(b"/home/u", b"/x/./y/"), b"/x/y");
+        assert_eq!(normalize(b"/", b"../../.."), b"/");
+        assert_eq!(normalize(b"/a", b""), b"/a");
+    }
+}

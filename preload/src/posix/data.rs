@@ -1,0 +1,574 @@
+//! Data: read, write and their positioned and vectored forms, lseek,
+//! fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate,
+//! posix_fallocate, posix_fadvise, readahead, and mmap (refused on mounted
+//! files with ENODEV: a mapping would not see the file system's writes).
+
+use super::{errno_of, fail, fail_size, on_fd};
+use crate::mount::{Description, Node};
+use crate::real;
+use crate::route::{self, at_offset, at_position, one, pieces_of};
+use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
+use std::sync::Arc;
+
+/// Reads into `buf` at `offset` (the description's position if `None`, moved after).
+fn read_mounted(d: &Description, buf: &mut [u8], offset: Option<off_t>) -> ssize_t {
+    if !d.readable() {
+        return fail_size(libc::EBADF);
+    }
+    let file = match d.file() {
+        Ok(f) => f,
+        Err(e) => return fail_size(e),
+    };
+    let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
+    let at = match offset {
+        Some(o) if o < 0 => return fail_size(libc::EINVAL),
+        Some(o) => o as u64,
+        None => *position,
+    };
+    match file.read_at(buf, at) {
+        Ok(n) => {
+            if offset.is_none() {
+                *position = at + n as u64;
+            }
+            n as ssize_t
+        }
+        Err(e) => fail_size(errno_of(&e)),
+    }
+}
+
+/// Writes `data` at `offset` (the position if `None`, moved after; the end with O_APPEND).
+fn write_mounted(d: &Description, data: &[u8], offset: Option<off_t>) -> ssize_t {
+    if !d.writable() {
+        return fail_size(libc::EBADF);
+    }
+    let file = match d.file() {
+        Ok(f) => f,
+        Err(_) => return fail_size(libc::EBADF),
+    };
+    if matches!(offset, Some(o) if o < 0) {
+        return fail_size(libc::EINVAL);
+    }
+    if data.is_empty() {
+        return 0;
+    }
+    let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
+    // O_APPEND: every write goes to the end, atomically (pwrite too, as on Linux).
+    let written = if d.append() {
+        file.append(data)
+    } else {
+        let at = offset.map_or(*position, |o| o as u64);
+        file.write_at(data, at).map(|()| at)
+    };
+    let at = match written {
+        Ok(at) => at,
+        Err(e) => return fail_size(errno_of(&e)),
+    };
+    if offset.is_none() || d.append() {
+        *position = at + data.len() as u64;
+    }
+    drop(position);
+    let flags = d.flags.load(std::sync::atomic::Ordering::Relaxed);
+    let synced = if flags & libc::O_SYNC == libc::O_SYNC {
+        file.fsync()
+    } else if flags & libc::O_DSYNC != 0 {
+        file.fdatasync()
+    } else {
+        Ok(())
+    };
+    match synced {
+        Ok(()) => data.len() as ssize_t,
+        Err(e) => fail_size(errno_of(&e)),
+    }
+}
+
+/// The iovecs of a vectored call, checked as the kernel checks them.
+fn vectors<'a>(iov: *const iovec, count: c_int) -> Result<&'a [iovec], c_int> {
+    if !(0..=libc::UIO_MAXIOV).contains(&count) {
+        return Err(libc::EINVAL);
+    }
+    if count == 0 {
+        return Ok(&[]);
+    }
+    if iov.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller passes `count` iovecs (the C contract).
+    let v = unsafe { std::slice::from_raw_parts(iov, count as usize) };
+    let total = v.iter().try_fold(0usize, |t, x| t.checked_add(x.iov_len));
+    if total.is_none_or(|t| t > isize::MAX as usize) {
+        return Err(libc::EINVAL);
+    }
+    Ok(v)
+}
+
+fn readv_mounted(d: &Description, iov: *const iovec, count: c_int, offset: Option<off_t>) -> ssize_t {
+    let v = match vectors(iov, count) {
+        Ok(v) => v,
+        Err(e) => return fail_size(e),
+    };
+    let total: usize = v.iter().map(|x| x.iov_len).sum();
+    let mut buf = vec![0u8; total];
+    let n = read_mounted(d, &mut buf, offset);
+    if n > 0 {
+        let mut at = 0;
+        for x in v {
+            let take = x.iov_len.min(n as usize - at);
+            // SAFETY: each iovec holds iov_len writable bytes (the C contract).
+            unsafe { std::ptr::copy_nonoverlapping(buf[at..].as_ptr(), x.iov_base.cast::<u8>(), take) };
+            at += take;
+            if at == n as usize {
+                break;
+            }
+        }
+    }
+    n
+}
+
+fn writev_mounted(d: &Description, iov: *const iovec, count: c_int, offset: Option<off_t>) -> ssize_t {
+    let v = match vectors(iov, count) {
+        Ok(v) => v,
+        Err(e) => return fail_size(e),
+    };
+    let mut buf = Vec::with_capacity(v.iter().map(|x| x.iov_len).sum());
+    for x in v {
+        if x.iov_len > 0 {
+            // SAFETY: each iovec holds iov_len readable bytes (the C contract).
+            buf.extend_from_slice(unsafe { std::slice::from_raw_parts(x.iov_base.cast::<u8>(), x.iov_len) });
+        }
+    }
+    write_mounted(d, &buf, offset)
+}
+
+fn buffer<'a>(buf: *mut c_void, n: size_t) -> Option<&'a mut [u8]> {
+    if n == 0 {
+        return Some(&mut []);
+    }
+    // SAFETY: a non-NULL buffer holds n bytes (the C contract).
+    (!buf.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) })
+}
+
+fn mounted_read(fd: c_int, buf: *mut c_void, n: size_t, offset: Option<off_t>) -> Option<ssize_t> {
+    on_fd(fd, fail_size, |d| match buffer(buf, n) {
+        Some(b) => read_mounted(d, b, offset),
+        None => fail_size(libc::EFAULT),
+    })
+}
+
+fn mounted_write(fd: c_int, buf: *const c_void, n: size_t, offset: Option<off_t>) -> Option<ssize_t> {
+    on_fd(fd, fail_size, |d| match buffer(buf.cast_mut(), n) {
+        Some(b) => write_mounted(d, b, offset),
+        None => fail_size(libc::EFAULT),
+    })
+}
+
+macro_rules! hook_pread {
+    ($($name:ident),*) => {$(
+        /// `pread`: a mounted file's, or routed (see the crate docs).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+            if let Some(r) = mounted_read(fd, buf, n, Some(off)) {
+                return r;
+            }
+            // SAFETY: passed on as the caller gave it.
+            at_offset(fd, false, || one(buf, n), off).unwrap_or_else(|| unsafe { real::$name(fd, buf, n, off) })
+        }
+    )*};
+}
+macro_rules! hook_pwrite {
+    ($($name:ident),*) => {$(
+        /// `pwrite`: a mounted file's, or routed (see the crate docs).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
+            if let Some(r) = mounted_write(fd, buf, n, Some(off)) {
+                return r;
+            }
+            // SAFETY: passed on as the caller gave it.
+            at_offset(fd, true, || one(buf, n), off).unwrap_or_else(|| unsafe { real::$name(fd, buf, n, off) })
+        }
+    )*};
+}
+macro_rules! hook_vectored {
+    ($write:expr, $($name:ident),*) => {$(
+        /// Vectored I/O at an offset: a mounted file's, or routed (see the crate docs).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
+            let mounted = on_fd(fd, fail_size, |d| {
+                if $write { writev_mounted(d, iov, cnt, Some(off)) } else { readv_mounted(d, iov, cnt, Some(off)) }
+            });
+            if let Some(r) = mounted {
+                return r;
+            }
+            // SAFETY: passed on as the caller gave it.
+            at_offset(fd, $write, || pieces_of(iov, cnt), off).unwrap_or_else(|| unsafe { real::$name(fd, iov, cnt, off) })
+        }
+    )*};
+}
+macro_rules! hook_vectored2 {
+    ($write:expr, $($name:ident),*) => {$(
+        /// `preadv2`/`pwritev2`: offset -1 is the file position; flags are
+        /// taken on mounted files (RWF_HIPRI and RWF_NOWAIT change nothing
+        /// there; RWF_DSYNC/RWF_SYNC sync as O_DSYNC/O_SYNC would) and
+        /// routed only without flags.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t {
+            let at = (off != -1).then_some(off);
+            let mounted = on_fd(fd, fail_size, |d| {
+                if $write {
+                    let n = writev_mounted(d, iov, cnt, at);
+                    if n > 0 && flags & (libc::RWF_DSYNC | libc::RWF_SYNC) != 0 {
+                        if let Err(e) = d.file().map_err(|_| libc::EBADF).and_then(|f| f.fdatasync().map_err(|e| errno_of(&e))) {
+                            return fail_size(e);
+                        }
+                    }
+                    n
+                } else {
+                    readv_mounted(d, iov, cnt, at)
+                }
+            });
+            if let Some(r) = mounted {
+                return r;
+            }
+            // SAFETY: passed on as the caller gave it.
+            let fallback = || unsafe { real::$name(fd, iov, cnt, off, flags) };
+            if flags != 0 {
+                return fallback();
+            }
+            if off == -1 {
+                return at_position(fd, $write, || pieces_of(iov, cnt), fallback);
+            }
+            at_offset(fd, $write, || pieces_of(iov, cnt), off).unwrap_or_else(fallback)
+        }
+    )*};
+}
+
+hook_pread!(pread, pread64);
+hook_pwrite!(pwrite, pwrite64);
+hook_vectored!(false, preadv, preadv64);
+hook_vectored!(true, pwritev, pwritev64);
+hook_vectored2!(false, preadv2, preadv64v2);
+hook_vectored2!(true, pwritev2, pwritev64v2);
+
+/// `read` at the file position: a mounted file's, or routed.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if let Some(r) = mounted_read(fd, buf, n, None) {
+        return r;
+    }
+    // SAFETY: passed on as the caller gave it.
+    at_position(fd, false, || one(buf, n), || unsafe { real::read(fd, buf, n) })
+}
+
+/// `write` at the file position: a mounted file's, or routed.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Some(r) = mounted_write(fd, buf, n, None) {
+        return r;
+    }
+    // SAFETY: passed on as the caller gave it.
+    at_position(fd, true, || one(buf, n), || unsafe { real::write(fd, buf, n) })
+}
+
+/// `readv` at the file position: a mounted file's, or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: passed on as the caller gave it.
+    on_fd(fd, fail_size, |d| readv_mounted(d, iov, cnt, None)).unwrap_or_else(|| unsafe { real::readv(fd, iov, cnt) })
+}
+
+/// `writev` at the file position: a mounted file's, or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: passed on as the caller gave it.
+    on_fd(fd, fail_size, |d| writev_mounted(d, iov, cnt, None)).unwrap_or_else(|| unsafe { real::writev(fd, iov, cnt) })
+}
+
+fn seek(d: &Description, offset: off_t, whence: c_int) -> off_t {
+    let size = match &d.node {
+        Node::File(f) => f.len() as i64,
+        Node::Dir => 0,
+    };
+    let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
+    let to = match whence {
+        libc::SEEK_SET => Some(offset),
+        libc::SEEK_CUR => (*position as i64).checked_add(offset),
+        libc::SEEK_END => size.checked_add(offset),
+        // No holes are reported: all data up to the size, one hole at the end (as a file
+        // system without hole tracking answers).
+        libc::SEEK_DATA if offset < 0 || offset >= size => return fail(libc::ENXIO) as off_t,
+        libc::SEEK_DATA => Some(offset),
+        libc::SEEK_HOLE if offset < 0 || offset >= size => return fail(libc::ENXIO) as off_t,
+        libc::SEEK_HOLE => Some(size),
+        _ => return fail(libc::EINVAL) as off_t,
+    };
+    match to {
+        Some(to) if to >= 0 => {
+            *position = to as u64;
+            to
+        }
+        _ => fail(libc::EINVAL) as off_t,
+    }
+}
+
+macro_rules! hook_lseek {
+    ($($name:ident),*) => {$(
+        /// `lseek`: a mounted description's position (SEEK_DATA/SEEK_HOLE
+        /// see no holes), or the C library's.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, offset: off_t, whence: c_int) -> off_t {
+            // SAFETY: passed on.
+            on_fd(fd, |e| fail(e) as off_t, |d| seek(d, offset, whence)).unwrap_or_else(|| unsafe { real::$name(fd, offset, whence) })
+        }
+    )*};
+}
+hook_lseek!(lseek, lseek64);
+
+/// fsync (`data_only`: fdatasync) of a mounted description: the file's, or
+/// for a directory the whole file system's (its entries are in the journal).
+fn sync_mounted(d: &Arc<Description>, data_only: bool) -> c_int {
+    let done = match &d.node {
+        Node::File(f) if data_only => f.fdatasync(),
+        Node::File(f) => f.fsync(),
+        Node::Dir => d
+            .mount
+            .fs()
+            .map_err(|e| iopath::Error::Os { context: "mount".into(), source: std::io::Error::from_raw_os_error(e) })
+            .and_then(|fs| fs.sync()),
+    };
+    match done {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// `fsync`: a mounted file's (or directory's), routed, or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    if let Some(r) = on_fd(fd, fail, |d| sync_mounted(d, false)) {
+        return r;
+    }
+    // SAFETY: passed on.
+    route::routed_flush(fd).unwrap_or_else(|| unsafe { real::fsync(fd) })
+}
+
+/// `fdatasync`: a mounted file's, routed, or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+    if let Some(r) = on_fd(fd, fail, |d| sync_mounted(d, true)) {
+        return r;
+    }
+    // SAFETY: passed on.
+    route::routed_flush(fd).unwrap_or_else(|| unsafe { real::fdatasync(fd) })
+}
+
+/// `syncfs`: commits the mounted file system, or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
+    let mounted = on_fd(fd, fail, |d| match d.mount.fs().map(|fs| fs.sync()) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => fail(errno_of(&e)),
+        Err(e) => fail(e),
+    });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::syncfs(fd) })
+}
+
+/// `sync_file_range`: on a mounted file, an fdatasync (it asks for less,
+/// never more), or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sync_file_range(fd: c_int, offset: off_t, n: off_t, flags: libc::c_uint) -> c_int {
+    if offset < 0 || n < 0 {
+        // SAFETY: passed on: the kernel says what is wrong.
+        return unsafe { real::sync_file_range(fd, offset, n, flags) };
+    }
+    let mounted = on_fd(fd, fail, |d| if d.file().is_err() { fail(libc::ESPIPE) } else { sync_mounted(d, true) });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::sync_file_range(fd, offset, n, flags) })
+}
+
+fn truncate_mounted(d: &Description, len: off_t) -> c_int {
+    let Ok(file) = d.file() else { return fail(libc::EINVAL) };
+    if len < 0 || !d.writable() {
+        return fail(libc::EINVAL);
+    }
+    match file.truncate(len as u64) {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+macro_rules! hook_ftruncate {
+    ($($name:ident),*) => {$(
+        /// `ftruncate`: a mounted file's; otherwise the C library's, and a
+        /// routed file's engine is reopened at its next I/O (at the new size).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, len: off_t) -> c_int {
+            if let Some(r) = on_fd(fd, fail, |d| truncate_mounted(d, len)) {
+                return r;
+            }
+            // SAFETY: passed on.
+            let r = unsafe { real::$name(fd, len) };
+            if r == 0 && let Some(route) = route::route_of(fd) {
+                route.entry.invalidate();
+            }
+            r
+        }
+    )*};
+}
+hook_ftruncate!(ftruncate, ftruncate64);
+
+/// fallocate on a mounted file: mode 0 grows the size (the new bytes read
+/// as zeros), `FALLOC_FL_KEEP_SIZE` changes nothing visible; returns an errno.
+fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> c_int {
+    if offset < 0 || len <= 0 {
+        return libc::EINVAL;
+    }
+    if !d.writable() {
+        return libc::EBADF;
+    }
+    let Ok(file) = d.file() else { return libc::ENODEV };
+    let Some(end) = offset.checked_add(len) else { return libc::EFBIG };
+    match mode {
+        0 if end as u64 > file.len() => file.truncate(end as u64).map_or_else(|e| errno_of(&e), |()| 0),
+        0 | libc::FALLOC_FL_KEEP_SIZE => 0,
+        _ => {
+            crate::log(&format!("fallocate mode {mode:#x} on a mounted file: not supported (EOPNOTSUPP)"));
+            libc::EOPNOTSUPP
+        }
+    }
+}
+
+macro_rules! hook_fallocate {
+    ($($name:ident),*) => {$(
+        /// `fallocate`: a mounted file's (modes 0 and KEEP_SIZE), or the C library's.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
+            let mounted = on_fd(fd, fail, |d| match allocate_mounted(d, mode, offset, len) {
+                0 => 0,
+                e => fail(e),
+            });
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(fd, mode, offset, len) })
+        }
+    )*};
+}
+hook_fallocate!(fallocate, fallocate64);
+
+macro_rules! hook_posix_fallocate {
+    ($($name:ident),*) => {$(
+        /// `posix_fallocate`: a mounted file's (returns the errno), or the C library's.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, offset: off_t, len: off_t) -> c_int {
+            let mounted = on_fd(fd, |e| e, |d| allocate_mounted(d, 0, offset, len));
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(fd, offset, len) })
+        }
+    )*};
+}
+hook_posix_fallocate!(posix_fallocate, posix_fallocate64);
+
+macro_rules! hook_fadvise {
+    ($($name:ident),*) => {$(
+        /// `posix_fadvise`: accepted on a mounted file (the file layer reads
+        /// ahead on its own), or the C library's.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, offset: off_t, len: off_t, advice: c_int) -> c_int {
+            let mounted = on_fd(fd, |e| e, |d| {
+                if d.file().is_err() { libc::ESPIPE } else if !(0..=5).contains(&advice) || len < 0 { libc::EINVAL } else { 0 }
+            });
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(fd, offset, len, advice) })
+        }
+    )*};
+}
+hook_fadvise!(posix_fadvise, posix_fadvise64);
+
+/// `readahead`: accepted on a mounted file, or the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readahead(fd: c_int, offset: off_t, count: size_t) -> ssize_t {
+    let mounted = on_fd(fd, fail_size, |d| if d.file().is_err() { fail_size(libc::EINVAL) } else { 0 });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::readahead(fd, offset, count) })
+}
+
+macro_rules! hook_mmap {
+    ($($name:ident),*) => {$(
+        /// `mmap`: refused on a mounted file (ENODEV, said on stderr with
+        /// `IOPATH_LOG`), or the C library's.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void {
+            if flags & libc::MAP_ANONYMOUS == 0 {
+                let refused = on_fd(fd, |e| e, |d| {
+                    crate::log(&format!(
+                        "mmap of {} (fd {fd}) refused with ENODEV: iopath's files cannot be mapped",
+                        String::from_utf8_lossy(&d.path)
+                    ));
+                    libc::ENODEV
+                });
+                if let Some(e) = refused {
+                    crate::set_errno(e);
+                    return libc::MAP_FAILED;
+                }
+            }
+            // SAFETY: passed on.
+            unsafe { real::$name(addr, len, prot, flags, fd, offset) }
+        }
+    )*};
+}
+hook_mmap!(mmap, mmap64);

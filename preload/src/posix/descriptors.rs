@@ -1,0 +1,184 @@
+//! Descriptors: close, close_range, dup, dup2, dup3 and fcntl's duplicate
+//! and flag commands. A mounted descriptor's duplicates share its
+//! description (one file position, one set of status flags), as POSIX
+//! says; the kernel keeps the close-on-exec flag of each number.
+
+use super::{fail, locks, mounting};
+use crate::mount::{self, Description};
+use crate::route::{after_fcntl, created};
+use crate::{FORKED, ROUTING, fds, real};
+use libc::{c_int, c_uint, c_ulong};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// Forgets mounted descriptor `fd`, which the kernel is closing or replacing.
+/// In a forked child the description is the parent's: it is left alone.
+fn drop_mounted(fd: c_int) {
+    if let Some(description) = mount::remove(fd) {
+        if FORKED.load(Ordering::Relaxed) {
+            std::mem::forget(description); // its file belongs to the parent's mount
+        } else {
+            let _inside = crate::Inside::enter();
+            drop(description); // the last descriptor of an unlinked file frees it
+        }
+    }
+}
+
+/// `close`: a mounted descriptor's description goes with its last number.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if mount::is_mounted(fd) {
+        drop_mounted(fd);
+    }
+    if ROUTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+        fds::forget(fd);
+    }
+    // SAFETY: passed on.
+    unsafe { real::close(fd) }
+}
+
+/// `close_range`: forgets the mounted and routed descriptors it closes.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        let top = last.min(fds::MAX_FD as c_uint - 1);
+        for fd in first..=top {
+            if mount::is_mounted(fd as c_int) {
+                drop_mounted(fd as c_int);
+            }
+        }
+        if ROUTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+            fds::forget_range(first, last);
+        }
+    }
+    // SAFETY: passed on.
+    unsafe { real::close_range(first, last, flags) }
+}
+
+/// After the kernel made `new` a duplicate of mounted `old`: `new` shares its description.
+fn duplicated(new: c_int, description: Option<Arc<Description>>) -> c_int {
+    if new >= 0
+        && let Some(d) = description
+    {
+        mount::install(new, d);
+    }
+    new
+}
+
+/// `dup`: a mounted descriptor's copy shares its description.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let description = mounting().then(|| mount::lookup(fd)).flatten();
+    // SAFETY: passed on.
+    let new = unsafe { real::dup(fd) };
+    if description.is_some() { duplicated(new, description) } else { created(new) }
+}
+
+fn dup_to(fd: c_int, to: c_int, call: impl FnOnce() -> c_int) -> c_int {
+    let description = mounting().then(|| mount::lookup(fd)).flatten();
+    let r = call();
+    if r >= 0 && fd != to {
+        if mount::is_mounted(to) {
+            drop_mounted(to); // the kernel closed what `to` was
+        }
+        if description.is_some() {
+            return duplicated(r, description);
+        }
+        created(r);
+    }
+    r
+}
+
+/// `dup2`: the descriptor replaced is forgotten; a mounted one's copy shares its description.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
+    // SAFETY: passed on.
+    dup_to(fd, to, || unsafe { real::dup2(fd, to) })
+}
+
+/// `dup3`: as `dup2`, with O_CLOEXEC.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
+    // SAFETY: passed on.
+    dup_to(fd, to, || unsafe { real::dup3(fd, to, flags) })
+}
+
+/// Status flags `F_SETFL` may change on a mounted description.
+const SETTABLE: c_int = libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOATIME | libc::O_ASYNC;
+
+/// fcntl on a mounted descriptor; `None` for a command the kernel answers
+/// on the reserved number (`F_GETFD`, `F_SETFD`, the duplicates).
+fn fcntl_mounted(fd: c_int, d: &Arc<Description>, cmd: c_int, arg: c_ulong) -> Option<c_int> {
+    Some(match cmd {
+        libc::F_GETFD | libc::F_SETFD | libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => return None,
+        libc::F_GETFL => d.flags.load(Ordering::Relaxed) | libc::O_LARGEFILE,
+        libc::F_SETFL => {
+            let arg = arg as c_int;
+            let _ =
+                d.flags.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| Some((f & !SETTABLE) | (arg & SETTABLE)));
+            0
+        }
+        libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
+            locks::record_lock(d, cmd, arg as *mut libc::flock)
+        }
+        _ => {
+            crate::log(&format!("fcntl command {cmd} on mounted fd {fd} is not supported (EINVAL)"));
+            fail(libc::EINVAL)
+        }
+    })
+}
+
+fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) -> c_int {
+    let description = mounting().then(|| mount::lookup(fd)).flatten();
+    if let Some(d) = &description {
+        if crate::FORKED.load(Ordering::Relaxed) {
+            return fail(libc::EBADF);
+        }
+        let _inside = crate::Inside::enter();
+        if let Some(r) = fcntl_mounted(fd, d, cmd, arg) {
+            return r;
+        }
+        let r = call();
+        return match cmd {
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(r, description),
+            _ => r,
+        };
+    }
+    after_fcntl(fd, cmd, call())
+}
+
+/// `fcntl`: a mounted descriptor's flags, duplicates and locks; otherwise
+/// passed through, a flag change or a duplicate noted.
+///
+/// # Safety
+/// As the C function (the third argument is passed on as given).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: passed on.
+    fcntl_any(fd, cmd, arg, || unsafe { real::fcntl(fd, cmd, arg) })
+}
+
+/// `fcntl64`: as [`fcntl`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: passed on.
+    fcntl_any(fd, cmd, arg, || unsafe { real::fcntl64(fd, cmd, arg) })
+}

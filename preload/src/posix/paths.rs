@@ -1,0 +1,437 @@
+//! Paths: open (and open64, openat, creat, the `__open_2` checked forms),
+//! unlink, rename, mkdir, rmdir, access, truncate and umask.
+
+use super::{errno_of, fail, on_path};
+use crate::mount::{self, Description, Inside, Node};
+use crate::real;
+use crate::route::created;
+use iopath::fs::Kind;
+use libc::{c_char, c_int, c_uint, mode_t, off_t};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The process's umask as last set (read from /proc at first use).
+static UMASK: AtomicU32 = AtomicU32::new(u32::MAX);
+
+fn umask_now() -> u32 {
+    let known = UMASK.load(Ordering::Relaxed);
+    if known != u32::MAX {
+        return known;
+    }
+    let read = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("Umask:"))?;
+        u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
+    });
+    let mask = read.unwrap_or(0o022);
+    UMASK.store(mask, Ordering::Relaxed);
+    mask
+}
+
+/// `umask`: noted, so files made in a mount get the permission bits the kernel would give.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
+    // SAFETY: passed on.
+    let old = unsafe { real::umask(mask) };
+    UMASK.store(mask & 0o777, Ordering::Relaxed);
+    old
+}
+
+/// Status flags a description keeps (as `F_GETFL` gives them back).
+const KEPT: c_int = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_NONBLOCK
+    | libc::O_DIRECT
+    | libc::O_SYNC
+    | libc::O_DSYNC
+    | libc::O_NOATIME
+    | libc::O_PATH;
+
+/// Opens `inside` as open(2) would; the reserved descriptor or -1 with errno.
+pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
+    let fs = match inside.mount.fs() {
+        Ok(fs) => fs,
+        Err(e) => return fail(e),
+    };
+    let path = &inside.path[..];
+    let access = flags & libc::O_ACCMODE;
+    let writes = access == libc::O_WRONLY || access == libc::O_RDWR;
+    let (create, exclusive) = (flags & libc::O_CREAT != 0, flags & libc::O_EXCL != 0);
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        crate::log("O_TMPFILE in a mount is not supported (EOPNOTSUPP)");
+        return fail(libc::EOPNOTSUPP);
+    }
+    if access == libc::O_ACCMODE {
+        return fail(libc::EINVAL);
+    }
+    let node = match fs.metadata(path) {
+        Ok(m) if m.kind == Kind::Dir => {
+            if create && exclusive {
+                return fail(libc::EEXIST);
+            }
+            if writes || create {
+                return fail(libc::EISDIR);
+            }
+            Node::Dir
+        }
+        Ok(_) => {
+            if create && exclusive {
+                return fail(libc::EEXIST);
+            }
+            if flags & libc::O_DIRECTORY != 0 {
+                return fail(libc::ENOTDIR);
+            }
+            let opened = if flags & libc::O_DIRECT != 0 { fs.open_direct(path) } else { fs.open(path) };
+            let file = match opened {
+                Ok(f) => f,
+                Err(e) => return fail(errno_of(&e)),
+            };
+            if flags & libc::O_TRUNC != 0
+                && writes
+                && !file.is_empty()
+                && let Err(e) = file.truncate(0)
+            {
+                return fail(errno_of(&e));
+            }
+            Node::File(file)
+        }
+        Err(e) if create && e.errno() == Some(libc::ENOENT) => {
+            if flags & libc::O_DIRECTORY != 0 {
+                return fail(libc::EINVAL);
+            }
+            let made = fs.create_with_mode(path, mode & !umask_now() & 0o7777);
+            let made = match made {
+                // Made by another thread meanwhile: open it, as the kernel would have.
+                Err(e) if e.errno() == Some(libc::EEXIST) && !exclusive => fs.open(path),
+                other => other,
+            };
+            let made = match made {
+                Ok(f) if flags & libc::O_DIRECT != 0 => fs.open_direct(path).or(Ok(f)),
+                other => other,
+            };
+            match made {
+                Ok(f) => Node::File(f),
+                Err(e) => return fail(errno_of(&e)),
+            }
+        }
+        Err(e) => return fail(errno_of(&e)),
+    };
+    let fd = match mount::reserve(inside.mount, flags & libc::O_CLOEXEC != 0) {
+        Ok(fd) => fd,
+        Err(e) => return fail(e),
+    };
+    let description = Description {
+        mount: inside.mount,
+        path: inside.path,
+        node,
+        flags: AtomicI32::new(flags & KEPT),
+        position: Mutex::new(0),
+    };
+    mount::install(fd, Arc::new(description));
+    fd
+}
+
+macro_rules! hook_open {
+    ($($name:ident),*) => {$(
+        /// `open`: in a mount, iopath's file; otherwise passed through (a
+        /// routed file's descriptor is looked at on its first I/O).
+        ///
+        /// # Safety
+        /// As the C function (`mode` is read only with O_CREAT or O_TMPFILE, as there).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+            if let Some(fd) = on_path(libc::AT_FDCWD, path, fail, |inside| open_inside(inside, flags, mode)) {
+                return fd;
+            }
+            // SAFETY: passed on.
+            created(unsafe { real::$name(path, flags, mode) })
+        }
+    )*};
+}
+macro_rules! hook_openat {
+    ($($name:ident),*) => {$(
+        /// `openat`: in a mount, iopath's file; otherwise passed through.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+            if let Some(fd) = on_path(dirfd, path, fail, |inside| open_inside(inside, flags, mode)) {
+                return fd;
+            }
+            // SAFETY: passed on.
+            created(unsafe { real::$name(dirfd, path, flags, mode) })
+        }
+    )*};
+}
+macro_rules! hook_creat {
+    ($($name:ident),*) => {$(
+        /// `creat`: open with O_CREAT|O_WRONLY|O_TRUNC.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, mode: mode_t) -> c_int {
+            let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+            if let Some(fd) = on_path(libc::AT_FDCWD, path, fail, |inside| open_inside(inside, flags, mode)) {
+                return fd;
+            }
+            // SAFETY: passed on.
+            created(unsafe { real::$name(path, mode) })
+        }
+    )*};
+}
+macro_rules! hook_open_2 {
+    ($($name:ident),*) => {$(
+        /// `__open_2`: what `open` compiles to with `_FORTIFY_SOURCE` (no mode).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int) -> c_int {
+            if let Some(fd) = on_path(libc::AT_FDCWD, path, fail, |inside| open_inside(inside, flags, 0)) {
+                return fd;
+            }
+            // SAFETY: passed on.
+            created(unsafe { real::$name(path, flags) })
+        }
+    )*};
+}
+macro_rules! hook_openat_2 {
+    ($($name:ident),*) => {$(
+        /// `__openat_2`: what `openat` compiles to with `_FORTIFY_SOURCE`.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+            if let Some(fd) = on_path(dirfd, path, fail, |inside| open_inside(inside, flags, 0)) {
+                return fd;
+            }
+            // SAFETY: passed on.
+            created(unsafe { real::$name(dirfd, path, flags) })
+        }
+    )*};
+}
+hook_open!(open, open64);
+hook_openat!(openat, openat64);
+hook_creat!(creat, creat64);
+hook_open_2!(__open_2, __open64_2);
+hook_openat_2!(__openat_2, __openat64_2);
+
+/// 0, or -1 with the errno of an iopath error.
+fn done(r: iopath::Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+fn with_fs(inside: &Inside, f: impl FnOnce(&iopath::fs::FileSystem) -> iopath::Result<()>) -> c_int {
+    match inside.mount.fs() {
+        Ok(fs) => done(f(fs)),
+        Err(e) => fail(e),
+    }
+}
+
+/// `unlink`: a mounted file's name (its data lives while it is open).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.unlink(&inside.path)));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::unlink(path) })
+}
+
+/// `unlinkat`: unlink, or rmdir with AT_REMOVEDIR.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| {
+        if flags & !libc::AT_REMOVEDIR != 0 {
+            return fail(libc::EINVAL);
+        }
+        if flags & libc::AT_REMOVEDIR != 0 {
+            with_fs(&inside, |fs| fs.rmdir(&inside.path))
+        } else {
+            with_fs(&inside, |fs| fs.unlink(&inside.path))
+        }
+    });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::unlinkat(dirfd, path, flags) })
+}
+
+/// `rmdir`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.rmdir(&inside.path)));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::rmdir(path) })
+}
+
+/// `mkdirat` in a mount (the umask applies, as in the kernel).
+fn mkdir_inside(inside: Inside, mode: mode_t) -> c_int {
+    with_fs(&inside, |fs| fs.mkdir(&inside.path, mode & !umask_now() & 0o7777))
+}
+
+/// `mkdir`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: passed on.
+    on_path(libc::AT_FDCWD, path, fail, |inside| mkdir_inside(inside, mode))
+        .unwrap_or_else(|| unsafe { real::mkdir(path, mode) })
+}
+
+/// `mkdirat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| mkdir_inside(inside, mode));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::mkdirat(dirfd, path, mode) })
+}
+
+/// A rename with one or both names in a mount: within one mount it is the
+/// file system's (atomic); across a mount's edge it is EXDEV, as between
+/// two file systems. `None`: both names are outside.
+fn rename_any(
+    olddirfd: c_int,
+    old: *const c_char,
+    newdirfd: c_int,
+    new: *const c_char,
+    flags: c_uint,
+) -> Option<c_int> {
+    let from = on_path(olddirfd, old, Err, Ok);
+    let to = on_path(newdirfd, new, Err, Ok);
+    let (from, to) = match (from, to) {
+        (None, None) => return None,
+        (Some(Err(e)), _) | (_, Some(Err(e))) => return Some(fail(e)),
+        (Some(Ok(from)), Some(Ok(to))) if std::ptr::eq(from.mount, to.mount) => (from, to),
+        _ => return Some(fail(libc::EXDEV)),
+    };
+    let how = match flags {
+        0 => iopath::fs::Rename::Replace,
+        f if f == libc::RENAME_NOREPLACE => iopath::fs::Rename::NoReplace,
+        f if f == libc::RENAME_EXCHANGE => iopath::fs::Rename::Exchange,
+        _ => return Some(fail(libc::EINVAL)),
+    };
+    let _inside = crate::Inside::enter();
+    Some(with_fs(&from, |fs| fs.rename_with(&from.path, &to.path, how)))
+}
+
+/// `rename`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int {
+    // SAFETY: passed on.
+    rename_any(libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0).unwrap_or_else(|| unsafe { real::rename(old, new) })
+}
+
+/// `renameat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn renameat(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> c_int {
+    rename_any(olddirfd, old, newdirfd, new, 0)
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::renameat(olddirfd, old, newdirfd, new) })
+}
+
+/// `renameat2` (RENAME_NOREPLACE and RENAME_EXCHANGE in a mount).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn renameat2(
+    olddirfd: c_int,
+    old: *const c_char,
+    newdirfd: c_int,
+    new: *const c_char,
+    flags: c_uint,
+) -> c_int {
+    rename_any(olddirfd, old, newdirfd, new, flags)
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::renameat2(olddirfd, old, newdirfd, new, flags) })
+}
+
+/// access(2) in a mount: existence, and the owner's permission bits (every
+/// file is the caller's; root passes read and write, and execute where any
+/// execute bit is set).
+fn access_inside(inside: Inside, how: c_int) -> c_int {
+    let fs = match inside.mount.fs() {
+        Ok(fs) => fs,
+        Err(e) => return fail(e),
+    };
+    let m = match fs.metadata(&inside.path) {
+        Ok(m) => m,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    if how & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let allowed = |bit: c_int, owner: u32| how & bit == 0 || (root && bit != libc::X_OK) || m.mode & owner != 0;
+    let exec_ok = how & libc::X_OK == 0 || m.mode & if root { 0o111 } else { 0o100 } != 0;
+    if allowed(libc::R_OK, 0o400) && allowed(libc::W_OK, 0o200) && exec_ok { 0 } else { fail(libc::EACCES) }
+}
+
+/// `access`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn access(path: *const c_char, how: c_int) -> c_int {
+    // SAFETY: passed on.
+    on_path(libc::AT_FDCWD, path, fail, |inside| access_inside(inside, how))
+        .unwrap_or_else(|| unsafe { real::access(path, how) })
+}
+
+/// `faccessat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn faccessat(dirfd: c_int, path: *const c_char, how: c_int, flags: c_int) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| access_inside(inside, how));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::faccessat(dirfd, path, how, flags) })
+}
+
+macro_rules! hook_truncate {
+    ($($name:ident),*) => {$(
+        /// `truncate`: a mounted file's size.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, len: off_t) -> c_int {
+            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| {
+                if len < 0 {
+                    return fail(libc::EINVAL);
+                }
+                with_fs(&inside, |fs| fs.open(&inside.path)?.truncate(len as u64))
+            });
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(path, len) })
+        }
+    )*};
+}
+hook_truncate!(truncate, truncate64);

@@ -1,0 +1,197 @@
+//! Routing of `IOPATH_FILES`: an O_DIRECT file or block device a program
+//! names, whose reads, writes and flushes go through one iopath engine per
+//! file (see the crate documentation). The hooks in `posix/` call these
+//! after the mounts have had their look.
+
+use crate::{COUNTING, FORKED, INSIDE, Inside, PASSED_CALLS, ROUTED_CALLS, ROUTING, config, fds, real, set_errno};
+use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+/// The route of `fd`, unless this call must go to the C library as it is.
+pub(crate) fn route_of(fd: c_int) -> Option<fds::Route> {
+    if !ROUTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) || INSIDE.try_with(Cell::get).unwrap_or(true)
+    {
+        return None;
+    }
+    fds::lookup(fd)
+}
+
+/// One piece of a routed request.
+pub(crate) struct Piece {
+    ptr: *mut u8,
+    len: u64,
+}
+
+/// Reads or writes `pieces` back to back from `offset` through the file's
+/// engine. None: the call is not routable as it is (the caller passes it
+/// to the C library); Some(n): bytes done, or -1 with errno set.
+fn routed(route: &fds::Route, fd: c_int, write: bool, pieces: &[Piece], offset: off_t) -> Option<ssize_t> {
+    let entry = &route.entry;
+    let total: u64 = pieces.iter().map(|p| p.len).sum();
+    if total == 0 || offset < 0 || (write && !entry.writable()) {
+        return None;
+    }
+    let path_spec = &config().path;
+    let mut slot = entry.slot(fd, path_spec)?;
+    let align = slot.align;
+    let aligned = |v: u64| v.is_multiple_of(align);
+    if !aligned(offset as u64) || pieces.iter().any(|p| !aligned(p.ptr as u64) || !aligned(p.len)) {
+        return None;
+    }
+    let end = (offset as u64).checked_add(total)?;
+    if end > slot.size {
+        slot = entry.grown(fd, path_spec, end)?;
+        if end > slot.size {
+            return None;
+        }
+    }
+    let _inside = Inside::enter();
+    let mut done: u64 = 0;
+    for piece in pieces {
+        let mut at = 0;
+        while at < piece.len {
+            let len = (piece.len - at).min(slot.max_io);
+            // SAFETY: the caller's buffer holds `piece.len` bytes for the call (the C contract).
+            let result = unsafe {
+                let ptr = piece.ptr.add(at as usize);
+                if write {
+                    slot.engine.write_at(std::slice::from_raw_parts(ptr, len as usize), offset as u64 + done)
+                } else {
+                    slot.engine.read_at(std::slice::from_raw_parts_mut(ptr, len as usize), offset as u64 + done)
+                }
+            };
+            if let Err(e) = result {
+                if done > 0 {
+                    return Some(done as ssize_t);
+                }
+                set_errno(iopath::capi::errno_of(&e));
+                return Some(-1);
+            }
+            at += len;
+            done += len;
+        }
+    }
+    Some(done as ssize_t)
+}
+
+pub(crate) fn counted(r: Option<ssize_t>) -> Option<ssize_t> {
+    if COUNTING.load(Ordering::Relaxed) {
+        match r {
+            Some(_) => ROUTED_CALLS.fetch_add(1, Ordering::Relaxed),
+            None => PASSED_CALLS.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+    r
+}
+
+pub(crate) fn pieces_of(iov: *const iovec, count: c_int) -> Pieces {
+    if iov.is_null() || !(1..=libc::UIO_MAXIOV).contains(&count) {
+        return Pieces::Bad;
+    }
+    // SAFETY: the caller passes `count` iovecs (the C contract).
+    let iov = unsafe { std::slice::from_raw_parts(iov, count as usize) };
+    Pieces::Many(iov.iter().map(|v| Piece { ptr: v.iov_base.cast(), len: v.iov_len as u64 }).collect())
+}
+
+/// The pieces of a call: one buffer on the stack, or a vector's.
+pub(crate) enum Pieces {
+    One([Piece; 1]),
+    Many(Vec<Piece>),
+    /// A NULL buffer or a bad vector: the C library gives the kernel's answer.
+    Bad,
+}
+
+impl Pieces {
+    fn get(&self) -> Option<&[Piece]> {
+        match self {
+            Pieces::One(p) => Some(p),
+            Pieces::Many(v) => Some(v),
+            Pieces::Bad => None,
+        }
+    }
+}
+
+/// pread/pwrite and their vectored forms at an explicit offset. The pieces
+/// are gathered only for a routed descriptor (a vector's are a Vec).
+pub(crate) fn at_offset(fd: c_int, write: bool, pieces: impl FnOnce() -> Pieces, offset: off_t) -> Option<ssize_t> {
+    let route = route_of(fd)?;
+    counted(pieces().get().and_then(|p| routed(&route, fd, write, p, offset)))
+}
+
+/// read/write (and the vectored forms with offset -1) at the file position.
+pub(crate) fn at_position(
+    fd: c_int,
+    write: bool,
+    pieces: impl FnOnce() -> Pieces,
+    fallback: impl FnOnce() -> ssize_t,
+) -> ssize_t {
+    let Some(route) = route_of(fd) else { return fallback() };
+    if write && route.append {
+        counted(None);
+        return fallback();
+    }
+    let _held = route.entry.position.lock().unwrap_or_else(|e| e.into_inner());
+    let pos = real::position(fd);
+    let done = if pos < 0 { None } else { pieces().get().and_then(|p| routed(&route, fd, write, p, pos)) };
+    match counted(done) {
+        Some(n) => {
+            if n > 0 {
+                real::set_position(fd, pos + n as off_t);
+            }
+            n
+        }
+        None => fallback(),
+    }
+}
+
+pub(crate) fn one(buf: *const c_void, n: size_t) -> Pieces {
+    if buf.is_null() { Pieces::Bad } else { Pieces::One([Piece { ptr: buf.cast_mut().cast(), len: n as u64 }]) }
+}
+
+pub(crate) fn routed_flush(fd: c_int) -> Option<c_int> {
+    let route = route_of(fd)?;
+    let slot = route.entry.slot(fd, &config().path)?;
+    let _inside = Inside::enter();
+    counted(Some(0));
+    Some(match slot.engine.flush() {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(iopath::capi::errno_of(&e));
+            -1
+        }
+    })
+}
+
+/// A descriptor number a call just created: forget what was known of it
+/// (and never route iopath's own).
+pub(crate) fn created(fd: c_int) -> c_int {
+    if fd >= 0 && ROUTING.load(Ordering::Relaxed) {
+        if INSIDE.try_with(Cell::get).unwrap_or(true) {
+            fds::mark_plain(fd);
+        } else {
+            fds::forget(fd);
+        }
+    }
+    fd
+}
+
+pub(crate) fn after_fcntl(fd: c_int, cmd: c_int, result: c_int) -> c_int {
+    if result >= 0 {
+        match cmd {
+            // O_DIRECT or O_APPEND may have changed on the open file, which every
+            // duplicate shares: look at all routed descriptors again.
+            libc::F_SETFL if ROUTING.load(Ordering::Relaxed) => {
+                for (other, _) in fds::routed() {
+                    fds::forget(other);
+                }
+                fds::forget(fd);
+            }
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+                created(result);
+            }
+            _ => {}
+        }
+    }
+    result
+}

@@ -1,0 +1,88 @@
+//! Programs on iopath files: `tests/c/mount_test.c` runs in a directory of
+//! the kernel's file system, then with `LD_PRELOAD` and `IOPATH_MOUNT`
+//! serving that directory from an iopath image; every check must pass
+//! both ways, the host directory must stay empty, and the image must be
+//! clean (fsck) with the program's files in it.
+
+use iopath::fs::{FileSystem, FormatOptions, check};
+use iopath::{Engine, PathConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+fn preload_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps, deps.parent().unwrap_or(deps)]
+        .into_iter()
+        .map(|d| d.join("libiopath_preload.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no libiopath_preload.so near {}", deps.display()))
+}
+
+fn compile(source: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let out = std::env::temp_dir().join(format!("iopath-{source}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(root.join("tests/c").join(format!("{source}.c")))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cc ({e}): install a C compiler (apt-get install gcc)"));
+    assert!(status.success(), "cc failed on tests/c/{source}.c");
+    out
+}
+
+fn engine(image: &Path) -> Arc<Engine> {
+    let spec = format!("uring:{}", image.display());
+    Arc::new(Engine::open(&spec, PathConfig::preset("sync-path").unwrap()).unwrap())
+}
+
+fn run(program: &Path, dir: &Path, mode: &str, env: &[(&str, String)]) -> (String, String) {
+    let out = Command::new(program).arg(dir).arg(mode).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && stdout.contains(" passed, 0 failed"), "{mode}:\n{stdout}{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn a_program_sees_posix_semantics_on_an_iopath_mount_as_on_the_kernels_file_system() {
+    let program = compile("mount_test");
+    let scratch = tempfile::tempdir().unwrap();
+    let kernel_dir = scratch.path().join("kernel");
+    std::fs::create_dir(&kernel_dir).unwrap();
+    run(&program, &kernel_dir, "kernel", &[]);
+
+    let image = scratch.path().join("fs.img");
+    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
+    let mount_dir = scratch.path().join("mnt");
+    std::fs::create_dir(&mount_dir).unwrap();
+    let (_, stderr) = run(
+        &program,
+        &mount_dir,
+        "iopath",
+        &[
+            ("LD_PRELOAD", preload_library().display().to_string()),
+            ("IOPATH_MOUNT", format!("{}={}", mount_dir.display(), image.display())),
+            ("IOPATH_LOG", "1".into()),
+        ],
+    );
+    assert!(stderr.contains("mounted "), "{stderr}");
+    assert!(stderr.contains("a forked child cannot use its parent's iopath mount"), "{stderr}");
+    assert!(stderr.contains("mmap of "), "{stderr}");
+    assert_eq!(std::fs::read_dir(&mount_dir).unwrap().count(), 0, "nothing reached the host directory");
+
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean() && report.replayed == 0, "{report:?}");
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    let names: Vec<String> =
+        fs.read_dir("/").unwrap().into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
+    assert_eq!(names, ["c", "d", "forked", "lock", "other"]);
+    let mut a = [0u8; 1];
+    assert_eq!(fs.open("d").unwrap().read_at(&mut a, 0).unwrap(), 1);
+    assert_eq!(&a, b"A");
+    let _ = std::fs::remove_file(program);
+}

@@ -1,0 +1,288 @@
+/*
+ * mount_test.c: a program that keeps its files in DIR sees POSIX semantics,
+ * whether DIR is a directory of the kernel's file system or an iopath mount
+ * (LD_PRELOAD=libiopath_preload.so IOPATH_MOUNT=DIR=IMAGE). Run by
+ * preload/tests/mount.rs both ways; every check is an absolute expectation,
+ * except the few where an iopath mount differs by design (mmap is refused,
+ * a forked child cannot use the parent's descriptors), which take MODE.
+ *
+ * Usage: mount_test DIR kernel|iopath. Prints "N passed, M failed".
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHECK_CONTEXT() fprintf(stderr, " (errno %d %s)", errno, strerror(errno))
+#include "check.h"
+
+static char dir[2048];
+static int iopath_mode;
+
+static const char *at(const char *name) {
+    static char paths[8][4200];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, 4200, "%s/%s", dir, name);
+    return p;
+}
+
+#define ERRNO_IS(call, e) CHECK((call) < 0 && errno == (e), "%s: want errno %d", #call, (e))
+
+static void files(void) {
+    int fd = open(at("f"), O_CREAT | O_EXCL | O_RDWR, 0666);
+    CHECK(fd >= 0, "create");
+    ERRNO_IS(open(at("f"), O_CREAT | O_EXCL | O_RDWR, 0666), EEXIST);
+    ERRNO_IS(open(at("missing"), O_RDONLY), ENOENT);
+    ERRNO_IS(open(at("nodir/x"), O_CREAT | O_RDWR, 0666), ENOENT);
+    ERRNO_IS(open(at("f/"), O_RDONLY), ENOTDIR);
+    ERRNO_IS(open(at("f"), O_RDONLY | O_DIRECTORY), ENOTDIR);
+    CHECK(write(fd, "hello", 5) == 5, "write");
+    CHECK(pwrite(fd, "world", 5, 10) == 5, "pwrite past the end");
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0 && st.st_size == 15 && S_ISREG(st.st_mode) && (st.st_mode & 07777) == 0644,
+          "fstat size %lld mode %o", (long long)st.st_size, st.st_mode);
+    CHECK(st.st_nlink == 1, "nlink %lu", (unsigned long)st.st_nlink);
+    char buf[64] = {0};
+    CHECK(pread(fd, buf, sizeof buf, 0) == 15 && !memcmp(buf, "hello\0\0\0\0\0world", 15), "pread with a gap of zeros");
+    CHECK(lseek(fd, 0, SEEK_CUR) == 5, "position after write");
+    CHECK(lseek(fd, -5, SEEK_END) == 10 && read(fd, buf, 64) == 5 && !memcmp(buf, "world", 5), "SEEK_END and read");
+    CHECK(read(fd, buf, 64) == 0, "read at the end");
+    ERRNO_IS(lseek(fd, -100, SEEK_CUR), EINVAL);
+    CHECK(lseek(fd, 3, SEEK_DATA) == 3, "SEEK_DATA inside");
+    ERRNO_IS(lseek(fd, 15, SEEK_DATA), ENXIO);
+    CHECK(lseek(fd, 0, SEEK_HOLE) >= 5 && lseek(fd, 0, SEEK_HOLE) <= 15, "SEEK_HOLE");
+    ERRNO_IS(pread(fd, buf, 1, -1), EINVAL);
+
+    /* Duplicates share one position; F_GETFL shows the access mode. */
+    int d = dup(fd);
+    CHECK(d >= 0 && d != fd, "dup");
+    CHECK(lseek(fd, 2, SEEK_SET) == 2 && lseek(d, 0, SEEK_CUR) == 2, "dup shares the position");
+    int d2 = fcntl(fd, F_DUPFD_CLOEXEC, 100);
+    CHECK(d2 >= 100, "F_DUPFD_CLOEXEC %d", d2);
+    CHECK((fcntl(d2, F_GETFD) & FD_CLOEXEC) && !(fcntl(fd, F_GETFD) & FD_CLOEXEC), "close-on-exec is per number");
+    CHECK((fcntl(d2, F_GETFL) & O_ACCMODE) == O_RDWR, "F_GETFL");
+    int other = open(at("other"), O_CREAT | O_RDWR, 0600);
+    CHECK(other >= 0 && dup2(d, other) == other, "dup2 over another file");
+    CHECK(read(other, buf, 3) == 3 && !memcmp(buf, "llo", 3) && lseek(fd, 0, SEEK_CUR) == 5, "dup2 shares too");
+    CHECK(close(d) == 0 && close(d2) == 0 && close(other) == 0, "close duplicates");
+    CHECK(pread(fd, buf, 5, 0) == 5, "the original still works");
+    ERRNO_IS(read(d, buf, 1), EBADF);
+
+    /* O_APPEND writes at the end wherever the position is; F_SETFL turns it on. */
+    CHECK(fcntl(fd, F_SETFL, O_APPEND) == 0 && (fcntl(fd, F_GETFL) & O_APPEND), "F_SETFL O_APPEND");
+    lseek(fd, 0, SEEK_SET);
+    CHECK(write(fd, "!", 1) == 1 && lseek(fd, 0, SEEK_CUR) == 16, "append moves to the end");
+    CHECK(fsync(fd) == 0 && fdatasync(fd) == 0 && syncfs(fd) == 0, "fsync, fdatasync, syncfs");
+    CHECK(close(fd) == 0, "close");
+
+    /* Vectors. */
+    fd = open(at("f"), O_RDWR);
+    struct iovec v[2] = {{"ab", 2}, {"cde", 3}};
+    CHECK(pwritev(fd, v, 2, 1) == 5, "pwritev");
+    char x[3], y[4];
+    struct iovec r[2] = {{x, 3}, {y, 4}};
+    CHECK(preadv(fd, r, 2, 0) == 7 && !memcmp(x, "hab", 3) && !memcmp(y, "cde\0", 4), "preadv");
+    CHECK(lseek(fd, 0, SEEK_SET) == 0 && readv(fd, r, 2) == 7 && lseek(fd, 0, SEEK_CUR) == 7, "readv moves");
+    CHECK(writev(fd, v, 2) == 5 && lseek(fd, 0, SEEK_CUR) == 12, "writev moves");
+
+    /* Sizes: ftruncate, truncate, fallocate. */
+    CHECK(ftruncate(fd, 3) == 0 && ftruncate(fd, 8192) == 0, "ftruncate");
+    CHECK(pread(fd, buf, 8, 3) == 8 && !memcmp(buf, "\0\0\0\0\0\0\0\0", 8), "grown bytes read zero");
+    CHECK(truncate(at("f"), 100) == 0 && fstat(fd, &st) == 0 && st.st_size == 100, "truncate by path");
+    CHECK(fallocate(fd, 0, 0, 5000) == 0 && fstat(fd, &st) == 0 && st.st_size == 5000, "fallocate grows");
+    CHECK(fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 90000) == 0 && fstat(fd, &st) == 0 && st.st_size == 5000,
+          "KEEP_SIZE keeps it");
+    CHECK(posix_fallocate(fd, 0, 6000) == 0 && fstat(fd, &st) == 0 && st.st_size == 6000, "posix_fallocate");
+    CHECK(posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL) == 0, "fadvise");
+    ERRNO_IS(ftruncate(fd, -1), EINVAL);
+    int ro = open(at("f"), O_RDONLY);
+    ERRNO_IS(write(ro, "x", 1), EBADF);
+    ERRNO_IS(ftruncate(ro, 0), EINVAL);
+
+    /* mmap: the kernel maps; an iopath mount refuses with ENODEV. */
+    void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, ro, 0);
+    if (iopath_mode)
+        CHECK(m == MAP_FAILED && errno == ENODEV, "mmap refused");
+    else
+        CHECK(m != MAP_FAILED && munmap(m, 4096) == 0, "mmap");
+    CHECK(close(ro) == 0 && close(fd) == 0, "close");
+
+    /* O_TRUNC and creat. */
+    fd = open(at("f"), O_WRONLY | O_TRUNC);
+    CHECK(fd >= 0 && fstat(fd, &st) == 0 && st.st_size == 0, "O_TRUNC");
+    close(fd);
+    fd = creat(at("c"), 0640);
+    CHECK(fd >= 0 && fstat(fd, &st) == 0 && (st.st_mode & 0777) == 0640 && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_WRONLY,
+          "creat");
+    ERRNO_IS(read(fd, buf, 1), EBADF);
+    close(fd);
+}
+
+static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The sorted names of directory `path`, joined by spaces. */
+static void listing(const char *path, char *out, size_t size) {
+    char *names[64];
+    int n = 0;
+    DIR *d = opendir(path);
+    if (!d) {
+        snprintf(out, size, "(opendir failed: %s)", strerror(errno));
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) names[n++] = strdup(e->d_name);
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp);
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        strncat(out, names[i], size - strlen(out) - 2);
+        strcat(out, " ");
+        free(names[i]);
+    }
+}
+
+static void directories(void) {
+    CHECK(mkdir(at("d"), 0777) == 0, "mkdir");
+    struct stat st;
+    CHECK(stat(at("d"), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0755, "mode %o", st.st_mode);
+    ERRNO_IS(mkdir(at("d"), 0777), EEXIST);
+    ERRNO_IS(mkdir(at("f/x"), 0777), ENOTDIR);
+    ERRNO_IS(mkdir(at("no/x"), 0777), ENOENT);
+    CHECK(mkdir(at("d/sub"), 0700) == 0 && close(open(at("d/sub/leaf"), O_CREAT | O_WRONLY, 0600)) == 0, "nested");
+    ERRNO_IS(rmdir(at("d")), ENOTEMPTY);
+    ERRNO_IS(rmdir(at("f")), ENOTDIR);
+    ERRNO_IS(unlink(at("d")), EISDIR);
+    ERRNO_IS(open(at("d"), O_WRONLY), EISDIR);
+    char names[1024];
+    listing(at("d"), names, sizeof names);
+    CHECK(!strcmp(names, ". .. sub "), "listing '%s'", names);
+    listing(dir, names, sizeof names);
+    CHECK(!strcmp(names, ". .. c d f other "), "top listing '%s'", names);
+
+    /* *at calls relative to a directory descriptor; fdopendir, rewinddir, dirfd. */
+    int dfd = open(at("d"), O_RDONLY | O_DIRECTORY);
+    CHECK(dfd >= 0, "open a directory");
+    int leaf = openat(dfd, "sub/leaf", O_RDWR);
+    CHECK(leaf >= 0 && write(leaf, "leaf", 4) == 4 && close(leaf) == 0, "openat");
+    CHECK(fstatat(dfd, "sub/leaf", &st, 0) == 0 && st.st_size == 4, "fstatat");
+    CHECK(fstatat(dfd, "", &st, AT_EMPTY_PATH) == 0 && S_ISDIR(st.st_mode), "fstatat AT_EMPTY_PATH");
+    struct statx sx;
+    CHECK(statx(dfd, "sub/leaf", 0, STATX_BASIC_STATS, &sx) == 0 && sx.stx_size == 4 && S_ISREG(sx.stx_mode), "statx");
+    CHECK(mkdirat(dfd, "made", 0755) == 0 && unlinkat(dfd, "made", AT_REMOVEDIR) == 0, "mkdirat, unlinkat");
+    CHECK(fsync(dfd) == 0, "fsync of a directory");
+    ERRNO_IS(read(dfd, names, 1), EISDIR);
+    DIR *ds = fdopendir(dfd);
+    CHECK(ds && dirfd(ds) == dfd, "fdopendir, dirfd");
+    int count = 0;
+    while (readdir(ds)) count++;
+    rewinddir(ds);
+    int again = 0;
+    while (readdir(ds)) again++;
+    CHECK(count == 3 && again == 3, "readdir %d, after rewinddir %d", count, again);
+    CHECK(closedir(ds) == 0, "closedir");
+
+    CHECK(access(at("d/sub/leaf"), F_OK) == 0 && access(at("d/sub/leaf"), R_OK | W_OK) == 0, "access");
+    ERRNO_IS(access(at("d/nope"), F_OK), ENOENT);
+    CHECK(faccessat(AT_FDCWD, at("d"), X_OK, 0) == 0, "faccessat");
+    CHECK(lstat(at("d/sub"), &st) == 0 && S_ISDIR(st.st_mode), "lstat");
+}
+
+static void renames(void) {
+    int keep = open(at("c"), O_RDONLY);
+    CHECK(rename(at("f"), at("c")) == 0, "rename over a file");
+    struct stat st;
+    CHECK(fstat(keep, &st) == 0 && st.st_nlink == 0, "the replaced file is unlinked but open (nlink %lu)",
+          (unsigned long)st.st_nlink);
+    CHECK(close(keep) == 0, "close it");
+    ERRNO_IS(stat(at("f"), &st), ENOENT);
+    int a = open(at("a"), O_CREAT | O_RDWR, 0644);
+    CHECK(write(a, "A", 1) == 1, "a");
+    ERRNO_IS(renameat2(AT_FDCWD, at("a"), AT_FDCWD, at("c"), RENAME_NOREPLACE), EEXIST);
+    CHECK(renameat2(AT_FDCWD, at("a"), AT_FDCWD, at("d"), RENAME_EXCHANGE) == 0, "exchange a file and a directory");
+    CHECK(stat(at("a"), &st) == 0 && S_ISDIR(st.st_mode) && stat(at("d"), &st) == 0 && S_ISREG(st.st_mode), "swapped");
+    ERRNO_IS(rename(at("a"), at("a/sub/inside")), EINVAL);
+    CHECK(renameat(AT_FDCWD, at("a/sub"), AT_FDCWD, at("moved")) == 0, "a directory moves with what it holds");
+    char buf[8] = {0};
+    int leaf = open(at("moved/leaf"), O_RDONLY);
+    CHECK(leaf >= 0 && read(leaf, buf, 8) == 4 && !memcmp(buf, "leaf", 4), "its file came along");
+
+    /* Unlinked while open: the data lives until the last close. */
+    CHECK(unlink(at("moved/leaf")) == 0, "unlink");
+    CHECK(pread(leaf, buf, 4, 0) == 4 && !memcmp(buf, "leaf", 4), "read after unlink");
+    ERRNO_IS(open(at("moved/leaf"), O_RDONLY), ENOENT);
+    CHECK(close(leaf) == 0 && close(a) == 0, "close");
+    CHECK(rmdir(at("moved")) == 0 && rmdir(at("a")) == 0, "rmdir emptied directories");
+}
+
+static void locks(void) {
+    int one = open(at("lock"), O_CREAT | O_RDWR, 0644);
+    int two = open(at("lock"), O_RDWR);
+    CHECK(flock(one, LOCK_EX) == 0, "flock");
+    ERRNO_IS(flock(two, LOCK_EX | LOCK_NB), EWOULDBLOCK);
+    ERRNO_IS(flock(two, LOCK_SH | LOCK_NB), EWOULDBLOCK);
+    CHECK(flock(one, LOCK_UN) == 0 && flock(two, LOCK_SH | LOCK_NB) == 0 && flock(one, LOCK_SH | LOCK_NB) == 0,
+          "shared locks together");
+    CHECK(close(two) == 0 && flock(one, LOCK_EX | LOCK_NB) == 0, "a closed description lets go");
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    CHECK(fcntl(one, F_SETLK, &fl) == 0, "F_SETLK");
+    fl.l_type = F_WRLCK;
+    CHECK(fcntl(one, F_GETLK, &fl) == 0 && fl.l_type == F_UNLCK, "a process's own lock does not conflict");
+    close(one);
+}
+
+static void forked(void) {
+    int fd = open(at("forked"), O_CREAT | O_RDWR, 0644);
+    CHECK(write(fd, "parent", 6) == 6, "write");
+    pid_t child = fork();
+    if (child == 0) {
+        char b[6];
+        ssize_t n = pread(fd, b, 6, 0);
+        /* The kernel shares the file; an iopath mount's descriptor is the parent's alone. */
+        _exit(iopath_mode ? !(n < 0 && errno == EBADF) : n != 6);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's view");
+    char b[6];
+    CHECK(pread(fd, b, 6, 0) == 6 && !memcmp(b, "parent", 6), "the parent keeps working");
+    close(fd);
+}
+
+static void relative(void) {
+    char old[4096];
+    CHECK(getcwd(old, sizeof old) != NULL, "getcwd");
+    CHECK(chdir(dir) == 0, "chdir into DIR");
+    int fd = open("rel", O_CREAT | O_RDWR, 0644);
+    CHECK(fd >= 0 && write(fd, "r", 1) == 1 && close(fd) == 0, "a relative path");
+    struct stat st;
+    CHECK(stat("./rel", &st) == 0 && st.st_size == 1 && stat("../" "", &st) == 0, "relative stat");
+    CHECK(unlink("rel") == 0, "relative unlink");
+    CHECK(chdir(old) == 0, "chdir back");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s DIR kernel|iopath\n", argv[0]);
+        return 2;
+    }
+    snprintf(dir, sizeof dir, "%s", argv[1]);
+    iopath_mode = !strcmp(argv[2], "iopath");
+    umask(022);
+    files();
+    directories();
+    renames();
+    locks();
+    forked();
+    relative();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
