@@ -712,6 +712,46 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
 }
 
 #[test]
+fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
+    use common::succeeds;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let img = img.to_str().unwrap();
+    let mnt = dir.path().join("mnt");
+    let mnt_s = mnt.to_str().unwrap();
+    succeeds(&["mkfs", img, "--size", "32m"]);
+    let mount = format!("{mnt_s}={img}");
+    // A shell's builtins run in the process that mounts: a directory, a file, a rename.
+    let script =
+        format!("mkdir {mnt_s}/d && echo hello > {mnt_s}/d/x && mv {mnt_s}/d/x {mnt_s}/d/y 2>/dev/null || true");
+    let o = common::iopath(&["run", "--wait", "1", "--mount", &mount, "--", "sh", "-c", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "the host directory stays empty");
+    // mv is a program of its own: it mounted in turn (or, without it, d/x stays).
+    let listing = succeeds(&["ls", img, "/d"]);
+    assert!(listing == "y\n" || listing == "x\n", "{listing}");
+    let name = listing.trim();
+    assert_eq!(succeeds(&["cat", img, &format!("/d/{name}")]), "hello\n");
+    // While a program holds the mount (cd is a builtin: the shell mounts), others are refused by name.
+    let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("cd {mnt_s} && sleep 3")])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let e = fails(&["ls", img]);
+    assert!(e.contains("mounted by process") && e.contains("sleep"), "{e}");
+    let o = common::iopath(&["run", "--wait", "0", "--mount", &mount, "--", "sh", "-c", &format!("ls {mnt_s}/d")]);
+    assert!(!o.status.success() && stderr(&o).contains("mounted by process"), "{}", stderr(&o));
+    assert!(holder.wait().unwrap().success());
+    succeeds(&["fsck", img]);
+    // Wrong requests.
+    let e = fails(&["run", "--mount", &format!("{mnt_s}={}", dir.path().join("none.img").display()), "--", "true"]);
+    assert!(e.contains("iopath mkfs"), "{e}");
+    let e = fails(&["run", "--", "true"]);
+    assert!(e.contains("--mount"), "{e}");
+}
+
+#[test]
 fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     let o = iopath(&[
         "fsbench",

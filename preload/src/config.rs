@@ -12,6 +12,9 @@
 //!   by the iopath file system on DEVICE (a device spec or a bare path;
 //!   made with `iopath mkfs`); see `mount.rs`. A relative DIR is taken
 //!   against the working directory when the program starts.
+//! - `IOPATH_MOUNT_WAIT`: seconds to wait for another process that has a
+//!   mount's device mounted (default 10; then calls into the mount fail
+//!   with EBUSY and a message naming that process).
 //! - `IOPATH_FSYNC_PATH`: the mounts' fsync path (`conventional`, `aios`,
 //!   `journaled`; default: the file layer's).
 //! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
@@ -33,6 +36,8 @@ pub struct Config {
     pub mounts: Vec<(String, String)>,
     /// The mounts' fsync path, if set.
     pub fsync_path: Option<iopath::fs::FsyncPath>,
+    /// How long to wait for another process to let go of a mount, in milliseconds.
+    pub mount_wait_ms: u64,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -56,6 +61,10 @@ impl Config {
             idle_poll: var("IOPATH_IDLE_POLL").is_some_and(|v| v != "0"),
             mounts: var("IOPATH_MOUNT").map(|v| parse_mounts(&v)).unwrap_or_default(),
             fsync_path,
+            mount_wait_ms: var("IOPATH_MOUNT_WAIT")
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|s| *s >= 0.0)
+                .map_or(10_000, |s| (s * 1000.0) as u64),
             ..Config::from_values(
                 var("IOPATH_FILES").as_deref(),
                 var("IOPATH_PATH").as_deref(),
@@ -75,6 +84,7 @@ impl Config {
             idle_poll: false,
             mounts: Vec::new(),
             fsync_path: None,
+            mount_wait_ms: 10_000,
         }
     }
 

@@ -152,24 +152,32 @@ extern "C" fn on_unload() {
     if FORKED.load(Ordering::Relaxed) {
         return; // the parent's engines and file systems are not here
     }
-    if MOUNTING.load(Ordering::Relaxed) {
-        // On a thread of its own: this one's thread-local storage (the engine's per-thread
-        // handles among it) is being torn down by now.
-        let committed = std::thread::Builder::new().name("iopath-exit".into()).spawn(|| {
-            let _inside = Inside::enter();
-            mount::sync_all();
-        });
-        match committed {
-            Ok(thread) => drop(thread.join()),
-            Err(e) => say(&format!("cannot commit the mounts at exit: {e}")),
-        }
-    }
+    commit_mounts_at_exit();
     if ROUTING.load(Ordering::Relaxed) {
         log(&format!(
             "{} calls routed through iopath, {} calls on routed files passed to the C library",
             ROUTED_CALLS.load(Ordering::Relaxed),
             PASSED_CALLS.load(Ordering::Relaxed)
         ));
+    }
+}
+
+/// Commits every mount as the process ends (from `exit`'s handlers or from
+/// `_exit`), once; not in a forked child (the mounts are the parent's).
+pub(crate) fn commit_mounts_at_exit() {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if !MOUNTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) || DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // On a thread of its own: this one's thread-local storage (the engine's per-thread
+    // handles among it) may be torn down by now.
+    let committed = std::thread::Builder::new().name("iopath-exit".into()).spawn(|| {
+        let _inside = Inside::enter();
+        mount::sync_all();
+    });
+    match committed {
+        Ok(thread) => drop(thread.join()),
+        Err(e) => say(&format!("cannot commit the mounts at exit: {e}")),
     }
 }
 

@@ -7,7 +7,10 @@
 //! `.`, `..` and repeated slashes resolved by name, it is the mount's
 //! directory or lies below it. The file system is mounted the first time a
 //! call reaches it, so a program that never touches the mount pays nothing
-//! but that check, and committed at exit.
+//! but that check, and committed at exit. One process mounts a device at a
+//! time (`iopath::fs::lock`): a second one waits up to `IOPATH_MOUNT_WAIT`
+//! seconds (default 10) and then fails its calls into the mount with EBUSY,
+//! saying which process holds it; the lock goes when its holder exits.
 //!
 //! A descriptor opened in a mount is a real descriptor number: an `O_PATH`
 //! descriptor of the mount's directory (or `/`) reserves it, so no other
@@ -18,10 +21,11 @@
 //! position, shared by its duplicates as POSIX says) is in a table.
 
 use crate::real;
+use iopath::fs::lock::MountLock;
 use iopath::fs::{File, FileSystem, MountOptions};
 use libc::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// One mount: a directory and the device whose file system serves it.
@@ -33,6 +37,8 @@ pub struct Mount {
     /// `st_dev` reported for its files.
     pub dev: u64,
     fs: OnceLock<std::result::Result<FileSystem, String>>,
+    /// Held from the mount to the process's exit.
+    lock: OnceLock<Option<MountLock>>,
 }
 
 impl Mount {
@@ -42,9 +48,12 @@ impl Mount {
         let mounted = self.fs.get_or_init(|| {
             let _inside = crate::Inside::enter();
             let spec = if self.device.contains(':') { self.device.clone() } else { format!("uring:{}", self.device) };
-            let mounted = iopath::PathConfig::preset(&crate::config().path)
-                .and_then(|path| iopath::Engine::open(&spec, path))
-                .and_then(|engine| FileSystem::mount_with(Arc::new(engine), mount_options()));
+            let wait = std::time::Duration::from_millis(crate::config().mount_wait_ms);
+            let mounted = MountLock::acquire(&spec, wait).and_then(|lock| {
+                let _ = self.lock.set(lock);
+                let path = iopath::PathConfig::preset(&crate::config().path)?;
+                FileSystem::mount_with(Arc::new(iopath::Engine::open(&spec, path)?), mount_options())
+            });
             match mounted {
                 Ok((fs, _)) => {
                     crate::log(&format!("mounted {} on {}", self.device, String::from_utf8_lossy(&self.dir)));
@@ -57,7 +66,7 @@ impl Mount {
                 }
             }
         });
-        mounted.as_ref().map_err(|_| libc::EIO)
+        mounted.as_ref().map_err(|_| if self.lock.get().is_some_and(|l| l.is_some()) { libc::EIO } else { libc::EBUSY })
     }
 
     /// The file system if it is mounted already.
@@ -89,6 +98,7 @@ pub fn mounts() -> &'static [Mount] {
                 device: device.clone(),
                 dev: 0x1_0000_0000 + i as u64,
                 fs: OnceLock::new(),
+                lock: OnceLock::new(),
             })
             .collect()
     })
@@ -105,6 +115,57 @@ pub fn real_cwd() -> Option<Vec<u8>> {
     let len = buf.iter().position(|&b| b == 0)?;
     buf.truncate(len);
     Some(buf)
+}
+
+/// The working directory when it is inside a mount (the kernel's cannot
+/// be: the mount's directories are not the kernel's), as an absolute path.
+static VIRTUAL_CWD: RwLock<Option<Vec<u8>>> = RwLock::new(None);
+static VIRTUAL_SET: AtomicBool = AtomicBool::new(false);
+
+/// The working directory: a mount's if `chdir` went into one, else the kernel's.
+pub fn cwd() -> Option<Vec<u8>> {
+    if VIRTUAL_SET.load(Ordering::Acquire)
+        && let Some(dir) = VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()
+    {
+        return Some(dir);
+    }
+    real_cwd()
+}
+
+/// The working directory if it is inside a mount.
+pub fn virtual_cwd() -> Option<Vec<u8>> {
+    if !VIRTUAL_SET.load(Ordering::Acquire) {
+        return None;
+    }
+    VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Sets (or with `None`, clears) the working directory inside a mount.
+pub fn set_virtual_cwd(dir: Option<Vec<u8>>) {
+    let mut cwd = VIRTUAL_CWD.write().unwrap_or_else(|e| e.into_inner());
+    VIRTUAL_SET.store(dir.is_some(), Ordering::Release);
+    *cwd = dir;
+}
+
+/// The path the kernel should get for `path` relative to `dirfd`, when it
+/// is not the caller's own: a relative path while the working directory is
+/// a mount's, or relative to a mounted directory descriptor, made absolute.
+pub fn kernel_path(dirfd: c_int, path: &[u8]) -> Option<std::ffi::CString> {
+    if path.is_empty() || path.starts_with(b"/") {
+        return None;
+    }
+    let base = if dirfd == libc::AT_FDCWD {
+        if !VIRTUAL_SET.load(Ordering::Acquire) {
+            return None;
+        }
+        VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()?
+    } else {
+        let d = lookup(dirfd)?;
+        let mut b = d.mount.dir.clone();
+        b.extend_from_slice(&d.path);
+        b
+    };
+    std::ffi::CString::new(normalize(&base, path)).ok()
 }
 
 /// `path` made absolute against `base` (absolute), with `.`, `..` and
@@ -151,7 +212,7 @@ pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
     let base = if path.starts_with(b"/") {
         Vec::new()
     } else if dirfd == libc::AT_FDCWD {
-        real_cwd()?
+        cwd()?
     } else if let Some(d) = lookup(dirfd) {
         let mut b = d.mount.dir.clone();
         b.extend_from_slice(&d.path);

@@ -133,6 +133,42 @@ next_symbol! {
     dirfd: fn(dir: *mut c_void) -> c_int;
     closedir: fn(dir: *mut c_void) -> c_int;
     flock: fn(fd: c_int, operation: c_int) -> c_int;
+    fopen: fn(path: *const c_char, mode: *const c_char) -> *mut libc::FILE;
+    fopen64: fn(path: *const c_char, mode: *const c_char) -> *mut libc::FILE;
+    fdopen: fn(fd: c_int, mode: *const c_char) -> *mut libc::FILE;
+    fileno: fn(file: *mut libc::FILE) -> c_int;
+    fileno_unlocked: fn(file: *mut libc::FILE) -> c_int;
+    chmod: fn(path: *const c_char, mode: mode_t) -> c_int;
+    fchmod: fn(fd: c_int, mode: mode_t) -> c_int;
+    fchmodat: fn(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int;
+    utimensat: fn(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int;
+    futimens: fn(fd: c_int, times: *const libc::timespec) -> c_int;
+    utimes: fn(path: *const c_char, times: *const libc::timeval) -> c_int;
+    chown: fn(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
+    lchown: fn(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
+    fchown: fn(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
+    fchownat: fn(dirfd: c_int, path: *const c_char, uid: libc::uid_t, gid: libc::gid_t, flags: c_int) -> c_int;
+    statfs: fn(path: *const c_char, out: *mut libc::statfs) -> c_int;
+    statfs64: fn(path: *const c_char, out: *mut libc::statfs64) -> c_int;
+    fstatfs: fn(fd: c_int, out: *mut libc::statfs) -> c_int;
+    fstatfs64: fn(fd: c_int, out: *mut libc::statfs64) -> c_int;
+    chdir: fn(path: *const c_char) -> c_int;
+    fchdir: fn(fd: c_int) -> c_int;
+    getcwd: fn(buf: *mut c_char, size: size_t) -> *mut c_char;
+    get_current_dir_name: fn() -> *mut c_char;
+    getxattr: fn(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    lgetxattr: fn(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    fgetxattr: fn(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    listxattr: fn(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t;
+    llistxattr: fn(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t;
+    flistxattr: fn(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t;
+    setxattr: fn(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    lsetxattr: fn(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    fsetxattr: fn(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    removexattr: fn(path: *const c_char, name: *const c_char) -> c_int;
+    lremovexattr: fn(path: *const c_char, name: *const c_char) -> c_int;
+    fremovexattr: fn(fd: c_int, name: *const c_char) -> c_int;
+    _exit: fn(status: c_int) -> !;
 }
 
 /// The file position of `fd` (the kernel's, shared by its duplicates), or -1.

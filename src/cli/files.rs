@@ -9,6 +9,7 @@
 use super::mkfs::open_existing;
 use clap::Args;
 use iopath::fs::check::{self, Report};
+use iopath::fs::lock::MountLock;
 use iopath::fs::{FileSystem, Kind, Metadata};
 use iopath::units::{format_size, utc_date};
 use iopath::{Error, Result};
@@ -142,9 +143,30 @@ pub struct FsckArgs {
     json: bool,
 }
 
+/// A mounted file system and the lock that keeps other processes off it.
+struct Mounted {
+    fs: FileSystem,
+    _lock: Option<MountLock>,
+}
+
+impl std::ops::Deref for Mounted {
+    type Target = FileSystem;
+    fn deref(&self) -> &FileSystem {
+        &self.fs
+    }
+}
+
+impl Mounted {
+    /// Unmounts (commits), then lets go of the lock.
+    fn unmount(self) -> Result<()> {
+        self.fs.unmount()
+    }
+}
+
 /// Mounts the file system on `device`, saying on stderr what the mount repaired.
-fn mount(device: &str) -> Result<FileSystem> {
-    let (fs, mounted) = FileSystem::mount(open_existing(device)?)?;
+fn mount(device: &str) -> Result<Mounted> {
+    let (engine, lock) = open_existing(device)?;
+    let (fs, mounted) = FileSystem::mount(engine)?;
     if mounted.replayed > 0 {
         eprintln!("replayed {} journal transaction(s) left by an unclean stop", mounted.replayed);
     }
@@ -154,7 +176,7 @@ fn mount(device: &str) -> Result<FileSystem> {
     if let Some(old) = mounted.upgraded_from {
         eprintln!("upgraded the file system from format version {old} to {}", iopath::fs::format::VERSION);
     }
-    Ok(fs)
+    Ok(Mounted { fs, _lock: lock })
 }
 
 fn lossy(name: &[u8]) -> String {
@@ -567,7 +589,8 @@ fn report_json(r: &Report) -> serde_json::Value {
 
 /// Runs `iopath fsck`.
 pub fn run_fsck(args: FsckArgs) -> Result<()> {
-    let r = check::check(open_existing(&args.device)?)?;
+    let (engine, _lock) = open_existing(&args.device)?;
+    let r = check::check(engine)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report_json(&r)).expect("a JSON value prints"));
     } else {

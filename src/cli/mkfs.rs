@@ -5,6 +5,7 @@ use super::bench::SafetyArgs;
 use clap::Args;
 use iopath::device::DeviceSpec;
 use iopath::device::spec::Backend;
+use iopath::fs::lock::MountLock;
 use iopath::fs::{FileSystem, FormatOptions};
 use iopath::units::{format_size, parse_size};
 use iopath::{Engine, Error, PathConfig};
@@ -75,6 +76,8 @@ fn open(device: &str, size: Option<u64>, guard: Option<iopath::device::target::G
 /// Runs `iopath mkfs`.
 pub fn run_mkfs(args: MkfsArgs) -> iopath::Result<()> {
     let engine = open(&args.device, args.size, Some(args.safety.guard()))?;
+    // Never under a process that has the old file system mounted.
+    let _lock = MountLock::acquire(&args.device, std::time::Duration::ZERO)?;
     let journal_blocks = args.journal.map(|j| j / 4096);
     let made = FileSystem::format(Arc::clone(&engine), FormatOptions { inodes: args.inodes, journal_blocks })?;
     let sb = made.superblock;
@@ -91,10 +94,13 @@ pub fn run_mkfs(args: MkfsArgs) -> iopath::Result<()> {
 }
 
 /// The engine of a device that should hold a file system already (no `--size`: a
-/// bare path that does not exist is an error that says how to make one).
-pub(super) fn open_existing(device: &str) -> iopath::Result<Arc<Engine>> {
+/// bare path that does not exist is an error that says how to make one), and
+/// the lock that keeps any other process from mounting it meanwhile.
+pub(super) fn open_existing(device: &str) -> iopath::Result<(Arc<Engine>, Option<MountLock>)> {
     if !device.contains(':') && !std::path::Path::new(device).exists() {
         return Err(Error::spec("device", device, "no such file or device; make a file system with `iopath mkfs`"));
     }
-    open(device, None, None)
+    let engine = open(device, None, None)?;
+    let lock = MountLock::acquire(device, std::time::Duration::ZERO)?;
+    Ok((engine, lock))
 }

@@ -8,6 +8,7 @@ mod fsbench;
 mod mkfs;
 mod path_args;
 mod reproduce;
+mod run;
 mod soak;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +59,8 @@ enum Command {
     Df(files::DfArgs),
     /// Check every structure of an iopath file system and report what is wrong.
     Fsck(files::FsckArgs),
+    /// Run a program with its files on iopath (--mount DIR=DEVICE) or its direct I/O routed (--files).
+    Run(run::RunArgs),
     /// Run the seeds' experiments: the papers' figures beside iopath's, verdicts, charts, a report.
     Reproduce(reproduce::ReproduceArgs),
     /// Redraw a reproduce report (REPORT.md, report.html) from its results.json.
@@ -81,6 +84,7 @@ pub fn main() -> iopath::Result<()> {
         Command::Mkdir(args) => files::run_mkdir(args),
         Command::Df(args) => files::run_df(args),
         Command::Fsck(args) => files::run_fsck(args),
+        Command::Run(args) => run::run(args),
         Command::Reproduce(args) => reproduce::run(args),
         Command::Report(args) => reproduce::run_report(args),
     }

@@ -58,6 +58,7 @@ mod file;
 pub mod format;
 pub mod fsync_path;
 pub mod journal;
+pub mod lock;
 pub mod namespace;
 pub mod read_path;
 pub mod readahead;

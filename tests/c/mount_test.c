@@ -18,6 +18,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -257,6 +258,66 @@ static void forked(void) {
     close(fd);
 }
 
+static void stdio_and_metadata(void) {
+    FILE *f = fopen(at("s.txt"), "w");
+    CHECK(f != NULL, "fopen w");
+    CHECK(fprintf(f, "line one\nline %d\n", 2) == 16, "fprintf");
+    CHECK(fflush(f) == 0 && fsync(fileno(f)) == 0, "fflush, fsync(fileno)");
+    CHECK(fclose(f) == 0, "fclose");
+    f = fopen(at("s.txt"), "a+");
+    CHECK(f && fputs("three\n", f) >= 0 && fclose(f) == 0, "fopen a+");
+    f = fopen(at("s.txt"), "r");
+    char line[64];
+    CHECK(f && fgets(line, sizeof line, f) && !strcmp(line, "line one\n"), "fgets");
+    CHECK(fseek(f, -6, SEEK_END) == 0 && fgets(line, sizeof line, f) && !strcmp(line, "three\n"), "fseek, fgets");
+    CHECK(ftell(f) == 22 && fgets(line, sizeof line, f) == NULL && feof(f), "ftell, end of file");
+    CHECK(fclose(f) == 0, "fclose r");
+    CHECK(fopen(at("nope/x"), "r") == NULL && errno == ENOENT, "fopen of nothing");
+    int fd = open(at("s.txt"), O_RDONLY);
+    f = fdopen(fd, "r");
+    CHECK(f && fileno(f) == fd && fgets(line, sizeof line, f) && fclose(f) == 0, "fdopen");
+
+    struct stat st;
+    CHECK(chmod(at("s.txt"), 0600) == 0 && stat(at("s.txt"), &st) == 0 && (st.st_mode & 07777) == 0600, "chmod");
+    fd = open(at("s.txt"), O_RDWR);
+    CHECK(fchmod(fd, 0640) == 0 && fstat(fd, &st) == 0 && (st.st_mode & 07777) == 0640, "fchmod");
+    struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000, 5000}};
+    CHECK(utimensat(AT_FDCWD, at("s.txt"), times, 0) == 0 && stat(at("s.txt"), &st) == 0 &&
+              st.st_mtim.tv_sec == 1000000000 && st.st_mtim.tv_nsec == 5000,
+          "utimensat");
+    times[1].tv_sec = 2000000000;
+    CHECK(futimens(fd, times) == 0 && fstat(fd, &st) == 0 && st.st_mtim.tv_sec == 2000000000, "futimens");
+    CHECK(fchown(fd, geteuid(), getegid()) == 0 && chown(at("s.txt"), (uid_t)-1, (gid_t)-1) == 0, "chown to oneself");
+    struct statfs sf;
+    CHECK(fstatfs(fd, &sf) == 0 && sf.f_bsize > 0 && sf.f_bfree > 0 && sf.f_blocks >= sf.f_bfree, "fstatfs");
+    CHECK(statfs(dir, &sf) == 0 && sf.f_namelen >= 255, "statfs");
+    close(fd);
+    CHECK(unlink(at("s.txt")) == 0, "unlink");
+}
+
+static void working_directory(void) {
+    char old[4096], now[4096];
+    CHECK(getcwd(old, sizeof old) != NULL, "getcwd");
+    CHECK(mkdir(at("wd"), 0755) == 0 && mkdir(at("wd/in"), 0755) == 0, "mkdir");
+    CHECK(chdir(at("wd/in")) == 0, "chdir into a subdirectory");
+    char want[4200];
+    snprintf(want, sizeof want, "%s/wd/in", dir);
+    CHECK(getcwd(now, sizeof now) && !strcmp(now, want), "getcwd '%s'", now);
+    char *alloc = getcwd(NULL, 0);
+    CHECK(alloc && !strcmp(alloc, want), "getcwd(NULL)");
+    free(alloc);
+    CHECK(getcwd(now, 3) == NULL && errno == ERANGE, "getcwd too small");
+    int fd = open("here", O_CREAT | O_RDWR, 0644);
+    CHECK(fd >= 0 && close(fd) == 0, "a file in the working directory");
+    CHECK(access("../in/here", F_OK) == 0 && access(at("wd/in/here"), F_OK) == 0, "found both ways");
+    CHECK(chdir("..") == 0 && access("in/here", F_OK) == 0, "chdir ..");
+    int wd = open(".", O_RDONLY | O_DIRECTORY);
+    CHECK(chdir(old) == 0 && getcwd(now, sizeof now) && !strcmp(now, old), "back out");
+    CHECK(fchdir(wd) == 0 && access("in/here", F_OK) == 0, "fchdir");
+    CHECK(chdir(old) == 0 && close(wd) == 0, "back out again");
+    CHECK(unlink(at("wd/in/here")) == 0 && rmdir(at("wd/in")) == 0 && rmdir(at("wd")) == 0, "clean up");
+}
+
 static void relative(void) {
     char old[4096];
     CHECK(getcwd(old, sizeof old) != NULL, "getcwd");
@@ -283,6 +344,8 @@ int main(int argc, char **argv) {
     locks();
     forked();
     relative();
+    stdio_and_metadata();
+    working_directory();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -182,3 +182,27 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: passed on.
     fcntl_any(fd, cmd, arg, || unsafe { real::fcntl64(fd, cmd, arg) })
 }
+
+/// `_exit`: commits the mounts first (a shell or a child ends this way, not
+/// through `exit`, and its files must be there as after any normal end).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    crate::commit_mounts_at_exit();
+    // SAFETY: passed on.
+    unsafe { real::_exit(status) }
+}
+
+/// `_Exit`: as [`_exit`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    crate::commit_mounts_at_exit();
+    // SAFETY: _Exit is _exit (C99's name for it).
+    unsafe { real::_exit(status) }
+}

@@ -105,7 +105,7 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut c_void {
         },
     );
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::opendir(path) })
+    mounted.unwrap_or_else(|| unsafe { real::opendir(super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
 
 /// `fdopendir`: a stream over a mounted directory descriptor (which the

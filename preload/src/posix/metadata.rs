@@ -87,7 +87,7 @@ macro_rules! hook_stat {
         pub unsafe extern "C" fn $name(path: *const c_char, out: *mut $ty) -> c_int {
             let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| stat_inside(inside, out.cast()));
             // SAFETY: passed on.
-            mounted.unwrap_or_else(|| unsafe { real::$name(path, out) })
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), out) })
         }
     )*};
 }
@@ -117,7 +117,7 @@ macro_rules! hook_fstatat {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, out: *mut $ty, flags: c_int) -> c_int {
             // SAFETY: passed on.
-            fstatat_any(dirfd, path, out.cast(), flags).unwrap_or_else(|| unsafe { real::$name(dirfd, path, out, flags) })
+            fstatat_any(dirfd, path, out.cast(), flags).unwrap_or_else(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), out, flags) })
         }
     )*};
 }
@@ -133,7 +133,7 @@ macro_rules! hook_xstat {
         pub unsafe extern "C" fn $name(version: c_int, path: *const c_char, out: *mut $ty) -> c_int {
             let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| stat_inside(inside, out.cast()));
             // SAFETY: passed on.
-            mounted.unwrap_or_else(|| unsafe { real::$name(version, path, out) })
+            mounted.unwrap_or_else(|| unsafe { real::$name(version, super::kernel(libc::AT_FDCWD, path).ptr(), out) })
         }
     )*};
 }
@@ -164,7 +164,7 @@ macro_rules! hook_fxstatat {
         pub unsafe extern "C" fn $name(version: c_int, dirfd: c_int, path: *const c_char, out: *mut $ty, flags: c_int) -> c_int {
             fstatat_any(dirfd, path, out.cast(), flags)
                 // SAFETY: passed on.
-                .unwrap_or_else(|| unsafe { real::$name(version, dirfd, path, out, flags) })
+                .unwrap_or_else(|| unsafe { real::$name(version, dirfd, super::kernel(dirfd, path).ptr(), out, flags) })
         }
     )*};
 }
@@ -232,10 +232,359 @@ pub unsafe extern "C" fn statx(
         })
     };
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::statx(dirfd, path, flags, mask, out) })
+    mounted.unwrap_or_else(|| unsafe { real::statx(dirfd, super::kernel(dirfd, path).ptr(), flags, mask, out) })
 }
 
 /// Whether a mounted description is a directory (for `fdopendir`).
 pub(crate) fn is_dir(d: &Description) -> bool {
     matches!(metadata_of(d), Ok(m) if m.kind == Kind::Dir)
 }
+
+fn result(r: iopath::Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// chmod of a mounted description (a file through its handle: it may have been renamed).
+fn fchmod_mounted(d: &Description, mode: libc::mode_t) -> c_int {
+    match (&d.node, d.mount.fs()) {
+        (_, Err(e)) => fail(e),
+        (Node::File(f), Ok(_)) => result(f.set_mode(mode)),
+        (Node::Dir, Ok(fs)) => result(fs.set_mode(&d.path, mode)),
+    }
+}
+
+fn chmod_inside(inside: Inside, mode: libc::mode_t) -> c_int {
+    match inside.mount.fs() {
+        Ok(fs) => result(fs.set_mode(&inside.path, mode)),
+        Err(e) => fail(e),
+    }
+}
+
+/// `chmod` (a mount keeps the permission bits; set-id bits too).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn chmod(path: *const c_char, mode: libc::mode_t) -> c_int {
+    // SAFETY: passed on.
+    on_path(libc::AT_FDCWD, path, fail, |inside| chmod_inside(inside, mode))
+        .unwrap_or_else(|| unsafe { real::chmod(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+}
+
+/// `fchmodat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchmodat(dirfd: c_int, path: *const c_char, mode: libc::mode_t, flags: c_int) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| chmod_inside(inside, mode));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::fchmodat(dirfd, super::kernel(dirfd, path).ptr(), mode, flags) })
+}
+
+/// `fchmod`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int {
+    // SAFETY: passed on.
+    on_fd(fd, fail, |d| fchmod_mounted(d, mode)).unwrap_or_else(|| unsafe { real::fchmod(fd, mode) })
+}
+
+/// The modification time `times` asks for (utimensat's rules: NULL is now,
+/// UTIME_NOW, UTIME_OMIT); `Ok(None)` leaves it; the access time is not kept.
+fn mtime_of(times: *const libc::timespec) -> Result<Option<u64>, c_int> {
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    if times.is_null() {
+        return Ok(Some(now()));
+    }
+    // SAFETY: utimensat's times is an array of two timespecs.
+    let m = unsafe { *times.add(1) };
+    match m.tv_nsec {
+        libc::UTIME_OMIT => Ok(None),
+        libc::UTIME_NOW => Ok(Some(now())),
+        ns if !(0..1_000_000_000).contains(&ns) || m.tv_sec < 0 => Err(libc::EINVAL),
+        ns => Ok(Some(m.tv_sec as u64 * 1_000_000_000 + ns as u64)),
+    }
+}
+
+fn utimes_inside(inside: Inside, times: *const libc::timespec) -> c_int {
+    let fs = match inside.mount.fs() {
+        Ok(fs) => fs,
+        Err(e) => return fail(e),
+    };
+    match mtime_of(times) {
+        Err(e) => fail(e),
+        Ok(None) => result(fs.metadata(&inside.path).map(drop)),
+        Ok(Some(ns)) => result(fs.set_mtime(&inside.path, ns)),
+    }
+}
+
+/// `utimensat`: a mounted path's modification time.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const libc::timespec,
+    flags: c_int,
+) -> c_int {
+    let mounted = if path.is_null() {
+        // Linux's utimensat(fd, NULL, ...) is futimens.
+        on_fd(dirfd, fail, |d| futimens_mounted(d, times))
+    } else {
+        on_path(dirfd, path, fail, |inside| utimes_inside(inside, times))
+    };
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::utimensat(dirfd, super::kernel(dirfd, path).ptr(), times, flags) })
+}
+
+fn futimens_mounted(d: &Description, times: *const libc::timespec) -> c_int {
+    let ns = match mtime_of(times) {
+        Err(e) => return fail(e),
+        Ok(None) => return 0,
+        Ok(Some(ns)) => ns,
+    };
+    match (&d.node, d.mount.fs()) {
+        (_, Err(e)) => fail(e),
+        (Node::File(f), Ok(_)) => result(f.set_mtime(ns)),
+        (Node::Dir, Ok(fs)) => result(fs.set_mtime(&d.path, ns)),
+    }
+}
+
+/// `futimens`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
+    // SAFETY: passed on.
+    on_fd(fd, fail, |d| futimens_mounted(d, times)).unwrap_or_else(|| unsafe { real::futimens(fd, times) })
+}
+
+/// `utimes` (microseconds).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn utimes(path: *const c_char, times: *const libc::timeval) -> c_int {
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| {
+        let spec = (!times.is_null()).then(|| {
+            // SAFETY: utimes's times is an array of two timevals.
+            let t = unsafe { [*times, *times.add(1)] };
+            t.map(|v| libc::timespec { tv_sec: v.tv_sec, tv_nsec: v.tv_usec * 1000 })
+        });
+        utimes_inside(inside, spec.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()))
+    });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::utimes(super::kernel(libc::AT_FDCWD, path).ptr(), times) })
+}
+
+/// chown in a mount: every file is the calling user's, so a change to that
+/// user (or -1) succeeds and any other is EPERM, as for an unprivileged
+/// process; root's changes succeed and are not kept (said once with `IOPATH_LOG`).
+fn chown_mounted(uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    // SAFETY: no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let same = (uid == u32::MAX || uid == euid) && (gid == u32::MAX || gid == egid);
+    if same {
+        return 0;
+    }
+    if euid != 0 {
+        return fail(libc::EPERM);
+    }
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::log("chown in a mount: accepted for root, not kept (files belong to the process's user)");
+    }
+    0
+}
+
+fn exists(inside: &Inside) -> c_int {
+    match metadata_inside(inside) {
+        Ok(_) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+macro_rules! hook_chown {
+    ($($name:ident),*) => {$(
+        /// `chown`/`lchown`: see `chown_mounted`.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| match exists(&inside) {
+                0 => chown_mounted(uid, gid),
+                e => e,
+            });
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), uid, gid) })
+        }
+    )*};
+}
+hook_chown!(chown, lchown);
+
+/// `fchown`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    // SAFETY: passed on.
+    on_fd(fd, fail, |_| chown_mounted(uid, gid)).unwrap_or_else(|| unsafe { real::fchown(fd, uid, gid) })
+}
+
+/// `fchownat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: *const c_char,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    flags: c_int,
+) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| match exists(&inside) {
+        0 => chown_mounted(uid, gid),
+        e => e,
+    });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::fchownat(dirfd, super::kernel(dirfd, path).ptr(), uid, gid, flags) })
+}
+
+/// `f_type` iopath's mounts report ("IOPF").
+pub const IOPATH_MAGIC: i64 = 0x494f_5046;
+
+/// Fills a `struct statfs` (the same layout as `statfs64` on 64-bit Linux).
+fn fill_statfs(mount: &Mount, out: *mut libc::statfs) -> c_int {
+    if out.is_null() {
+        return fail(libc::EFAULT);
+    }
+    let fs = match mount.fs() {
+        Ok(fs) => fs,
+        Err(e) => return fail(e),
+    };
+    let sb = fs.superblock();
+    // SAFETY: all-zero is a valid struct statfs.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    st.f_type = IOPATH_MAGIC;
+    st.f_bsize = 4096;
+    st.f_frsize = 4096;
+    st.f_blocks = sb.blocks - sb.data_start;
+    st.f_bfree = fs.stats().free_blocks;
+    st.f_bavail = st.f_bfree;
+    st.f_files = sb.inodes();
+    st.f_ffree = sb.inodes().saturating_sub(fs.names() as u64);
+    st.f_namelen = 255;
+    // SAFETY: the caller's buffer holds a struct statfs.
+    unsafe { out.write(st) };
+    0
+}
+
+macro_rules! hook_statfs {
+    ($($name:ident: $ty:ty),*) => {$(
+        /// `statfs`: a mount's space and inodes.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, out: *mut $ty) -> c_int {
+            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| match exists(&inside) {
+                0 => fill_statfs(inside.mount, out.cast()),
+                e => e,
+            });
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), out) })
+        }
+    )*};
+}
+hook_statfs!(statfs: libc::statfs, statfs64: libc::statfs64);
+
+macro_rules! hook_fstatfs {
+    ($($name:ident: $ty:ty),*) => {$(
+        /// `fstatfs`: a mount's space and inodes.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, out: *mut $ty) -> c_int {
+            // SAFETY: passed on.
+            on_fd(fd, fail, |d| fill_statfs(d.mount, out.cast())).unwrap_or_else(|| unsafe { real::$name(fd, out) })
+        }
+    )*};
+}
+hook_fstatfs!(fstatfs: libc::statfs, fstatfs64: libc::statfs64);
+
+/// Extended attributes: a mount keeps none. Reading one is ENODATA (so a
+/// program asking for an ACL or an SELinux label learns there is none),
+/// listing gives an empty list, setting one is ENOTSUP.
+fn xattr_result(exists: c_int, op: XattrOp) -> isize {
+    if exists != 0 {
+        return -1;
+    }
+    match op {
+        XattrOp::Get | XattrOp::Remove => fail(libc::ENODATA) as isize,
+        XattrOp::List => 0,
+        XattrOp::Set => fail(libc::ENOTSUP) as isize,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum XattrOp {
+    Get,
+    List,
+    Set,
+    Remove,
+}
+
+macro_rules! hook_xattr_path {
+    ($op:expr, $ret:ty, $($name:ident ( $($arg:ident: $ty:ty),* )),*) => {$(
+        /// An extended-attribute call on a path: see `xattr_result`.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, $($arg: $ty),*) -> $ret {
+            let mounted = on_path(libc::AT_FDCWD, path, |e| fail(e) as $ret, |inside| xattr_result(exists(&inside), $op) as $ret);
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), $($arg),*) })
+        }
+    )*};
+}
+macro_rules! hook_xattr_fd {
+    ($op:expr, $ret:ty, $($name:ident ( $($arg:ident: $ty:ty),* )),*) => {$(
+        /// An extended-attribute call on a descriptor: see `xattr_result`.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, $($arg: $ty),*) -> $ret {
+            // SAFETY: passed on.
+            on_fd(fd, |e| fail(e) as $ret, |_| xattr_result(0, $op) as $ret).unwrap_or_else(|| unsafe { real::$name(fd, $($arg),*) })
+        }
+    )*};
+}
+hook_xattr_path!(XattrOp::Get, libc::ssize_t,
+    getxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t),
+    lgetxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
+hook_xattr_path!(XattrOp::List, libc::ssize_t,
+    listxattr(list: *mut c_char, size: libc::size_t),
+    llistxattr(list: *mut c_char, size: libc::size_t));
+hook_xattr_path!(XattrOp::Set, c_int,
+    setxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int),
+    lsetxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));
+hook_xattr_path!(XattrOp::Remove, c_int, removexattr(name: *const c_char), lremovexattr(name: *const c_char));
+hook_xattr_fd!(XattrOp::Get, libc::ssize_t, fgetxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
+hook_xattr_fd!(XattrOp::List, libc::ssize_t, flistxattr(list: *mut c_char, size: libc::size_t));
+hook_xattr_fd!(XattrOp::Set, c_int, fsetxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));
+hook_xattr_fd!(XattrOp::Remove, c_int, fremovexattr(name: *const c_char));

@@ -7,13 +7,17 @@
 //! give; otherwise an `IOPATH_FILES` descriptor's I/O is routed through its
 //! engine (`route.rs`); everything else goes to the C library untouched.
 //!
-//! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask
-//! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags)
+//! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
+//!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be)
+//! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), and
+//!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does)
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, fsync, fdatasync,
 //!   syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate, fadvise, readahead, mmap
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd
-//! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms)
+//! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
+//!   chmod, utimensat/futimens/utimes, chown (see there), statfs
 //! - `locks.rs`: fcntl record locks and flock on mounted files
+//! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`)
 //!
 //! In a child after `fork` the parent's mount is not there (its engine's
 //! threads are not): calls on inherited mounted descriptors fail with
@@ -26,6 +30,7 @@ pub mod directories;
 pub mod locks;
 pub mod metadata;
 pub mod paths;
+pub mod stdio;
 
 use crate::mount::{self, Description};
 use crate::{FORKED, INSIDE, MOUNTING, set_errno};
@@ -35,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether this call should look at the mounts (none set, or a call iopath makes itself: no).
-fn mounting() -> bool {
+pub(crate) fn mounting() -> bool {
     MOUNTING.load(Ordering::Relaxed) && !INSIDE.try_with(Cell::get).unwrap_or(true)
 }
 
@@ -82,7 +87,7 @@ pub(crate) fn on_fd<R>(
 }
 
 /// The bytes of a C path (`None` for NULL).
-fn path_bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
+pub(crate) fn path_bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
     if path.is_null() {
         return None;
     }
@@ -113,4 +118,28 @@ pub(crate) fn on_path<R>(
 pub(crate) fn fail_size(errno: c_int) -> libc::ssize_t {
     set_errno(errno);
     -1
+}
+
+/// A path for the kernel: the caller's, or the absolute one a relative
+/// path means while the working directory is a mount's ([`mount::kernel_path`]).
+pub(crate) struct KernelPath {
+    original: *const c_char,
+    rewritten: Option<std::ffi::CString>,
+}
+
+impl KernelPath {
+    /// The pointer to pass on.
+    pub(crate) fn ptr(&self) -> *const c_char {
+        self.rewritten.as_ref().map_or(self.original, |c| c.as_ptr())
+    }
+}
+
+/// What the kernel should get for `path` relative to `dirfd`.
+pub(crate) fn kernel(dirfd: c_int, path: *const c_char) -> KernelPath {
+    let rewritten = if MOUNTING.load(Ordering::Relaxed) {
+        path_bytes(path).and_then(|p| mount::kernel_path(dirfd, p))
+    } else {
+        None
+    };
+    KernelPath { original: path, rewritten }
 }

@@ -146,7 +146,7 @@ macro_rules! hook_open {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(path, flags, mode) })
+            created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) })
         }
     )*};
 }
@@ -162,7 +162,7 @@ macro_rules! hook_openat {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(dirfd, path, flags, mode) })
+            created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) })
         }
     )*};
 }
@@ -179,7 +179,7 @@ macro_rules! hook_creat {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(path, mode) })
+            created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
         }
     )*};
 }
@@ -195,7 +195,7 @@ macro_rules! hook_open_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(path, flags) })
+            created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) })
         }
     )*};
 }
@@ -211,7 +211,7 @@ macro_rules! hook_openat_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(dirfd, path, flags) })
+            created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) })
         }
     )*};
 }
@@ -244,7 +244,7 @@ fn with_fs(inside: &Inside, f: impl FnOnce(&iopath::fs::FileSystem) -> iopath::R
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
     let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.unlink(&inside.path)));
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::unlink(path) })
+    mounted.unwrap_or_else(|| unsafe { real::unlink(super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
 
 /// `unlinkat`: unlink, or rmdir with AT_REMOVEDIR.
@@ -264,7 +264,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
         }
     });
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::unlinkat(dirfd, path, flags) })
+    mounted.unwrap_or_else(|| unsafe { real::unlinkat(dirfd, super::kernel(dirfd, path).ptr(), flags) })
 }
 
 /// `rmdir`.
@@ -275,7 +275,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
     let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.rmdir(&inside.path)));
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::rmdir(path) })
+    mounted.unwrap_or_else(|| unsafe { real::rmdir(super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
 
 /// `mkdirat` in a mount (the umask applies, as in the kernel).
@@ -291,7 +291,7 @@ fn mkdir_inside(inside: Inside, mode: mode_t) -> c_int {
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
     // SAFETY: passed on.
     on_path(libc::AT_FDCWD, path, fail, |inside| mkdir_inside(inside, mode))
-        .unwrap_or_else(|| unsafe { real::mkdir(path, mode) })
+        .unwrap_or_else(|| unsafe { real::mkdir(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
 }
 
 /// `mkdirat`.
@@ -302,7 +302,7 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
     let mounted = on_path(dirfd, path, fail, |inside| mkdir_inside(inside, mode));
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::mkdirat(dirfd, path, mode) })
+    mounted.unwrap_or_else(|| unsafe { real::mkdirat(dirfd, super::kernel(dirfd, path).ptr(), mode) })
 }
 
 /// A rename with one or both names in a mount: within one mount it is the
@@ -340,7 +340,9 @@ fn rename_any(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int {
     // SAFETY: passed on.
-    rename_any(libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0).unwrap_or_else(|| unsafe { real::rename(old, new) })
+    rename_any(libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0).unwrap_or_else(|| unsafe {
+        real::rename(super::kernel(libc::AT_FDCWD, old).ptr(), super::kernel(libc::AT_FDCWD, new).ptr())
+    })
 }
 
 /// `renameat`.
@@ -351,7 +353,9 @@ pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int
 pub unsafe extern "C" fn renameat(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> c_int {
     rename_any(olddirfd, old, newdirfd, new, 0)
         // SAFETY: passed on.
-        .unwrap_or_else(|| unsafe { real::renameat(olddirfd, old, newdirfd, new) })
+        .unwrap_or_else(|| unsafe {
+            real::renameat(olddirfd, super::kernel(olddirfd, old).ptr(), newdirfd, super::kernel(newdirfd, new).ptr())
+        })
 }
 
 /// `renameat2` (RENAME_NOREPLACE and RENAME_EXCHANGE in a mount).
@@ -368,7 +372,15 @@ pub unsafe extern "C" fn renameat2(
 ) -> c_int {
     rename_any(olddirfd, old, newdirfd, new, flags)
         // SAFETY: passed on.
-        .unwrap_or_else(|| unsafe { real::renameat2(olddirfd, old, newdirfd, new, flags) })
+        .unwrap_or_else(|| unsafe {
+            real::renameat2(
+                olddirfd,
+                super::kernel(olddirfd, old).ptr(),
+                newdirfd,
+                super::kernel(newdirfd, new).ptr(),
+                flags,
+            )
+        })
 }
 
 /// access(2) in a mount: existence, and the owner's permission bits (every
@@ -401,7 +413,7 @@ fn access_inside(inside: Inside, how: c_int) -> c_int {
 pub unsafe extern "C" fn access(path: *const c_char, how: c_int) -> c_int {
     // SAFETY: passed on.
     on_path(libc::AT_FDCWD, path, fail, |inside| access_inside(inside, how))
-        .unwrap_or_else(|| unsafe { real::access(path, how) })
+        .unwrap_or_else(|| unsafe { real::access(super::kernel(libc::AT_FDCWD, path).ptr(), how) })
 }
 
 /// `faccessat`.
@@ -412,7 +424,7 @@ pub unsafe extern "C" fn access(path: *const c_char, how: c_int) -> c_int {
 pub unsafe extern "C" fn faccessat(dirfd: c_int, path: *const c_char, how: c_int, flags: c_int) -> c_int {
     let mounted = on_path(dirfd, path, fail, |inside| access_inside(inside, how));
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::faccessat(dirfd, path, how, flags) })
+    mounted.unwrap_or_else(|| unsafe { real::faccessat(dirfd, super::kernel(dirfd, path).ptr(), how, flags) })
 }
 
 macro_rules! hook_truncate {
@@ -430,8 +442,122 @@ macro_rules! hook_truncate {
                 with_fs(&inside, |fs| fs.open(&inside.path)?.truncate(len as u64))
             });
             // SAFETY: passed on.
-            mounted.unwrap_or_else(|| unsafe { real::$name(path, len) })
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), len) })
         }
     )*};
 }
 hook_truncate!(truncate, truncate64);
+
+/// chdir into a mounted directory: the working directory becomes a mount's
+/// (the kernel's moves to the mount's own directory, or stays if that is
+/// not a directory here).
+fn chdir_inside(inside: Inside) -> c_int {
+    let fs = match inside.mount.fs() {
+        Ok(fs) => fs,
+        Err(e) => return fail(e),
+    };
+    match fs.metadata(&inside.path) {
+        Ok(m) if m.kind == Kind::Dir => {}
+        Ok(_) => return fail(libc::ENOTDIR),
+        Err(e) => return fail(errno_of(&e)),
+    }
+    let mut dir = inside.mount.dir.clone();
+    if inside.path != b"/" {
+        dir.extend_from_slice(inside.path.strip_suffix(b"/").unwrap_or(&inside.path));
+    }
+    let mut host = inside.mount.dir.clone();
+    host.push(0);
+    // SAFETY: a NUL-terminated path we own.
+    let _ = unsafe { real::chdir(host.as_ptr().cast()) };
+    mount::set_virtual_cwd(Some(dir));
+    0
+}
+
+/// `chdir`: into a mount, or the kernel's (which leaves any mount's).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
+    if let Some(r) = on_path(libc::AT_FDCWD, path, fail, chdir_inside) {
+        return r;
+    }
+    // SAFETY: passed on.
+    let r = unsafe { real::chdir(super::kernel(libc::AT_FDCWD, path).ptr()) };
+    if r == 0 {
+        mount::set_virtual_cwd(None);
+    }
+    r
+}
+
+/// `fchdir`: to a mounted directory descriptor, or the kernel's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
+    let mounted = super::on_fd(fd, fail, |d| {
+        chdir_inside(Inside { mount: d.mount, path: if d.path.is_empty() { b"/".to_vec() } else { d.path.clone() } })
+    });
+    if let Some(r) = mounted {
+        return r;
+    }
+    // SAFETY: passed on.
+    let r = unsafe { real::fchdir(fd) };
+    if r == 0 {
+        mount::set_virtual_cwd(None);
+    }
+    r
+}
+
+/// `getcwd`: a mount's working directory, or the kernel's (glibc's
+/// extensions included: a NULL buffer is allocated with malloc).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: libc::size_t) -> *mut c_char {
+    let virtual_cwd = if super::mounting() { mount::virtual_cwd() } else { None };
+    let Some(dir) = virtual_cwd else {
+        // SAFETY: passed on.
+        return unsafe { real::getcwd(buf, size) };
+    };
+    let need = dir.len() + 1;
+    let out = if buf.is_null() {
+        // SAFETY: malloc of a size; the caller frees it (glibc's contract).
+        let p = unsafe { libc::malloc(need.max(size)) }.cast::<c_char>();
+        if p.is_null() {
+            crate::set_errno(libc::ENOMEM);
+            return p;
+        }
+        p
+    } else if size == 0 {
+        crate::set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    } else if size < need {
+        crate::set_errno(libc::ERANGE);
+        return std::ptr::null_mut();
+    } else {
+        buf
+    };
+    // SAFETY: `out` holds at least `need` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(dir.as_ptr().cast::<c_char>(), out, dir.len());
+        *out.add(dir.len()) = 0;
+    }
+    out
+}
+
+/// `get_current_dir_name`: as [`getcwd`] with a NULL buffer.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
+    if super::mounting() && mount::virtual_cwd().is_some() {
+        // SAFETY: a NULL buffer: allocated.
+        return unsafe { getcwd(std::ptr::null_mut(), 0) };
+    }
+    // SAFETY: passed on.
+    unsafe { real::get_current_dir_name() }
+}

@@ -1,0 +1,163 @@
+//! `iopath run`: runs an unmodified program with the interposer preloaded,
+//! its files on iopath (`--mount`) or its direct I/O routed (`--files`).
+
+use clap::Args;
+use iopath::fs::format::Superblock;
+use iopath::{Error, Result};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+const RUN_HELP: &str = "\
+Runs PROG with libiopath_preload.so loaded and set up from these flags (the same as setting the
+IOPATH_* variables by hand: README, 'Inside unmodified programs').
+
+--mount DIR=DEVICE serves every path under DIR (absolute, relative to the working directory, or
+through '..') from the iopath file system on DEVICE (make one with `iopath mkfs`; any device spec or a
+bare path). Nothing outside DIR changes, and a program that never touches DIR pays nothing. DIR is
+made if it does not exist (it stays empty: the files are on DEVICE). One process mounts a device at a
+time: a program started while another holds it waits up to --wait seconds, then its calls into DIR
+fail with EBUSY and a message naming the holder. The mount is committed when the program exits;
+what it fsync'd is durable at once. A forked child cannot use its parent's mounted descriptors;
+mmap of a mounted file is refused (ENODEV).
+
+--files PATTERN routes the program's O_DIRECT I/O on matching files through iopath's engine
+instead (they stay on the kernel's file system).
+
+EXAMPLES:
+  iopath mkfs /dev/shm/db.img --size 4g
+  iopath run --mount /tmp/db=/dev/shm/db.img -- sqlite3 /tmp/db/test.db 'create table t(x)'
+  iopath run --mount data=uring:/dev/loop0 --fsync-path journaled -- db_bench --db=data/rocks --benchmarks=fillsync
+  iopath run --files '/dev/loop0' --path stm -- fio --filename=/dev/loop0 --direct=1 --rw=randread --name=x
+";
+
+/// Arguments of `iopath run`.
+#[derive(Args, Debug)]
+#[command(after_long_help = RUN_HELP)]
+pub struct RunArgs {
+    /// DIR=DEVICE: serve DIR from the iopath file system on DEVICE (repeatable).
+    #[arg(long = "mount", value_name = "DIR=DEVICE")]
+    mounts: Vec<String>,
+    /// Route O_DIRECT I/O on files matching this glob through iopath (repeatable).
+    #[arg(long = "files", value_name = "PATTERN")]
+    files: Vec<String>,
+    /// I/O path of the engines (default auto: it chooses and keeps choosing).
+    #[arg(long)]
+    path: Option<String>,
+    /// fsync path of the mounts: conventional, aios or journaled.
+    #[arg(long)]
+    fsync_path: Option<String>,
+    /// Idle CPUs poll instead of halting while the program runs (root only).
+    #[arg(long)]
+    idle_poll: bool,
+    /// Say on stderr what the interposer does (IOPATH_LOG=1).
+    #[arg(long)]
+    log: bool,
+    /// Seconds to wait for another process that has a mount's device mounted.
+    #[arg(long, default_value_t = 10.0)]
+    wait: f64,
+    /// The program and its arguments (after --).
+    #[arg(required = true, last = true, value_name = "PROG ARGS")]
+    command: Vec<String>,
+}
+
+/// Where libiopath_preload.so is: $IOPATH_PRELOAD, beside this executable, or its `deps/`.
+fn preload_library() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("IOPATH_PRELOAD") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|source| Error::Os { context: "cannot find this executable".into(), source })?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    [dir.join("libiopath_preload.so"), dir.join("deps/libiopath_preload.so"), dir.join("../lib/libiopath_preload.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            Error::spec(
+                "interposer",
+                dir.join("libiopath_preload.so").display().to_string(),
+                "not found; build it with `cargo build --release` (it is built with iopath), or set IOPATH_PRELOAD",
+            )
+        })
+}
+
+/// Checks a `DIR=DEVICE` before the program starts: DIR is (made) a directory, DEVICE holds a file system.
+fn check_mount(text: &str) -> Result<(PathBuf, String)> {
+    let Some((dir, device)) = text.split_once('=').filter(|(d, v)| !d.is_empty() && !v.is_empty()) else {
+        return Err(Error::spec("--mount", text, "write DIR=DEVICE, e.g. --mount /tmp/db=/dev/shm/db.img"));
+    };
+    let dir =
+        std::path::absolute(dir).map_err(|source| Error::Os { context: format!("cannot resolve {dir}"), source })?;
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::spec("--mount", text, "DIR exists and is not a directory"));
+    }
+    if !dir.exists() {
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Os {
+            context: format!("cannot make the mount directory {}", dir.display()),
+            source,
+        })?;
+        eprintln!("iopath: made {} (it stays empty: the files are on {device})", dir.display());
+    }
+    let spec = if device.contains(':') { device.to_string() } else { format!("uring:{device}") };
+    if !device.contains(':') && !Path::new(device).exists() {
+        return Err(Error::spec(
+            "--mount",
+            text,
+            "DEVICE does not exist; make a file system with `iopath mkfs DEVICE --size 1g`",
+        ));
+    }
+    let engine = iopath::Engine::open(&spec, iopath::PathConfig::preset("sync-path")?)?;
+    let mut block = iopath::IoBuf::new(4096);
+    engine.read_at(&mut block, 0)?;
+    Superblock::decode(&block, engine.device().size() / 4096)?;
+    Ok((dir, device.to_string()))
+}
+
+/// Runs `iopath run`: replaces this process with the program.
+pub fn run(args: RunArgs) -> Result<()> {
+    if args.mounts.is_empty() && args.files.is_empty() {
+        return Err(Error::spec(
+            "flags",
+            "",
+            "give --mount DIR=DEVICE (files on iopath) or --files PATTERN (I/O routed)",
+        ));
+    }
+    if let Some(p) = &args.path {
+        iopath::PathConfig::preset(p)?;
+    }
+    if let Some(f) = &args.fsync_path {
+        iopath::fs::FsyncPath::parse(f)?;
+    }
+    let mut mounts = Vec::new();
+    for m in &args.mounts {
+        let (dir, device) = check_mount(m)?;
+        mounts.push(format!("{}={device}", dir.display()));
+    }
+    let library = preload_library()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", library.display()),
+        _ => library.display().to_string(),
+    };
+    let (program, rest) = args.command.split_first().expect("clap requires the program");
+    let mut command = std::process::Command::new(program);
+    command.args(rest).env("LD_PRELOAD", preload);
+    if !mounts.is_empty() {
+        command.env("IOPATH_MOUNT", mounts.join(";"));
+    }
+    if !args.files.is_empty() {
+        command.env("IOPATH_FILES", args.files.join(":"));
+    }
+    for (key, value) in [("IOPATH_PATH", &args.path), ("IOPATH_FSYNC_PATH", &args.fsync_path)] {
+        if let Some(v) = value {
+            command.env(key, v);
+        }
+    }
+    if args.idle_poll {
+        command.env("IOPATH_IDLE_POLL", "1");
+    }
+    if args.log {
+        command.env("IOPATH_LOG", "1");
+    }
+    command.env("IOPATH_MOUNT_WAIT", args.wait.max(0.0).to_string());
+    let e = command.exec();
+    Err(Error::Os { context: format!("cannot run {program}"), source: e })
+}

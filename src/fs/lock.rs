@@ -1,0 +1,156 @@
+//! One process mounts a device's file system at a time.
+//!
+//! All of a mounted file system's metadata lives in the memory of the
+//! process that mounted it, so a second process mounting the same device
+//! would see stale metadata and overwrite the first one's. [`MountLock`]
+//! keeps that from happening: an exclusive `flock` on a lock file named
+//! after the device's identity (its device and inode numbers, so every
+//! spelling of one file or block device gets the same lock), holding the
+//! holder's pid. The kernel drops a `flock` when its holder exits, however
+//! it exits (SIGKILL included), so a lock never outlives its process.
+//!
+//! The interposer, `iopath mkfs` and the file tools (`ls`, `cp`, `fsck`,
+//! ...) take it; a second taker waits up to its limit and then fails with
+//! a message that names the holder's pid and command.
+
+use crate::device::DeviceSpec;
+use crate::device::spec::Backend;
+use crate::error::{Error, Result};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// An exclusive hold on a device's file system for this process, until dropped.
+#[derive(Debug)]
+pub struct MountLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+/// The file or block device a spec names, if it names one (`None` for an
+/// emulated device in memory and the null device, which no other process sees).
+pub fn backing_path(spec: &str) -> Option<PathBuf> {
+    let spec = if spec.contains(':') || spec.starts_with("emu") || spec.starts_with("null") {
+        spec.to_string()
+    } else {
+        format!("uring:{spec}")
+    };
+    match DeviceSpec::parse(&spec, None).ok()?.backend {
+        Backend::Uring(c) => Some(c.target.path),
+        Backend::Psync(c) => Some(c.target.path),
+        Backend::Emu(c) => c.file,
+        Backend::Null(_) => None,
+    }
+}
+
+/// Where the lock of the device at `path` lives.
+fn lock_path(path: &Path) -> Result<PathBuf> {
+    let meta = std::fs::metadata(path)
+        .map_err(|source| Error::Os { context: format!("cannot look at {}", path.display()), source })?;
+    let id = if meta.file_type().is_file() {
+        format!("{:x}-{:x}", meta.dev(), meta.ino())
+    } else {
+        format!("rdev-{:x}", meta.rdev())
+    };
+    let dir = if Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
+    Ok(PathBuf::from(format!("{dir}/iopath-mount-{id}.lock")))
+}
+
+/// The command line of process `pid`, for a message.
+fn command_of(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            let words: Vec<String> = b
+                .split(|&c| c == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            words.join(" ")
+        })
+        .unwrap_or_default()
+}
+
+impl MountLock {
+    /// Takes the lock of the device `spec` names, waiting up to `wait` for
+    /// a holder to let go. `Ok(None)` for a device no other process can
+    /// reach (in memory).
+    pub fn acquire(spec: &str, wait: Duration) -> Result<Option<MountLock>> {
+        let Some(device) = backing_path(spec) else { return Ok(None) };
+        let path = lock_path(&device)?;
+        let os = |what: &str, source| Error::Os {
+            context: format!("cannot {what} the mount lock {}", path.display()),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| os("open", e))?;
+        // Anyone may take it next (the lock file outlives its holder, not the lock).
+        let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let deadline = Instant::now() + wait;
+        loop {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(os("take", e));
+            }
+            if Instant::now() >= deadline {
+                let mut text = String::new();
+                let _ = file.rewind().and_then(|()| file.read_to_string(&mut text));
+                let holder = text.trim().parse::<u32>().ok();
+                let who = holder.map_or_else(
+                    || "another process".to_string(),
+                    |pid| format!("process {pid} ({})", command_of(pid)),
+                );
+                return Err(Error::File {
+                    op: "mount",
+                    name: device.display().to_string(),
+                    errno: libc::EBUSY,
+                    why: format!(
+                        "its file system is mounted by {who}, and one process mounts a device at a time; \
+                         wait for that process to exit (or stop it), then try again{}",
+                        if wait.is_zero() { "" } else { " (IOPATH_MOUNT_WAIT sets how long the interposer waits)" }
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+        Ok(Some(MountLock { _file: file, path }))
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_taker_is_refused_with_the_holders_pid_and_every_spelling_is_one_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("x.img");
+        std::fs::write(&img, [0u8; 4096]).unwrap();
+        let bare = img.to_str().unwrap().to_string();
+        let held = MountLock::acquire(&bare, Duration::ZERO).unwrap().unwrap();
+        let text = std::fs::read_to_string(held.path()).unwrap();
+        assert_eq!(text, std::process::id().to_string());
+        // flock conflicts between open file descriptions, so this process stands in for another.
+        let e = MountLock::acquire(&format!("psync:{bare}"), Duration::from_millis(20)).unwrap_err().to_string();
+        assert!(e.contains(&format!("process {}", std::process::id())), "{e}");
+        drop(held);
+        assert!(MountLock::acquire(&format!("uring:{bare}"), Duration::ZERO).unwrap().is_some());
+        assert!(MountLock::acquire("emu:optane,size=1m", Duration::ZERO).unwrap().is_none());
+    }
+}
