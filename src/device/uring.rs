@@ -90,6 +90,10 @@ pub struct UringConfig {
     pub iopoll: IoPoll,
 }
 
+/// How often a look at a DEFER_TASKRUN ring with commands in flight enters
+/// the kernel even when the ring's TASKRUN flag is clear (see `reap`).
+const ENTER_EVERY_NS: u64 = 50_000;
+
 const KNOWN: &[&str] = &["direct", "size", "readonly", "taskrun", "fixedbufs", "fixedfiles", "sqpoll", "iopoll"];
 
 impl UringConfig {
@@ -349,6 +353,8 @@ struct UringQueue {
     iopoll: bool,
     /// How this ring's completions are posted.
     taskrun: TaskRun,
+    /// When a look last entered the kernel for deferred task work.
+    last_enter_ns: u64,
     /// `user_data` of the SQEs pushed into the ring and not yet taken by the
     /// kernel, oldest first: the ones a failed enter leaves behind.
     unsent: VecDeque<u64>,
@@ -426,6 +432,7 @@ impl UringQueue {
             fixed_file,
             registered,
             taskrun,
+            last_enter_ns: 0,
             slots: (0..depth).map(|_| Slot::holding(None)).collect(),
             free_slots: (0..depth).rev().collect(),
             ready: Vec::with_capacity(depth),
@@ -758,11 +765,23 @@ impl Queue for UringQueue {
             // peek does the same), so an empty look with none pending costs no
             // system call: a yielding waiter in MariaDB made ~250K enters a second,
             // most of them finding nothing.
+            //
+            // With DEFER_TASKRUN the flag is not always raised: the continuation of a
+            // linked chain (the flush before an ordered write, then the write) was seen
+            // to sit in the task-work list with the flag clear (kernel 6.18), and a
+            // polling or yielding waiter looked at an empty ring for seconds (db_bench
+            // fillsync on a mount: 60 ms per fsync, 55 us with taskrun=coop). So while
+            // commands are in flight a look enters at least every ENTER_EVERY_NS anyway.
+            let now = crate::clock::now_ns();
             let needs_enter = match self.taskrun {
-                TaskRun::Defer | TaskRun::Coop => self.ring.submission().taskrun(),
+                TaskRun::Defer => {
+                    self.ring.submission().taskrun() || now.saturating_sub(self.last_enter_ns) >= ENTER_EVERY_NS
+                }
+                TaskRun::Coop => self.ring.submission().taskrun(),
                 TaskRun::Plain => false,
             } || self.iopoll;
             if needs_enter {
+                self.last_enter_ns = now;
                 // SAFETY: a plain GETEVENTS enter with no argument; it submits nothing.
                 let r = unsafe {
                     self.ring.submitter().enter::<libc::sigset_t>(0, 0, 1 /* IORING_ENTER_GETEVENTS */, None)

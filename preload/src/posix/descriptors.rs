@@ -118,6 +118,12 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
     dup_to(fd, to, || unsafe { real::dup3(fd, to, flags) })
 }
 
+/// fcntl's write-lifetime hint commands (linux/fcntl.h; not in the libc crate).
+const F_GET_RW_HINT: c_int = 1024 + 11;
+const F_SET_RW_HINT: c_int = 1024 + 12;
+const F_GET_FILE_RW_HINT: c_int = 1024 + 13;
+const F_SET_FILE_RW_HINT: c_int = 1024 + 14;
+
 /// Status flags `F_SETFL` may change on a mounted description.
 const SETTABLE: c_int = libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOATIME | libc::O_ASYNC;
 
@@ -133,6 +139,15 @@ fn fcntl_mounted(fd: c_int, d: &Arc<Description>, cmd: c_int, arg: c_ulong) -> O
                 d.flags.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| Some((f & !SETTABLE) | (arg & SETTABLE)));
             0
         }
+        // Write-lifetime hints (RocksDB sets them): accepted, as by a file system that ignores them.
+        F_GET_RW_HINT | F_GET_FILE_RW_HINT => {
+            if arg != 0 {
+                // SAFETY: the hint commands take a pointer to a u64 (the C contract).
+                unsafe { (arg as *mut u64).write(0) };
+            }
+            0
+        }
+        F_SET_RW_HINT | F_SET_FILE_RW_HINT => 0,
         libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
             locks::record_lock(d, cmd, arg as *mut libc::flock)
         }

@@ -26,6 +26,11 @@ pub const EPOCH_NS: u64 = 5_000_000;
 /// latency from ~60 µs to ~2 ms; every 20 ms left it at polling's. A preempted
 /// poller is caught sooner, without system calls, by its stalls.
 pub const POLL_EPOCH_NS: (u64, u64) = (20_000_000, 50_000_000);
+/// A polled I/O slower than this (and than [`STARVED_FACTOR`] device times)
+/// means the poller is starving the completion of its CPU.
+pub const STARVED_LATENCY_NS: f64 = 1_000_000.0;
+/// See [`STARVED_LATENCY_NS`].
+pub const STARVED_FACTOR: f64 = 16.0;
 /// Half-life of the cost measured for the mode in use (controller time).
 pub const COST_MEMORY_NS: f64 = 50e6;
 /// Half-life of the smoothed contention signals.
@@ -119,6 +124,14 @@ pub enum Reason {
     },
     /// The poller was preempted (stalls, involuntary switches or run delay).
     Preempted,
+    /// Polling held the CPU that the completion itself needed (a device or
+    /// io_uring worker thread that runs there): I/O took many times the device time.
+    Starved {
+        /// Mean latency per I/O of the epoch (or its length, if none completed).
+        latency: f64,
+        /// The device latency learned from exact samples.
+        device: f64,
+    },
     /// The mode cannot work for this device (latency, timer reach).
     Infeasible,
     /// Another mode looked cheaper for two epochs: it is re-measured.
@@ -138,6 +151,12 @@ impl std::fmt::Display for Reason {
                 write!(f, "probe lost: J {:.1} us per I/O against {:.1} us", tried / 1e3, kept / 1e3)
             }
             Reason::Preempted => write!(f, "the poller was preempted (CPU contended)"),
+            Reason::Starved { latency, device } => write!(
+                f,
+                "polling starved the completion of its CPU: {:.1} us per I/O against a device time of {:.1} us",
+                latency / 1e3,
+                device / 1e3
+            ),
             Reason::Infeasible => write!(f, "mode cannot work for this device's latency or the timer's reach"),
             Reason::Cheaper => write!(f, "looked cheaper for two epochs: re-measuring it"),
         }
@@ -197,6 +216,9 @@ pub struct EpochSignals {
     /// epoch's end (more runnable than a crowd allows: see
     /// [`crowd::cpus_wanted`](crate::path::completion::crowd::cpus_wanted)).
     pub cpus_wanted: bool,
+    /// A polled wait gave up after [`STARVED_LATENCY_NS`] (and
+    /// [`STARVED_FACTOR`] device times) without seeing its completion.
+    pub starved: bool,
 }
 
 /// What a mode was seen to cost: exponentially decayed sums.
@@ -506,6 +528,21 @@ impl Controller {
             self.reason = Reason::Preempted;
             return self.switch_to(Mode::Hybrid);
         }
+        // A poller whose I/Os take many times the device time (or that saw none
+        // complete in a whole epoch) holds the CPU the completion needs: an io_uring
+        // worker doing a flush, a loop device's worker, woken onto the poller's CPU.
+        // Neither preemption signal fires (the worker gets the CPU only when the
+        // poller's slice ends), and each I/O waits a slice: seen with db_bench fillsync
+        // on a mount, 12-60 ms per fsync where yielding took 74 us. Yielding hands the
+        // CPU over; interrupts where yielding is not allowed.
+        let mean = if s.ios > 0 { s.latency_sum_ns as f64 / s.ios as f64 } else { s.wall_ns as f64 };
+        if self.mode == Mode::Poll && (s.starved || mean > STARVED_LATENCY_NS.max(STARVED_FACTOR * l)) {
+            self.reason = Reason::Starved { latency: mean, device: l };
+            let i = &mut self.probe_interval_ns[Mode::Poll as usize];
+            *i = (*i * 4).min(MAX_PROBE_INTERVAL_NS);
+            let to = if self.modes.contains(&Mode::Yield) { Mode::Yield } else { Mode::Interrupt };
+            return self.switch_to(to);
+        }
         if !feasible(self.mode) {
             // The cheapest measured mode that can work, else spinning (yielding where
             // allowed) if the CPU is free.
@@ -716,6 +753,7 @@ mod tests {
                 device_latency_ns: self.device_us * 1000.0,
                 overshoot_ns: self.overshoot_us * 1000.0,
                 cpus_wanted: false,
+                starved: false,
             }
         }
     }
@@ -764,6 +802,32 @@ mod tests {
         stalled.stalls = 2;
         assert_ne!(c.on_epoch(&stalled), Mode::Hybrid);
         assert_eq!(c.switches, 0, "at most a probe of interrupts");
+    }
+
+    #[test]
+    fn a_poller_that_starves_its_completion_yields_at_once() {
+        // Loop-device figures, but each polled I/O waits for the poller's time slice
+        // to end (the worker that completes it was woken onto the poller's CPU).
+        let starving = Machine { poll: (6_000.0, 6_000.0), ..LOOP };
+        let mut c = Controller::auto();
+        c.mode = Mode::Poll;
+        assert_eq!(c.on_epoch(&starving.epoch(Mode::Poll, 0)), Mode::Yield);
+        assert!(matches!(c.reason, Reason::Starved { .. }), "{}", c.reason);
+        assert!(!c.probing(), "a switch, not a probe");
+        // An epoch in which nothing completed at all counts the same; without yielding
+        // (the `adaptive` policy) the way out is interrupts.
+        let mut c = Controller::auto();
+        c.mode = Mode::Poll;
+        let mut none = LOOP.epoch(Mode::Poll, 0);
+        (none.ios, none.latency_sum_ns, none.wall_ns) = (0, 0, 50_000_000);
+        assert_eq!(c.on_epoch(&none), Mode::Yield);
+        let mut c = Controller::new();
+        c.mode = Mode::Poll;
+        assert_eq!(c.on_epoch(&starving.epoch(Mode::Poll, 0)), Mode::Interrupt);
+        // A fast device under contention is slower when polled, but not starved: kept.
+        let mut c = Controller::new();
+        run(&mut c, &DRAM_HOGS, 200);
+        assert_eq!(c.mode(), Mode::Poll);
     }
 
     #[test]

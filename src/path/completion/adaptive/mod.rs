@@ -98,6 +98,8 @@ pub struct Adaptive {
     start: Option<Snapshot>,
     ios: u64,
     latency_sum_ns: u64,
+    /// A polled wait of this epoch gave up without its completion (see `EpochSignals::starved`).
+    starved: bool,
     /// Time the poller was off its CPU this epoch.
     gaps: Gaps,
     mode_since_ns: u64,
@@ -138,6 +140,7 @@ impl Adaptive {
             start: None,
             ios: 0,
             latency_sum_ns: 0,
+            starved: false,
             gaps: Gaps::default(),
             mode_since_ns: 0,
             trace: std::env::var_os("IOPATH_TRACE_ADAPTIVE").is_some_and(|v| v != "0"),
@@ -238,6 +241,7 @@ impl Adaptive {
             device_latency_ns: self.hybrid.bucket_latency_any(),
             overshoot_ns: self.hybrid.overshoot_ns(),
             cpus_wanted: crowd::cpus_wanted(),
+            starved: std::mem::take(&mut self.starved),
         };
         let (switches, probes, was_probing) =
             (self.controller.switches, self.controller.probes, self.controller.probing());
@@ -397,8 +401,16 @@ impl Adaptive {
         let (n, done) = match mode {
             Mode::Hybrid => (self.hybrid.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
             Mode::Poll => {
+                // A poll that outlasts many device times is holding the CPU its completion
+                // needs: give up then, and let the epoch's end choose another mode.
+                let l = self.hybrid.bucket_latency_any();
+                let from = if expect.since_ns > 0 { expect.since_ns } else { now_ns() };
+                let cap = from + controller::STARVED_LATENCY_NS.max(controller::STARVED_FACTOR * l) as u64;
+                let (n, seen) = poll::spin(queue, out, stats, limit_ns.min(cap), Some(&mut self.gaps))?;
+                if n == 0 && queue.in_flight() > 0 && seen >= cap && cap < limit_ns {
+                    self.starved = true;
+                }
                 // Polling still teaches the embedded hybrid the device latency.
-                let (n, seen) = poll::spin(queue, out, stats, limit_ns, Some(&mut self.gaps))?;
                 if n > 0 && expect.since_ns > 0 {
                     self.hybrid.learn(expect, seen);
                 }
@@ -434,7 +446,7 @@ impl Adaptive {
         // A preempted poller is acted on at once, where there is something better to do.
         let stalled = self.gaps.count >= 2 && sleep_feasible(l, self.hybrid.overshoot_ns());
         let probed = probing && self.ios >= self.controller.probe_ios();
-        if (self.ios >= EPOCH_IOS && age >= min_ns) || age >= max_ns || stalled || probed {
+        if (self.ios >= EPOCH_IOS && age >= min_ns) || age >= max_ns || stalled || probed || self.starved {
             self.end_epoch(stats);
         }
         Ok(n)
