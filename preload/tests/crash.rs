@@ -6,42 +6,28 @@
 //! after every kill every acknowledged record must be there byte for byte,
 //! the state file must be whole, and fsck must be clean.
 
-use iopath::fs::{FileSystem, FormatOptions, check};
-use iopath::{Engine, PathConfig};
+mod common;
+
+use common::{compile, engine, formatted_image, mounted};
+use iopath::fs::{FileSystem, check};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-fn preload_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    [deps, deps.parent().unwrap_or(deps)]
-        .into_iter()
-        .map(|d| d.join("libiopath_preload.so"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("no libiopath_preload.so near {}", deps.display()))
-}
-
-fn compile(source: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
-    let out = std::env::temp_dir().join(format!("iopath-{source}-{}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
-        .arg(root.join("tests/c").join(format!("{source}.c")))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cc ({e}): install a C compiler (apt-get install gcc)"));
-    assert!(status.success(), "cc failed on tests/c/{source}.c");
-    out
-}
-
-fn engine(image: &Path) -> Arc<Engine> {
-    let spec = format!("uring:{}", image.display());
-    Arc::new(Engine::open(&spec, PathConfig::preset("sync-path").unwrap()).unwrap())
+/// Runs `command` for `run_for`, kills it with SIGKILL, and returns the lines
+/// it printed; fails the test if it ended on its own.
+fn kill_after(mut command: Command, run_for: Duration, what: &str) -> Vec<String> {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+    std::thread::sleep(run_for);
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.code().is_none(), "{what}: the writer stopped on its own ({status}): {stderr}");
+    lines.join().unwrap()
 }
 
 /// The record crash_writer.c writes for `seq` in file `f`.
@@ -80,39 +66,18 @@ fn records(data: &[u8], f: u8) -> Vec<u64> {
 
 #[test]
 fn sigkill_in_the_middle_of_writing_loses_no_acknowledged_write() {
-    let writer = compile("crash_writer");
+    let writer = compile("crash_writer", &[]);
     let scratch = tempfile::tempdir().unwrap();
-    let image = scratch.path().join("fs.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
-    FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
-    let mnt = scratch.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (image, mnt) = formatted_image(scratch.path());
     let rounds: u64 = std::env::var("CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     let mut acked: BTreeMap<u8, Vec<u64>> = BTreeMap::new();
     let mut state_at_least = None;
     let mut rng = fastrand::Rng::with_seed(7);
     for round in 0..rounds {
-        let mut child = Command::new(&writer)
-            .arg(&mnt)
-            .arg(round.to_string())
-            .arg((round * 1_000_000).to_string())
-            .env("LD_PRELOAD", preload_library())
-            .env("IOPATH_MOUNT", format!("{}={}", mnt.display(), image.display()))
-            .env("IOPATH_MOUNT_WAIT", "5")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let lines =
-            std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
-        std::thread::sleep(Duration::from_millis(rng.u64(20..250)));
-        child.kill().unwrap(); // SIGKILL
-        let status = child.wait().unwrap();
-        let lines = lines.join().unwrap();
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-        assert!(status.code().is_none(), "round {round}: the writer stopped on its own ({status}): {stderr}");
+        let mut command = Command::new(&writer);
+        command.arg(&mnt).arg(round.to_string()).arg((round * 1_000_000).to_string());
+        mounted(&mut command, &mnt, &image);
+        let lines = kill_after(command, Duration::from_millis(rng.u64(20..250)), &format!("round {round}"));
         for line in &lines {
             let words: Vec<&str> = line.split(' ').collect();
             match words[..] {
@@ -168,11 +133,7 @@ fn sigkill_during_sqlite_transactions_keeps_every_commit_and_an_intact_database(
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let image = scratch.path().join("fs.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
-    FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
-    let mnt = scratch.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (image, mnt) = formatted_image(scratch.path());
     let writer = r#"
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1] + "/" + sys.argv[2] + ".db", isolation_level=None)
@@ -201,32 +162,18 @@ if sys.argv[2] == "wal":
 print(db.execute("pragma integrity_check").fetchone()[0])
 print(" ".join(str(r[0]) for r in db.execute("select k from t")))
 "#;
-    let env = |c: &mut Command| {
-        c.env("LD_PRELOAD", preload_library())
-            .env("IOPATH_MOUNT", format!("{}={}", mnt.display(), image.display()))
-            .env("IOPATH_MOUNT_WAIT", "5");
-    };
     let mut rng = fastrand::Rng::with_seed(11);
     let mut acked: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for round in 0..8u64 {
         let mode = if round % 2 == 0 { "delete" } else { "wal" };
         let mut c = Command::new("python3");
         c.args(["-c", writer, &mnt.display().to_string(), mode, &(round * 100_000 + 1).to_string()]);
-        env(&mut c);
-        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let lines =
-            std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
-        std::thread::sleep(Duration::from_millis(rng.u64(300..900)));
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-        assert!(status.code().is_none(), "round {round}: the writer stopped on its own: {stderr}");
-        acked.entry(mode).or_default().extend(lines.join().unwrap().iter().map(|l| l.parse::<u64>().unwrap()));
+        mounted(&mut c, &mnt, &image);
+        let lines = kill_after(c, Duration::from_millis(rng.u64(300..900)), &format!("round {round}"));
+        acked.entry(mode).or_default().extend(lines.iter().map(|l| l.parse::<u64>().unwrap()));
         let mut c = Command::new("python3");
         c.args(["-c", checker, &mnt.display().to_string(), mode]);
-        env(&mut c);
+        mounted(&mut c, &mnt, &image);
         let out = c.output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));

@@ -4,40 +4,12 @@
 //! both ways, the host directory must stay empty, and the image must be
 //! clean (fsck) with the program's files in it.
 
-use iopath::fs::{FileSystem, FormatOptions, check};
-use iopath::{Engine, PathConfig};
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{compile, engine, formatted_image, preload_library};
+use iopath::fs::{FileSystem, check};
+use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
-
-fn preload_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    [deps, deps.parent().unwrap_or(deps)]
-        .into_iter()
-        .map(|d| d.join("libiopath_preload.so"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("no libiopath_preload.so near {}", deps.display()))
-}
-
-fn compile(source: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
-    let out = std::env::temp_dir().join(format!("iopath-{source}-{}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
-        .arg(root.join("tests/c").join(format!("{source}.c")))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cc ({e}): install a C compiler (apt-get install gcc)"));
-    assert!(status.success(), "cc failed on tests/c/{source}.c");
-    out
-}
-
-fn engine(image: &Path) -> Arc<Engine> {
-    let spec = format!("uring:{}", image.display());
-    Arc::new(Engine::open(&spec, PathConfig::preset("sync-path").unwrap()).unwrap())
-}
 
 fn run(program: &Path, dir: &Path, mode: &str, env: &[(&str, String)]) -> (String, String) {
     let out = Command::new(program).arg(dir).arg(mode).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
@@ -49,17 +21,13 @@ fn run(program: &Path, dir: &Path, mode: &str, env: &[(&str, String)]) -> (Strin
 
 #[test]
 fn a_program_sees_posix_semantics_on_an_iopath_mount_as_on_the_kernels_file_system() {
-    let program = compile("mount_test");
+    let program = compile("mount_test", &[]);
     let scratch = tempfile::tempdir().unwrap();
     let kernel_dir = scratch.path().join("kernel");
     std::fs::create_dir(&kernel_dir).unwrap();
     run(&program, &kernel_dir, "kernel", &[]);
 
-    let image = scratch.path().join("fs.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
-    FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
-    let mount_dir = scratch.path().join("mnt");
-    std::fs::create_dir(&mount_dir).unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
     let (_, stderr) = run(
         &program,
         &mount_dir,

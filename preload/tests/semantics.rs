@@ -3,34 +3,11 @@
 //! scratch files routed, for several iopath paths; every check must pass in
 //! every run, and the routed runs must really have routed.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{compile, preload_library};
+use std::path::Path;
 use std::process::Command;
-
-/// This build's `libiopath_preload.so`.
-fn preload_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    [deps, deps.parent().unwrap_or(deps)]
-        .into_iter()
-        .map(|d| d.join("libiopath_preload.so"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("no libiopath_preload.so near {}", deps.display()))
-}
-
-fn compile_test_program(name: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
-    let out = std::env::temp_dir().join(format!("iopath-preload-test-{name}-{}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
-        .arg(root.join("tests/c/preload_test.c"))
-        .arg("-o")
-        .arg(&out)
-        .arg("-lpthread")
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cc ({e}): install a C compiler (apt-get install gcc)"));
-    assert!(status.success(), "cc failed on tests/c/preload_test.c");
-    out
-}
 
 /// Runs the program; returns (stdout, stderr) after checking it passed.
 fn run(program: &Path, env: &[(&str, String)]) -> (String, String) {
@@ -47,7 +24,7 @@ fn run(program: &Path, env: &[(&str, String)]) -> (String, String) {
 
 #[test]
 fn programs_see_the_kernels_semantics_with_and_without_the_interposer() {
-    let program = compile_test_program("semantics");
+    let program = compile("preload_test", &["-lpthread"]);
     run(&program, &[]);
     let library = preload_library().display().to_string();
     for path in ["auto", "sync-yield", "stm", "sync-path", "2q", "sync-intr", "stm+adaptive"] {
@@ -73,7 +50,7 @@ fn programs_see_the_kernels_semantics_with_and_without_the_interposer() {
 
 #[test]
 fn without_patterns_nothing_is_routed_and_nothing_is_printed() {
-    let program = compile_test_program("inactive");
+    let program = compile("preload_test", &["-lpthread"]);
     let library = preload_library().display().to_string();
     let (_, stderr) = run(&program, &[("LD_PRELOAD", library), ("IOPATH_LOG", "1".into())]);
     assert!(!stderr.contains("iopath:"), "{stderr}");
@@ -82,7 +59,7 @@ fn without_patterns_nothing_is_routed_and_nothing_is_printed() {
 
 #[test]
 fn idle_polling_is_asked_for_when_the_environment_says_so() {
-    let program = compile_test_program("idle");
+    let program = compile("preload_test", &["-lpthread"]);
     let library = preload_library().display().to_string();
     let (_, stderr) = run(
         &program,

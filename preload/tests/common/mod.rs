@@ -1,0 +1,60 @@
+//! Helpers shared by the interposer's integration tests.
+#![allow(dead_code)]
+
+use iopath::fs::{FileSystem, FormatOptions};
+use iopath::{Engine, PathConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+/// This build's `libiopath_preload.so`.
+pub fn preload_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps, deps.parent().unwrap_or(deps)]
+        .into_iter()
+        .map(|d| d.join("libiopath_preload.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no libiopath_preload.so near {}", deps.display()))
+}
+
+/// Compiles `tests/c/NAME.c` (with `extra` arguments) into a temporary executable.
+pub fn compile(name: &str, extra: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let out = std::env::temp_dir().join(format!("iopath-{name}-{}-{}", std::process::id(), fastrand::u32(..)));
+    let status = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(root.join("tests/c").join(format!("{name}.c")))
+        .arg("-o")
+        .arg(&out)
+        .args(extra)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cc ({e}): install a C compiler (apt-get install gcc)"));
+    assert!(status.success(), "cc failed on tests/c/{name}.c");
+    out
+}
+
+/// An engine on the image file `image` (io_uring, the plain synchronous path).
+pub fn engine(image: &Path) -> Arc<Engine> {
+    let spec = format!("uring:{}", image.display());
+    Arc::new(Engine::open(&spec, PathConfig::preset("sync-path").unwrap()).unwrap())
+}
+
+/// A 64 MiB image file in `dir` with an empty iopath file system, and an
+/// empty directory to mount it on.
+pub fn formatted_image(dir: &Path) -> (PathBuf, PathBuf) {
+    let image = dir.join("fs.img");
+    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    (image, mnt)
+}
+
+/// Sets the interposer up on `command` to serve `mnt` from `image`.
+pub fn mounted(command: &mut Command, mnt: &Path, image: &Path) {
+    command
+        .env("LD_PRELOAD", preload_library())
+        .env("IOPATH_MOUNT", format!("{}={}", mnt.display(), image.display()))
+        .env("IOPATH_MOUNT_WAIT", "5");
+}
