@@ -169,6 +169,15 @@ next_symbol! {
     lremovexattr: fn(path: *const c_char, name: *const c_char) -> c_int;
     fremovexattr: fn(fd: c_int, name: *const c_char) -> c_int;
     _exit: fn(status: c_int) -> !;
+    symlink: fn(target: *const c_char, path: *const c_char) -> c_int;
+    symlinkat: fn(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int;
+    link: fn(old: *const c_char, new: *const c_char) -> c_int;
+    linkat: fn(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char, flags: c_int) -> c_int;
+    readlink: fn(path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t;
+    readlinkat: fn(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t;
+    mknod: fn(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int;
+    mknodat: fn(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int;
+    mkfifo: fn(path: *const c_char, mode: mode_t) -> c_int;
 }
 
 /// The file position of `fd` (the kernel's, shared by its duplicates), or -1.

@@ -1,7 +1,7 @@
 //! Checking a file system's structures: what `mount` refuses at the first
 //! problem and `iopath fsck` reports in full.
 //!
-//! One scan serves both ([`scan`] and [`super::namespace::index`]): every
+//! One scan serves both (`scan` and `namespace::index`): every
 //! inode decodes (checksum, flags, name, parent, mode, extents in order and
 //! inside the data area, overflow chain, no written data past the end),
 //! every block a file owns is marked in use and owned once, every metadata

@@ -4,7 +4,7 @@
 //!
 //! There are no directory blocks. Every inode holds its own name and its
 //! parent directory's slot (format version 3, [`super::format`]); the root
-//! has no inode. At mount the namespace is indexed in memory ([`Index`]:
+//! has no inode. At mount the namespace is indexed in memory (`Index`:
 //! `(parent, name) -> child`, ordered, so a directory's entries are one
 //! range), and checked: every parent is a directory, no name is taken
 //! twice, every directory reaches the root. So a rename, even of a

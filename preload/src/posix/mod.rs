@@ -8,7 +8,8 @@
 //! engine (`route.rs`); everything else goes to the C library untouched.
 //!
 //! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
-//!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be)
+//!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
+//!   and the nodes a mount cannot hold (symlink, link, mknod, mkfifo: EPERM; readlink: EINVAL)
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), and
 //!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does)
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, fsync, fdatasync,

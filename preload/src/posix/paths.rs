@@ -561,3 +561,154 @@ pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
     // SAFETY: passed on.
     unsafe { real::get_current_dir_name() }
 }
+
+/// A kind of node a mount cannot hold: EPERM, as Linux answers for a file
+/// system that does not support it, said once per kind with `IOPATH_LOG`.
+fn unsupported_node(what: &str, inside: &Inside) -> c_int {
+    crate::log(&format!("{what} in a mount is not supported ({}): EPERM", String::from_utf8_lossy(&inside.path)));
+    fail(libc::EPERM)
+}
+
+/// `symlink`: a mount holds no symbolic links (EPERM).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> c_int {
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a symbolic link", &inside));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::symlink(target, super::kernel(libc::AT_FDCWD, path).ptr()) })
+}
+
+/// `symlinkat`: as [`symlink`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| unsupported_node("a symbolic link", &inside));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::symlinkat(target, dirfd, super::kernel(dirfd, path).ptr()) })
+}
+
+/// A hard link with either name in a mount: EPERM within one (no hard
+/// links), EXDEV across its edge. `None`: both outside.
+fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> Option<c_int> {
+    let from = on_path(olddirfd, old, Err, Ok);
+    let to = on_path(newdirfd, new, Err, Ok);
+    match (from, to) {
+        (None, None) => None,
+        (Some(Err(e)), _) | (_, Some(Err(e))) => Some(fail(e)),
+        (Some(Ok(from)), Some(Ok(to))) if std::ptr::eq(from.mount, to.mount) => {
+            Some(unsupported_node("a hard link", &to))
+        }
+        _ => Some(fail(libc::EXDEV)),
+    }
+}
+
+/// `link`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
+    link_any(libc::AT_FDCWD, old, libc::AT_FDCWD, new).unwrap_or_else(|| {
+        // SAFETY: passed on.
+        unsafe { real::link(super::kernel(libc::AT_FDCWD, old).ptr(), super::kernel(libc::AT_FDCWD, new).ptr()) }
+    })
+}
+
+/// `linkat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn linkat(
+    olddirfd: c_int,
+    old: *const c_char,
+    newdirfd: c_int,
+    new: *const c_char,
+    flags: c_int,
+) -> c_int {
+    link_any(olddirfd, old, newdirfd, new).unwrap_or_else(|| {
+        // SAFETY: passed on.
+        unsafe {
+            real::linkat(
+                olddirfd,
+                super::kernel(olddirfd, old).ptr(),
+                newdirfd,
+                super::kernel(newdirfd, new).ptr(),
+                flags,
+            )
+        }
+    })
+}
+
+/// readlink in a mount: nothing there is a link (EINVAL), or the path's own errno.
+fn readlink_inside(inside: Inside) -> libc::ssize_t {
+    match inside.mount.fs().map(|fs| fs.metadata(&inside.path)) {
+        Err(e) => fail(e) as libc::ssize_t,
+        Ok(Err(e)) => fail(errno_of(&e)) as libc::ssize_t,
+        Ok(Ok(_)) => fail(libc::EINVAL) as libc::ssize_t,
+    }
+}
+
+/// `readlink`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: libc::size_t) -> libc::ssize_t {
+    let mounted = on_path(libc::AT_FDCWD, path, |e| fail(e) as libc::ssize_t, readlink_inside);
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::readlink(super::kernel(libc::AT_FDCWD, path).ptr(), buf, size) })
+}
+
+/// `readlinkat`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    size: libc::size_t,
+) -> libc::ssize_t {
+    let mounted = on_path(dirfd, path, |e| fail(e) as libc::ssize_t, readlink_inside);
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::readlinkat(dirfd, super::kernel(dirfd, path).ptr(), buf, size) })
+}
+
+/// `mknod`: a mount holds regular files and directories only (EPERM for other nodes).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::mknod(super::kernel(libc::AT_FDCWD, path).ptr(), mode, dev) })
+}
+
+/// `mknodat`: as [`mknod`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
+    let mounted = on_path(dirfd, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::mknodat(dirfd, super::kernel(dirfd, path).ptr(), mode, dev) })
+}
+
+/// `mkfifo`: as [`mknod`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a FIFO", &inside));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::mkfifo(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+}
