@@ -732,9 +732,16 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
     assert!(listing == "y\n" || listing == "x\n", "{listing}");
     let name = listing.trim();
     assert_eq!(succeeds(&["cat", img, &format!("/d/{name}")]), "hello\n");
-    // While a program holds the mount (cd is a builtin: the shell mounts), others are refused by name.
+    // A shell that touched the mount (a glob, a cd) gives it back before it forks its next
+    // command, when it holds nothing open there: the command mounts in turn.
+    // Its working directory inside the mount goes with the commands it starts.
+    let script = format!("cd {mnt_s}/d && for f in {mnt_s}/d/*; do cat \"$f\"; done && cat {name} && /bin/pwd");
+    let o = common::iopath(&["run", "--wait", "1", "--mount", &mount, "--", "sh", "-c", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("hello\nhello\n{mnt_s}/d\n"));
+    // While a program holds a file open there, others are refused by name.
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
-        .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("cd {mnt_s} && sleep 3")])
+        .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("exec 3< {mnt_s}/d/{name}; sleep 3; true")])
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));

@@ -113,6 +113,18 @@ pub(crate) fn set_errno(errno: i32) {
     unsafe { *libc::__errno_location() = errno };
 }
 
+extern "C" fn before_fork() {
+    release_mounts_before_fork();
+}
+
+/// Gives back the mounts nothing holds open, so that a child (a shell's next
+/// command) can mount them: before `fork`, `vfork` and `posix_spawn`.
+pub(crate) fn release_mounts_before_fork() {
+    if MOUNTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+        mount::release_idle();
+    }
+}
+
 extern "C" fn in_child_after_fork() {
     FORKED.store(true, Ordering::SeqCst);
 }
@@ -122,8 +134,8 @@ extern "C" fn on_load() {
     if c.files.is_empty() && c.mounts.is_empty() {
         return;
     }
-    // SAFETY: registers a handler that only stores to an atomic.
-    unsafe { libc::pthread_atfork(None, None, Some(in_child_after_fork)) };
+    // SAFETY: registers handlers: one gives idle mounts back (before fork), one stores to an atomic.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child_after_fork)) };
     COUNTING.store(c.log, Ordering::SeqCst);
     if !c.files.is_empty() {
         ROUTING.store(true, Ordering::SeqCst);
@@ -132,6 +144,7 @@ extern "C" fn on_load() {
     if !c.mounts.is_empty() {
         let mounts = mount::mounts();
         MOUNTING.store(!mounts.is_empty(), Ordering::SeqCst);
+        mount::adopt_inherited_cwd();
         for m in mounts {
             log(&format!("{} serves {} (mounted at first use)", m.device, String::from_utf8_lossy(&m.dir)));
         }
@@ -166,7 +179,15 @@ extern "C" fn on_unload() {
 /// `_exit`), once; not in a forked child (the mounts are the parent's).
 pub(crate) fn commit_mounts_at_exit() {
     static DONE: AtomicBool = AtomicBool::new(false);
-    if !MOUNTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) || DONE.swap(true, Ordering::AcqRel) {
+    if !DONE.swap(true, Ordering::AcqRel) {
+        commit_mounts_at_exit_keep_going();
+    }
+}
+
+/// Commits every mount now (before an exec, which may still fail and let
+/// the process go on); not in a forked child.
+pub(crate) fn commit_mounts_at_exit_keep_going() {
+    if !MOUNTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
         return;
     }
     // On a thread of its own: this one's thread-local storage (the engine's per-thread

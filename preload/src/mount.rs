@@ -36,9 +36,16 @@ pub struct Mount {
     pub device: String,
     /// `st_dev` reported for its files.
     pub dev: u64,
-    fs: OnceLock<std::result::Result<FileSystem, String>>,
-    /// Held from the mount to the process's exit.
-    lock: OnceLock<Option<MountLock>>,
+    /// The file system while this process has it mounted, and its lock.
+    state: Mutex<MountState>,
+}
+
+#[derive(Default)]
+struct MountState {
+    fs: Option<FileSystem>,
+    lock: Option<MountLock>,
+    /// A failure was said on stderr already.
+    said: bool,
 }
 
 impl Mount {
@@ -52,36 +59,47 @@ impl Mount {
         if spec.starts_with("uring:") && !spec.contains("taskrun=") { format!("{spec},taskrun=coop") } else { spec }
     }
 
-    /// The file system, mounted on first use; `Err(errno)` if it cannot be
-    /// (said once on stderr, whether or not `IOPATH_LOG` is set).
-    pub fn fs(&self) -> std::result::Result<&FileSystem, c_int> {
-        let mounted = self.fs.get_or_init(|| {
-            let _inside = crate::Inside::enter();
-            let wait = std::time::Duration::from_millis(crate::config().mount_wait_ms);
-            let spec = self.engine_spec();
-            let mounted = MountLock::acquire(&spec, wait).and_then(|lock| {
-                let _ = self.lock.set(lock);
-                let path = iopath::PathConfig::preset(&crate::config().path)?;
-                FileSystem::mount_with(Arc::new(iopath::Engine::open(&spec, path)?), mount_options())
-            });
-            match mounted {
-                Ok((fs, _)) => {
-                    crate::log(&format!("mounted {} on {}", self.device, String::from_utf8_lossy(&self.dir)));
-                    Ok(fs)
-                }
-                Err(e) => {
-                    let why = format!("cannot mount {} on {}: {e}", self.device, String::from_utf8_lossy(&self.dir));
-                    crate::say(&why);
-                    Err(why)
-                }
+    /// The file system, mounted now if this process does not have it
+    /// (again, after [`release_idle`] gave it back); `Err(errno)` if it
+    /// cannot be: EBUSY while another process holds it (after waiting
+    /// `IOPATH_MOUNT_WAIT`), EIO otherwise, said once on stderr whether or
+    /// not `IOPATH_LOG` is set.
+    pub fn fs(&self) -> std::result::Result<FileSystem, c_int> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(fs) = &state.fs {
+            return Ok(fs.clone());
+        }
+        let _inside = crate::Inside::enter();
+        let wait = std::time::Duration::from_millis(crate::config().mount_wait_ms);
+        let spec = self.engine_spec();
+        let lock = match MountLock::acquire(&spec, wait) {
+            Ok(lock) => lock,
+            Err(e) => return Err(self.failed(&mut state, &e, libc::EBUSY)),
+        };
+        let mounted = iopath::PathConfig::preset(&crate::config().path)
+            .and_then(|path| iopath::Engine::open(&spec, path))
+            .and_then(|engine| FileSystem::mount_with(Arc::new(engine), mount_options()));
+        match mounted {
+            Ok((fs, _)) => {
+                crate::log(&format!("mounted {} on {}", self.device, String::from_utf8_lossy(&self.dir)));
+                state.fs = Some(fs.clone());
+                state.lock = lock;
+                Ok(fs)
             }
-        });
-        mounted.as_ref().map_err(|_| if self.lock.get().is_some_and(|l| l.is_some()) { libc::EIO } else { libc::EBUSY })
+            Err(e) => Err(self.failed(&mut state, &e, libc::EIO)),
+        }
     }
 
-    /// The file system if it is mounted already.
-    pub fn mounted(&self) -> Option<&FileSystem> {
-        self.fs.get().and_then(|r| r.as_ref().ok())
+    fn failed(&self, state: &mut MountState, e: &iopath::Error, errno: c_int) -> c_int {
+        if !std::mem::replace(&mut state.said, true) {
+            crate::say(&format!("cannot mount {} on {}: {e}", self.device, String::from_utf8_lossy(&self.dir)));
+        }
+        errno
+    }
+
+    /// The file system if this process has it mounted now.
+    pub fn mounted(&self) -> Option<FileSystem> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).fs.clone()
     }
 }
 
@@ -107,8 +125,7 @@ pub fn mounts() -> &'static [Mount] {
                 dir: normalize(&cwd, dir.as_bytes()),
                 device: device.clone(),
                 dev: 0x1_0000_0000 + i as u64,
-                fs: OnceLock::new(),
-                lock: OnceLock::new(),
+                state: Mutex::new(MountState::default()),
             })
             .collect()
     })
@@ -140,6 +157,19 @@ pub fn cwd() -> Option<Vec<u8>> {
         return Some(dir);
     }
     real_cwd()
+}
+
+/// Takes the working directory a parent passed on (`IOPATH_CWD`), if this
+/// process starts where that parent left the kernel's: the mount's own
+/// directory.
+pub fn adopt_inherited_cwd() {
+    let Some(dir) = std::env::var_os("IOPATH_CWD") else { return };
+    let dir = std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()).to_vec();
+    let Some(here) = real_cwd() else { return };
+    let inside = mounts().iter().find(|m| dir.starts_with(&m.dir) && matches!(dir.get(m.dir.len()), None | Some(b'/')));
+    if inside.is_some_and(|m| m.dir == here) {
+        set_virtual_cwd(Some(dir));
+    }
 }
 
 /// The working directory if it is inside a mount.
@@ -362,6 +392,29 @@ pub fn sync_all() {
         {
             crate::say(&format!("cannot commit {} at exit: {e}", m.device));
         }
+    }
+}
+
+/// Gives back every mount nothing in this process holds open (no file or
+/// directory descriptor, no call under way): commits it, checkpoints it and
+/// lets go of its lock, so a child about to be forked (a shell's next
+/// command) can mount it. The next call into it mounts it again. Run before
+/// `fork`.
+pub fn release_idle() {
+    for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
+        let mut state = m.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fs) = &state.fs else { continue };
+        if fs.in_use_elsewhere() {
+            continue;
+        }
+        let _inside = crate::Inside::enter();
+        if let Err(e) = fs.quiesce() {
+            crate::say(&format!("cannot commit {} before fork: {e}; keeping it mounted", m.device));
+            continue;
+        }
+        state.fs = None; // the last handle: unmounted
+        state.lock = None; // and the next process may mount it
+        crate::log(&format!("gave back {} before fork (nothing here holds it open)", m.device));
     }
 }
 

@@ -166,14 +166,42 @@ pub(crate) fn routed_flush(fd: c_int) -> Option<c_int> {
 /// A descriptor number a call just created: forget what was known of it
 /// (and never route iopath's own).
 pub(crate) fn created(fd: c_int) -> c_int {
-    if fd >= 0 && ROUTING.load(Ordering::Relaxed) {
-        if INSIDE.try_with(Cell::get).unwrap_or(true) {
+    if fd < 0 {
+        return fd;
+    }
+    let inside = INSIDE.try_with(Cell::get).unwrap_or(true);
+    // iopath's own descriptors (a mount's device and lock file, a routed file's engine)
+    // move above the numbers programs pick for themselves: a shell's `exec 3< f` does
+    // dup2(n, 3) onto what it takes to be free, and closed the mount's lock that way.
+    let fd = if inside && crate::MOUNTING.load(Ordering::Relaxed) { move_high(fd) } else { fd };
+    if ROUTING.load(Ordering::Relaxed) {
+        if inside {
             fds::mark_plain(fd);
         } else {
             fds::forget(fd);
         }
     }
     fd
+}
+
+/// Lowest number iopath moves its own descriptors to.
+const OWN_FDS_FROM: c_int = 1000;
+
+/// `fd` moved to the lowest free number from [`OWN_FDS_FROM`] (close-on-exec), or
+/// left where it is if that fails (a low descriptor limit).
+fn move_high(fd: c_int) -> c_int {
+    if fd >= OWN_FDS_FROM {
+        return fd;
+    }
+    // SAFETY: duplicating and closing a descriptor this library just opened.
+    unsafe {
+        let high = real::fcntl(fd, libc::F_DUPFD_CLOEXEC, OWN_FDS_FROM as libc::c_ulong);
+        if high < 0 {
+            return fd;
+        }
+        real::close(fd);
+        high
+    }
 }
 
 pub(crate) fn after_fcntl(fd: c_int, cmd: c_int, result: c_int) -> c_int {

@@ -686,6 +686,12 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Whether anything but this handle holds the file system: open files, or
+    /// other clones of it. When nothing does, dropping it unmounts.
+    pub fn in_use_elsewhere(&self) -> bool {
+        Arc::strong_count(&self.mount) > 1
+    }
+
     /// Commits everything and checkpoints the journal, leaving the device as
     /// an unmount does (the next mount replays nothing), while the file
     /// system stays mounted: for a process that cannot give up its handle

@@ -221,3 +221,167 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     // SAFETY: _Exit is _exit (C99's name for it).
     unsafe { real::_exit(status) }
 }
+
+/// `vfork`: a `fork` here. A wrapper cannot call the real `vfork` (the child
+/// would return through this function's frame on the parent's stack), and
+/// `fork` runs the handler that gives idle mounts back, which a shell's next
+/// command needs (dash starts simple commands with vfork).
+///
+/// # Safety
+/// As the C function: the child must only exec or `_exit` (as after vfork).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork has the C library's own preconditions only.
+    unsafe { libc::fork() }
+}
+
+/// `posix_spawn`: gives idle mounts back first (it starts the child without
+/// `fork`'s handlers), then the C library's.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const libc::c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    crate::release_mounts_before_fork();
+    // SAFETY: passed on.
+    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
+}
+
+/// `posix_spawnp`: as [`posix_spawn`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    crate::release_mounts_before_fork();
+    // SAFETY: passed on.
+    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
+}
+
+/// Before an exec: commit every mount (the process image that holds it is
+/// about to go, and exec runs no exit handlers), give back those nothing
+/// holds open, and tell the new program where in a mount its working
+/// directory is (`IOPATH_CWD`: the kernel's is the mount's own directory).
+/// If the exec fails, the next call mounts again.
+fn before_exec() {
+    crate::commit_mounts_at_exit_keep_going();
+    crate::release_mounts_before_fork();
+}
+
+/// The `IOPATH_CWD=...` entry a new program gets, if the working directory is in a mount.
+fn cwd_entry() -> Option<std::ffi::CString> {
+    let dir = if super::mounting() { crate::mount::virtual_cwd()? } else { return None };
+    let mut entry = b"IOPATH_CWD=".to_vec();
+    entry.extend_from_slice(&dir);
+    std::ffi::CString::new(entry).ok()
+}
+
+/// `envp` without any `IOPATH_CWD`, plus this process's if it has one.
+fn with_cwd(envp: *const *const libc::c_char, keep: &mut Vec<std::ffi::CString>) -> Vec<*const libc::c_char> {
+    let mut out = Vec::new();
+    let mut at = envp;
+    // SAFETY: envp is a NULL-terminated array of NUL-terminated strings (the C contract).
+    unsafe {
+        while !at.is_null() && !(*at).is_null() {
+            if !std::ffi::CStr::from_ptr(*at).to_bytes().starts_with(b"IOPATH_CWD=") {
+                out.push(*at);
+            }
+            at = at.add(1);
+        }
+    }
+    if let Some(entry) = cwd_entry() {
+        keep.push(entry);
+        out.push(keep.last().expect("just pushed").as_ptr());
+    }
+    out.push(std::ptr::null());
+    out
+}
+
+/// Sets or clears `IOPATH_CWD` in this process's environment (for the exec
+/// forms that pass it on implicitly).
+fn export_cwd() {
+    match cwd_entry() {
+        // SAFETY: setenv/unsetenv with NUL-terminated strings; the process is about to exec.
+        Some(entry) => unsafe {
+            let value = &entry.as_bytes()[b"IOPATH_CWD=".len()..];
+            let value = std::ffi::CString::new(value).expect("no NUL");
+            libc::setenv(c"IOPATH_CWD".as_ptr(), value.as_ptr(), 1);
+        },
+        // SAFETY: as above.
+        None => unsafe {
+            libc::unsetenv(c"IOPATH_CWD".as_ptr());
+        },
+    }
+}
+
+/// `execve`: commits the mounts first, and passes the working directory on.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    let mut keep = Vec::new();
+    let env = with_cwd(envp, &mut keep);
+    // SAFETY: passed on, with an environment array that outlives the call.
+    unsafe { real::execve(super::kernel(libc::AT_FDCWD, path).ptr(), argv, env.as_ptr()) }
+}
+
+/// `execv`: commits the mounts first, and passes the working directory on.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
+    before_exec();
+    export_cwd();
+    // SAFETY: passed on.
+    unsafe { real::execv(super::kernel(libc::AT_FDCWD, path).ptr(), argv) }
+}
+
+/// `execvp`: commits the mounts first, and passes the working directory on.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
+    before_exec();
+    export_cwd();
+    // SAFETY: passed on.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// `execvpe`: commits the mounts first, and passes the working directory on.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    let mut keep = Vec::new();
+    let env = with_cwd(envp, &mut keep);
+    // SAFETY: passed on, with an environment array that outlives the call.
+    unsafe { real::execvpe(file, argv, env.as_ptr()) }
+}

@@ -11,7 +11,9 @@
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
 //!   and the nodes a mount cannot hold (symlink, link, mknod, mkfifo: EPERM; readlink: EINVAL)
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), and
-//!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does)
+//!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
+//!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the
+//!   exec family (which commits the mounts first: exec runs no exit handlers)
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, fsync, fdatasync,
 //!   syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate, fadvise, readahead, mmap
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd

@@ -231,7 +231,7 @@ fn done(r: iopath::Result<()>) -> c_int {
 
 fn with_fs(inside: &Inside, f: impl FnOnce(&iopath::fs::FileSystem) -> iopath::Result<()>) -> c_int {
     match inside.mount.fs() {
-        Ok(fs) => done(f(fs)),
+        Ok(fs) => done(f(&fs)),
         Err(e) => fail(e),
     }
 }
