@@ -615,6 +615,9 @@ fn mkfs_makes_a_file_system_ls_lists_it_and_neither_destroys_what_it_should_not(
     let img = img.to_str().unwrap();
     let out = succeeds(&["mkfs", img, "--size", "32m", "--inodes", "100"]);
     assert!(out.contains("104 files at most"), "{out}");
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(img).unwrap();
+    assert!(meta.len() == 32 << 20 && meta.blocks() * 512 < 8 << 20, "a sparse image: {} blocks", meta.blocks());
     let out = succeeds(&["ls", "-l", img]);
     assert!(out.contains("0 file(s)"), "{out}");
     // Made once, it is a file system: making it again (or a write benchmark) needs both flags.

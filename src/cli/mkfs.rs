@@ -75,6 +75,12 @@ fn open(device: &str, size: Option<u64>, guard: Option<iopath::device::target::G
 
 /// Runs `iopath mkfs`.
 pub fn run_mkfs(args: MkfsArgs) -> iopath::Result<()> {
+    // A new image file is made sparse here: the file system writes what it needs.
+    if let (Some(size), Some(path)) = (args.size, iopath::fs::lock::backing_path(&args.device))
+        && !path.exists()
+    {
+        iopath::device::target::create_sparse(&path, size)?;
+    }
     let engine = open(&args.device, args.size, Some(args.safety.guard()))?;
     // Never under a process that has the old file system mounted.
     let _lock = MountLock::acquire(&args.device, std::time::Duration::ZERO)?;
