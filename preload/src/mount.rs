@@ -131,11 +131,30 @@ pub fn mounts() -> &'static [Mount] {
     })
 }
 
-/// The kernel's working directory.
+/// The kernel's working directory as last read: the hooks of chdir and
+/// fchdir forget it, so resolving a relative path costs no system call.
+static KERNEL_CWD: RwLock<Option<Vec<u8>>> = RwLock::new(None);
+
+/// The kernel's working directory (cached; see [`forget_kernel_cwd`]).
+pub fn kernel_cwd() -> Option<Vec<u8>> {
+    if let Some(dir) = KERNEL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone() {
+        return Some(dir);
+    }
+    let dir = real_cwd()?;
+    *KERNEL_CWD.write().unwrap_or_else(|e| e.into_inner()) = Some(dir.clone());
+    Some(dir)
+}
+
+/// The kernel's working directory changed (a chdir or fchdir went through).
+pub fn forget_kernel_cwd() {
+    *KERNEL_CWD.write().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+/// The kernel's working directory, read now.
 pub fn real_cwd() -> Option<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
     // SAFETY: getcwd writes at most buf.len() bytes into buf.
-    let got = unsafe { libc::getcwd(buf.as_mut_ptr().cast(), buf.len()) };
+    let got = unsafe { crate::real::getcwd(buf.as_mut_ptr().cast(), buf.len()) };
     if got.is_null() {
         return None;
     }
@@ -156,7 +175,7 @@ pub fn cwd() -> Option<Vec<u8>> {
     {
         return Some(dir);
     }
-    real_cwd()
+    kernel_cwd()
 }
 
 /// Takes the working directory a parent passed on (`IOPATH_CWD`), if this

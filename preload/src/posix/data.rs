@@ -355,11 +355,10 @@ fn sync_mounted(d: &Arc<Description>, data_only: bool) -> c_int {
     let done = match &d.node {
         Node::File(f) if data_only => f.fdatasync(),
         Node::File(f) => f.fsync(),
-        Node::Dir => d
-            .mount
-            .fs()
-            .map_err(|e| iopath::Error::Os { context: "mount".into(), source: std::io::Error::from_raw_os_error(e) })
-            .and_then(|fs| fs.sync()),
+        Node::Dir => match d.mount.fs() {
+            Ok(fs) => fs.sync(),
+            Err(e) => return fail(e),
+        },
     };
     match done {
         Ok(()) => 0,

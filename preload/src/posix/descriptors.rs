@@ -235,8 +235,38 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     unsafe { libc::fork() }
 }
 
-/// `posix_spawn`: gives idle mounts back first (it starts the child without
-/// `fork`'s handlers), then the C library's.
+type SpawnFn = unsafe fn(
+    *mut libc::pid_t,
+    *const libc::c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *mut libc::c_char,
+    *const *mut libc::c_char,
+) -> c_int;
+
+/// posix_spawn and posix_spawnp: give idle mounts back first (the child is
+/// started without `fork`'s handlers) and pass a working directory inside a
+/// mount on, as an exec does.
+///
+/// # Safety
+/// As the C functions.
+unsafe fn spawn(
+    real_spawn: SpawnFn,
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    crate::release_mounts_before_fork();
+    let mut keep = Vec::new();
+    let env = with_cwd(envp.cast(), &mut keep);
+    // SAFETY: passed on, with an environment array that outlives the call.
+    unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) }
+}
+
+/// `posix_spawn`: see `spawn`.
 ///
 /// # Safety
 /// As the C function.
@@ -249,12 +279,11 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    crate::release_mounts_before_fork();
     // SAFETY: passed on.
-    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
+    unsafe { spawn(real::posix_spawn, pid, path, actions, attr, argv, envp) }
 }
 
-/// `posix_spawnp`: as [`posix_spawn`].
+/// `posix_spawnp`: see `spawn`.
 ///
 /// # Safety
 /// As the C function.
@@ -267,9 +296,8 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    crate::release_mounts_before_fork();
     // SAFETY: passed on.
-    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
+    unsafe { spawn(real::posix_spawnp, pid, file, actions, attr, argv, envp) }
 }
 
 /// Before an exec: commit every mount (the process image that holds it is

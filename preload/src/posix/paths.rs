@@ -469,6 +469,7 @@ fn chdir_inside(inside: Inside) -> c_int {
     host.push(0);
     // SAFETY: a NUL-terminated path we own.
     let _ = unsafe { real::chdir(host.as_ptr().cast()) };
+    mount::forget_kernel_cwd();
     mount::set_virtual_cwd(Some(dir));
     0
 }
@@ -485,6 +486,7 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     // SAFETY: passed on.
     let r = unsafe { real::chdir(super::kernel(libc::AT_FDCWD, path).ptr()) };
     if r == 0 {
+        mount::forget_kernel_cwd();
         mount::set_virtual_cwd(None);
     }
     r
@@ -505,6 +507,7 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     // SAFETY: passed on.
     let r = unsafe { real::fchdir(fd) };
     if r == 0 {
+        mount::forget_kernel_cwd();
         mount::set_virtual_cwd(None);
     }
     r
