@@ -360,8 +360,19 @@ impl Meta {
         })
     }
 
-    /// A new inode named `name` in `parent`: stored, linked, in the running transaction.
-    fn link_new(&mut self, sb: &super::Superblock, parent: u32, inode: &mut Inode, op: &'static str) -> Result<u32> {
+    /// A new inode of type and permission bits `mode`, named `name` in
+    /// `parent`, made now: stored, linked, in the running transaction.
+    fn link_new(
+        &mut self,
+        sb: &super::Superblock,
+        parent: u32,
+        name: Vec<u8>,
+        mode: u32,
+        op: &'static str,
+    ) -> Result<(u32, Inode)> {
+        check_name(&name)?;
+        let now = now_ns();
+        let mut inode = Inode { name, mode, mtime_ns: now, ctime_ns: now, ..Inode::default() };
         let count = self.slots.len();
         let Some(slot) = self.free_slot() else {
             return Err(file_error(
@@ -372,11 +383,11 @@ impl Meta {
             ));
         };
         inode.parent = parent;
-        self.store_inode(sb, slot, inode)?;
+        self.store_inode(sb, slot, &mut inode)?;
         let inserted = self.ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() });
         debug_assert!(inserted, "the caller checked the name is free");
         self.touch_dir(sb, parent, inode.ctime_ns)?;
-        Ok(slot)
+        Ok((slot, inode))
     }
 
     /// Removes the name of file `node` (locked as `state`): it is gone now if no
@@ -492,11 +503,7 @@ impl FileSystem {
         let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
             return Err(file_error("create", path, libc::EEXIST, "that name exists; open it or unlink it first"));
         };
-        check_name(&name)?;
-        let now = now_ns();
-        let mut inode =
-            Inode { name, mode: libc::S_IFREG | (mode & 0o7777), mtime_ns: now, ctime_ns: now, ..Inode::default() };
-        let slot = meta.link_new(&fs.sb, walk.parent, &mut inode, "create")?;
+        let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, libc::S_IFREG | (mode & 0o7777), "create")?;
         let tid = meta.tid;
         let state = NodeState {
             slot,
@@ -567,11 +574,7 @@ impl FileSystem {
         let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
             return Err(file_error("mkdir", path, libc::EEXIST, "that name exists"));
         };
-        check_name(&name)?;
-        let now = now_ns();
-        let mut inode =
-            Inode { name, mode: libc::S_IFDIR | (mode & 0o7777), mtime_ns: now, ctime_ns: now, ..Inode::default() };
-        let slot = meta.link_new(&fs.sb, walk.parent, &mut inode, "mkdir")?;
+        let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, libc::S_IFDIR | (mode & 0o7777), "mkdir")?;
         meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
         Ok(())
     }
