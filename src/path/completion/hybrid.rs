@@ -51,6 +51,12 @@ const SIZE_BUCKETS: usize = 24;
 /// wait in this many takes a calibration sleep to refresh it.
 const RECALIBRATE_EVERY: u32 = 64;
 
+/// A latency sample over this many times the learned mean is a late sighting,
+/// not a measurement (see [`Bucket::learn_latency`]).
+pub const LATE_FACTOR: f64 = 4.0;
+/// Late sightings in a row that mean the device itself has slowed down.
+pub const LATE_RUN: u32 = 8;
+
 /// PAS state of one (direction, size) bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bucket {
@@ -62,27 +68,55 @@ pub struct Bucket {
     up: f64,
     dn: f64,
     last: Option<bool>,
+    /// Samples over [`LATE_FACTOR`] times the mean seen in a row.
+    late_run: u32,
+    /// The fastest of them.
+    late_min_ns: f64,
 }
 
 impl Default for Bucket {
     fn default() -> Self {
-        Bucket { target_ns: 0.0, latency_ns: 0.0, adj: 1.0, up: 0.01, dn: 0.1, last: None }
+        Bucket {
+            target_ns: 0.0,
+            latency_ns: 0.0,
+            adj: 1.0,
+            up: 0.01,
+            dn: 0.1,
+            last: None,
+            late_run: 0,
+            late_min_ns: 0.0,
+        }
     }
 }
 
 impl Bucket {
     /// Feeds one exact latency sample (a completion seen while spinning).
-    /// A sample counts for at most twice the current mean: a spinning thread
-    /// that was preempted sees the completion milliseconds late, and one such
-    /// sample must not make a 7 µs device look like a 200 µs one. A real
-    /// slow-down still gets through, by up to an eighth per sample.
+    ///
+    /// A spinning thread that was preempted, or that looked at a ring whose
+    /// completion the kernel had not posted yet, sees the completion late, and
+    /// such a sample says nothing about the device. Samples up to
+    /// [`LATE_FACTOR`] times the mean move it by an eighth of the difference;
+    /// a later one is set aside, unless [`LATE_RUN`] come in a row: then the
+    /// device really is slower, and the mean restarts from the fastest of them.
+    /// (Before this rule a sample counted for up to twice the mean, and a run
+    /// of late sightings grew a 50 us device to seconds by an eighth a sample.)
     pub fn learn_latency(&mut self, sample_ns: f64) {
         if self.latency_ns == 0.0 {
             self.latency_ns = sample_ns;
             self.target_ns = sample_ns / 2.0;
+        } else if sample_ns > LATE_FACTOR * self.latency_ns {
+            self.late_run += 1;
+            self.late_min_ns = if self.late_run == 1 { sample_ns } else { self.late_min_ns.min(sample_ns) };
+            if self.late_run >= LATE_RUN {
+                self.latency_ns = self.late_min_ns;
+                self.target_ns = self.latency_ns / 2.0;
+                self.late_run = 0;
+            }
         } else {
-            self.latency_ns += (sample_ns.min(2.0 * self.latency_ns) - self.latency_ns) / 8.0;
+            self.late_run = 0;
+            self.latency_ns += (sample_ns - self.latency_ns) / 8.0;
         }
+        debug_assert!(self.latency_ns.is_finite() && self.latency_ns >= 0.0);
     }
 
     /// Applies one PAS feedback: `over` = the sleep ended after completion.
@@ -335,6 +369,40 @@ mod tests {
         assert!(b.target_ns > 75_000.0, "grows with the device: {}", b.target_ns);
         run(&mut b, 30_000.0);
         assert!(b.target_ns < 31_500.0, "shrinks back, no shelving: {}", b.target_ns);
+    }
+
+    #[test]
+    fn late_sightings_do_not_teach_the_device_time() {
+        // A 50 us device whose completions are sometimes seen seconds late (a
+        // preempted poller, a completion the kernel posted late): with the old
+        // rule (samples capped at 2x the mean) this pattern grew L without bound.
+        let mut b = Bucket::default();
+        b.learn_latency(50_000.0);
+        for i in 0..10_000 {
+            let late = i % 8 < LATE_RUN as usize - 1 && i % 3 == 0;
+            b.learn_latency(if late { 2e9 } else { 50_000.0 });
+            assert!(b.latency_ns < 60_000.0, "sample {i}: L = {}", b.latency_ns);
+        }
+        // Seven late ones in a row, then an honest one: still the device's time.
+        for _ in 0..LATE_RUN - 1 {
+            b.learn_latency(3e9);
+        }
+        b.learn_latency(50_000.0);
+        assert!((b.latency_ns - 50_000.0).abs() < 1.0, "{}", b.latency_ns);
+    }
+
+    #[test]
+    fn a_device_that_really_slows_down_is_learned_after_a_run_of_slow_samples() {
+        let mut b = Bucket::default();
+        b.learn_latency(50_000.0);
+        for i in 0..LATE_RUN {
+            b.learn_latency(2_000_000.0 + f64::from(i) * 1000.0);
+        }
+        assert_eq!(b.latency_ns, 2_000_000.0, "the fastest of the run");
+        assert_eq!(b.target_ns, 1_000_000.0, "the wake target starts again from half of it");
+        // Within LATE_FACTOR of the new mean, samples move it smoothly again.
+        b.learn_latency(3_000_000.0);
+        assert_eq!(b.latency_ns, 2_125_000.0);
     }
 
     #[test]

@@ -31,6 +31,16 @@ pub const POLL_EPOCH_NS: (u64, u64) = (20_000_000, 50_000_000);
 pub const STARVED_LATENCY_NS: f64 = 1_000_000.0;
 /// See [`STARVED_LATENCY_NS`].
 pub const STARVED_FACTOR: f64 = 16.0;
+/// A polled I/O slower than this is starving whatever the device time
+/// learned: a learned time can itself be inflated by late sightings, and no
+/// device worth polling takes milliseconds.
+pub const STARVED_MAX_NS: f64 = 10_000_000.0;
+
+/// How long a polled I/O may take on a device whose learned latency is
+/// `device_ns` before the poller counts as starving its own completion.
+pub fn starved_after_ns(device_ns: f64) -> f64 {
+    (STARVED_FACTOR * device_ns).clamp(STARVED_LATENCY_NS, STARVED_MAX_NS)
+}
 /// Half-life of the cost measured for the mode in use (controller time).
 pub const COST_MEMORY_NS: f64 = 50e6;
 /// Half-life of the smoothed contention signals.
@@ -216,8 +226,8 @@ pub struct EpochSignals {
     /// epoch's end (more runnable than a crowd allows: see
     /// [`crowd::cpus_wanted`](crate::path::completion::crowd::cpus_wanted)).
     pub cpus_wanted: bool,
-    /// A polled wait gave up after [`STARVED_LATENCY_NS`] (and
-    /// [`STARVED_FACTOR`] device times) without seeing its completion.
+    /// A polled wait gave up after [`starved_after_ns`] without seeing its
+    /// completion.
     pub starved: bool,
 }
 
@@ -536,7 +546,7 @@ impl Controller {
         // on a mount, 12-60 ms per fsync where yielding took 74 us. Yielding hands the
         // CPU over; interrupts where yielding is not allowed.
         let mean = if s.ios > 0 { s.latency_sum_ns as f64 / s.ios as f64 } else { s.wall_ns as f64 };
-        if self.mode == Mode::Poll && (s.starved || mean > STARVED_LATENCY_NS.max(STARVED_FACTOR * l)) {
+        if self.mode == Mode::Poll && (s.starved || mean > starved_after_ns(l)) {
             self.reason = Reason::Starved { latency: mean, device: l };
             let i = &mut self.probe_interval_ns[Mode::Poll as usize];
             *i = (*i * 4).min(MAX_PROBE_INTERVAL_NS);
@@ -828,6 +838,21 @@ mod tests {
         let mut c = Controller::new();
         run(&mut c, &DRAM_HOGS, 200);
         assert_eq!(c.mode(), Mode::Poll);
+    }
+
+    #[test]
+    fn a_poller_starves_after_at_most_ten_milliseconds_whatever_it_learned() {
+        assert_eq!(starved_after_ns(5_000.0), STARVED_LATENCY_NS, "a fast device: 1 ms");
+        assert_eq!(starved_after_ns(100_000.0), 1_600_000.0, "16 device times");
+        // A device time inflated to seconds by late sightings cannot hide starving.
+        assert_eq!(starved_after_ns(2e9), STARVED_MAX_NS);
+        let mut c = Controller::auto();
+        c.mode = Mode::Poll;
+        let mut inflated = LOOP.epoch(Mode::Poll, 0);
+        inflated.device_latency_ns = 2e9;
+        inflated.latency_sum_ns = 60_000_000 * inflated.ios;
+        assert_eq!(c.on_epoch(&inflated), Mode::Yield);
+        assert!(matches!(c.reason, Reason::Starved { .. }), "{}", c.reason);
     }
 
     #[test]

@@ -405,7 +405,7 @@ impl Adaptive {
                 // needs: give up then, and let the epoch's end choose another mode.
                 let l = self.hybrid.bucket_latency_any();
                 let from = if expect.since_ns > 0 { expect.since_ns } else { now_ns() };
-                let cap = from + controller::STARVED_LATENCY_NS.max(controller::STARVED_FACTOR * l) as u64;
+                let cap = from + controller::starved_after_ns(l) as u64;
                 let (n, seen) = poll::spin(queue, out, stats, limit_ns.min(cap), Some(&mut self.gaps))?;
                 if n == 0 && queue.in_flight() > 0 && seen >= cap && cap < limit_ns {
                     self.starved = true;
