@@ -17,6 +17,11 @@
 //!   with EBUSY and a message naming that process).
 //! - `IOPATH_FSYNC_PATH`: the mounts' fsync path (`conventional`, `aios`,
 //!   `journaled`; default: the file layer's).
+//! - `IOPATH_NAMESPACE_COMMIT`: when a mount's creates, unlinks, renames,
+//!   mkdirs and rmdirs reach the device: `written` (the default: in the
+//!   journal before the call returns, so a killed process keeps them, as
+//!   with the kernel) or `deferred` (at the next fsync; a killed process
+//!   loses them). See `iopath::fs::NamespaceCommit`.
 //! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
 //!   instead of halting (`iopath::idle::IdlePolling`; root only, a refusal is
 //!   logged and changes nothing else).
@@ -36,6 +41,8 @@ pub struct Config {
     pub mounts: Vec<(String, String)>,
     /// The mounts' fsync path, if set.
     pub fsync_path: Option<iopath::fs::FsyncPath>,
+    /// When the mounts' namespace changes reach the device, if set.
+    pub namespace_commit: Option<iopath::fs::NamespaceCommit>,
     /// How long to wait for another process to let go of a mount, in milliseconds.
     pub mount_wait_ms: u64,
 }
@@ -50,17 +57,23 @@ impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> Config {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let fsync_path = var("IOPATH_FSYNC_PATH").and_then(|v| match iopath::fs::FsyncPath::parse(&v) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                crate::say(&format!("IOPATH_FSYNC_PATH: {e}; using the default"));
-                None
-            }
-        });
+        fn parsed<T>(name: &str, value: Option<String>, parse: impl Fn(&str) -> iopath::Result<T>) -> Option<T> {
+            value.and_then(|v| match parse(&v) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    crate::say(&format!("{name}: {e}; using the default"));
+                    None
+                }
+            })
+        }
+        let fsync_path = parsed("IOPATH_FSYNC_PATH", var("IOPATH_FSYNC_PATH"), iopath::fs::FsyncPath::parse);
+        let namespace_commit =
+            parsed("IOPATH_NAMESPACE_COMMIT", var("IOPATH_NAMESPACE_COMMIT"), iopath::fs::NamespaceCommit::parse);
         Config {
             idle_poll: var("IOPATH_IDLE_POLL").is_some_and(|v| v != "0"),
             mounts: var("IOPATH_MOUNT").map(|v| parse_mounts(&v)).unwrap_or_default(),
             fsync_path,
+            namespace_commit,
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -84,6 +97,7 @@ impl Config {
             idle_poll: false,
             mounts: Vec::new(),
             fsync_path: None,
+            namespace_commit: None,
             mount_wait_ms: 10_000,
         }
     }

@@ -105,6 +105,9 @@ impl Mount {
 
 fn mount_options() -> MountOptions {
     let mut options = MountOptions::default();
+    if let Some(commit) = crate::config().namespace_commit {
+        options.namespace_commit = commit;
+    }
     if let Some(path) = crate::config().fsync_path {
         options.fsync_path = path;
     }

@@ -1,4 +1,4 @@
-//! The on-device format of an iopath file system (version 3).
+//! The on-device format of an iopath file system (version 4).
 //!
 //! Everything is in 4 KiB blocks; numbers are little-endian.
 //!
@@ -26,6 +26,17 @@
 //! inode. Version 1 and 2 inodes have zeros there, which read as regular
 //! files in the root: mounting an older file system upgrades its superblock
 //! to version 3 (one sector, after journal replay), and nothing else moves.
+//!
+//! Version 4 changes only how a commit block checks its transaction's body
+//! ([`body_crc`]). Before, it was the CRC-32 of the body, and every sealed
+//! sector (an inode, a commit) ends in the CRC-32 of the rest of it: the
+//! CRC-32 of such a sector is the same constant whatever it holds, so two
+//! bodies that differ only inside sealed sectors had the same check, and a
+//! stale journal block (an older commit) could pass for a lost image. That
+//! mattered only to transactions written without a flush before their
+//! commit block (the `journaled` fsync path, namespace changes written at
+//! once), which rely on the check to tell a torn one. Mounting a version 3
+//! file system replays its journal the old way, then upgrades it.
 //!
 //! Every structure that is rewritten in place and must be read whole (the
 //! superblock, the journal header, an inode, a journal commit) fits in one
@@ -65,7 +76,7 @@ const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
 /// Format version `mkfs` writes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Oldest format version this code mounts (mounting upgrades it to [`VERSION`]).
 pub const OLDEST_VERSION: u32 = 1;
 /// Home blocks a commit block names itself (version 2): what fits in its
@@ -104,6 +115,30 @@ fn put_u64(b: &mut [u8], at: usize, v: u64) {
 /// CRC-32 (IEEE) of `bytes`.
 pub fn crc(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
+}
+
+/// The check a commit block keeps of its transaction's body. From format 4
+/// on, the CRC-32 of each 512-byte sector's first 508 bytes followed by its
+/// last 4, taken over the body: a sealed sector (whose last 4 bytes are the
+/// CRC-32 of the rest) then counts by its contents, where the plain CRC-32
+/// of the body (format 1 to 3) sees every sealed sector as the same constant.
+pub fn body_crc(version: u32, body: &[u8]) -> u32 {
+    if version < 4 {
+        return crc(body);
+    }
+    let mut hasher = crc32fast::Hasher::new();
+    for sector in body.chunks(512) {
+        let split = sector.len().saturating_sub(4);
+        hasher.update(&crc(&sector[..split]).to_le_bytes());
+        hasher.update(&sector[split..]);
+    }
+    hasher.finalize()
+}
+
+/// [`seal_sector`], for the journal's tests.
+#[cfg(test)]
+pub(crate) fn seal_sector_for_test(sector: &mut [u8]) {
+    seal_sector(sector)
 }
 
 /// Seals a 512-byte record: the CRC of its first 508 bytes goes in its last 4.
@@ -453,7 +488,7 @@ impl Inode {
         }
         let flags = get_u32(slot, 0);
         if flags & INODE_IN_USE == 0 || flags & !(INODE_IN_USE | INODE_ORPHAN) != 0 {
-            return Err(bad("unknown flags"));
+            return Err(bad(&format!("unknown flags {flags:#x}")));
         }
         let name_len = get_u16(slot, 4) as usize;
         if name_len == 0 || name_len > MAX_NAME {

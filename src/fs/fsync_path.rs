@@ -100,6 +100,60 @@ pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback
         FsyncPath::Aios => overlapped(fs, journal, data),
         FsyncPath::Journaled => journaled(fs, journal, data),
     };
+    settle(fs, journal, result, checkpoints_before, true)
+}
+
+/// Writes the running transaction to the journal without making it durable:
+/// its blocks and commit block in one batch, no flush and no forced unit
+/// access (see [`super::NamespaceCommit::Written`]). A process that dies
+/// after this keeps the transaction; a power cut may lose it whole (replay
+/// checks the commit's CRC over the body, and stops at the first transaction
+/// it cannot trust, so what survives is always a prefix). A transaction that
+/// vouches for data written in place is committed durably instead: its
+/// commit block must not reach the device's media before that data does.
+/// The caller holds the journal lock.
+pub(super) fn commit_unflushed(fs: &Inner, journal: &mut Journal) -> Result<()> {
+    let checkpoints_before = journal.stats().checkpoints;
+    let taken = {
+        let mut meta = fs.meta();
+        (!meta.vouches_for_data()).then(|| meta.take_transaction(&fs.sb))
+    };
+    let Some((tid, images, freed, freed_meta)) = taken else {
+        return commit(fs, journal, None);
+    };
+    let result = (|| {
+        let mut released = Vec::new();
+        if !images.is_empty() {
+            let p = journal.prepare(&fs.disk, images)?;
+            // One command where the ring allows (a namespace change is usually an
+            // image or two and the commit block: one round trip either way, but one
+            // command less for the device and the completion path).
+            if let Some((first, whole)) = journal.whole_run(&p) {
+                fs.disk.write(first, &whole)?;
+            } else {
+                let mut batch = fs.disk.batch()?;
+                journal.submit_body(&mut batch, &p, false)?;
+                journal.submit_commit(&mut batch, &p, false)?;
+                batch.wait()?;
+            }
+            released = journal.committed(p);
+            journal.written_unflushed();
+        }
+        Ok(Committed { tid, freed, freed_meta, released, journaled_blocks: Vec::new() })
+    })();
+    settle(fs, journal, result, checkpoints_before, false)
+}
+
+/// Accounts for a commit that `durable` says was flushed or only written:
+/// raises the watermarks, holds or releases what it freed, checkpoints if the
+/// journal wants it. A failed commit stops changes (`EROFS`) until a remount.
+fn settle(
+    fs: &Inner,
+    journal: &mut Journal,
+    result: Result<Committed>,
+    checkpoints_before: u64,
+    durable: bool,
+) -> Result<()> {
     let Committed { tid, freed, freed_meta, mut released, journaled_blocks } = match result {
         Ok(r) => r,
         Err(e) => {
@@ -109,7 +163,11 @@ pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback
             return Err(e);
         }
     };
-    fs.committed.store(tid, Ordering::Release);
+    if durable {
+        fs.committed.store(tid, Ordering::Release);
+        journal.flushed();
+    }
+    fs.written.fetch_max(tid, Ordering::AcqRel);
     journal.hold_until_checkpoint(freed_meta);
     {
         let mut meta = fs.meta();
@@ -121,11 +179,18 @@ pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback
         }
         meta.journaled.extend(journaled_blocks);
     }
-    // A freed data block may be reused at once even if replay could still write
-    // its old image: whoever reuses it either journals it too (a later image wins
-    // at replay) or writes it in place, which makes the commit that vouches for
-    // it checkpoint first (`Meta::wrote_in_place`).
-    released.extend(freed);
+    if durable {
+        // A freed data block may be reused at once even if replay could still write
+        // its old image: whoever reuses it either journals it too (a later image wins
+        // at replay) or writes it in place, which makes the commit that vouches for
+        // it checkpoint first (`Meta::wrote_in_place`).
+        released.extend(freed);
+    } else {
+        // The free is not durable: were the block reused and written before a flush,
+        // a power cut could bring back the file that held it, holding another's data.
+        // A checkpoint flushes first.
+        journal.hold_data_until_checkpoint(freed);
+    }
     if journal.wants_checkpoint() {
         match journal.checkpoint(&fs.disk) {
             Ok(r) => {
@@ -265,6 +330,9 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
         (wb, journal_it)
     });
     let Taken { tid, mut images, freed, freed_meta, in_place, mut released } = take(fs, journal)?;
+    // Transactions written before without a flush must be durable before this
+    // commit block is: it is ordered behind them as behind data written in place.
+    let in_place = in_place || journal.has_unflushed();
     let mut journaled_blocks = Vec::new();
     if let Some((wb, true)) = own {
         let data = wb.images();
@@ -294,7 +362,7 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
         // journal go).
         journal.submit_body(&mut batch, &p, !in_place)?;
         if !in_place {
-            journal.submit_commit(&mut batch, &p)?;
+            journal.submit_commit(&mut batch, &p, true)?;
         }
         batch.wait()?;
     }

@@ -133,6 +133,44 @@ pub struct MountOptions {
     /// gives the space back (so do `truncate` and `unlink`); it is only taken
     /// while the device has at least 16 times as much free.
     pub append_prealloc_bytes: u64,
+    /// When a create, unlink, rename, mkdir or rmdir reaches the device
+    /// (default [`NamespaceCommit::Written`]).
+    pub namespace_commit: NamespaceCommit,
+}
+
+/// When a change to the namespace (create, unlink, rename, mkdir, rmdir)
+/// reaches the device.
+///
+/// The file system lives in the process that mounted it: what it holds in
+/// memory dies with that process. With the kernel's file systems a process
+/// that is killed loses nothing a system call finished, and programs count
+/// on it: SQLite's default (`journal_mode=DELETE`, `synchronous=FULL`)
+/// commits a transaction by deleting its journal and never syncs that
+/// delete, so a namespace kept only in memory loses the last commit of a
+/// killed SQLite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NamespaceCommit {
+    /// Each change is written to the journal before the call returns, without
+    /// a flush (one journal write, no device cache flush): a process that
+    /// dies keeps it, a power cut may not (as the kernel's page cache). Where
+    /// the transaction also records data written in place, it is committed
+    /// with a flush instead, so a commit block never vouches for data that is
+    /// not durable.
+    #[default]
+    Written,
+    /// Changes stay in memory until the next `fsync`, `sync` or unmount.
+    Deferred,
+}
+
+impl NamespaceCommit {
+    /// Parses `written` or `deferred`.
+    pub fn parse(text: &str) -> Result<NamespaceCommit> {
+        match text {
+            "written" => Ok(NamespaceCommit::Written),
+            "deferred" => Ok(NamespaceCommit::Deferred),
+            _ => Err(Error::spec("namespace commit", text, "written or deferred")),
+        }
+    }
 }
 
 impl Default for MountOptions {
@@ -145,6 +183,7 @@ impl Default for MountOptions {
             step_times: false,
             direct_copy: false,
             append_prealloc_bytes: 1 << 20,
+            namespace_commit: NamespaceCommit::default(),
         }
     }
 }
@@ -254,6 +293,9 @@ struct Inner {
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
     committed: AtomicU64,
+    /// Highest transaction id written to the journal (durable or not: see
+    /// [`NamespaceCommit::Written`]); never below `committed`.
+    written: AtomicU64,
     /// Commits ended so far (each after its journal lock was released).
     commits_ended: AtomicU64,
     /// Rung when a commit ends: syncs waiting for another thread's commit
@@ -266,6 +308,15 @@ struct Inner {
     syncs: AtomicU64,
     shared_commits: AtomicU64,
     flush_only: AtomicU64,
+}
+
+/// How far a commit goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Durable: flushed, the commit block written with forced unit access.
+    Durable,
+    /// Written to the journal, not flushed: survives the process, not a power cut.
+    Written,
 }
 
 /// Longest a sync waiting for another thread's commit sleeps before it looks again.
@@ -471,6 +522,12 @@ impl Meta {
         (tid, images, std::mem::take(&mut self.freed), std::mem::take(&mut self.freed_meta))
     }
 
+    /// Whether the running transaction vouches for data written in place (its
+    /// commit must be durable, ordered behind that data).
+    fn vouches_for_data(&self) -> bool {
+        self.in_place_data || self.overwrote_journaled
+    }
+
     /// Takes the running transaction's ordering flags (with the transaction):
     /// whether it vouches for data written in place, and whether that data
     /// overwrote a journaled block.
@@ -610,6 +667,7 @@ impl FileSystem {
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             commits_ended: AtomicU64::new(0),
             commit_ended: crate::path::waiter::Doorbell::default(),
             aborted: AtomicBool::new(false),
@@ -723,18 +781,36 @@ impl Inner {
     }
 
     /// Makes transaction `tid` (and all before it) durable; a flush when it holds nothing.
+    fn sync_through(&self, tid: u64) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.commit_through(tid, Reach::Durable)
+    }
+
+    /// After a namespace change in transaction `tid`: writes it to the journal
+    /// if the mount says so ([`NamespaceCommit`]).
+    pub(super) fn namespace_changed(&self, tid: u64) -> Result<()> {
+        match self.options.namespace_commit {
+            NamespaceCommit::Written => self.commit_through(tid, Reach::Written),
+            NamespaceCommit::Deferred => Ok(()),
+        }
+    }
+
+    /// Commits transaction `tid` (and all before it) as far as `reach`.
     ///
     /// While another thread commits, the caller sleeps until that commit ends
     /// (every waiter wakes at once, and those it covered leave at once) rather
     /// than queue on the journal lock, where each would take the lock in turn
     /// only to find it had nothing to do: one wake-up after another.
-    fn sync_through(&self, tid: u64) -> Result<()> {
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+    fn commit_through(&self, tid: u64, reach: Reach) -> Result<()> {
+        let watermark = match reach {
+            Reach::Durable => &self.committed,
+            Reach::Written => &self.written,
+        };
         loop {
             let seen = self.commits_ended.load(Ordering::Acquire);
-            if self.committed.load(Ordering::Acquire) >= tid {
-                // Another thread's commit covered it, and that commit started with a flush
-                // issued after this caller's writes had completed.
+            if watermark.load(Ordering::Acquire) >= tid {
+                // Another thread's commit covered it (for a durable one, that commit
+                // started with a flush issued after this caller's writes had completed).
                 self.shared_commits.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
@@ -743,11 +819,14 @@ impl Inner {
             }
             match self.journal.try_lock() {
                 Ok(mut journal) => {
-                    if self.committed.load(Ordering::Acquire) >= tid {
+                    if watermark.load(Ordering::Acquire) >= tid {
                         self.shared_commits.fetch_add(1, Ordering::Relaxed);
                         return Ok(());
                     }
-                    let result = fsync_path::commit(self, &mut journal, None);
+                    let result = match reach {
+                        Reach::Durable => fsync_path::commit(self, &mut journal, None),
+                        Reach::Written => fsync_path::commit_unflushed(self, &mut journal),
+                    };
                     drop(journal);
                     self.end_commit();
                     return result;

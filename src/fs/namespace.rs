@@ -518,7 +518,10 @@ impl FileSystem {
         let node = Node::new(state);
         meta.slots[slot as usize] = Slot::File(Arc::clone(&node));
         // Counted under the metadata lock, as every open: an unlink sees it.
-        Ok(self.handle(node, false))
+        let file = self.handle(node, false);
+        drop(meta);
+        fs.namespace_changed(tid)?;
+        Ok(file)
     }
 
     /// Opens an existing file; `ENOENT` if there is none, `EISDIR` for a directory.
@@ -576,7 +579,9 @@ impl FileSystem {
         };
         let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, libc::S_IFDIR | (mode & 0o7777), "mkdir")?;
         meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
-        Ok(())
+        let tid = meta.tid;
+        drop(meta);
+        fs.namespace_changed(tid)
     }
 
     /// Removes an empty directory.
@@ -605,7 +610,10 @@ impl FileSystem {
         }
         meta.ns.remove_slot(found.slot);
         meta.drop_dir(&fs.sb, found.slot);
-        meta.touch_dir(&fs.sb, walk.parent, now_ns())
+        meta.touch_dir(&fs.sb, walk.parent, now_ns())?;
+        let tid = meta.tid;
+        drop(meta);
+        fs.namespace_changed(tid)
     }
 
     /// Removes a file's name; its blocks are free once the removal is
@@ -631,7 +639,10 @@ impl FileSystem {
             if meta.ns.walk(path).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
                 continue; // renamed or replaced meanwhile: look again
             }
-            return meta.unlink_file(fs, &node, &mut state, now_ns());
+            meta.unlink_file(fs, &node, &mut state, now_ns())?;
+            let tid = meta.tid;
+            drop((meta, state));
+            return fs.namespace_changed(tid);
         }
     }
 
@@ -662,7 +673,10 @@ impl FileSystem {
             if plan_rename(&meta, from, to, how)?.as_ref() != Some(&plan) {
                 continue;
             }
-            return apply_rename(fs, &mut meta, &mut locked, &plan, how);
+            apply_rename(fs, &mut meta, &mut locked, &plan, how)?;
+            let tid = meta.tid;
+            drop((meta, locked));
+            return fs.namespace_changed(tid);
         }
     }
 
