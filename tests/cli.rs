@@ -725,9 +725,12 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
     succeeds(&["mkfs", img, "--size", "32m"]);
     let mount = format!("{mnt_s}={img}");
     // A shell's builtins run in the process that mounts: a directory, a file, a rename.
-    let script =
-        format!("mkdir {mnt_s}/d && echo hello > {mnt_s}/d/x && mv {mnt_s}/d/x {mnt_s}/d/y 2>/dev/null || true");
-    let o = common::iopath(&["run", "--wait", "1", "--mount", &mount, "--", "sh", "-c", &script]);
+    // (A failed mkdir or write fails the run and shows why: one CI run found no /d
+    // afterwards with nothing said; mv may fail, which the listing below allows.)
+    let script = format!(
+        "mkdir {mnt_s}/d && echo hello > {mnt_s}/d/x || exit 1; mv {mnt_s}/d/x {mnt_s}/d/y 2>/dev/null; exit 0"
+    );
+    let o = common::iopath(&["run", "--wait", "5", "--mount", &mount, "--", "sh", "-c", &script]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "the host directory stays empty");
     // mv is a program of its own: it mounted in turn (or, without it, d/x stays).
