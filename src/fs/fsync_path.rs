@@ -129,7 +129,7 @@ pub(super) fn commit_unflushed(fs: &Inner, journal: &mut Journal) -> Result<()> 
             // image or two and the commit block: one round trip either way, but one
             // command less for the device and the completion path).
             if let Some((first, whole)) = journal.whole_run(&p) {
-                fs.disk.write(first, &whole)?;
+                fs.disk.write(first, whole)?;
             } else {
                 let mut batch = fs.disk.batch()?;
                 journal.submit_body(&mut batch, &p, false)?;

@@ -64,10 +64,18 @@ pub struct Journal {
 pub struct Prepared {
     head: u64,
     need: u64,
-    body: IoBuf,
-    commit: IoBuf,
+    /// The transaction as it lies in the ring: its body (descriptors and
+    /// images), then its commit block.
+    blocks: IoBuf,
     images: Vec<(u64, Block)>,
     released: Vec<(u64, u64)>,
+}
+
+impl Prepared {
+    /// Its commit block.
+    fn commit(&self) -> &[u8] {
+        &self.blocks[(self.need as usize - 1) * BLOCK..]
+    }
 }
 
 /// What the journal has done since mount.
@@ -290,10 +298,10 @@ impl Journal {
         let seq = self.next_seq;
         let vid = self.sb.volume_id;
         let body_blocks = need as usize - 1;
-        let mut body = IoBuf::new(body_blocks * BLOCK);
+        let mut blocks = IoBuf::new(need as usize * BLOCK);
         let mut at = 0;
         let mut put = |block: &[u8]| {
-            body[at * BLOCK..(at + 1) * BLOCK].copy_from_slice(block);
+            blocks[at * BLOCK..(at + 1) * BLOCK].copy_from_slice(block);
             at += 1;
         };
         if compact {
@@ -310,11 +318,11 @@ impl Journal {
         }
         debug_assert_eq!(at, body_blocks);
         let targets = compact.then(|| images.iter().map(|(h, _)| *h).collect());
-        let commit = Commit { seq, blocks: body_blocks as u32, data_crc: body_crc(self.sb.version, &body), targets };
-        let mut commit_block = IoBuf::new(BLOCK);
-        commit_block.copy_from_slice(&commit.encode(vid)[..]);
+        let body = &blocks[..body_blocks * BLOCK];
+        let commit = Commit { seq, blocks: body_blocks as u32, data_crc: body_crc(self.sb.version, body), targets };
+        blocks[body_blocks * BLOCK..].copy_from_slice(&commit.encode(vid)[..]);
         let head = self.head;
-        Ok(Prepared { head, need, body, commit: commit_block, images, released })
+        Ok(Prepared { head, need, blocks, images, released })
     }
 
     /// Pieces `(device block, buffer range)` of `len` journal blocks from ring position `pos`.
@@ -333,15 +341,8 @@ impl Journal {
 
     /// The whole transaction, its commit block included, as one run of the ring
     /// to write with one command; `None` where it wraps around the ring's end.
-    pub fn whole_run(&self, p: &Prepared) -> Option<(u64, IoBuf)> {
-        if p.head + p.need > self.sb.journal_blocks {
-            return None;
-        }
-        let body = (p.need as usize - 1) * BLOCK;
-        let mut whole = IoBuf::new(p.need as usize * BLOCK);
-        whole[..body].copy_from_slice(&p.body[..body]);
-        whole[body..].copy_from_slice(&p.commit[..]);
-        Some((self.sb.journal_start + p.head, whole))
+    pub fn whole_run<'a>(&self, p: &'a Prepared) -> Option<(u64, &'a [u8])> {
+        (p.head + p.need <= self.sb.journal_blocks).then(|| (self.sb.journal_start + p.head, &p.blocks[..]))
     }
 
     /// Queues the transaction's descriptors and images (not the commit block) on
@@ -349,9 +350,9 @@ impl Journal {
     pub fn submit_body<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared, fua: bool) -> Result<()> {
         for (block, range) in self.ring_pieces(p.head, p.need - 1) {
             if fua {
-                batch.write_fua(block, &p.body[range])?;
+                batch.write_fua(block, &p.blocks[range])?;
             } else {
-                batch.write(block, &p.body[range])?;
+                batch.write(block, &p.blocks[range])?;
             }
         }
         Ok(())
@@ -363,16 +364,16 @@ impl Journal {
     /// durable on completion, without it only written.
     pub fn submit_commit<'a>(&self, batch: &mut Batch<'a>, p: &'a Prepared, fua: bool) -> Result<()> {
         if fua {
-            batch.write_fua(self.commit_block(p), &p.commit)
+            batch.write_fua(self.commit_block(p), p.commit())
         } else {
-            batch.write(self.commit_block(p), &p.commit)
+            batch.write(self.commit_block(p), p.commit())
         }
     }
 
     /// Writes the transaction's descriptors and images and waits.
     pub fn write_body(&self, disk: &Disk, p: &Prepared) -> Result<()> {
         for (block, range) in self.ring_pieces(p.head, p.need - 1) {
-            disk.write(block, &p.body[range])?;
+            disk.write(block, &p.blocks[range])?;
         }
         Ok(())
     }
@@ -380,7 +381,7 @@ impl Journal {
     /// Writes the commit block and makes it durable (a write then a flush: the FUA
     /// write of a device that has one). Call once everything it orders is durable.
     pub fn write_commit(&self, disk: &Disk, p: &Prepared) -> Result<()> {
-        disk.write(self.commit_block(p), &p.commit)?;
+        disk.write(self.commit_block(p), p.commit())?;
         disk.flush()
     }
 
@@ -388,7 +389,7 @@ impl Journal {
     /// durably, as one device command (flush, then a FUA write). Call once
     /// everything it orders has been written (completed, not yet durable).
     pub fn write_commit_ordered(&self, disk: &Disk, p: &Prepared) -> Result<()> {
-        disk.write_durable(self.commit_block(p), &p.commit)
+        disk.write_durable(self.commit_block(p), p.commit())
     }
 
     fn commit_block(&self, p: &Prepared) -> u64 {
@@ -590,7 +591,7 @@ mod tests {
         super::super::format::seal_sector_for_test(&mut inode_block[..512]);
         let first = j.prepare(&disk, vec![(sb.inode_start, inode_block.clone())]).unwrap();
         j.write_body(&disk, &first).unwrap();
-        disk.write(j.commit_block(&first), &first.commit).unwrap();
+        disk.write(j.commit_block(&first), first.commit()).unwrap();
         let first_commit = j.commit_block(&first);
         j.committed(first);
         // The second transaction's commit block is written; in its image's slot
@@ -601,10 +602,10 @@ mod tests {
         let stale = disk.read_block(first_commit).unwrap();
         let image_slot = j.commit_block(&second) - 1;
         disk.write(image_slot, &stale).unwrap();
-        disk.write(j.commit_block(&second), &second.commit).unwrap();
+        disk.write(j.commit_block(&second), second.commit()).unwrap();
         assert_eq!(
             crate::fs::format::body_crc(3, &stale),
-            crate::fs::format::body_crc(3, &second.body),
+            crate::fs::format::body_crc(3, &second.blocks[..BLOCK]),
             "format 3's check sees the stale commit block as the image"
         );
         let j = Journal::recover(&disk, &sb).unwrap();
