@@ -786,9 +786,12 @@ impl Inner {
         self.commit_through(tid, Reach::Durable)
     }
 
-    /// After a namespace change in transaction `tid`: writes it to the journal
-    /// if the mount says so ([`NamespaceCommit`]).
-    pub(super) fn namespace_changed(&self, tid: u64) -> Result<()> {
+    /// After a namespace change, made under `meta` (released here, before any
+    /// journal work): writes its transaction to the journal if the mount says
+    /// so ([`NamespaceCommit`]).
+    pub(super) fn namespace_changed(&self, meta: MutexGuard<'_, Meta>) -> Result<()> {
+        let tid = meta.tid;
+        drop(meta);
         match self.options.namespace_commit {
             NamespaceCommit::Written => self.commit_through(tid, Reach::Written),
             NamespaceCommit::Deferred => Ok(()),

@@ -519,8 +519,7 @@ impl FileSystem {
         meta.slots[slot as usize] = Slot::File(Arc::clone(&node));
         // Counted under the metadata lock, as every open: an unlink sees it.
         let file = self.handle(node, false);
-        drop(meta);
-        fs.namespace_changed(tid)?;
+        fs.namespace_changed(meta)?;
         Ok(file)
     }
 
@@ -579,9 +578,7 @@ impl FileSystem {
         };
         let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, libc::S_IFDIR | (mode & 0o7777), "mkdir")?;
         meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
-        let tid = meta.tid;
-        drop(meta);
-        fs.namespace_changed(tid)
+        fs.namespace_changed(meta)
     }
 
     /// Removes an empty directory.
@@ -611,9 +608,7 @@ impl FileSystem {
         meta.ns.remove_slot(found.slot);
         meta.drop_dir(&fs.sb, found.slot);
         meta.touch_dir(&fs.sb, walk.parent, now_ns())?;
-        let tid = meta.tid;
-        drop(meta);
-        fs.namespace_changed(tid)
+        fs.namespace_changed(meta)
     }
 
     /// Removes a file's name; its blocks are free once the removal is
@@ -640,9 +635,8 @@ impl FileSystem {
                 continue; // renamed or replaced meanwhile: look again
             }
             meta.unlink_file(fs, &node, &mut state, now_ns())?;
-            let tid = meta.tid;
-            drop((meta, state));
-            return fs.namespace_changed(tid);
+            drop(state);
+            return fs.namespace_changed(meta);
         }
     }
 
@@ -674,9 +668,8 @@ impl FileSystem {
                 continue;
             }
             apply_rename(fs, &mut meta, &mut locked, &plan, how)?;
-            let tid = meta.tid;
-            drop((meta, locked));
-            return fs.namespace_changed(tid);
+            drop(locked);
+            return fs.namespace_changed(meta);
         }
     }
 
