@@ -935,9 +935,7 @@ fn read_ahead_follows_streams_and_stays_off_for_random_reads() {
     }
     let c = fs.stats().cache;
     assert!(c.readahead_pages > 3000, "{c:?}");
-    // Without read-ahead all 4000 reads miss; how many it catches in time depends
-    // on how busy the machine is (406 seen with the other tests running).
-    assert!(c.misses < 1000, "read-ahead should turn most reads into hits: {c:?}");
+    assert!(c.misses < 400, "read-ahead should turn most reads into hits: {c:?}");
 }
 
 #[test]
