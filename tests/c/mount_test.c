@@ -83,6 +83,10 @@ static void files(void) {
     CHECK(fcntl(fd, F_SETFL, O_APPEND) == 0 && (fcntl(fd, F_GETFL) & O_APPEND), "F_SETFL O_APPEND");
     lseek(fd, 0, SEEK_SET);
     CHECK(write(fd, "!", 1) == 1 && lseek(fd, 0, SEEK_CUR) == 16, "append moves to the end");
+    /* pwrite on O_APPEND appends too (Linux), and leaves the position where it was. */
+    lseek(fd, 3, SEEK_SET);
+    CHECK(pwrite(fd, "?", 1, 0) == 1 && lseek(fd, 0, SEEK_CUR) == 3, "pwrite leaves the position");
+    CHECK(pread(fd, buf, 2, 15) == 2 && !memcmp(buf, "!?", 2), "pwrite with O_APPEND appends");
     CHECK(fsync(fd) == 0 && fdatasync(fd) == 0 && syncfs(fd) == 0, "fsync, fdatasync, syncfs");
     CHECK(close(fd) == 0, "close");
 

@@ -19,19 +19,22 @@ fn read_mounted(d: &Description, buf: &mut [u8], offset: Option<off_t>) -> ssize
         Ok(f) => f,
         Err(e) => return fail_size(e),
     };
-    let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
-    let at = match offset {
+    let read = match offset {
         Some(o) if o < 0 => return fail_size(libc::EINVAL),
-        Some(o) => o as u64,
-        None => *position,
-    };
-    match file.read_at(buf, at) {
-        Ok(n) => {
-            if offset.is_none() {
-                *position = at + n as u64;
+        // A positioned read leaves the position alone and takes no lock: threads
+        // sharing a descriptor (RocksDB's table files) read it in parallel, as on Linux.
+        Some(o) => file.read_at(buf, o as u64),
+        None => {
+            let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
+            let read = file.read_at(buf, *position);
+            if let Ok(n) = read {
+                *position += n as u64;
             }
-            n as ssize_t
+            read
         }
+    };
+    match read {
+        Ok(n) => n as ssize_t,
         Err(e) => fail_size(errno_of(&e)),
     }
 }
@@ -51,22 +54,23 @@ fn write_mounted(d: &Description, data: &[u8], offset: Option<off_t>) -> ssize_t
     if data.is_empty() {
         return 0;
     }
-    let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
     // O_APPEND: every write goes to the end, atomically (pwrite too, as on Linux).
-    let written = if d.append() {
-        file.append(data)
-    } else {
-        let at = offset.map_or(*position, |o| o as u64);
-        file.write_at(data, at).map(|()| at)
+    let write = |at: u64| if d.append() { file.append(data) } else { file.write_at(data, at).map(|()| at) };
+    let written = match offset {
+        // A positioned write leaves the position alone and takes no lock.
+        Some(o) => write(o as u64),
+        None => {
+            let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
+            let written = write(*position);
+            if let Ok(at) = written {
+                *position = at + data.len() as u64;
+            }
+            written
+        }
     };
-    let at = match written {
-        Ok(at) => at,
-        Err(e) => return fail_size(errno_of(&e)),
-    };
-    if offset.is_none() || d.append() {
-        *position = at + data.len() as u64;
+    if let Err(e) = written {
+        return fail_size(errno_of(&e));
     }
-    drop(position);
     let flags = d.flags.load(std::sync::atomic::Ordering::Relaxed);
     let synced = if flags & libc::O_SYNC == libc::O_SYNC {
         file.fsync()
