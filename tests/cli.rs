@@ -745,6 +745,12 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
     let o = common::iopath(&["run", "--wait", "1", "--mount", &mount, "--", "sh", "-c", &script]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), format!("hello\nhello\n{mnt_s}/d\n"));
+    // A subshell is a fork of a shell that holds nothing there (it gave the mount back, or
+    // never touched it): it mounts in turn, as a new process does.
+    let script = format!("(cd {mnt_s}/d && cat {name}); test -d {mnt_s}/d && (cd {mnt_s}/d && /bin/pwd)");
+    let o = common::iopath(&["run", "--wait", "1", "--mount", &mount, "--", "sh", "-c", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("hello\n{mnt_s}/d\n"));
     // While a program holds a file open there, others are refused by name.
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
         .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("exec 3< {mnt_s}/d/{name}; sleep 3; true")])

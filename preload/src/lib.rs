@@ -56,7 +56,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 static CONFIG: OnceLock<Config> = OnceLock::new();
 /// The request that idle CPUs poll (`IOPATH_IDLE_POLL=1`), held until the process ends.
 static IDLE_POLLING: OnceLock<iopath::idle::IdlePolling> = OnceLock::new();
-/// Set in a child after `fork`: nothing is routed there.
+/// Set in a child after `fork` of a parent that held an engine (a mount or
+/// routed files): nothing is routed there.
 static FORKED: AtomicBool = AtomicBool::new(false);
 /// Whether any `IOPATH_FILES` pattern is set.
 static ROUTING: AtomicBool = AtomicBool::new(false);
@@ -126,7 +127,12 @@ pub(crate) fn release_mounts_before_fork() {
 }
 
 extern "C" fn in_child_after_fork() {
-    FORKED.store(true, Ordering::SeqCst);
+    // A child of a parent that routes O_DIRECT files, or that still held a
+    // mount at the fork, has none of those engines' threads: it routes
+    // nothing. A child of a parent that held no mount mounts at first use.
+    if ROUTING.load(Ordering::Relaxed) || mount::any_held_across_fork() {
+        FORKED.store(true, Ordering::SeqCst);
+    }
 }
 
 extern "C" fn on_load() {

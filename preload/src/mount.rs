@@ -101,10 +101,36 @@ impl Mount {
     pub fn mounted(&self) -> Option<FileSystem> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).fs.clone()
     }
+
+    /// Whether this mount was held at the moment of a `fork`, asked in the
+    /// child: its state as the parent left it, or held if a thread of the
+    /// parent had its lock then (that thread is not in the child: never wait).
+    fn held_across_fork(&self) -> bool {
+        match self.state.try_lock() {
+            Ok(state) => state.fs.is_some() || state.lock.is_some(),
+            Err(std::sync::TryLockError::Poisoned(state)) => {
+                let state = state.into_inner();
+                state.fs.is_some() || state.lock.is_some()
+            }
+            Err(std::sync::TryLockError::WouldBlock) => true,
+        }
+    }
+}
+
+/// In a child just forked: whether the parent held any mount (then the child
+/// cannot use it: its engine's threads are not here). A parent that held
+/// none (it gave them back before the fork, or never mounted) has a child
+/// that mounts at first use, as a new process does: a shell's subshell
+/// `( cd DIR && ... )` works on a mount.
+pub fn any_held_across_fork() -> bool {
+    MOUNTS.get().is_some_and(|mounts| mounts.iter().any(Mount::held_across_fork))
 }
 
 fn mount_options() -> MountOptions {
-    let mut options = MountOptions::default();
+    let mut options = MountOptions { cache_bytes: default_cache_bytes(), ..MountOptions::default() };
+    if let Some(bytes) = crate::config().cache_bytes {
+        options.cache_bytes = bytes;
+    }
     if let Some(commit) = crate::config().namespace_commit {
         options.namespace_commit = commit;
     }
@@ -112,6 +138,18 @@ fn mount_options() -> MountOptions {
         options.fsync_path = path;
     }
     options
+}
+
+/// The page cache bound of a mount when `IOPATH_CACHE` does not say: an
+/// eighth of the machine's memory, at least the file layer's 64 MiB. The
+/// kernel's page cache takes whatever memory is free, and buffered programs
+/// (RocksDB without direct reads, SQLite) count on it; pages are taken only
+/// as files are read, so the bound costs nothing until it is used.
+fn default_cache_bytes() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let memory = u64::try_from(pages).unwrap_or(0).saturating_mul(u64::try_from(page).unwrap_or(0));
+    (memory / 8).max(MountOptions::default().cache_bytes)
 }
 
 static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();

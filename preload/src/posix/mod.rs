@@ -22,10 +22,12 @@
 //! - `locks.rs`: fcntl record locks and flock on mounted files
 //! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`)
 //!
-//! In a child after `fork` the parent's mount is not there (its engine's
-//! threads are not): calls on inherited mounted descriptors fail with
-//! `EBADF`, calls on paths inside a mount with `EPERM`, each said once on
-//! stderr; the parent keeps working.
+//! In a child after `fork` of a parent that held a mount, the mount is not
+//! there (its engine's threads are not): calls on inherited mounted
+//! descriptors fail with `EBADF`, calls on paths inside a mount with
+//! `EPERM`, each said once on stderr; the parent keeps working. A child of
+//! a parent that held none (it gave them back before the fork, as a shell
+//! does) mounts at first use, as a new process does.
 
 pub mod data;
 pub mod descriptors;
