@@ -22,6 +22,10 @@
 //!   journal before the call returns, so a killed process keeps them, as
 //!   with the kernel) or `deferred` (at the next fsync; a killed process
 //!   loses them). See `iopath::fs::NamespaceCommit`.
+//! - `IOPATH_CACHE`: the mounts' page cache bound (a size: `256m`, `2g`;
+//!   default an eighth of the machine's memory, at least 64 MiB: buffered
+//!   programs count on a cache as large as the kernel's, and pages are
+//!   taken only as files are read).
 //! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
 //!   instead of halting (`iopath::idle::IdlePolling`; root only, a refusal is
 //!   logged and changes nothing else).
@@ -45,6 +49,8 @@ pub struct Config {
     pub namespace_commit: Option<iopath::fs::NamespaceCommit>,
     /// How long to wait for another process to let go of a mount, in milliseconds.
     pub mount_wait_ms: u64,
+    /// The mounts' page cache bound in bytes, if set.
+    pub cache_bytes: Option<u64>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -74,6 +80,7 @@ impl Config {
             mounts: var("IOPATH_MOUNT").map(|v| parse_mounts(&v)).unwrap_or_default(),
             fsync_path,
             namespace_commit,
+            cache_bytes: parsed("IOPATH_CACHE", var("IOPATH_CACHE"), iopath::units::parse_size),
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -99,6 +106,7 @@ impl Config {
             fsync_path: None,
             namespace_commit: None,
             mount_wait_ms: 10_000,
+            cache_bytes: None,
         }
     }
 

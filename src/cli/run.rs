@@ -17,8 +17,9 @@ bare path). Nothing outside DIR changes, and a program that never touches DIR pa
 made if it does not exist (it stays empty: the files are on DEVICE). One process mounts a device at a
 time: a program started while another holds it waits up to --wait seconds, then its calls into DIR
 fail with EBUSY and a message naming the holder. The mount is committed when the program exits;
-what it fsync'd is durable at once. A forked child cannot use its parent's mounted descriptors;
-mmap of a mounted file is refused (ENODEV).
+what it fsync'd is durable at once. A forked child cannot use a mount its parent holds (a
+subshell of a shell that holds nothing open there mounts in turn); mmap of a mounted file is
+refused (ENODEV). --cache sets the mounts' page cache (default an eighth of the memory).
 
 --files PATTERN routes the program's O_DIRECT I/O on matching files through iopath's engine
 instead (they stay on the kernel's file system).
@@ -46,6 +47,9 @@ pub struct RunArgs {
     /// fsync path of the mounts: conventional, aios or journaled.
     #[arg(long)]
     fsync_path: Option<String>,
+    /// Page cache of the mounts (e.g. 256m, 2g; default an eighth of the memory).
+    #[arg(long, value_name = "SIZE")]
+    cache: Option<String>,
     /// Idle CPUs poll instead of halting while the program runs (root only).
     #[arg(long)]
     idle_poll: bool,
@@ -127,6 +131,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(f) = &args.fsync_path {
         iopath::fs::FsyncPath::parse(f)?;
     }
+    if let Some(c) = &args.cache {
+        iopath::units::parse_size(c)?;
+    }
     let mut mounts = Vec::new();
     for m in &args.mounts {
         let (dir, device) = check_mount(m)?;
@@ -146,7 +153,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     if !args.files.is_empty() {
         command.env("IOPATH_FILES", args.files.join(":"));
     }
-    for (key, value) in [("IOPATH_PATH", &args.path), ("IOPATH_FSYNC_PATH", &args.fsync_path)] {
+    for (key, value) in
+        [("IOPATH_PATH", &args.path), ("IOPATH_FSYNC_PATH", &args.fsync_path), ("IOPATH_CACHE", &args.cache)]
+    {
         if let Some(v) = value {
             command.env(key, v);
         }
