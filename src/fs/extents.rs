@@ -97,25 +97,45 @@ fn coalesce(extents: &mut Vec<Extent>) {
     *extents = out;
 }
 
+/// Replaces `extents[from..to]` with `with`, merged with each other and with
+/// the neighbours on either side where they continue each other. The rest of
+/// the map is coalesced already (every change goes through here), so only
+/// this stretch needs looking at: a change costs a binary search and a move,
+/// not a pass over a map of thousands of extents (a 130 MB tar archive written
+/// block by block spent 60% of its time re-merging its whole map).
+fn replace_coalesced(extents: &mut Vec<Extent>, from: usize, to: usize, with: Vec<Extent>) {
+    let lo = from.saturating_sub(1);
+    let hi = (to + 1).min(extents.len());
+    let mut stretch: Vec<Extent> = extents[lo..from].to_vec();
+    stretch.extend(with);
+    stretch.extend_from_slice(&extents[to..hi]);
+    coalesce(&mut stretch);
+    extents.splice(lo..hi, stretch);
+    debug_assert!(extents.windows(2).all(|w| w[0].end() <= w[1].logical as u64), "extents overlap or are unsorted");
+}
+
 /// Maps a hole `[logical, logical+len)` to device blocks from `physical`, not yet written.
 pub fn insert_unwritten(extents: &mut Vec<Extent>, logical: u64, len: u64, physical: u64) {
     let at = first_after(extents, logical);
     debug_assert!(extents.get(at).is_none_or(|e| e.logical as u64 >= logical + len), "inserting over a mapping");
-    extents.insert(at, Extent { logical: logical as u32, len: len as u32, physical, unwritten: true });
-    coalesce(extents);
+    let new = Extent { logical: logical as u32, len: len as u32, physical, unwritten: true };
+    replace_coalesced(extents, at, at, vec![new]);
 }
 
 /// Marks file blocks `[first, end)` as written.
 pub fn mark_written(extents: &mut Vec<Extent>, first: u64, end: u64) -> bool {
-    let mut changed = false;
-    let mut out = Vec::with_capacity(extents.len() + 2);
-    for e in extents.drain(..) {
+    let lo = first_after(extents, first);
+    let hi = lo + extents[lo..].partition_point(|e| (e.logical as u64) < end);
+    if !extents[lo..hi].iter().any(|e| e.unwritten) {
+        return false;
+    }
+    let mut out = Vec::with_capacity(hi - lo + 2);
+    for &e in &extents[lo..hi] {
         let (s, t) = (e.logical as u64, e.end());
-        if !e.unwritten || t <= first || s >= end {
+        if !e.unwritten {
             out.push(e);
             continue;
         }
-        changed = true;
         let a = s.max(first);
         let b = t.min(end);
         let piece = |from: u64, to: u64, unwritten| Extent {
@@ -132,9 +152,8 @@ pub fn mark_written(extents: &mut Vec<Extent>, first: u64, end: u64) -> bool {
             out.push(piece(b, t, true));
         }
     }
-    *extents = out;
-    coalesce(extents);
-    changed
+    replace_coalesced(extents, lo, hi, out);
+    true
 }
 
 /// Unmaps file blocks `[first, end)`; returns the device runs `(start, len)` that were mapped there.
@@ -248,7 +267,8 @@ mod tests {
                                 for i in 0..r.len {
                                     model[(r.logical + i) as usize] = Some((next_phys + i, true));
                                 }
-                                next_phys += r.len + 3;
+                                // Sometimes right after the last mapping, so neighbours can merge.
+                                next_phys += r.len + 3 * (start % 2);
                             }
                         }
                     }
@@ -267,6 +287,10 @@ mod tests {
                 }
                 for w in m.windows(2) {
                     prop_assert!(w[0].end() <= w[1].logical as u64);
+                    let continues = w[0].end() == w[1].logical as u64
+                        && w[0].physical + w[0].len as u64 == w[1].physical
+                        && w[0].unwritten == w[1].unwritten;
+                    prop_assert!(!continues, "neighbours left apart: {:?}", w);
                 }
                 for r in runs(&m, 0, 64) {
                     for i in 0..r.len {

@@ -138,8 +138,14 @@ impl Writeback {
             state.layout_tid = meta.tid;
         }
         let mut changed = false;
-        for &block in self.pages.keys() {
-            changed |= extents::mark_written(&mut state.inode.extents, block, block + 1);
+        // One call per run of consecutive blocks (the pages are in block order).
+        let mut blocks = self.pages.keys().copied().peekable();
+        while let Some(first) = blocks.next() {
+            let mut end = first + 1;
+            while blocks.next_if_eq(&end).is_some() {
+                end += 1;
+            }
+            changed |= extents::mark_written(&mut state.inode.extents, first, end);
         }
         if state.dirty.is_empty() && state.disk_size != state.inode.size {
             // Everything below the size is on the device now: the inode may say so.
