@@ -705,6 +705,16 @@ impl FileSystem {
         self.mount.sync_all()
     }
 
+    /// Makes every namespace change so far durable (creates, unlinks,
+    /// renames, mkdirs, rmdirs) without writing back any file's data: what
+    /// `fsync` of a directory promises. [`FileSystem::sync`] writes back every
+    /// file first, which costs a visit to every file of the file system:
+    /// SQLite fsyncs its directory twice per transaction.
+    pub fn sync_namespace(&self) -> Result<()> {
+        let tid = self.mount.meta().tid;
+        self.mount.sync_through(tid)
+    }
+
     /// Time spent in each step of the read and fsync paths, as (step, total ns,
     /// times), if the file system was mounted with `step_times`.
     pub fn steps(&self) -> Option<Vec<(&'static str, u64, u64)>> {

@@ -354,13 +354,14 @@ macro_rules! hook_lseek {
 hook_lseek!(lseek, lseek64);
 
 /// fsync (`data_only`: fdatasync) of a mounted description: the file's, or
-/// for a directory the whole file system's (its entries are in the journal).
+/// for a directory the namespace's (its entries are in the journal; no
+/// file's data is written back, as on Linux).
 fn sync_mounted(d: &Arc<Description>, data_only: bool) -> c_int {
     let done = match &d.node {
         Node::File(f) if data_only => f.fdatasync(),
         Node::File(f) => f.fsync(),
         Node::Dir => match d.mount.fs() {
-            Ok(fs) => fs.sync(),
+            Ok(fs) => fs.sync_namespace(),
             Err(e) => return fail(e),
         },
     };
