@@ -16,7 +16,8 @@
 //!   mount's device mounted (default 10; then calls into the mount fail
 //!   with EBUSY and a message naming that process).
 //! - `IOPATH_FSYNC_PATH`: the mounts' fsync path (`conventional`, `aios`,
-//!   `journaled`; default: the file layer's).
+//!   `journaled`; default `journaled`, measured fastest for programs: see
+//!   `mount.rs`).
 //! - `IOPATH_NAMESPACE_COMMIT`: when a mount's creates, unlinks, renames,
 //!   mkdirs and rmdirs reach the device: `written` (the default: in the
 //!   journal before the call returns, so a killed process keeps them, as

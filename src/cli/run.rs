@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 const RUN_HELP: &str = "\
 Runs PROG with libiopath_preload.so loaded and set up from these flags (the same as setting the
-IOPATH_* variables by hand: README, 'Inside unmodified programs').
+IOPATH_* variables by hand: docs/programs.md).
 
 --mount DIR=DEVICE serves every path under DIR (absolute, relative to the working directory, or
 through '..') from the iopath file system on DEVICE (make one with `iopath mkfs`; any device spec or a
@@ -44,7 +44,7 @@ pub struct RunArgs {
     /// I/O path of the engines (default auto: it chooses and keeps choosing).
     #[arg(long)]
     path: Option<String>,
-    /// fsync path of the mounts: conventional, aios or journaled.
+    /// fsync path of the mounts: conventional, aios or journaled (default journaled).
     #[arg(long)]
     fsync_path: Option<String>,
     /// Page cache of the mounts (e.g. 256m, 2g; default an eighth of the memory).
