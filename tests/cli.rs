@@ -190,6 +190,22 @@ fn a_missing_file_is_created_at_size() {
 }
 
 #[test]
+fn a_bare_path_names_a_device_in_bench_as_in_mkfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    let path = file.to_str().unwrap();
+    bench_json(&["--device", &format!("uring:{path}"), "--size", "2m", "--rw", "write", "--ios", "8"]);
+    let v = bench_json(&["--device", path, "--rw", "randread", "--ios", "64"]);
+    assert_eq!(v["jobs"][0]["read"]["total_ios"], 64, "{v}");
+    let e = fails(&["bench", "--device", &format!("{path}.typo")]);
+    assert!(e.contains("no such file") && e.contains("uring:PATH"), "{e}");
+    let o = iopath(&["mkfs", path, "--allow-overwrite", "--allow-fs-overwrite"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = iopath(&["df", path]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
 fn bad_input_gets_a_clear_error_never_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let missing_dir = "psync:/nonexistent-iopath-dir/x.img";

@@ -111,6 +111,8 @@ DEVICES:
   uring:PATH[,k=v...]   io_uring, O_DIRECT. Options: direct=0|1, size=, readonly=1, taskrun=defer|coop|plain,
                         fixedbufs=0|1, fixedfiles=0|1, sqpoll=0|1, iopoll=auto|on|off.
   psync:PATH[,k=v...]   pread/pwrite. Options: direct=0|1, size=, readonly=1.
+  PATH                  an existing file or block device, on io_uring (as uring:PATH; the same in every
+                        subcommand, e.g. iopath bench --device /dev/loop0, iopath mkfs /dev/shm/fs.img).
   A missing file is created, laid out with iopath's self-describing pattern at --size, and marked
   as iopath's (xattr user.iopath); write workloads refuse other existing files and block devices
   unless --allow-overwrite is given, and file systems even then (see Safety below).
@@ -138,13 +140,13 @@ fn bench_help() -> String {
 #[command(after_long_help = bench_help())]
 pub struct BenchArgs {
     /// An fio job file to run instead of the flags' single workload ([global] and [job] sections;
-    /// see "Coming from fio" in the README). The flags still set what the file leaves out.
+    /// see docs/fio.md). The flags still set what the file leaves out.
     #[arg(value_name = "JOBFILE")]
     job_file_arg: Option<std::path::PathBuf>,
     /// The same, as a flag.
     #[arg(long, conflicts_with = "job_file_arg")]
     job_file: Option<std::path::PathBuf>,
-    /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v].
+    /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v], or an existing PATH.
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
     /// Path preset (auto, scsi-intr, sync-path, sync-intr, sync-yield, stm, atm, htm, 2q) or DISPATCH+COMPLETION,

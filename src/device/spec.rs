@@ -129,6 +129,11 @@ impl DeviceSpec {
     /// Parses a spec string. `default_size` (the benchmark's `--size`) sizes
     /// emulated devices and files that must be created.
     pub fn parse(spec: &str, default_size: Option<u64>) -> Result<DeviceSpec> {
+        // A bare path (no `kind:`) that exists is a file or block device on io_uring, as
+        // `iopath mkfs` takes it: one way to name a device in every subcommand.
+        if !spec.contains(':') && !spec.starts_with("null") && std::path::Path::new(spec).exists() {
+            return DeviceSpec::parse(&format!("uring:{spec}"), default_size);
+        }
         // `emu:dram-ssd,k=v`, `null`, `null:size=1g` and `null,size=1g` all work.
         let (kind, rest) = match spec.find([':', ',']) {
             Some(i) if spec.as_bytes()[i] == b':' => (&spec[..i], &spec[i + 1..]),
@@ -165,8 +170,13 @@ impl DeviceSpec {
                 return Err(Error::spec(
                     "device spec",
                     spec,
-                    "expected emu:PRESET[,k=v] (presets: dram-ssd, optane, zssd, nand, null, custom), null, \
-                     uring:PATH[,k=v] or psync:PATH[,k=v]",
+                    if spec.contains(':') {
+                        "expected emu:PRESET[,k=v] (presets: dram-ssd, optane, zssd, nand, null, custom), null, \
+                         uring:PATH[,k=v], psync:PATH[,k=v] or the path of a file or block device"
+                    } else {
+                        "no such file or block device (a bare path must exist; uring:PATH creates a file at --size), \
+                         and not a device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v] or psync:PATH[,k=v]"
+                    },
                 ));
             }
         };
@@ -233,6 +243,22 @@ mod tests {
     #[test]
     fn unknown_backend_lists_the_known_ones() {
         let e = err("floppy:/dev/fd0");
+        assert!(e.contains("emu:PRESET"), "{e}");
+    }
+
+    #[test]
+    fn a_bare_path_is_a_file_on_io_uring_if_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk.img");
+        std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
+        let Backend::Uring(c) = DeviceSpec::parse(file.to_str().unwrap(), None).unwrap().backend else {
+            panic!("a bare path is not io_uring")
+        };
+        assert_eq!(c.target.path, file);
+        // A typo of a spec is not a file to create: it must exist.
+        let e = err(dir.path().join("none.img").to_str().unwrap());
+        assert!(e.contains("no such file") && e.contains("uring:PATH"), "{e}");
+        let e = err("emu-dram-ssd");
         assert!(e.contains("emu:PRESET"), "{e}");
     }
 
