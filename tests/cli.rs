@@ -948,3 +948,26 @@ fn fio_job_files_run_their_jobs_and_refuse_what_iopath_lacks() {
     let err = fails(&["bench", dir.path().join("missing.fio").to_str().unwrap()]);
     assert!(err.contains("job file"), "{err}");
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_definitions() {
+    for shell in ["bash", "zsh", "fish"] {
+        let o = iopath(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", stderr(&o));
+        let script = String::from_utf8_lossy(&o.stdout);
+        assert!(script.contains("fsbench") && script.contains("idle-poll"), "{shell}:\n{script}");
+    }
+    let e = fails(&["completions", "tcsh"]);
+    assert!(e.contains("bash") && e.contains("fish"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("man1");
+    let o = iopath(&["man", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for page in ["iopath.1", "iopath-bench.1", "iopath-run.1", "iopath-mkfs.1"] {
+        let text = std::fs::read_to_string(out.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is not roff:\n{text}");
+    }
+    let bench = std::fs::read_to_string(out.join("iopath-bench.1")).unwrap();
+    assert!(bench.contains("device") && bench.contains("uring:PATH"), "{bench}");
+    assert!(!out.join("iopath-help.1").exists(), "no page for clap's help subcommand");
+}

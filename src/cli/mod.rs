@@ -5,6 +5,7 @@ mod compare;
 mod doctor;
 mod files;
 mod fsbench;
+mod manuals;
 mod mkfs;
 mod path_args;
 mod reproduce;
@@ -26,7 +27,7 @@ use clap::{Parser, Subcommand};
 ///              iopath bench --device emu:dram-ssd --path sync-path --rw randread --runtime 2s
 #[derive(Parser)]
 #[command(name = "iopath", version, about, long_about, propagate_version = true, verbatim_doc_comment)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -65,6 +66,10 @@ enum Command {
     Reproduce(reproduce::ReproduceArgs),
     /// Redraw a reproduce report (REPORT.md, report.html) from its results.json.
     Report(reproduce::ReportArgs),
+    /// Print a shell completion script (bash, zsh, fish, ...).
+    Completions(manuals::CompletionsArgs),
+    /// Write man pages, one per command (iopath.1, iopath-bench.1, ...).
+    Man(manuals::ManArgs),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -87,6 +92,8 @@ pub fn main() -> iopath::Result<()> {
         Command::Run(args) => run::run(args),
         Command::Reproduce(args) => reproduce::run(args),
         Command::Report(args) => reproduce::run_report(args),
+        Command::Completions(args) => manuals::run_completions(args),
+        Command::Man(args) => manuals::run_man(args),
     }
 }
 
