@@ -118,6 +118,15 @@ pub fn run(args: ReproduceArgs) -> iopath::Result<()> {
         args.out.display(),
         args.out.join("results.json").display()
     );
+    let failed = iopath::reproduce::render::failed(&report);
+    if !failed.is_empty() {
+        println!("Did not hold here ({}):", failed.len());
+        for (section, f) in failed {
+            println!("  {}: {}", section.key, f.claim);
+            println!("    paper {}; iopath {} (rule: {})", f.paper, f.iopath, f.rule);
+            println!("    most likely: {}", iopath::reproduce::render::likely_reason(section));
+        }
+    }
     if iopath::signal::interrupted() {
         eprintln!("interrupted: the report holds the experiments that finished");
     }

@@ -2,7 +2,7 @@
 //! findings table (claim | paper | iopath | holds?), the measured values,
 //! the chart and the explanation, and the machine it ran on.
 
-use super::{DataTable, Report, chart};
+use super::{DataTable, Finding, Report, Section, chart};
 use crate::error::{Error, Result};
 use std::path::Path;
 
@@ -22,6 +22,19 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<()> {
 fn summary(report: &Report) -> (usize, usize) {
     let all: Vec<bool> = report.sections.iter().flat_map(|s| s.findings.iter().map(|f| f.holds)).collect();
     (all.iter().filter(|h| **h).count(), all.len())
+}
+
+/// The findings that did not hold, each with its experiment.
+pub fn failed(report: &Report) -> Vec<(&Section, &Finding)> {
+    report.sections.iter().flat_map(|s| s.findings.iter().filter(|f| !f.holds).map(move |f| (s, f))).collect()
+}
+
+/// The most likely reason a finding of `section` did not hold here: the
+/// first sentence of the experiment's explanation, which says what on this
+/// machine differs from the paper's (its device, its wake-ups, its CPUs).
+pub fn likely_reason(section: &Section) -> &str {
+    let text = section.explanation.trim();
+    text.find(". ").map_or(text, |end| &text[..=end])
 }
 
 fn machine_line(report: &Report) -> String {
@@ -45,8 +58,28 @@ pub fn markdown(report: &Report) -> String {
          measurements by the rule under its row.\n\n",
         machine_line(report)
     );
+    let failed = failed(report);
+    if !failed.is_empty() {
+        out.push_str("## Did not hold here\n\n| experiment | finding | paper | iopath | most likely reason |\n|---|---|---|---|---|\n");
+        for (s, f) in &failed {
+            out.push_str(&format!(
+                "| [`{}`](#{}) | {}<br><sub>rule: {}</sub> | {} | {} | {} |\n",
+                s.key,
+                s.key,
+                f.claim,
+                f.rule,
+                f.paper,
+                f.iopath,
+                likely_reason(s)
+            ));
+        }
+        out.push('\n');
+    }
     for s in &report.sections {
-        out.push_str(&format!("## {} (`{}`)\n\nPaper: {}.  \nRun: {}.\n\n", s.title, s.key, s.source, s.setup));
+        out.push_str(&format!(
+            "<a id=\"{}\"></a>\n\n## {} (`{}`)\n\nPaper: {}.  \nRun: {}.\n\n",
+            s.key, s.title, s.key, s.source, s.setup
+        ));
         out.push_str("| finding | paper | iopath | holds? |\n|---|---|---|---|\n");
         for f in &s.findings {
             out.push_str(&format!(
@@ -96,6 +129,27 @@ pub fn html(report: &Report) -> String {
          measurements by the rule under its row.</p>\n",
         esc(&machine_line(report))
     ));
+    let failed = failed(report);
+    if !failed.is_empty() {
+        out.push_str(
+            "<h2>Did not hold here</h2><table><tr><th>experiment</th><th>finding</th><th>paper</th><th>iopath</th>\
+             <th>most likely reason</th></tr>\n",
+        );
+        for (s, f) in &failed {
+            out.push_str(&format!(
+                "<tr><td><a href=\"#{}\">{}</a></td><td>{}<div class=\"rule\">rule: {}</div></td><td>{}</td><td>{}</td>\
+                 <td>{}</td></tr>\n",
+                s.key,
+                esc(&s.key),
+                esc(&f.claim),
+                esc(&f.rule),
+                esc(&f.paper),
+                esc(&f.iopath),
+                esc(likely_reason(s))
+            ));
+        }
+        out.push_str("</table>\n");
+    }
     for s in &report.sections {
         out.push_str(&format!(
             "<h2 id=\"{}\">{}</h2><p class=\"meta\">Paper: {}.<br>Run: {}.</p>\n",
@@ -142,4 +196,68 @@ pub fn html(report: &Report) -> String {
     }
     out.push_str("</body></html>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reproduce::{Chart, ChartKind, Machine};
+
+    fn finding(claim: &str, holds: bool) -> Finding {
+        Finding { claim: claim.into(), paper: "2x".into(), iopath: "1.1x".into(), holds, rule: "at least 1.5x".into() }
+    }
+
+    fn section(key: &str, findings: Vec<Finding>) -> Section {
+        Section {
+            key: key.into(),
+            title: format!("The {key} experiment"),
+            source: "seed 000".into(),
+            setup: "a run".into(),
+            explanation: format!("Wake-ups cost {key} here. More text follows."),
+            tables: vec![],
+            findings,
+            chart: Chart {
+                kind: ChartKind::Bars,
+                title: "t".into(),
+                x_label: "x".into(),
+                y_label: "y".into(),
+                x_log2: false,
+                categories: vec![],
+                series: vec![],
+                reference: None,
+            },
+        }
+    }
+
+    #[test]
+    fn the_findings_that_did_not_hold_come_first_with_a_reason() {
+        let report = Report {
+            machine: Machine {
+                kernel: "6.18".into(),
+                cpus: 2,
+                date: "today".into(),
+                version: "0".into(),
+                idle_polling: false,
+            },
+            quick: true,
+            sections: vec![
+                section("alpha", vec![finding("alpha holds", true)]),
+                section("beta", vec![finding("beta merges", false), finding("beta polls", true)]),
+            ],
+        };
+        let failed = failed(&report);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].1.claim, "beta merges");
+        assert_eq!(likely_reason(failed[0].0), "Wake-ups cost beta here.");
+        for doc in [markdown(&report), html(&report)] {
+            let top = doc.find("Did not hold here").expect("a list of what did not hold");
+            let listed = doc.find("beta merges").unwrap();
+            let first_section = doc.find("The alpha experiment").unwrap();
+            assert!(top < listed && listed < first_section, "{doc}");
+            assert!(doc[top..first_section].contains("Wake-ups cost beta here."), "{doc}");
+            assert!(!doc[top..first_section].contains("alpha holds"), "{doc}");
+        }
+        let all_held = Report { sections: vec![section("alpha", vec![finding("a", true)])], ..report };
+        assert!(!markdown(&all_held).contains("Did not hold"));
+    }
 }
