@@ -1,6 +1,6 @@
 //! A short `iopath soak` in every test run: random devices, paths, knobs,
 //! threads, flushes and faults, every byte checked (the long runs and their
-//! figures are in README.md). A finding fails with the round that repeats it.
+//! figures are in docs/reliability.md). A finding fails with the round that repeats it.
 
 use std::process::Command;
 

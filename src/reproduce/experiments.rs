@@ -1032,7 +1032,7 @@ fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
             layer, bio conversions) as well as the copy; iopath's direct files never had those layers, so what \
             is left to measure is the copy alone: direct 128 KiB reads into the caller's memory against the same \
             reads through a bounce buffer. The copy (about 4 us for 128 KiB here) is small beside the device's \
-            time; with no device time at all (emu:null) it is worth 1.44x (README, \"Files\")."
+            time; with no device time at all (emu:null) it is worth 1.44x (docs/files.md)."
             .into(),
         tables: vec![
             DataTable::new(
@@ -1226,8 +1226,7 @@ fn real(runner: &mut Runner) -> Result<Section> {
             from memory on the same CPUs as the program: a thread that spins for its completion takes the CPU the \
             worker needs, and with more threads than CPUs every request costs its thread a sleep and a wake-up \
             whoever sends it. io_uring has no command that carries discontiguous ranges, so merging saves system \
-            calls, not the kernel's per-request work. How these come out differs from machine to machine (README, \
-            Against the kernel's own path)."
+            calls, not the kernel's per-request work. How these come out differs from machine to machine (docs/against-the-kernel.md)."
             .into(),
         tables: vec![DataTable::new(
             ["design", "threads", "IOPS", "p99"].iter().map(|s| s.to_string()).collect(),
