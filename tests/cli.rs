@@ -897,7 +897,10 @@ fn reproduce_quick_runs_every_experiment() {
     common::succeeds(&["reproduce", "--quick", "--no-progress", "--out", out.to_str().unwrap()]);
     let results: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let keys: Vec<&str> = results["sections"].as_array().unwrap().iter().map(|s| s["key"].as_str().unwrap()).collect();
-    assert_eq!(keys, ["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge", "aios", "real"]);
+    assert_eq!(
+        keys,
+        ["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge", "aios", "real", "apps"]
+    );
     for s in results["sections"].as_array().unwrap() {
         let skipped = s["explanation"].as_str().unwrap().starts_with("Skipped:");
         assert!(skipped || !s["findings"].as_array().unwrap().is_empty(), "{s}");

@@ -23,10 +23,13 @@ EXPERIMENTS (all by default, in this order):
   merge        requests per merged command by design and threads (seed 000, 6.8)
   aios         the file layer's read miss and append+fsync, conventional against AIOS (seed 002)
   real         the designs and the kernel's pread on a loop device (root; skipped otherwise)
+  apps         RocksDB, varmail-like, OLTP insert on iopath's file system against ext4 (seed 002;
+               root, mkfs.ext4; each program skipped where missing: db_bench, python3)
 
 EXAMPLES:
   iopath reproduce --quick                 # everything, short runs (under a minute on 2 vCPUs)
   sudo iopath reproduce real               # the designs on a loop device (needs root)
+  sudo iopath reproduce apps               # programs on iopath files against ext4 (needs root)
   iopath reproduce latency peak --out r    # two experiments, 1 s runs
   sudo iopath reproduce --quick --idle-poll  # with idle CPUs polling (cheap wake-ups)
   iopath report r                          # redraw r/REPORT.md and r/report.html from r/results.json
@@ -36,7 +39,7 @@ EXAMPLES:
 #[derive(Args, Debug)]
 #[command(after_long_help = REPRODUCE_HELP)]
 pub struct ReproduceArgs {
-    /// Experiments to run (latency, peak, threads, sensitivity, cpu, contention, merge, aios, real); all if none.
+    /// Experiments to run (latency, peak, threads, sensitivity, cpu, contention, merge, aios, real, apps); all if none.
     experiments: Vec<String>,
     /// Short runs (200 ms each, fewer points; 1 s on a real device): the whole set in under a minute.
     #[arg(long)]

@@ -22,6 +22,7 @@ pub fn run(key: &str, runner: &mut Runner, quick: bool) -> Result<Section> {
         "cpu" => cpu(runner),
         "aios" => aios(runner, quick),
         "real" => real(runner),
+        "apps" => super::apps::apps(runner, quick),
         _ => unreachable!("keys are checked against EXPERIMENTS"),
     }
 }
@@ -1051,24 +1052,33 @@ fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
 }
 
 /// A loop device with direct I/O over a file in /dev/shm, detached on drop.
-struct LoopDevice {
-    device: String,
+/// A loop device with direct I/O over a file in /dev/shm, removed when dropped.
+pub(super) struct LoopDevice {
+    /// `/dev/loopN`.
+    pub(super) device: String,
     backing: std::path::PathBuf,
 }
 
 impl LoopDevice {
     fn set_up() -> std::result::Result<LoopDevice, String> {
+        LoopDevice::set_up_sized(256)
+    }
+
+    /// A device of `mib` MiB (root only; the reason it cannot be made otherwise).
+    pub(super) fn set_up_sized(mib: usize) -> std::result::Result<LoopDevice, String> {
         if !crate::sys::is_root() {
             return Err("it needs root (to set up a loop device); run it as root to include it".into());
         }
-        let backing = std::path::PathBuf::from(format!("/dev/shm/iopath-reproduce-{}.img", std::process::id()));
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let backing = std::path::PathBuf::from(format!("/dev/shm/iopath-reproduce-{}-{n}.img", std::process::id()));
         // Written through, not sparse: a read of a hole in /dev/shm copies the shared
         // zero page and skips the page lookup that a device holding data pays.
         let mut file =
             std::fs::File::create(&backing).map_err(|e| format!("cannot create {}: {e}", backing.display()))?;
         let mut rng = fastrand::Rng::with_seed(0x10_0a7);
         let chunk: Vec<u8> = (0..1 << 20).map(|_| rng.u8(..)).collect();
-        for _ in 0..256 {
+        for _ in 0..mib {
             std::io::Write::write_all(&mut file, &chunk)
                 .map_err(|e| format!("cannot fill {}: {e}", backing.display()))?;
         }

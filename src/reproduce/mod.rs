@@ -10,6 +10,7 @@
 //! `report.html` (charts inline, drawn by [`chart`] with plotters) from it,
 //! so `iopath report DIR` redraws them without running anything.
 
+pub mod apps;
 pub mod chart;
 pub mod experiments;
 pub mod render;
@@ -239,7 +240,7 @@ impl Runner<'_> {
 
 /// The experiments' keys, in the order `reproduce` runs them.
 pub const EXPERIMENTS: &[&str] =
-    &["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge", "aios", "real"];
+    &["latency", "peak", "threads", "sensitivity", "cpu", "contention", "merge", "aios", "real", "apps"];
 
 /// Runs the experiments; `on_section` is called as each finishes, `on_run`
 /// after every run with (done, planned) for the section under way.
