@@ -947,18 +947,22 @@ fn read_ahead_follows_streams_and_stays_off_for_random_reads() {
     assert_eq!(fs.stats().cache.readahead_pages, 0, "{:?}", fs.stats().cache);
     drop((f, fs));
 
-    // Two interleaved sequential readers: read-ahead serves most of their pages.
+    // Two interleaved sequential readers: read-ahead serves their pages. Each read waits
+    // for the read-ahead posted so far, so what is counted does not depend on how fast
+    // the read-ahead thread runs beside the test (under a loaded machine it fell behind).
     let fs = mount(&dev);
     let f = fs.open("big").unwrap();
     for i in 0..2000u64 {
         for base in [0u64, 4096] {
             f.read_at(&mut buf, (base + i) * 4096).unwrap();
             assert_eq!(buf, bytes(base + i, 4096), "block {}", base + i);
+            fs.wait_for_readahead();
         }
     }
     let c = fs.stats().cache;
-    assert!(c.readahead_pages > 3000, "{c:?}");
-    assert!(c.misses < 400, "read-ahead should turn most reads into hits: {c:?}");
+    assert!(c.readahead_pages > 3900, "{c:?}");
+    // Each stream misses until read-ahead confirms it (its first few reads), then never.
+    assert!(c.misses <= 16, "read-ahead should turn every later read into a hit: {c:?}");
 }
 
 #[test]

@@ -289,6 +289,8 @@ struct Inner {
     next_cache_id: AtomicU64,
     /// Read-ahead jobs for the read-ahead thread.
     readahead_jobs: Mutex<Option<std::sync::mpsc::Sender<ReadAheadJob>>>,
+    /// Read-ahead jobs posted and not yet finished.
+    readahead_pending: AtomicU64,
     meta: Mutex<Meta>,
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
@@ -664,6 +666,7 @@ impl FileSystem {
             steps: Steps::new(options.step_times),
             next_cache_id: AtomicU64::new(slots + 1),
             readahead_jobs: Mutex::new(None),
+            readahead_pending: AtomicU64::new(0),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),
@@ -703,6 +706,17 @@ impl FileSystem {
     /// Makes everything done so far durable (all files' data and metadata).
     pub fn sync(&self) -> Result<()> {
         self.mount.sync_all()
+    }
+
+    /// Returns once every read-ahead posted so far has been loaded (at once
+    /// when read-ahead is off or the file system is unmounted): for tests
+    /// and measurements whose result must not depend on how fast the
+    /// read-ahead thread keeps up with a reader.
+    pub fn wait_for_readahead(&self) {
+        let fs = &self.mount;
+        while fs.readahead_pending.load(Ordering::Acquire) > 0 && !fs.unmounted.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
     }
 
     /// Makes every namespace change so far durable (creates, unlinks,
@@ -877,7 +891,10 @@ impl Inner {
     /// Posts a read-ahead of blocks `[from, to)` of `node` to the read-ahead thread.
     fn post_readahead(&self, node: &Arc<Node>, from: u64, to: u64) {
         if let Some(tx) = self.readahead_jobs.lock().expect("read-ahead lock poisoned").as_ref() {
-            let _ = tx.send((Arc::clone(node), from, to));
+            self.readahead_pending.fetch_add(1, Ordering::AcqRel);
+            if tx.send((Arc::clone(node), from, to)).is_err() {
+                self.readahead_pending.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 
@@ -941,19 +958,25 @@ fn readahead_thread(fs: std::sync::Weak<Inner>, jobs: Arc<Mutex<std::sync::mpsc:
         if fs.unmounted.load(Ordering::Acquire) {
             return;
         }
-        let state = node.state.read().expect("file lock poisoned");
-        if !state.live {
-            continue;
-        }
-        let last = state.inode.size.div_ceil(BLOCK_U64);
-        let blocks: Vec<u64> = (from..to.min(last)).filter(|&b| fs.cache.peek((state.cache_id, b)).is_none()).collect();
-        if blocks.is_empty() {
-            continue;
-        }
-        // Each page indexed before its read is sent (not lazily, even on the aios path): a
-        // reader that gets there first must find the page and wait, not read it again.
-        if let Ok(loaded) = read_path::load_ahead(&fs, &state, &blocks) {
-            fs.cache.count_readahead(loaded as u64);
-        }
+        read_ahead(&fs, &node, from, to);
+        fs.readahead_pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Loads the blocks of `[from, to)` of `node` that the cache does not hold.
+fn read_ahead(fs: &Inner, node: &Node, from: u64, to: u64) {
+    let state = node.state.read().expect("file lock poisoned");
+    if !state.live {
+        return;
+    }
+    let last = state.inode.size.div_ceil(BLOCK_U64);
+    let blocks: Vec<u64> = (from..to.min(last)).filter(|&b| fs.cache.peek((state.cache_id, b)).is_none()).collect();
+    if blocks.is_empty() {
+        return;
+    }
+    // Each page indexed before its read is sent (not lazily, even on the aios path): a
+    // reader that gets there first must find the page and wait, not read it again.
+    if let Ok(loaded) = read_path::load_ahead(fs, &state, &blocks) {
+        fs.cache.count_readahead(loaded as u64);
     }
 }
