@@ -64,7 +64,11 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-/// Where libiopath_preload.so is: $IOPATH_PRELOAD, beside this executable, or its `deps/`.
+/// Where libiopath_preload.so is: $IOPATH_PRELOAD, else the newest of the
+/// copies beside this executable, in its `deps/` and in `../lib/`. Newest,
+/// not first: in a build tree `cargo test` refreshes only `deps/`, and an
+/// older copy beside the binary (from an earlier `cargo build`) once made
+/// `iopath run` load an interposer that refused the current on-disk format.
 fn preload_library() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("IOPATH_PRELOAD") {
         return Ok(PathBuf::from(p));
@@ -72,16 +76,27 @@ fn preload_library() -> Result<PathBuf> {
     let exe = std::env::current_exe()
         .map_err(|source| Error::Os { context: "cannot find this executable".into(), source })?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    [dir.join("libiopath_preload.so"), dir.join("deps/libiopath_preload.so"), dir.join("../lib/libiopath_preload.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .ok_or_else(|| {
-            Error::spec(
-                "interposer",
-                dir.join("libiopath_preload.so").display().to_string(),
-                "not found; build it with `cargo build --release` (it is built with iopath), or set IOPATH_PRELOAD",
-            )
-        })
+    newest(&[
+        dir.join("libiopath_preload.so"),
+        dir.join("deps/libiopath_preload.so"),
+        dir.join("../lib/libiopath_preload.so"),
+    ])
+    .ok_or_else(|| {
+        Error::spec(
+            "interposer",
+            dir.join("libiopath_preload.so").display().to_string(),
+            "not found; build it with `cargo build --release` (it is built with iopath), or set IOPATH_PRELOAD",
+        )
+    })
+}
+
+/// The most recently modified of the files that exist.
+fn newest(candidates: &[PathBuf]) -> Option<PathBuf> {
+    candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p.clone())
 }
 
 /// Checks a `DIR=DEVICE` before the program starts: DIR is (made) a directory, DEVICE holds a file system.
@@ -169,4 +184,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     command.env("IOPATH_MOUNT_WAIT", args.wait.max(0.0).to_string());
     let e = command.exec();
     Err(Error::Os { context: format!("cannot run {program}"), source: e })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_interposer_is_taken_not_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let [old, new, missing] = ["beside.so", "deps.so", "none.so"].map(|n| dir.path().join(n));
+        for (path, age) in [(&old, 3600), (&new, 10)] {
+            let file = std::fs::File::create(path).unwrap();
+            file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(age)).unwrap();
+        }
+        assert_eq!(newest(&[old.clone(), new.clone(), missing.clone()]), Some(new));
+        assert_eq!(newest(&[missing.clone(), old.clone()]), Some(old));
+        assert_eq!(newest(&[missing]), None);
+    }
 }
