@@ -548,6 +548,25 @@ pub unsafe extern "C" fn readahead(fd: c_int, offset: off_t, count: size_t) -> s
     mounted.unwrap_or_else(|| unsafe { real::readahead(fd, offset, count) })
 }
 
+/// Says why an mmap of a mounted file fails: the first time always (a
+/// program usually reports only its own error, SQLite's "disk I/O error"),
+/// later ones with `IOPATH_LOG`. SQLite's WAL index (`-shm`) gets the way out.
+fn refuse_mmap(path: &[u8], fd: c_int) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let mut line = format!(
+        "mmap of {} (fd {fd}) refused with ENODEV: files on an iopath mount cannot be mapped",
+        String::from_utf8_lossy(path)
+    );
+    if path.ends_with(b"-shm") {
+        line.push_str(" (SQLite in WAL mode: run PRAGMA locking_mode=EXCLUSIVE before journal_mode=WAL)");
+    }
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::log(&line);
+    } else {
+        crate::say(&line);
+    }
+}
+
 macro_rules! hook_mmap {
     ($($name:ident),*) => {$(
         /// `mmap`: refused on a mounted file (ENODEV, said on stderr with
@@ -559,10 +578,7 @@ macro_rules! hook_mmap {
         pub unsafe extern "C" fn $name(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void {
             if flags & libc::MAP_ANONYMOUS == 0 {
                 let refused = on_fd(fd, |e| e, |d| {
-                    crate::log(&format!(
-                        "mmap of {} (fd {fd}) refused with ENODEV: iopath's files cannot be mapped",
-                        String::from_utf8_lossy(&d.path)
-                    ));
+                    refuse_mmap(&d.path, fd);
                     libc::ENODEV
                 });
                 if let Some(e) = refused {
