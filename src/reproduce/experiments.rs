@@ -100,6 +100,7 @@ fn latency(runner: &mut Runner) -> Result<Section> {
     let no_switch = sw("sync-path") < sw("elevator+poll");
     let findings = vec![
         Finding {
+            why_not: String::new(),
             claim: "Polling beats interrupts at depth 1 on a 7 us device".into(),
             paper: "SCSI_POLL 13 us against SCSI_INTR 20 us".into(),
             iopath: format!("{} against {}", us(sw("elevator+poll")), us(sw("scsi-intr"))),
@@ -107,6 +108,7 @@ fn latency(runner: &mut Runner) -> Result<Section> {
             rule: "software latency of elevator+poll below scsi-intr's".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "Removing the hand-offs (the synchronous path) saves more than polling alone".into(),
             paper: "SyncPath 5 us against SCSI_POLL 13 us".into(),
             iopath: format!("{} against {}", us(sw("sync-path")), us(sw("elevator+poll"))),
@@ -114,6 +116,7 @@ fn latency(runner: &mut Runner) -> Result<Section> {
             rule: "sync-path's software latency below elevator+poll's".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "The queueing designs (ATM, 2Q) add latency to one request at a time".into(),
             paper: "SyncPath 5 us; ATM 8 us, 2Q 6 us".into(),
             iopath: format!("sync-path {}; atm {}, 2q {}", us(sw("sync-path")), us(sw("atm")), us(sw("2q"))),
@@ -290,6 +293,7 @@ fn peak(runner: &mut Runner) -> Result<Section> {
     let stm_min = stm[..4].iter().copied().fold(f64::INFINITY, f64::min);
     let findings = vec![
         Finding {
+            why_not: String::new(),
             claim: "STM reaches 85-100% of the device's peak on every pattern".into(),
             paper: "STM+Poll 85-100%".into(),
             iopath: format!("stm {}-{}", pct(stm_min), pct(stm[..4].iter().copied().fold(0.0, f64::max))),
@@ -297,6 +301,7 @@ fn peak(runner: &mut Runner) -> Result<Section> {
             rule: "stm's lowest share of peak over the four patterns at least 85%".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "Temporal merge beats the synchronous path on every pattern".into(),
             paper: "STM+Poll above Sync+Poll on all four (e.g. random read 88% against 46%)".into(),
             iopath: format!("stm {} against sync-path {} (random read)", pct(stm[2]), pct(sync[2])),
@@ -304,6 +309,7 @@ fn peak(runner: &mut Runner) -> Result<Section> {
             rule: "stm's share above sync-path's on each of the four patterns".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "The asynchronous baseline is the weakest on random I/O".into(),
             paper: "Async+Intr 22% / 28% (random read / write)".into(),
             iopath: format!("scsi-intr {} / {}", pct(base[2]), pct(base[3])),
@@ -311,6 +317,7 @@ fn peak(runner: &mut Runner) -> Result<Section> {
             rule: "scsi-intr's random read and write shares below sync-path's, stm's and atm's".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "ATM falls behind STM on random reads".into(),
             paper: "ATM+Poll 43% against STM+Poll 88% (random read)".into(),
             iopath: format!("atm {} against stm {}", pct(atm[2]), pct(stm[2])),
@@ -318,6 +325,7 @@ fn peak(runner: &mut Runner) -> Result<Section> {
             rule: "atm's random-read share below stm's".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "With one thread, merging adds nothing over the synchronous path".into(),
             paper: "1 thread, random read: STM 1.63x, SyncPath 1.65x the baseline (Table 7)".into(),
             iopath: format!("stm {:.2}x, sync-path {:.2}x", norm("stm", 1, 2), norm("sync-path", 1, 2)),
@@ -325,6 +333,7 @@ fn peak(runner: &mut Runner) -> Result<Section> {
             rule: "at 1 thread, stm's and sync-path's random-read ratios within 10% of each other".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "With 32 threads, merging pulls far ahead of the synchronous path on random I/O".into(),
             paper: "32 threads: STM 3.99x / 2.26x against SyncPath 2.07x / 1.09x (random read / write, Table 7)".into(),
             iopath: format!(
@@ -406,6 +415,7 @@ fn threads(runner: &mut Runner, quick: bool) -> Result<Section> {
         .collect();
     let findings = vec![
         Finding {
+            why_not: String::new(),
             claim: "STM and 2Q beat the synchronous path at many threads".into(),
             paper: "32 threads, random read: STM 3.99x, SyncPath 2.07x the baseline (seed 000, Table 7)".into(),
             iopath: format!(
@@ -418,6 +428,7 @@ fn threads(runner: &mut Runner, quick: bool) -> Result<Section> {
             rule: format!("at {most} threads, stm's and 2q's IOPS above sync-path's"),
         },
         Finding {
+            why_not: String::new(),
             claim: "With one thread the synchronous path is as fast as merging".into(),
             paper: "1 thread, random read: SyncPath 1.65x, STM 1.63x the baseline (seed 000, Table 7)".into(),
             iopath: format!(
@@ -491,6 +502,7 @@ fn sensitivity(runner: &mut Runner, quick: bool) -> Result<Section> {
     let (first, last) = (ratios[0], ratios[ratios.len() - 1]);
     let findings = vec![
         Finding {
+            why_not: String::new(),
             claim: "The benefit of merging shrinks as the device gets slower per 4 KiB".into(),
             paper: "a 4-page merge is 1.57x one page at 0 us per 4 KiB, 1.03x at 20 us".into(),
             iopath: format!("stm/sync-path {:.2}x at {} us, {:.2}x at {} us", first.1, first.0, last.1, last.0),
@@ -498,6 +510,7 @@ fn sensitivity(runner: &mut Runner, quick: bool) -> Result<Section> {
             rule: "stm's advantage at the slowest setting below its advantage at the fastest".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "There is a break-even point".into(),
             paper: "about 25 us per 4 KiB".into(),
             iopath: break_even
@@ -506,6 +519,7 @@ fn sensitivity(runner: &mut Runner, quick: bool) -> Result<Section> {
             rule: "stm's advantage falls to 5% or less within the measured range".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "With a large fixed cost per command, merging wins by a wide margin".into(),
             paper: "STM 11.1x SyncPath at 500 us per command".into(),
             iopath: format!("{fixed_ratio:.1}x"),
@@ -599,6 +613,7 @@ fn contention(runner: &mut Runner) -> Result<Section> {
     let follows = levels.iter().all(|&h| at("adaptive", h) >= 0.8 * best(h));
     let findings = vec![
         Finding {
+            why_not: String::new(),
             claim: "Polling loses its lead under CPU contention".into(),
             paper: "poll wins on an idle machine and loses once less than ~95% of a core is free (seed 001)".into(),
             iopath: format!("poll/interrupt {:.2}x with no hogs, {:.2}x with 2", lead(0), lead(2)),
@@ -606,6 +621,7 @@ fn contention(runner: &mut Runner) -> Result<Section> {
             rule: "poll's IOPS relative to interrupt's lower with 2 hogs than with none".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "An adaptive policy follows the best one".into(),
             paper: "a policy that measures the modes switches to interrupts under contention".into(),
             iopath: levels
@@ -617,6 +633,7 @@ fn contention(runner: &mut Runner) -> Result<Section> {
             rule: "adaptive at least 80% of the best policy's IOPS at every contention level".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "Polling that gives way keeps polling's speed and falls back to sleeping under hogs".into(),
             paper: "iopath's yield policy (not in the seeds): sched_yield between looks, sleep after a yield a \
                     CPU-bound thread kept"
@@ -633,6 +650,7 @@ fn contention(runner: &mut Runner) -> Result<Section> {
             rule: "yield at least 95% of poll's IOPS with no hogs and 80% of interrupt's with 2".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "The default chooses for itself: auto keeps up with the best fixed policy, and leaves the CPU \
                     to the hogs"
                 .into(),
@@ -738,6 +756,7 @@ fn merge(runner: &mut Runner, quick: bool) -> Result<Section> {
         })
         .collect();
     let findings = vec![Finding {
+        why_not: String::new(),
         claim: "Requests per merged command grow with the number of threads".into(),
         paper: "merge counts rise with concurrency (seed 000, section 6.8)".into(),
         iopath: format!("stm {:.1} at {few} threads, {:.1} at {many}", mean("stm", few), mean("stm", many)),
@@ -815,6 +834,7 @@ fn cpu(runner: &mut Runner) -> Result<Section> {
     let polling_idle_max = paths[1..].iter().map(|p| get(p, "randread").4).fold(0.0, f64::max);
     let findings = vec![
         Finding {
+            why_not: String::new(),
             claim: "The synchronous path saturates the CPUs with many threads".into(),
             paper: "SyncPath saturates the CPUs on every 32-thread IOzone workload (Fig. 22)".into(),
             iopath: format!("sync-path uses {:.0}% of the CPUs (random read)", sync.2 + sync.3),
@@ -822,6 +842,7 @@ fn cpu(runner: &mut Runner) -> Result<Section> {
             rule: "sync-path's user + system time at least 90% of all CPUs".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "The interrupt baseline leaves the CPUs idle".into(),
             paper: "SCSI_INTR 80% idle (Fig. 22c)".into(),
             iopath: format!("scsi-intr {:.0}% idle; the polling designs at most {:.0}%", base.4, polling_idle_max),
@@ -829,6 +850,7 @@ fn cpu(runner: &mut Runner) -> Result<Section> {
             rule: "scsi-intr's idle share above every polling design's (random read)".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "Temporal merge costs less CPU per I/O than the synchronous path on random reads".into(),
             paper: "STM saves 55% of CPU cycles on random read".into(),
             iopath: format!("stm {} against sync-path {} per I/O", us(get("stm", "randread").6), us(sync.6)),
@@ -836,6 +858,7 @@ fn cpu(runner: &mut Runner) -> Result<Section> {
             rule: "stm's CPU per I/O below sync-path's (random read)".into(),
         },
         Finding {
+            why_not: String::new(),
             claim: "ATM costs less CPU per I/O than the synchronous path on random writes".into(),
             paper: "ATM saves 65% of CPU cycles on random write".into(),
             iopath: format!(
@@ -963,6 +986,7 @@ fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
     let fsync_ratio = mean(FsWorkload::Fsync, "aios") / mean(FsWorkload::Fsync, "conventional").max(1.0);
     let findings = vec![
         Finding {
+            why_not: "the device's own time is about 95% of a conventional miss here, and the steps the aios path hides cost 0.05-0.7 us in user space (the paper hid the kernel's bio, request and DMA-mapping costs): little is left to cut".into(),
             claim: "The asynchronous I/O stack cuts the latency of a buffered read that misses".into(),
             paper: "15-33% less (seed 002, AIOS)".into(),
             iopath: format!("{:.0}% less ({:.2}x)", 100.0 * (1.0 - read_ratio), read_ratio),
@@ -970,6 +994,7 @@ fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
             rule: "aios mean latency at most 0.85x conventional's (random read, misses)".into(),
         },
         Finding {
+            why_not: "the data and journal writes it overlaps share the emulated device's four channels (the inode image lands on the data's channel one time in four), and the kernel costs the paper hid (the journaling thread's wake-ups) are not in a user-space stack".into(),
             claim: "Asynchronous fsync cuts the latency of a write made durable".into(),
             paper: "21-26% less (seed 002, AIOS)".into(),
             iopath: format!("{:.0}% less ({:.2}x)", 100.0 * (1.0 - fsync_ratio), fsync_ratio),
@@ -977,6 +1002,7 @@ fn aios(runner: &mut Runner, quick: bool) -> Result<Section> {
             rule: "aios mean append+fsync latency at most 0.79x conventional's".into(),
         },
         Finding {
+            why_not: "iopath's direct files never had the block layer and conversions seed 004 removed; only the copy is left to remove (about 4 us per 128 KiB), small beside the device's time".into(),
             claim: "Direct I/O that bypasses the block layer with zero copy is faster".into(),
             paper: "about 1.7x throughput (seed 004; with the block layer and conversions removed too)".into(),
             iopath: format!("{zero_copy_speedup:.2}x ({} against {} per 128 KiB read)", us(zero_copy_ns), us(copy_ns)),
@@ -1163,6 +1189,7 @@ fn real(runner: &mut Runner) -> Result<Section> {
         data.iter().map(|d| vec![d.0.to_string(), d.1.to_string(), format!("{:.1}K", d.2 / 1e3), us(d.3)]).collect();
     let findings = vec![
         Finding {
+            why_not: "a loop device's work is a kernel worker on this machine's own CPUs: a thread spinning for its completion takes the CPU the worker needs".into(),
             claim: "Polling beats interrupts at depth 1".into(),
             paper: "SCSI_POLL 13 us against SCSI_INTR 20 us of software latency (seed 000, Table 6)".into(),
             iopath: format!(
@@ -1174,6 +1201,7 @@ fn real(runner: &mut Runner) -> Result<Section> {
             rule: "1 thread: sync-path's IOPS above sync-intr's".into(),
         },
         Finding {
+            why_not: "io_uring has no command that carries discontiguous ranges, so merging saves system calls, not the kernel's per-request work; with more threads than CPUs each request costs its thread a sleep and a wake-up whoever sends it".into(),
             claim: "Temporal merge beats the synchronous path at many threads".into(),
             paper: "STM+Poll 88% against Sync+Poll 46% of peak, random read (seed 003)".into(),
             iopath: format!(
@@ -1185,6 +1213,7 @@ fn real(runner: &mut Runner) -> Result<Section> {
             rule: "16 threads: stm's IOPS above sync-path's".into(),
         },
         Finding {
+            why_not: "io_uring has no command that carries discontiguous ranges, so merging saves system calls, not the kernel's per-request work; with more threads than CPUs each request costs its thread a sleep and a wake-up whoever sends it".into(),
             claim: "Merging beats the kernel's own synchronous path at many threads".into(),
             paper: "2Q 4.4x the 2012 kernel's throughput with many threads (seed 000, abstract)".into(),
             iopath: format!(
@@ -1196,6 +1225,7 @@ fn real(runner: &mut Runner) -> Result<Section> {
             rule: "16 threads: the better of stm and 2q+hybrid above pread's IOPS".into(),
         },
         Finding {
+            why_not: "with more threads than CPUs every request costs a context switch whoever waits (about 1.1 per I/O measured on these VMs), the same switch the kernel's pread sleeps in".into(),
             claim: "Polling that gives way beats the kernel's own synchronous path at many threads".into(),
             paper: "polling wastes the CPU others need (seed 001); iopath's answer: yield between looks".into(),
             iopath: format!(

@@ -75,6 +75,11 @@ pub struct Finding {
     pub holds: bool,
     /// How `holds` is decided from the measurements.
     pub rule: String,
+    /// Why it most likely does not hold on this machine, where the
+    /// experiment can say (empty: the report falls back to the first sentence
+    /// of the experiment's explanation).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why_not: String,
 }
 
 /// What kind of chart.

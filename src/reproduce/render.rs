@@ -29,10 +29,14 @@ pub fn failed(report: &Report) -> Vec<(&Section, &Finding)> {
     report.sections.iter().flat_map(|s| s.findings.iter().filter(|f| !f.holds).map(move |f| (s, f))).collect()
 }
 
-/// The most likely reason a finding of `section` did not hold here: the
-/// first sentence of the experiment's explanation, which says what on this
-/// machine differs from the paper's (its device, its wake-ups, its CPUs).
-pub fn likely_reason(section: &Section) -> &str {
+/// The most likely reason `finding` of `section` did not hold here: the
+/// finding's own (`why_not`), where the experiment could say, else the first
+/// sentence of the experiment's explanation, which says what on this machine
+/// differs from the paper's (its device, its wake-ups, its CPUs).
+pub fn likely_reason<'a>(section: &'a Section, finding: &'a Finding) -> &'a str {
+    if !finding.why_not.is_empty() {
+        return &finding.why_not;
+    }
     let text = section.explanation.trim();
     text.find(". ").map_or(text, |end| &text[..=end])
 }
@@ -70,7 +74,7 @@ pub fn markdown(report: &Report) -> String {
                 f.rule,
                 f.paper,
                 f.iopath,
-                likely_reason(s)
+                likely_reason(s, f)
             ));
         }
         out.push('\n');
@@ -145,7 +149,7 @@ pub fn html(report: &Report) -> String {
                 esc(&f.rule),
                 esc(&f.paper),
                 esc(&f.iopath),
-                esc(likely_reason(s))
+                esc(likely_reason(s, f))
             ));
         }
         out.push_str("</table>\n");
@@ -204,7 +208,14 @@ mod tests {
     use crate::reproduce::{Chart, ChartKind, Machine};
 
     fn finding(claim: &str, holds: bool) -> Finding {
-        Finding { claim: claim.into(), paper: "2x".into(), iopath: "1.1x".into(), holds, rule: "at least 1.5x".into() }
+        Finding {
+            claim: claim.into(),
+            paper: "2x".into(),
+            iopath: "1.1x".into(),
+            holds,
+            rule: "at least 1.5x".into(),
+            why_not: String::new(),
+        }
     }
 
     fn section(key: &str, findings: Vec<Finding>) -> Section {
@@ -248,7 +259,10 @@ mod tests {
         let failed = failed(&report);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].1.claim, "beta merges");
-        assert_eq!(likely_reason(failed[0].0), "Wake-ups cost beta here.");
+        assert_eq!(likely_reason(failed[0].0, failed[0].1), "Wake-ups cost beta here.");
+        let mut own = failed[0].1.clone();
+        own.why_not = "Its own reason.".into();
+        assert_eq!(likely_reason(failed[0].0, &own), "Its own reason.");
         for doc in [markdown(&report), html(&report)] {
             let top = doc.find("Did not hold here").expect("a list of what did not hold");
             let listed = doc.find("beta merges").unwrap();
