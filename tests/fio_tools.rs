@@ -118,3 +118,24 @@ fn one_job_file_under_fio_and_iopath_gives_the_same_fields_and_both_logs() {
         assert!((iops - 500.0).abs() <= 25.0, "iopath {d}: {iops:.0} IOPS (fio: {})", fio[d]["iops"]);
     }
 }
+
+/// fio forks its jobs (without --thread) before they do any I/O: the job's
+/// process must route its own calls, opening its own engine.
+#[test]
+fn a_forked_fio_job_routes_its_own_io() {
+    if !have("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = dir.path().join("data.img");
+    let file = file.to_str().unwrap();
+    iopath(dir.path(), &["bench", "--device", &format!("uring:{file}"), "--size", "4m", "--ios", "1", "--no-progress"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["run", "--log", "--files", file, "--", "fio", "--name=forked", "--ioengine=psync", "--direct=1"])
+        .args(["--rw=randread", "--bs=4k", "--size=4m", "--io_size=256k", &format!("--filename={file}")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("engine open"), "the forked job opened no engine of its own:\n{stderr}");
+}

@@ -46,6 +46,24 @@ pub struct FileEntry {
 type Key = (u64, u64, bool);
 static FILES: Mutex<BTreeMap<Key, Weak<FileEntry>>> = Mutex::new(BTreeMap::new());
 
+/// In a child just forked: whether the parent had an engine open for a
+/// routed file (the child cannot use it: its threads are not here). Asked
+/// without waiting: a lock held at the fork by a thread that did not come
+/// along counts as an engine. A child of a parent that opened none (fio
+/// forks its jobs before they do any I/O) routes its own calls.
+pub fn any_engine_across_fork() -> bool {
+    let files = match FILES.try_lock() {
+        Ok(files) => files,
+        Err(std::sync::TryLockError::Poisoned(files)) => files.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return true,
+    };
+    files.values().filter_map(Weak::upgrade).any(|entry| match entry.state.try_read() {
+        Ok(state) => matches!(*state, State::Ready(_)),
+        Err(std::sync::TryLockError::Poisoned(state)) => matches!(*state.into_inner(), State::Ready(_)),
+        Err(std::sync::TryLockError::WouldBlock) => true,
+    })
+}
+
 /// The entry for a file, shared with its other descriptors.
 pub fn entry_for(dev: u64, ino: u64, writable: bool, path: &str) -> Arc<FileEntry> {
     let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());

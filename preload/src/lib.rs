@@ -32,7 +32,8 @@
 //!   kernel then gives the exact short read, or extends the file);
 //! - `preadv2`/`pwritev2` with flags, a write on an `O_APPEND` descriptor,
 //!   a write through a read-only descriptor;
-//! - any call in a child after `fork` (the engine's threads are not there).
+//! - any call in a child after `fork` of a parent that had an engine open
+//!   (its threads are not there; a child of one that had none routes its own).
 //!
 //! The file position stays the kernel's: a routed `read` reads it with
 //! `lseek`, does the I/O and moves it, under a per-file lock, so `dup`ed
@@ -56,8 +57,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 static CONFIG: OnceLock<Config> = OnceLock::new();
 /// The request that idle CPUs poll (`IOPATH_IDLE_POLL=1`), held until the process ends.
 static IDLE_POLLING: OnceLock<iopath::idle::IdlePolling> = OnceLock::new();
-/// Set in a child after `fork` of a parent that held an engine (a mount or
-/// routed files): nothing is routed there.
+/// Set in a child after `fork` of a parent that held an engine (a mount, or
+/// an engine open for a routed file): nothing is routed there.
 static FORKED: AtomicBool = AtomicBool::new(false);
 /// Whether any `IOPATH_FILES` pattern is set.
 static ROUTING: AtomicBool = AtomicBool::new(false);
@@ -127,10 +128,11 @@ pub(crate) fn release_mounts_before_fork() {
 }
 
 extern "C" fn in_child_after_fork() {
-    // A child of a parent that routes O_DIRECT files, or that still held a
-    // mount at the fork, has none of those engines' threads: it routes
-    // nothing. A child of a parent that held no mount mounts at first use.
-    if ROUTING.load(Ordering::Relaxed) || mount::any_held_across_fork() {
+    // A child of a parent that had an engine open for a routed file, or that
+    // still held a mount at the fork, has none of those engines' threads: it
+    // routes nothing. Otherwise it routes and mounts at first use, as a new
+    // process does (fio forks its jobs; a shell its subshells).
+    if files::any_engine_across_fork() || mount::any_held_across_fork() {
         FORKED.store(true, Ordering::SeqCst);
     }
 }
