@@ -288,9 +288,7 @@ fn a_killed_process_keeps_its_namespace_changes_unless_told_to_defer_them() {
 
 #[test]
 fn syncing_the_namespace_keeps_names_through_a_power_cut_and_writes_back_no_data() {
-    let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
-    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
-    let fs = mount(&dev);
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());
     let busy = fs.create("busy").unwrap();
     busy.fsync().unwrap();
     busy.write_at(&bytes(1, 8192), 0).unwrap();

@@ -725,8 +725,7 @@ impl FileSystem {
     /// file first, which costs a visit to every file of the file system:
     /// SQLite fsyncs its directory twice per transaction.
     pub fn sync_namespace(&self) -> Result<()> {
-        let tid = self.mount.meta().tid;
-        self.mount.sync_through(tid)
+        self.mount.sync_metadata()
     }
 
     /// Time spent in each step of the read and fsync paths, as (step, total ns,
@@ -884,6 +883,12 @@ impl Inner {
                 file::writeback_all(self, &mut state)?;
             }
         }
+        self.sync_metadata()
+    }
+
+    /// Makes every metadata change so far durable (the running transaction
+    /// and all before it), writing back no file's data.
+    fn sync_metadata(&self) -> Result<()> {
         let tid = self.meta().tid;
         self.sync_through(tid)
     }
