@@ -174,6 +174,9 @@ extern "C" fn on_unload() {
         return; // the parent's engines and file systems are not here
     }
     commit_mounts_at_exit();
+    if let Some(waits) = iopath::path::completion::explain::summary() {
+        log(&waits);
+    }
     if ROUTING.load(Ordering::Relaxed) {
         log(&format!(
             "{} calls routed through iopath, {} calls on routed files passed to the C library",

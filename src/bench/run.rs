@@ -467,6 +467,9 @@ pub fn run_on(engine: &Engine, config: &BenchConfig, size: u64) -> Result<BenchR
 }
 
 fn run_with(engine: &Engine, config: &BenchConfig, size: u64, verify: VerifyMode) -> Result<BenchResult> {
+    // Each run is a program of its own to `auto`'s judge: what it chose in the
+    // last run (other threads, other hogs) says nothing about this one.
+    crate::path::completion::judge::reset();
     let gate = Arc::new(StartGate::default());
     // When the threads were let go: a warm-up (`ramp_time`) ends the same time after it for all.
     let released_at = Arc::new(AtomicU64::new(0));

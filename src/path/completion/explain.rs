@@ -70,8 +70,81 @@ pub fn take() -> (Vec<String>, u64) {
     (lines, LEFT_OUT.swap(0, Ordering::Relaxed))
 }
 
+/// Where [`tally`] books waits: poll, hybrid, interrupt, yield, a crowd's
+/// (yielding), flush (a flush or trim, waited for outside the epochs), and
+/// those the [judge](super::judge) made sleep.
+pub const TALLY_SLOTS: [&str; 7] = ["poll", "hybrid", "interrupt", "yield", "crowd", "flush", "judged sleeping"];
+
+/// The process's waits by where they went: (count, ns) per [`TALLY_SLOTS`] entry.
+static TALLY: [(AtomicU64, AtomicU64); 7] = [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 7];
+/// The process's mode switches and probes.
+static TALLY_STEPS: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
+
+/// Books `waits` waits taking `ns` to slot `slot` of [`TALLY_SLOTS`], for the
+/// process-wide [`summary`]; only while someone listens (shared counters cost
+/// the waits of many threads a contended cache line).
+pub fn tally(slot: usize, waits: u64, ns: u64) {
+    if enabled() && slot < TALLY.len() {
+        TALLY[slot].0.fetch_add(waits, Ordering::Relaxed);
+        TALLY[slot].1.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Books mode switches and probes for the process-wide [`summary`].
+pub fn tally_steps(switches: u64, probes: u64) {
+    if enabled() {
+        TALLY_STEPS.0.fetch_add(switches, Ordering::Relaxed);
+        TALLY_STEPS.1.fetch_add(probes, Ordering::Relaxed);
+    }
+}
+
+/// Where the process's waits went so far, in one line (`None` if nothing
+/// was booked): per mode the share of waiting time, the count and the mean
+/// wait, then the switches and probes. Printed at exit by the interposer
+/// with `IOPATH_LOG=1`: the decision log is rate-limited and shows the
+/// start of a run; this is its whole.
+pub fn summary() -> Option<String> {
+    let rows: Vec<(&str, u64, u64)> = TALLY_SLOTS
+        .iter()
+        .zip(&TALLY)
+        .map(|(name, (n, ns))| (*name, n.load(Ordering::Relaxed), ns.load(Ordering::Relaxed)))
+        .collect();
+    let total_ns: u64 = rows.iter().map(|r| r.2).sum();
+    if total_ns == 0 {
+        return None;
+    }
+    let parts: Vec<String> = rows
+        .iter()
+        .filter(|r| r.1 > 0)
+        .map(|(name, n, ns)| {
+            format!(
+                "{name} {:.0}% ({n} waits, {:.1} us each)",
+                100.0 * *ns as f64 / total_ns as f64,
+                *ns as f64 / *n as f64 / 1e3
+            )
+        })
+        .collect();
+    Some(format!(
+        "waiting time by mode: {}; {} switches, {} probes",
+        parts.join(", "),
+        TALLY_STEPS.0.load(Ordering::Relaxed),
+        TALLY_STEPS.1.load(Ordering::Relaxed)
+    ))
+}
+
 /// Says one decision of `who` (a policy's name), if anyone listens.
 pub fn say(who: &str, what: Arguments<'_>) {
+    say_limited(who, what, true);
+}
+
+/// Says a decision that is rare by construction (the process's judge: at
+/// most one in 100 ms), past the per-second limit that keeps the threads'
+/// own decisions from flooding stderr.
+pub fn say_rare(who: &str, what: Arguments<'_>) {
+    say_limited(who, what, false);
+}
+
+fn say_limited(who: &str, what: Arguments<'_>, limited: bool) {
     if !enabled() {
         return;
     }
@@ -87,6 +160,9 @@ pub fn say(who: &str, what: Arguments<'_>) {
             } else {
                 LEFT_OUT.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        STDERR if !limited => {
+            let _ = writeln!(std::io::stderr(), "iopath: {line}");
         }
         STDERR => {
             let second = at.as_secs();
@@ -126,5 +202,19 @@ mod tests {
         assert!(lines.iter().any(|l| l.contains("auto[") && l.ends_with("decision 0")), "{lines:?}");
         assert!(!enabled(), "taking stops the collection");
         assert_eq!(take().0.len(), 0);
+    }
+
+    #[test]
+    fn the_summary_gives_each_modes_share_of_the_waiting_time() {
+        collect();
+        tally(3, 3, 3_000_000);
+        tally(5, 1, 1_000_000);
+        tally_steps(2, 5);
+        let _ = take();
+        let line = summary().expect("something was booked");
+        // (Other tests' policies may book waits meanwhile: only the shape is certain.)
+        assert!(line.starts_with("waiting time by mode: "), "{line}");
+        assert!(line.contains("yield ") && line.contains("flush "), "{line}");
+        assert!(line.contains(" switches, ") && line.ends_with(" probes"), "{line}");
     }
 }

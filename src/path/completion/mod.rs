@@ -16,6 +16,7 @@ pub mod crowd;
 pub mod explain;
 pub mod hybrid;
 pub mod interrupt;
+pub mod judge;
 pub mod poll;
 pub mod yielding;
 

@@ -66,6 +66,7 @@ use super::crowd::{self, Waiting};
 use super::explain;
 use super::hybrid::{Hybrid, sleep_feasible};
 use super::interrupt::Interrupt;
+use super::judge::{self, Way};
 use super::poll::{self, Gaps};
 use super::yielding::{Yield, YieldOutcome};
 use super::{CompletionPolicy, Expect, WaitStats};
@@ -89,9 +90,12 @@ pub struct Adaptive {
     /// per thread (a program whose waiters number about its CPUs crosses the
     /// line all the time).
     crowd_said_ns: u64,
-    /// A crowded wait came since the epoch began: the epoch starts afresh at
-    /// the next wait the controller's mode runs (it measured the crowd, not the mode).
-    crowd_seen: bool,
+    /// A crowded wait, or one the judge made sleep, came since the epoch
+    /// began: the epoch starts afresh at the next wait the controller's mode
+    /// runs (it measured the crowd or the judge's way, not the mode).
+    set_aside: bool,
+    /// The process's [judge](super::judge) may make every wait sleep (`auto`).
+    judged: bool,
     schedstat: Option<File>,
     pressure: Option<File>,
     buf: [u8; 128],
@@ -127,12 +131,13 @@ impl Adaptive {
     fn with(controller: Controller, name: &'static str) -> Adaptive {
         Adaptive {
             name,
+            judged: controller.modes().contains(&Mode::Yield),
             controller,
             hybrid: Hybrid::new(),
             yielder: Yield::default(),
             in_crowd: false,
             crowd_said_ns: 0,
-            crowd_seen: false,
+            set_aside: false,
             // Opened lazily on the waiting thread (thread-self must be that thread).
             schedstat: None,
             pressure: None,
@@ -243,6 +248,9 @@ impl Adaptive {
             cpus_wanted: crowd::cpus_wanted(),
             starved: std::mem::take(&mut self.starved),
         };
+        if signals.cpus_wanted {
+            judge::note_contested();
+        }
         let (switches, probes, was_probing) =
             (self.controller.switches, self.controller.probes, self.controller.probing());
         self.controller.on_epoch(&signals);
@@ -269,6 +277,7 @@ impl Adaptive {
         self.mode_since_ns = end.at_ns;
         stats.mode_switches += self.controller.switches - switches;
         stats.mode_probes += self.controller.probes - probes;
+        explain::tally_steps(self.controller.switches - switches, self.controller.probes - probes);
         self.ios = 0;
         self.latency_sum_ns = 0;
         self.gaps = Gaps::default();
@@ -298,6 +307,24 @@ impl CompletionPolicy for Adaptive {
         limit_ns: u64,
         expect: Expect,
     ) -> Result<usize> {
+        let n = self.wait_any(queue, out, stats, limit_ns, expect)?;
+        if self.judged {
+            judge::note_progress(n);
+        }
+        Ok(n)
+    }
+}
+
+impl Adaptive {
+    /// One wait: a flush, a crowded wait, or one in the controller's mode.
+    fn wait_any(
+        &mut self,
+        queue: &mut dyn Queue,
+        out: &mut Vec<Command>,
+        stats: &mut WaitStats,
+        limit_ns: u64,
+        expect: Expect,
+    ) -> Result<usize> {
         if self.start.is_none() {
             self.schedstat = File::open("/proc/thread-self/schedstat").ok();
             self.pressure = File::open("/proc/pressure/cpu").ok();
@@ -305,6 +332,24 @@ impl CompletionPolicy for Adaptive {
             self.start = Some(self.snapshot(self.controller.mode() != Mode::Poll));
         }
         let waiting = Waiting::enter();
+        if self.judged {
+            let began = now_ns();
+            let (way, trial) = judge::way_now(began);
+            if let Some(trial) = trial {
+                self.say_trial(trial);
+            }
+            if way == Way::Sleep {
+                // The process's trials found its work goes faster when no wait takes
+                // a CPU: sleep, as the kernel's blocking calls do.
+                let n = Interrupt.wait(queue, out, stats, limit_ns, expect)?;
+                crowd::note_completed(n);
+                let took = now_ns() - began;
+                stats.mode_ns[Mode::Interrupt as usize] += took;
+                explain::tally(SLEEPING, 1, took);
+                self.set_aside = true;
+                return Ok(n);
+            }
+        }
         if matches!(expect.op, Op::Flush | Op::Trim) {
             // A flush takes what the device's cache needs (ms on a real one), nothing
             // like a read: it is waited for by yielding (sleeping where others want
@@ -312,11 +357,16 @@ impl CompletionPolicy for Adaptive {
             // the mode by the flushes that fell into it (MariaDB's read-write mix
             // through the interposer: auto at 0.72-0.87x the kernel where
             // sync-yield made 0.93-1.0x, with 20% more CPU per transaction).
+            let began = explain::enabled().then(now_ns);
             let (n, outcome) = self.yielder.wait_counted(&waiting, queue, out, stats, limit_ns, expect)?;
+            if let Some(began) = began {
+                explain::tally(FLUSH, 1, now_ns() - began);
+            }
             self.say_hog(outcome);
             return Ok(n);
         }
         if waiting.crowded() {
+            judge::note_contested();
             if !std::mem::replace(&mut self.in_crowd, true) && explain::enabled() && self.crowd_say_due() {
                 explain::say(
                     self.name,
@@ -331,8 +381,10 @@ impl CompletionPolicy for Adaptive {
             }
             let began = now_ns();
             let (n, outcome) = self.yielder.wait_counted(&waiting, queue, out, stats, limit_ns, expect)?;
-            stats.mode_ns[CROWD] += now_ns() - began;
-            self.crowd_seen = true;
+            let took = now_ns() - began;
+            stats.mode_ns[CROWD] += took;
+            explain::tally(CROWD, 1, took);
+            self.set_aside = true;
             self.say_hog(outcome);
             return Ok(n);
         }
@@ -346,6 +398,10 @@ impl CompletionPolicy for Adaptive {
 /// Where `WaitStats::mode_ns` books the waits of a crowd (after poll, hybrid,
 /// interrupt and yield).
 const CROWD: usize = 4;
+/// Where [`explain::tally`] books flushes and trims.
+const FLUSH: usize = 5;
+/// Where [`explain::tally`] books the waits the judge made sleep.
+const SLEEPING: usize = 6;
 
 impl Adaptive {
     /// Whether the crowd's coming or going may be said now (once a second).
@@ -356,6 +412,30 @@ impl Adaptive {
             self.crowd_said_ns = now;
         }
         due
+    }
+
+    /// Says how a trial of the crowd's two ways ended.
+    fn say_trial(&self, t: judge::TrialResult) {
+        if explain::enabled() {
+            explain::say_rare(
+                self.name,
+                format_args!(
+                    "trial: {} made {:.1}K completions/s against {} {:.1}K: {} (next trial in {} ms)",
+                    t.tried.name(),
+                    t.rates.0 / 1e3,
+                    t.tried.other().name(),
+                    t.rates.1 / 1e3,
+                    if t.switched {
+                        format!("waits now go {}", t.way.name())
+                    } else if t.confirming {
+                        format!("waits keep {}, a second trial to confirm", t.way.name())
+                    } else {
+                        format!("waits keep {}", t.way.name())
+                    },
+                    if t.confirming { 0 } else { t.stay as u64 * judge::WINDOW_NS / 1_000_000 }
+                ),
+            );
+        }
     }
 
     /// Says that a long yield went to a thread not waiting for the device.
@@ -389,8 +469,8 @@ impl Adaptive {
         limit_ns: u64,
         expect: Expect,
     ) -> Result<usize> {
-        if std::mem::take(&mut self.crowd_seen) {
-            // The epoch so far was the crowd's: it starts again now.
+        if std::mem::take(&mut self.set_aside) {
+            // The epoch so far was the crowd's or the judge's: it starts again now.
             self.ios = 0;
             self.latency_sum_ns = 0;
             self.gaps = Gaps::default();
@@ -398,6 +478,7 @@ impl Adaptive {
             self.mode_since_ns = now_ns();
         }
         let mode = self.controller.mode();
+        let began = explain::enabled().then(now_ns);
         let (n, done) = match mode {
             Mode::Hybrid => (self.hybrid.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
             Mode::Poll => {
@@ -419,6 +500,9 @@ impl Adaptive {
             Mode::Interrupt => (Interrupt.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
             Mode::Yield => {
                 let (n, outcome) = self.yielder.wait_counted(waiting, queue, out, stats, limit_ns, expect)?;
+                if outcome == YieldOutcome::Wanted {
+                    judge::note_contested();
+                }
                 let seen = now_ns();
                 // Only a wait that stayed on its CPU saw the completion when it came.
                 if n > 0 && expect.since_ns > 0 && outcome == YieldOutcome::Short {
@@ -428,6 +512,9 @@ impl Adaptive {
                 (n, seen)
             }
         };
+        if let Some(began) = began {
+            explain::tally(mode as usize, 1, done.saturating_sub(began));
+        }
         let l = self.hybrid.bucket_latency_any();
         if n > 0 {
             self.ios += n as u64;
@@ -520,6 +607,9 @@ mod tests {
                     if waits.is_multiple_of(every) {
                         let next = Mode::AUTO[(waits / every) % Mode::AUTO.len()];
                         policy.controller.force(next);
+                        // And the process-wide judge's way, every other time.
+                        let way = if (waits / every) % 2 == 0 { Way::Sleep } else { Way::PerWaiter };
+                        judge::force_way(way);
                     }
                     let limit = if waits % 3 == 2 { 0 } else { now_ns() + 1_000_000_000 };
                     waits += 1;
@@ -542,7 +632,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_changing_mode_between_any_two_waits_loses_no_request_and_no_byte() {
+    fn auto_changing_mode_or_way_between_any_two_waits_loses_no_request_and_no_byte() {
         let threads = 3 * crowd::cpus() + 1;
         for spec in ["emu:nand,size=16m", "emu:optane,size=16m", "emu:null,size=16m"] {
             let dev = DeviceSpec::parse(spec, None).unwrap().open().unwrap();
