@@ -380,8 +380,9 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
     if let Some(r) = on_fd(fd, fail, |d| sync_mounted(d, false)) {
         return r;
     }
+    route::flush_passed(fd);
     // SAFETY: passed on.
-    route::routed_flush(fd).unwrap_or_else(|| unsafe { real::fsync(fd) })
+    unsafe { real::fsync(fd) }
 }
 
 /// `fdatasync`: a mounted file's, routed, or the C library's.
@@ -393,8 +394,9 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
     if let Some(r) = on_fd(fd, fail, |d| sync_mounted(d, true)) {
         return r;
     }
+    route::flush_passed(fd);
     // SAFETY: passed on.
-    route::routed_flush(fd).unwrap_or_else(|| unsafe { real::fdatasync(fd) })
+    unsafe { real::fdatasync(fd) }
 }
 
 /// `syncfs`: commits the mounted file system, or the C library's.
