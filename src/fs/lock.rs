@@ -7,7 +7,10 @@
 //! after the device's identity (its device and inode numbers, so every
 //! spelling of one file or block device gets the same lock), holding the
 //! holder's pid. The kernel drops a `flock` when its holder exits, however
-//! it exits (SIGKILL included), so a lock never outlives its process.
+//! it exits (SIGKILL included), so a lock never outlives its process. The
+//! holder removes the file as it lets go (a taker checks that the file it
+//! locked is still the one at the path); only a killed holder's stays, until
+//! the next holder lets go.
 //!
 //! The interposer, `iopath mkfs` and the file tools (`ls`, `cp`, `fsck`,
 //! ...) take it; a second taker waits up to its limit and then fails with
@@ -82,21 +85,33 @@ impl MountLock {
             context: format!("cannot {what} the mount lock {}", path.display()),
             source,
         };
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| os("open", e))?;
-        // Anyone may take it next (the lock file outlives its holder, not the lock).
-        let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let open = || {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| os("open", e))?;
+            // Anyone may take it next (a holder that is killed leaves the file behind).
+            let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666));
+            Ok::<_, Error>(file)
+        };
+        let mut file = open()?;
         let deadline = Instant::now() + wait;
         loop {
             use std::os::fd::AsRawFd;
             // SAFETY: flock on a descriptor we own.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                break;
+                // A holder removes the lock file as it lets go: the lock taken may be on a
+                // file no longer at the path (another taker may already hold the one there
+                // now). Only a lock on the file at the path counts.
+                let here = file.metadata().map(|m| m.ino()).ok();
+                if here.is_some() && std::fs::metadata(&path).map(|m| m.ino()).ok() == here {
+                    break;
+                }
+                file = open()?;
+                continue;
             }
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
@@ -133,6 +148,14 @@ impl MountLock {
     }
 }
 
+impl Drop for MountLock {
+    /// Removes the lock file while still holding its lock (a taker waiting on
+    /// it then finds it gone from the path and opens a new one), then lets go.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,8 +172,37 @@ mod tests {
         // flock conflicts between open file descriptions, so this process stands in for another.
         let e = MountLock::acquire(&format!("psync:{bare}"), Duration::from_millis(20)).unwrap_err().to_string();
         assert!(e.contains(&format!("process {}", std::process::id())), "{e}");
+        let lock_file = held.path().to_path_buf();
         drop(held);
-        assert!(MountLock::acquire(&format!("uring:{bare}"), Duration::ZERO).unwrap().is_some());
+        assert!(!lock_file.exists(), "the holder removes its lock file");
+        let again = MountLock::acquire(&format!("uring:{bare}"), Duration::ZERO).unwrap().unwrap();
+        assert_eq!(again.path(), lock_file);
+        drop(again);
         assert!(MountLock::acquire("emu:optane,size=1m", Duration::ZERO).unwrap().is_none());
+    }
+
+    #[test]
+    fn takers_racing_a_holder_that_removes_its_lock_file_never_hold_it_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("x.img");
+        std::fs::write(&img, [0u8; 4096]).unwrap();
+        let spec = img.to_str().unwrap().to_string();
+        let inside = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        let held = MountLock::acquire(&spec, Duration::from_secs(30)).unwrap().unwrap();
+                        // flock conflicts between open file descriptions: each thread's own open
+                        // stands in for another process.
+                        assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0, "two holders");
+                        std::thread::yield_now();
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        drop(held);
+                    }
+                });
+            }
+        });
+        assert!(!lock_path(&img).unwrap().exists());
     }
 }
