@@ -170,10 +170,19 @@ extern "C" fn on_load() {
 }
 
 extern "C" fn on_unload() {
-    if FORKED.load(Ordering::Relaxed) {
-        return; // the parent's engines and file systems are not here
+    at_exit();
+}
+
+/// What the process does as it ends, however it ends (`exit`'s handlers or
+/// `_exit`), once: commits the mounts, and with `IOPATH_LOG` says where the
+/// waiting time went and how many calls were routed. Nothing in a forked
+/// child that has its parent's engines and mounts (they are not here).
+pub(crate) fn at_exit() {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if FORKED.load(Ordering::Relaxed) || DONE.swap(true, Ordering::AcqRel) {
+        return;
     }
-    commit_mounts_at_exit();
+    commit_mounts_now();
     if let Some(waits) = iopath::path::completion::explain::summary() {
         log(&waits);
     }
@@ -186,18 +195,9 @@ extern "C" fn on_unload() {
     }
 }
 
-/// Commits every mount as the process ends (from `exit`'s handlers or from
-/// `_exit`), once; not in a forked child (the mounts are the parent's).
-pub(crate) fn commit_mounts_at_exit() {
-    static DONE: AtomicBool = AtomicBool::new(false);
-    if !DONE.swap(true, Ordering::AcqRel) {
-        commit_mounts_at_exit_keep_going();
-    }
-}
-
-/// Commits every mount now (before an exec, which may still fail and let
+/// Commits every mount now (at exit, and before an exec, which may still fail and let
 /// the process go on); not in a forked child.
-pub(crate) fn commit_mounts_at_exit_keep_going() {
+pub(crate) fn commit_mounts_now() {
     if !MOUNTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
         return;
     }

@@ -199,13 +199,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 }
 
 /// `_exit`: commits the mounts first (a shell or a child ends this way, not
-/// through `exit`, and its files must be there as after any normal end).
+/// through `exit`, and its files must be there as after any normal end),
+/// and says what was routed (fio's forked jobs end this way).
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    crate::commit_mounts_at_exit();
+    crate::at_exit();
     // SAFETY: passed on.
     unsafe { real::_exit(status) }
 }
@@ -217,7 +218,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 #[unsafe(no_mangle)]
 #[allow(non_snake_case)]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    crate::commit_mounts_at_exit();
+    crate::at_exit();
     // SAFETY: _Exit is _exit (C99's name for it).
     unsafe { real::_exit(status) }
 }
@@ -306,7 +307,7 @@ pub unsafe extern "C" fn posix_spawnp(
 /// directory is (`IOPATH_CWD`: the kernel's is the mount's own directory).
 /// If the exec fails, the next call mounts again.
 fn before_exec() {
-    crate::commit_mounts_at_exit_keep_going();
+    crate::commit_mounts_now();
     crate::release_mounts_before_fork();
 }
 
