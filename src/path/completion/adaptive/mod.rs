@@ -416,7 +416,17 @@ impl Adaptive {
 
     /// Says how a trial of the crowd's two ways ended.
     fn say_trial(&self, t: judge::TrialResult) {
-        if explain::enabled() {
+        if t.opening && explain::enabled() {
+            explain::say_rare(
+                self.name,
+                format_args!(
+                    "the CPUs are contested from the start (more waiters than CPUs, or other threads want them): \
+                     waits sleep, as the kernel's calls do, until a trial finds per-waiter modes ahead (first in \
+                     {} ms)",
+                    t.stay as u64 * judge::WINDOW_NS / 1_000_000
+                ),
+            );
+        } else if explain::enabled() {
             explain::say_rare(
                 self.name,
                 format_args!(
@@ -608,7 +618,7 @@ mod tests {
                         let next = Mode::AUTO[(waits / every) % Mode::AUTO.len()];
                         policy.controller.force(next);
                         // And the process-wide judge's way, every other time.
-                        let way = if (waits / every) % 2 == 0 { Way::Sleep } else { Way::PerWaiter };
+                        let way = if (waits / every).is_multiple_of(2) { Way::Sleep } else { Way::PerWaiter };
                         judge::force_way(way);
                     }
                     let limit = if waits % 3 == 2 { 0 } else { now_ns() + 1_000_000_000 };
