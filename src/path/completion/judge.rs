@@ -159,9 +159,8 @@ impl Judge {
     }
 
     /// Ends a window of `wall_ns` in which the process completed
-    /// `completions`, `contested` if its waiters were seen in a crowd or
-    /// beside other threads that wanted the CPUs; returns the trial's result
-    /// when one ended.
+    /// `completions`, `contested` if its waiters were seen in a crowd (more
+    /// of them than CPUs); returns the trial's result when one ended.
     ///
     /// Per-waiter modes are tried against sleeping only if the CPUs were
     /// contested since the last trial: a waiter alone with free CPUs (or
@@ -272,8 +271,13 @@ pub(crate) fn force_way(way: Way) {
 /// The CPUs were contested in the current window (see [`Judge::on_window`]).
 static CONTESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Notes that a waiter found the CPUs contested: more waiters than CPUs, or
-/// other threads wanting them.
+/// Notes that a waiter found the CPUs contested: more waiters than CPUs.
+///
+/// Only a crowd counts. The run queue's "others want the CPUs"
+/// ([`cpus_wanted`](super::crowd::cpus_wanted)) fires for a single-threaded
+/// program beside a loop device's worker threads (569 of SQLite's 3000
+/// transactions' waits), and made the judge start SQLite sleeping and run
+/// trials it could only lose.
 pub fn note_contested() {
     if !CONTESTED.load(Ordering::Relaxed) {
         CONTESTED.store(true, Ordering::Relaxed);

@@ -248,9 +248,6 @@ impl Adaptive {
             cpus_wanted: crowd::cpus_wanted(),
             starved: std::mem::take(&mut self.starved),
         };
-        if signals.cpus_wanted {
-            judge::note_contested();
-        }
         let (switches, probes, was_probing) =
             (self.controller.switches, self.controller.probes, self.controller.probing());
         self.controller.on_epoch(&signals);
@@ -420,7 +417,7 @@ impl Adaptive {
             explain::say_rare(
                 self.name,
                 format_args!(
-                    "the CPUs are contested from the start (more waiters than CPUs, or other threads want them): \
+                    "the CPUs are contested from the start (more waiters than CPUs): \
                      waits sleep, as the kernel's calls do, until a trial finds per-waiter modes ahead (first in \
                      {} ms)",
                     t.stay as u64 * judge::WINDOW_NS / 1_000_000
@@ -510,9 +507,6 @@ impl Adaptive {
             Mode::Interrupt => (Interrupt.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
             Mode::Yield => {
                 let (n, outcome) = self.yielder.wait_counted(waiting, queue, out, stats, limit_ns, expect)?;
-                if outcome == YieldOutcome::Wanted {
-                    judge::note_contested();
-                }
                 let seen = now_ns();
                 // Only a wait that stayed on its CPU saw the completion when it came.
                 if n > 0 && expect.since_ns > 0 && outcome == YieldOutcome::Short {
