@@ -245,10 +245,22 @@ fn measure_syscall() -> f64 {
 /// hand-over is one wake-up of a sleeping thread on the other CPU. (Both are
 /// threads of their own: pinning does not outlive the measurement.)
 fn measure_cross_cpu_wake(cpus: usize) -> Option<f64> {
+    measure_cross_cpu_wake_rounds(cpus, 400)
+}
+
+/// What waking a sleeping thread on another CPU costs now (ns, median of
+/// 100 round trips; `None` on one CPU): the figure that decides how
+/// sleeping policies compare with spinning ones on a machine, for a report
+/// that says why a finding did not hold. A few milliseconds.
+pub fn cross_cpu_wake_ns() -> Option<f64> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    measure_cross_cpu_wake_rounds(cpus, 100)
+}
+
+fn measure_cross_cpu_wake_rounds(cpus: usize, rounds: u32) -> Option<f64> {
     if cpus < 2 {
         return None;
     }
-    const ROUNDS: u32 = 400;
     // The token, a futex the answering side sleeps on, and one the asking side sleeps on.
     let shared = Arc::new((AtomicU32::new(0), Parking::default(), Parking::default()));
     let answering = {
@@ -256,7 +268,7 @@ fn measure_cross_cpu_wake(cpus: usize) -> Option<f64> {
         std::thread::spawn(move || {
             let _ = sys::pin_to_cpu(1);
             let (token, mine, theirs) = (&shared.0, &shared.1, &shared.2);
-            for i in 0..ROUNDS {
+            for i in 0..rounds {
                 wait_token(token, mine, 2 * i + 1);
                 token.store(2 * i + 2, Ordering::Release);
                 theirs.fetch_add(1, Ordering::Release);
@@ -267,8 +279,8 @@ fn measure_cross_cpu_wake(cpus: usize) -> Option<f64> {
     let asking = std::thread::spawn(move || {
         let _ = sys::pin_to_cpu(0);
         let (token, theirs, mine) = (&shared.0, &shared.1, &shared.2);
-        let mut samples = Vec::with_capacity(ROUNDS as usize);
-        for i in 0..ROUNDS {
+        let mut samples = Vec::with_capacity(rounds as usize);
+        for i in 0..rounds {
             let start = now_ns();
             token.store(2 * i + 1, Ordering::Release);
             theirs.fetch_add(1, Ordering::Release);

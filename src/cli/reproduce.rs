@@ -127,7 +127,7 @@ pub fn run(args: ReproduceArgs) -> iopath::Result<()> {
         for (section, f) in failed {
             println!("  {}: {}", section.key, f.claim);
             println!("    paper {}; iopath {} (rule: {})", f.paper, f.iopath, f.rule);
-            println!("    most likely: {}", iopath::reproduce::render::likely_reason(section, f));
+            println!("    most likely: {}", iopath::reproduce::render::likely_reason(&report.machine, section, f));
         }
     }
     if iopath::signal::interrupted() {

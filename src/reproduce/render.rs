@@ -2,7 +2,7 @@
 //! findings table (claim | paper | iopath | holds?), the measured values,
 //! the chart and the explanation, and the machine it ran on.
 
-use super::{DataTable, Finding, Report, Section, chart};
+use super::{DataTable, Finding, Machine, Report, Section, chart};
 use crate::error::{Error, Result};
 use std::path::Path;
 
@@ -33,23 +33,37 @@ pub fn failed(report: &Report) -> Vec<(&Section, &Finding)> {
 /// finding's own (`why_not`), where the experiment could say, else the first
 /// sentence of the experiment's explanation, which says what on this machine
 /// differs from the paper's (its device, its wake-ups, its CPUs).
-pub fn likely_reason<'a>(section: &'a Section, finding: &'a Finding) -> &'a str {
+pub fn likely_reason(machine: &Machine, section: &Section, finding: &Finding) -> String {
     if !finding.why_not.is_empty() {
-        return &finding.why_not;
+        return finding.why_not.clone();
     }
     let text = section.explanation.trim();
-    text.find(". ").map_or(text, |end| &text[..=end])
+    let first = text.find(". ").map_or(text, |end| &text[..=end]);
+    match machine.wake_ns {
+        // Where a wake-up costs more than a fast device's I/O, every comparison of
+        // sleeping and spinning turns on it: say it beside the section's own account.
+        Some(wake) if wake >= EXPENSIVE_WAKE_NS && !machine.idle_polling => format!(
+            "{first} On this machine a wake-up of a sleeping thread on another CPU takes {:.0} us (idle CPUs halt; \
+             `iopath doctor` measures it): every request a sleeping policy waits for pays that.",
+            wake / 1e3
+        ),
+        _ => first.to_string(),
+    }
 }
+
+/// A cross-CPU wake-up this slow (ns) is named among the likely reasons.
+const EXPENSIVE_WAKE_NS: f64 = 10_000.0;
 
 fn machine_line(report: &Report) -> String {
     let m = &report.machine;
     format!(
-        "iopath {} on Linux {}, {} CPU(s), {}{}{}",
+        "iopath {} on Linux {}, {} CPU(s), {}{}{}{}",
         m.version,
         m.kernel,
         m.cpus,
         m.date,
         if m.idle_polling { "; idle CPUs polled instead of halting (--idle-poll: cheap wake-ups)" } else { "" },
+        m.wake_ns.map_or(String::new(), |w| format!("; a cross-CPU wake-up took {:.0} us", w / 1e3)),
         if report.quick { "; --quick (short runs: figures are noisier)" } else { "" }
     )
 }
@@ -74,7 +88,7 @@ pub fn markdown(report: &Report) -> String {
                 f.rule,
                 f.paper,
                 f.iopath,
-                likely_reason(s, f)
+                likely_reason(&report.machine, s, f)
             ));
         }
         out.push('\n');
@@ -149,7 +163,7 @@ pub fn html(report: &Report) -> String {
                 esc(&f.rule),
                 esc(&f.paper),
                 esc(&f.iopath),
-                esc(likely_reason(s, f))
+                esc(&likely_reason(&report.machine, s, f))
             ));
         }
         out.push_str("</table>\n");
@@ -249,6 +263,7 @@ mod tests {
                 date: "today".into(),
                 version: "0".into(),
                 idle_polling: false,
+                wake_ns: None,
             },
             quick: true,
             sections: vec![
@@ -259,10 +274,18 @@ mod tests {
         let failed = failed(&report);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].1.claim, "beta merges");
-        assert_eq!(likely_reason(failed[0].0, failed[0].1), "Wake-ups cost beta here.");
+        assert_eq!(likely_reason(&report.machine, failed[0].0, failed[0].1), "Wake-ups cost beta here.");
         let mut own = failed[0].1.clone();
         own.why_not = "Its own reason.".into();
-        assert_eq!(likely_reason(failed[0].0, &own), "Its own reason.");
+        assert_eq!(likely_reason(&report.machine, failed[0].0, &own), "Its own reason.");
+        // An expensive wake-up is named beside the section's account, unless idle CPUs polled.
+        let mut slow = report.machine.clone();
+        slow.wake_ns = Some(25_000.0);
+        let reason = likely_reason(&slow, failed[0].0, failed[0].1);
+        assert!(reason.starts_with("Wake-ups cost beta here. ") && reason.contains("takes 25 us"), "{reason}");
+        assert_eq!(likely_reason(&slow, failed[0].0, &own), "Its own reason.");
+        slow.idle_polling = true;
+        assert_eq!(likely_reason(&slow, failed[0].0, failed[0].1), "Wake-ups cost beta here.");
         for doc in [markdown(&report), html(&report)] {
             let top = doc.find("Did not hold here").expect("a list of what did not hold");
             let listed = doc.find("beta merges").unwrap();
