@@ -413,17 +413,7 @@ impl Adaptive {
 
     /// Says how a trial of the crowd's two ways ended.
     fn say_trial(&self, t: judge::TrialResult) {
-        if t.opening && explain::enabled() {
-            explain::say_rare(
-                self.name,
-                format_args!(
-                    "the CPUs are contested from the start (more waiters than CPUs): \
-                     waits sleep, as the kernel's calls do, until a trial finds per-waiter modes ahead (first in \
-                     {} ms)",
-                    t.stay as u64 * judge::WINDOW_NS / 1_000_000
-                ),
-            );
-        } else if explain::enabled() {
+        if explain::enabled() {
             explain::say_rare(
                 self.name,
                 format_args!(
