@@ -70,10 +70,15 @@ pub fn take() -> (Vec<String>, u64) {
     (lines, LEFT_OUT.swap(0, Ordering::Relaxed))
 }
 
-/// Where [`tally`] books waits: poll, hybrid, interrupt, yield, a crowd's
-/// (yielding), flush (a flush or trim, waited for outside the epochs), and
-/// those the [judge](super::judge) made sleep.
+/// Where [`tally`] books waits: the four modes of `auto` by their index
+/// (`Mode as usize`), then [`CROWD`], [`FLUSH`] and [`JUDGED_SLEEPING`].
 pub const TALLY_SLOTS: [&str; 7] = ["poll", "hybrid", "interrupt", "yield", "crowd", "flush", "judged sleeping"];
+/// Slot of a crowd's (yielding) waits; also their index in `WaitStats::mode_ns`.
+pub const CROWD: usize = 4;
+/// Slot of flushes and trims (waited for outside the epochs).
+pub const FLUSH: usize = 5;
+/// Slot of the waits the [judge](super::judge) made sleep.
+pub const JUDGED_SLEEPING: usize = 6;
 
 /// The process's waits by where they went: (count, ns) per [`TALLY_SLOTS`] entry.
 static TALLY: [(AtomicU64, AtomicU64); 7] = [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 7];

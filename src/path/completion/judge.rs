@@ -8,7 +8,8 @@
 //! threads hold locks those need). The judge measures the program instead:
 //! completions per second with each way, in short alternating trials.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 /// How the waits of a self-choosing policy (`auto`) wait, process-wide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +46,8 @@ impl Way {
 /// Length of one measuring window of the [`Judge`].
 pub const WINDOW_NS: u64 = 100_000_000;
 /// Windows the way in use is kept before it is tried against the other
-/// (the first time, and after each switch); doubled each time a trial keeps
-/// it, up to [`MAX_STAY_WINDOWS`].
+/// (the first time, and after each switch); x2 each time a trial keeps it
+/// (x4 after a clear loss of the other way), up to [`MAX_STAY_WINDOWS`].
 pub const FIRST_STAY_WINDOWS: u32 = 2;
 /// Longest stay between two trials (4 s).
 pub const MAX_STAY_WINDOWS: u32 = 40;
@@ -74,11 +75,10 @@ pub const CLEAR_WIN: f64 = 1.15;
 /// alternating (so a drift of the program's own load falls on both), and the
 /// sums of their completion rates decide: the other way replaces the one in
 /// use if it made [`CLEAR_WIN`] more progress, or [`JUDGE_MARGIN`] more in
-/// two trials in a row. Between trials the way in use stays
-/// for [`FIRST_STAY_WINDOWS`], doubling while trials keep confirming it (x4
-/// after a clear loss of the other way), so a settled program pays a losing
-/// trial's 200 ms at most every few seconds. A
-/// window much longer than planned (no wait came to end it: the program
+/// two trials in a row. Between trials the way in use stays for
+/// [`FIRST_STAY_WINDOWS`], longer while trials keep confirming it, so a
+/// settled program pays a losing trial's 200 ms at most every few seconds.
+/// A window much longer than planned (no wait came to end it: the program
 /// paused) measured something else and is not counted. A pure function of
 /// its inputs, tested with synthetic programs.
 #[derive(Debug, Clone)]
@@ -142,7 +142,7 @@ impl Judge {
         }
     }
 
-    /// The way the crowd waits in the current window.
+    /// The way waits take in the current window.
     pub fn way(&self) -> Way {
         match self.trial {
             // Windows 0 and 2 try the other way.
@@ -240,13 +240,15 @@ impl Judge {
 
 /// The process's judge, and when its current window began (ns, with the
 /// completion count then).
-static JUDGE: std::sync::Mutex<(Option<Judge>, u64, u64)> = std::sync::Mutex::new((None, 0, 0));
+static JUDGE: Mutex<(Option<Judge>, u64, u64)> = Mutex::new((None, 0, 0));
 /// The way waits take now (0 = per waiter, 1 = sleep): read without the lock.
-static WAY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static WAY: AtomicU8 = AtomicU8::new(0);
 /// When the current window ends (0 = no window yet).
 static WINDOW_END_NS: AtomicU64 = AtomicU64::new(0);
 /// Completions of every wait of the judged policies.
 static PROGRESS: AtomicU64 = AtomicU64::new(0);
+/// The CPUs were contested in the current window (see [`Judge::on_window`]).
+static CONTESTED: AtomicBool = AtomicBool::new(false);
 
 /// Forgets what the judge learned: the next wait starts a new judge (a
 /// benchmark's next run, which is another program as far as waiting goes).
@@ -264,9 +266,6 @@ pub fn reset() {
 pub(crate) fn force_way(way: Way) {
     WAY.store(u8::from(way == Way::Sleep), Ordering::Relaxed);
 }
-
-/// The CPUs were contested in the current window (see [`Judge::on_window`]).
-static CONTESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Notes that a waiter found the CPUs contested: more waiters than CPUs.
 ///
@@ -291,7 +290,7 @@ pub fn note_progress(n: usize) {
 
 /// The way a wait starting at `now_ns` takes; the first wait past the end of
 /// a window ends it (one thread, under a lock no one waits for) and returns
-/// the trial's result if one ended. One atomic load otherwise.
+/// the trial's result if one ended. Two atomic loads otherwise.
 pub fn way_now(now_ns: u64) -> (Way, Option<TrialResult>) {
     let mut result = None;
     if now_ns >= WINDOW_END_NS.load(Ordering::Relaxed)

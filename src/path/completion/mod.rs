@@ -68,10 +68,12 @@ impl WaitStats {
     }
 }
 
-/// What the device is working on: the oldest command in flight.
+/// What the device is working on: the oldest command in flight, or on a
+/// queue that stays busy the next one due since the last completion (see
+/// `Channel::restamp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expect {
-    /// When it was submitted.
+    /// When it was submitted (or when the last completion came back).
     pub since_ns: u64,
     /// Its direction.
     pub op: Op,

@@ -63,7 +63,7 @@ mod signals;
 pub use controller::*;
 
 use super::crowd::{self, Waiting};
-use super::explain;
+use super::explain::{self, CROWD, FLUSH, JUDGED_SLEEPING};
 use super::hybrid::{Hybrid, sleep_feasible};
 use super::interrupt::Interrupt;
 use super::judge::{self, Way};
@@ -342,7 +342,7 @@ impl Adaptive {
                 crowd::note_completed(n);
                 let took = now_ns() - began;
                 stats.mode_ns[Mode::Interrupt as usize] += took;
-                explain::tally(SLEEPING, 1, took);
+                explain::tally(JUDGED_SLEEPING, 1, took);
                 self.set_aside = true;
                 return Ok(n);
             }
@@ -392,14 +392,6 @@ impl Adaptive {
     }
 }
 
-/// Where `WaitStats::mode_ns` books the waits of a crowd (after poll, hybrid,
-/// interrupt and yield).
-const CROWD: usize = 4;
-/// Where [`explain::tally`] books flushes and trims.
-const FLUSH: usize = 5;
-/// Where [`explain::tally`] books the waits the judge made sleep.
-const SLEEPING: usize = 6;
-
 impl Adaptive {
     /// Whether the crowd's coming or going may be said now (once a second).
     fn crowd_say_due(&mut self) -> bool {
@@ -411,7 +403,7 @@ impl Adaptive {
         due
     }
 
-    /// Says how a trial of the crowd's two ways ended.
+    /// Says how a trial of the judge's two ways ended.
     fn say_trial(&self, t: judge::TrialResult) {
         if explain::enabled() {
             explain::say_rare(
