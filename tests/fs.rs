@@ -1830,3 +1830,139 @@ fn fsck_reports_every_problem_and_mount_refuses_the_first() {
     let e = FileSystem::mount(engine(&dev, "sync-path")).err().unwrap().to_string();
     assert!(e.contains("iopath fsck"), "{e}");
 }
+
+/// Many small files written through the cache and never synced (`tar x`):
+/// the dirty pages stay within half the cache (the oldest files are written
+/// back, together, as a writer crosses the line), and every byte is there
+/// after an unmount.
+#[test]
+fn many_small_files_never_synced_keep_the_dirty_pages_within_the_budget() {
+    let (dev, _) = fresh("emu:null,size=64m", FormatOptions::default());
+    let options = MountOptions { cache_bytes: 1 << 20, ..MountOptions::default() };
+    let fs = mount_with(&dev, "sync-path", options);
+    let budget = (1u64 << 20) / 4096 / 2;
+    fs.mkdir("tree", 0o755).unwrap();
+    let mut highest = 0;
+    for i in 0..400u64 {
+        let f = fs.create(format!("tree/f{i}")).unwrap();
+        let len = 1000 + (i as usize * 977) % 12_000;
+        f.write_at(&bytes(i, len), 0).unwrap();
+        highest = highest.max(fs.stats().dirty_pages);
+    }
+    let stats = fs.stats();
+    assert!(highest <= budget + 4, "{highest} dirty pages with a budget of {budget}");
+    assert!(stats.cache.writebacks > 0 && stats.dirty_pages > 0, "{stats:?}");
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    for i in 0..400u64 {
+        let len = 1000 + (i as usize * 977) % 12_000;
+        assert_eq!(read_all(&fs, &format!("tree/f{i}")), bytes(i, len), "file {i}");
+    }
+    assert_eq!(fs.stats().dirty_pages, 0);
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+/// The budget's writeback takes other threads' files while they write,
+/// fsync and sync theirs: every byte of every file is there afterwards and
+/// the dirty count comes back to zero.
+#[test]
+fn writers_of_many_files_the_budget_and_syncs_together_lose_no_byte() {
+    let (dev, _) = fresh("emu:null,size=128m", FormatOptions::default());
+    let options = MountOptions { cache_bytes: 1 << 20, ..MountOptions::default() };
+    let fs = mount_with(&dev, "sync-path", options);
+    within(std::time::Duration::from_secs(120), {
+        let fs = fs.clone();
+        move || {
+            let writers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let fs = fs.clone();
+                    std::thread::spawn(move || {
+                        let mut open = Vec::new();
+                        for i in 0..150u64 {
+                            let seed = t * 1000 + i;
+                            let f = fs.create(format!("w{t}-{i}")).unwrap();
+                            // Two writes, the second one later: files stay dirty across batches.
+                            let data = bytes(seed, 2000 + (seed as usize * 131) % 20_000);
+                            let half = data.len() / 2;
+                            f.write_at(&data[..half], 0).unwrap();
+                            open.push((f, data, half));
+                            if open.len() > 3 {
+                                let (f, data, half) = open.remove(0);
+                                f.write_at(&data[half..], half as u64).unwrap();
+                                if seed % 7 == 0 {
+                                    f.fsync().unwrap();
+                                }
+                            }
+                            if seed % 53 == 0 {
+                                fs.sync().unwrap();
+                            }
+                        }
+                        for (f, data, half) in open {
+                            f.write_at(&data[half..], half as u64).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap();
+            }
+        }
+    });
+    fs.sync().unwrap();
+    assert_eq!(fs.stats().dirty_pages, 0);
+    for t in 0..4u64 {
+        for i in 0..150u64 {
+            let seed = t * 1000 + i;
+            assert_eq!(read_all(&fs, &format!("w{t}-{i}")), bytes(seed, 2000 + (seed as usize * 131) % 20_000));
+        }
+    }
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    for t in 0..4u64 {
+        for i in 0..150u64 {
+            let seed = t * 1000 + i;
+            assert_eq!(read_all(&fs, &format!("w{t}-{i}")), bytes(seed, 2000 + (seed as usize * 131) % 20_000));
+        }
+    }
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+/// A device error on one file of a sync that writes many together: that
+/// file keeps its pages dirty (and readable), the others are written, the
+/// sync reports the error, and once the failing file is gone a sync succeeds.
+#[test]
+fn a_device_error_on_one_file_of_a_many_file_sync_keeps_that_one_dirty_and_writes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, faulty) = faulty_twin(dir.path(), 8);
+    let fs = mount_spec(&faulty, MountOptions::default());
+    let victim = fs.create("victim").unwrap(); // its blocks come first: in the failing range
+    let others: Vec<_> = (0..20u64).map(|i| fs.create(format!("other{i}")).unwrap()).collect();
+    fs.sync().unwrap();
+    victim.write_at(&bytes(1, 32 * 1024), 0).unwrap();
+    for (i, f) in others.iter().enumerate() {
+        f.write_at(&bytes(100 + i as u64, 10_000), 0).unwrap();
+    }
+    let e = fs.sync().unwrap_err();
+    assert!(e.to_string().contains("device error on write"), "{e}");
+    assert_eq!(fs.stats().dirty_pages, 8, "the victim's pages, dirty again");
+    let mut back = vec![0u8; 32 * 1024];
+    assert_eq!(victim.read_at(&mut back, 0).unwrap(), back.len());
+    assert_eq!(back, bytes(1, 32 * 1024));
+    drop(victim);
+    fs.unlink("victim").unwrap();
+    assert_eq!(fs.stats().dirty_pages, 0, "dropped with the file");
+    fs.sync().unwrap();
+    drop(others);
+    fs.unmount().unwrap();
+    let fs = mount_spec(&plain, MountOptions::default());
+    for i in 0..20u64 {
+        assert_eq!(read_all(&fs, &format!("other{i}")), bytes(100 + i, 10_000));
+    }
+    assert!(!fs.exists("victim"));
+    fs.unmount().unwrap();
+    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    assert!(check::check(eng).unwrap().is_clean());
+}

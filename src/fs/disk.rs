@@ -210,9 +210,15 @@ impl<'a> Batch<'a> {
 
     /// Queues a write of `buf` (whole blocks, aligned) at `block`.
     pub fn write(&mut self, block: u64, buf: &'a [u8]) -> Result<()> {
+        self.write_tagged(block, buf, 0)
+    }
+
+    /// Queues a write of `buf` (whole blocks, aligned) at `block` whose
+    /// completion carries `tag` ([`Batch::wait_each`]).
+    pub fn write_tagged(&mut self, block: u64, buf: &'a [u8], tag: u64) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         // SAFETY: `buf` is borrowed for 'a, which outlives the batch's waiting for it.
-        unsafe { self.submit(Op::Write, block, buf.as_ptr().cast_mut(), buf.len(), 0) }
+        unsafe { self.submit(Op::Write, block, buf.as_ptr().cast_mut(), buf.len(), tag) }
     }
 
     /// Queues a write of `buf` at `block` that is durable when it completes

@@ -10,14 +10,13 @@
 //! same transaction that the fsync commits.
 
 use super::cache::Page;
-use super::disk::{Batch, Disk};
-use super::format::{BLOCK, BLOCK_U64, Block, zero_block};
+use super::format::{BLOCK, BLOCK_U64};
+use super::writeback::{self, Writeback};
 use super::{
     File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, Meta, NodeState, extents, file_error, fsync_path, now_ns, read_path,
 };
 use crate::IoBuf;
 use crate::error::Result;
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 
@@ -35,137 +34,6 @@ impl std::fmt::Debug for File {
             .field("size", &state.inode.size)
             .field("direct", &self.direct)
             .finish()
-    }
-}
-
-/// A file's dirty pages copied out for writing: contiguous ones in one buffer.
-pub(super) struct Writeback {
-    /// (device block, buffer of whole blocks).
-    runs: Vec<(u64, IoBuf)>,
-    /// The file blocks and their pages, as they were taken from the dirty set.
-    pages: BTreeMap<u64, Arc<Page>>,
-}
-
-impl Writeback {
-    /// Copies the file's dirty pages out (clearing their dirty mark; `restore` puts it back).
-    fn take(state: &mut NodeState) -> Writeback {
-        let pages = std::mem::take(&mut state.dirty);
-        let mut runs: Vec<(u64, u64, Vec<&Arc<Page>>)> = Vec::new(); // (first file block, device block, pages)
-        for (&block, page) in &pages {
-            let (physical, _) = extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped");
-            match runs.last_mut() {
-                Some((b, p, v))
-                    if *b + v.len() as u64 == block
-                        && *p + v.len() as u64 == physical
-                        && v.len() < MAX_IO_BLOCKS as usize =>
-                {
-                    v.push(page)
-                }
-                _ => runs.push((block, physical, vec![page])),
-            }
-        }
-        let runs = runs
-            .into_iter()
-            .map(|(_, physical, pages)| {
-                let mut buf = IoBuf::new(pages.len() * BLOCK);
-                for (i, page) in pages.iter().enumerate() {
-                    let mut data = page.data.write().expect("page lock poisoned");
-                    buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&data.buf);
-                    data.dirty = false;
-                }
-                (physical, buf)
-            })
-            .collect();
-        Writeback { runs, pages }
-    }
-
-    /// Whether there is nothing to write.
-    pub(super) fn is_empty(&self) -> bool {
-        self.runs.is_empty()
-    }
-
-    /// Queues the writes on a batch.
-    pub(super) fn submit<'a>(&'a self, batch: &mut Batch<'a>) -> Result<()> {
-        for (physical, buf) in &self.runs {
-            batch.write(*physical, buf)?;
-        }
-        Ok(())
-    }
-
-    /// Writes everything, all in flight together, and waits.
-    pub(super) fn write(&self, disk: &Disk) -> Result<()> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        let mut batch = disk.batch()?;
-        self.submit(&mut batch)?;
-        batch.wait()
-    }
-
-    /// The device blocks written, run by run.
-    pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.runs.iter().flat_map(|(physical, buf)| *physical..*physical + (buf.len() / BLOCK) as u64)
-    }
-
-    /// The blocks and their contents, one image per block (what the `journaled`
-    /// fsync path puts in its transaction).
-    pub(super) fn images(&self) -> Vec<(u64, Block)> {
-        let mut out = Vec::new();
-        for (physical, buf) in &self.runs {
-            for (i, chunk) in buf.chunks(BLOCK).enumerate() {
-                let mut image = zero_block();
-                image.copy_from_slice(chunk);
-                out.push((physical + i as u64, image));
-            }
-        }
-        out
-    }
-
-    /// The data is (or, on the aios fsync path, is about to be) on the device:
-    /// mark the blocks written in the file's map. `in_place`: the data is
-    /// written to its blocks only, not also journaled (every caller but the
-    /// `journaled` fsync path's own data), so the transaction that takes
-    /// these changes must order its commit behind the data.
-    pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState, in_place: bool) {
-        if self.is_empty() {
-            return;
-        }
-        let mut meta = fs.meta();
-        if in_place && meta.wrote_in_place(|| self.blocks()) {
-            // An older image of one of these blocks is in the journal: the next fsync
-            // must commit (and that commit checkpoints first), not just flush.
-            state.meta_tid = meta.tid;
-            state.layout_tid = meta.tid;
-        }
-        let mut changed = false;
-        // One call per run of consecutive blocks (the pages are in block order).
-        let mut blocks = self.pages.keys().copied().peekable();
-        while let Some(first) = blocks.next() {
-            let mut end = first + 1;
-            while blocks.next_if_eq(&end).is_some() {
-                end += 1;
-            }
-            changed |= extents::mark_written(&mut state.inode.extents, first, end);
-        }
-        if state.dirty.is_empty() && state.disk_size != state.inode.size {
-            // Everything below the size is on the device now: the inode may say so.
-            state.disk_size = state.inode.size;
-            changed = true;
-        }
-        // Marking can only shrink the map (neighbours merge): this cannot run out of space.
-        if changed && state.store(fs, &mut meta).is_ok() {
-            state.meta_tid = meta.tid;
-            state.layout_tid = meta.tid;
-        }
-        fs.cache.count_writeback(self.pages.len() as u64);
-    }
-
-    /// The write failed: the pages are dirty again.
-    fn restore(self, state: &mut NodeState) {
-        for (block, page) in self.pages {
-            page.data.write().expect("page lock poisoned").dirty = true;
-            state.dirty.insert(block, page);
-        }
     }
 }
 
@@ -408,7 +276,7 @@ impl File {
                 .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
             d.dirty = true;
             drop(d);
-            state.dirty.insert(block, page);
+            state.dirty_page(fs, &self.node, block, page);
         }
         let mut meta = fs.meta();
         if end_byte > state.inode.size {
@@ -423,7 +291,8 @@ impl File {
         if state.dirty.len() > fs.cache.capacity() / 4 {
             self.writeback(state)?;
         }
-        Ok(())
+        // Too much dirty data in all files: the oldest files go back, together.
+        writeback::keep_to_budget(fs, &self.node, state)
     }
 
     /// The cached page of `block` for a write; `whole`: the write covers it all.
@@ -471,7 +340,7 @@ impl File {
         d.buf[(size % BLOCK_U64) as usize..].fill(0);
         d.dirty = true;
         drop(d);
-        state.dirty.insert(block, page);
+        state.dirty_page(&self.fs, &self.node, block, page);
         Ok(())
     }
 
@@ -693,7 +562,7 @@ impl File {
 
     /// Writes the file's dirty pages to the device (not durable until a commit).
     fn writeback(&self, state: &mut NodeState) -> Result<()> {
-        writeback_all(&self.fs, state)
+        writeback::write_back_file(&self.fs, state)
     }
 
     /// Makes the file's data and metadata durable.
@@ -729,7 +598,7 @@ impl File {
         let mut state = self.state_write();
         self.live(&state, op)?;
         fs.check_writable(op, &state.inode.name)?;
-        let wb = Writeback::take(&mut state);
+        let wb = Writeback::take(fs, &mut state);
         let mut journal = match fs.journal.try_lock() {
             Ok(journal) => journal,
             Err(TryLockError::WouldBlock) => return group_commit(fs, wb, state),
@@ -739,7 +608,7 @@ impl File {
         let result = fsync_path::commit(fs, &mut journal, Some((&wb, &mut state)));
         drop(journal);
         fs.end_commit();
-        result.inspect_err(|_| wb.restore(&mut state))
+        result.inspect_err(|_| wb.restore(fs, &mut state))
     }
 }
 
@@ -754,7 +623,7 @@ impl File {
 fn group_commit(fs: &Inner, wb: Writeback, mut state: RwLockWriteGuard<'_, NodeState>) -> Result<()> {
     let t = fs.steps.start();
     if let Err(e) = wb.write(&fs.disk) {
-        wb.restore(&mut state);
+        wb.restore(fs, &mut state);
         return Err(e);
     }
     wb.finish(fs, &mut state, true);
@@ -765,24 +634,6 @@ fn group_commit(fs: &Inner, wb: Writeback, mut state: RwLockWriteGuard<'_, NodeS
     // changed no metadata.
     let open = fs.meta().tid;
     fs.sync_through(open) // counts the sync
-}
-
-/// Writes back every dirty page of `state` (for `sync` and unmount).
-pub(super) fn writeback_all(fs: &Inner, state: &mut NodeState) -> Result<()> {
-    if state.dirty.is_empty() {
-        return Ok(());
-    }
-    let wb = Writeback::take(state);
-    match wb.write(&fs.disk) {
-        Ok(()) => {
-            wb.finish(fs, state, true);
-            Ok(())
-        }
-        Err(e) => {
-            wb.restore(state);
-            Err(e)
-        }
-    }
 }
 
 impl Clone for File {

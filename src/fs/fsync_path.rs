@@ -29,9 +29,9 @@
 //! checkpoint never writes a data image home (it was written home with it,
 //! and may have been overwritten since).
 
-use super::file::Writeback;
 use super::format::Block;
 use super::journal::Journal;
+use super::writeback::Writeback;
 use super::{Inner, NodeState};
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -293,7 +293,7 @@ fn overlapped(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut 
     {
         let mut batch = fs.disk.batch()?;
         if let Some(wb) = wb {
-            wb.submit(&mut batch)?;
+            wb.submit(&mut batch, 0)?;
             batch.send()?;
         }
         let p = prepared.insert(journal.prepare(&fs.disk, images)?);
@@ -354,7 +354,7 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
     {
         let mut batch = fs.disk.batch()?;
         if let Some((wb, _)) = own {
-            wb.submit(&mut batch)?;
+            wb.submit(&mut batch, 0)?;
         }
         // Without an ordering point the journal blocks go with forced unit access:
         // durable when they complete, with no flush after (the home writes need

@@ -63,6 +63,7 @@ pub mod namespace;
 pub mod read_path;
 pub mod readahead;
 pub mod steps;
+mod writeback;
 
 use crate::IoBuf;
 use crate::engine::Engine;
@@ -235,6 +236,8 @@ pub struct FsStats {
     pub device_written_bytes: u64,
     /// Free blocks now.
     pub free_blocks: u64,
+    /// Pages written through the cache and not yet written back.
+    pub dirty_pages: u64,
     /// The page cache's counters.
     pub cache: CacheStats,
 }
@@ -306,6 +309,8 @@ struct Inner {
     commit_ended: crate::path::waiter::Doorbell,
     /// Set when a commit failed: the in-memory and on-device metadata may disagree.
     aborted: AtomicBool,
+    /// Dirty pages, and the files that hold them.
+    dirty: writeback::DirtyFiles,
     unmounted: AtomicBool,
     syncs: AtomicU64,
     shared_commits: AtomicU64,
@@ -337,6 +342,8 @@ struct Node {
     /// Open [`File`] handles (an unlink while some are open makes an orphan).
     /// Counted up under the metadata lock, which an unlink holds to read it.
     handles: AtomicUsize,
+    /// In the dirty-file queue ([`writeback::DirtyFiles`]); changed under `state`'s lock.
+    queued: AtomicBool,
 }
 
 /// What an inode slot holds while mounted.
@@ -478,8 +485,10 @@ impl Meta {
         Ok(())
     }
 
-    /// Frees a file's blocks and slot (unlink, or the target of a rename).
-    fn drop_inode(&mut self, sb: &Superblock, slot: u32, state: &mut NodeState) {
+    /// Frees a file's blocks and slot (unlink, or the target of a rename);
+    /// returns how many dirty pages it dropped (for [`writeback::DirtyFiles::forget`]).
+    #[must_use]
+    fn drop_inode(&mut self, sb: &Superblock, slot: u32, state: &mut NodeState) -> usize {
         for e in std::mem::take(&mut state.inode.extents) {
             self.free_data(sb, e.physical, e.len as u64);
         }
@@ -493,12 +502,14 @@ impl Meta {
         self.dirty.insert(self.inode_block(sb, slot));
         self.ns.remove_slot(slot);
         self.slots[slot as usize] = Slot::Free;
-        for page in std::mem::take(&mut state.dirty).into_values() {
+        let dirty = std::mem::take(&mut state.dirty);
+        for page in dirty.values() {
             page.data.write().expect("page lock poisoned").dirty = false;
         }
         state.live = false;
         state.meta_tid = self.tid;
         state.layout_tid = self.tid;
+        dirty.len()
     }
 
     /// Takes the running transaction: its images, and the runs it freed.
@@ -653,7 +664,8 @@ impl FileSystem {
             // Unlinked while open, and the crash came before the last close.
             let node = Arc::clone(meta.file(slot).expect("an orphan is a file"));
             let mut state = node.state.write().expect("file lock poisoned");
-            meta.drop_inode(&sb, slot, &mut state);
+            let dropped = meta.drop_inode(&sb, slot, &mut state);
+            debug_assert_eq!(dropped, 0, "nothing is dirty at mount");
         }
         let files = meta.slots.iter().filter(|s| matches!(s, Slot::File(_))).count();
         let dirs = meta.slots.iter().filter(|s| matches!(s, Slot::Dir(_))).count();
@@ -674,6 +686,7 @@ impl FileSystem {
             commits_ended: AtomicU64::new(0),
             commit_ended: crate::path::waiter::Doorbell::default(),
             aborted: AtomicBool::new(false),
+            dirty: writeback::DirtyFiles::default(),
             unmounted: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             shared_commits: AtomicU64::new(0),
@@ -754,6 +767,7 @@ impl FileSystem {
             device_read_bytes: c.read_bytes.load(Ordering::Relaxed),
             device_written_bytes: c.written_bytes.load(Ordering::Relaxed),
             free_blocks: fs.meta().alloc.free_blocks(),
+            dirty_pages: fs.dirty.pages() as u64,
             cache: fs.cache.stats(),
         }
     }
@@ -877,12 +891,7 @@ impl Inner {
     /// Writes back every file's dirty pages, then commits.
     fn sync_all(&self) -> Result<()> {
         let nodes: Vec<Arc<Node>> = self.meta().files().collect();
-        for node in nodes {
-            let mut state = node.state.write().expect("file lock poisoned");
-            if state.live {
-                file::writeback_all(self, &mut state)?;
-            }
-        }
+        writeback::write_back_all(self, nodes)?;
         self.sync_metadata()
     }
 
@@ -934,6 +943,7 @@ impl Node {
             state: RwLock::new(state),
             readahead: ReadAhead::default(),
             handles: AtomicUsize::new(0),
+            queued: AtomicBool::new(false),
         })
     }
 }

@@ -396,7 +396,7 @@ impl Meta {
         let (parent, _) = self.ns.link_of(node.slot).cloned().expect("a linked file");
         self.ns.remove_slot(node.slot);
         if node.handles.load(Ordering::Acquire) == 0 {
-            self.drop_inode(&fs.sb, node.slot, state);
+            fs.dirty.forget(self.drop_inode(&fs.sb, node.slot, state));
         } else {
             state.inode.orphan = true;
             state.inode.ctime_ns = now;
@@ -819,7 +819,7 @@ impl File {
         }
         let mut meta = fs.meta();
         if self.node.handles.load(Ordering::Acquire) == 0 {
-            meta.drop_inode(&fs.sb, self.node.slot, &mut state);
+            fs.dirty.forget(meta.drop_inode(&fs.sb, self.node.slot, &mut state));
         }
     }
 }

@@ -1,0 +1,399 @@
+//! Writeback: dirty cached pages to the device, one file's or many files'
+//! together, and the dirty budget that bounds how much of the cache written
+//! data may hold.
+//!
+//! A write through the cache only dirties pages. `fsync`, `fdatasync`, a
+//! truncate, a direct access to the file, a file system `sync` (and so an
+//! unmount or a process's exit), or the budget write them back. Many files
+//! go out together: every file's runs are in flight in one batch, so a
+//! `sync` after thousands of small files (`tar x`) costs about one device
+//! round trip per batch, not one per file.
+//!
+//! The budget (the kernel's dirty ratios, in small): every file with dirty
+//! pages is in a queue, oldest first; when more than half the cache is
+//! dirty, the writer that crossed the line writes back the oldest files,
+//! together, until a quarter is, then goes on. Without it a program that
+//! writes many small files and never syncs them pinned every page it wrote
+//! in memory until it exited (dirty pages cannot be evicted), and wrote
+//! them all back then, file after file.
+
+use super::cache::Page;
+use super::disk::{Batch, Disk};
+use super::format::{BLOCK, Block, zero_block};
+use super::{Inner, MAX_IO_BLOCKS, Node, NodeState, extents};
+use crate::IoBuf;
+use crate::error::Result;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLockWriteGuard};
+
+/// Files written back together at most (each one's lock is held meanwhile).
+const FILES_PER_BATCH: usize = 256;
+
+/// Pages copied out for one batch at most (16 MiB: the copies are memory too).
+const PAGES_PER_BATCH: usize = 4096;
+
+/// Below this many queued files the queue is never pruned of clean ones.
+const PRUNE_FLOOR: usize = 1024;
+
+/// A file's dirty pages copied out for writing: contiguous ones in one buffer.
+pub(super) struct Writeback {
+    /// (device block, buffer of whole blocks).
+    runs: Vec<(u64, IoBuf)>,
+    /// The file blocks and their pages, as they were taken from the dirty set.
+    pages: BTreeMap<u64, Arc<Page>>,
+}
+
+impl Writeback {
+    /// Copies the file's dirty pages out (clearing their dirty mark; `restore` puts it back).
+    pub(super) fn take(fs: &Inner, state: &mut NodeState) -> Writeback {
+        let pages = std::mem::take(&mut state.dirty);
+        fs.dirty.forget(pages.len());
+        let mut runs: Vec<(u64, u64, Vec<&Arc<Page>>)> = Vec::new(); // (first file block, device block, pages)
+        for (&block, page) in &pages {
+            let (physical, _) = extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped");
+            match runs.last_mut() {
+                Some((b, p, v))
+                    if *b + v.len() as u64 == block
+                        && *p + v.len() as u64 == physical
+                        && v.len() < MAX_IO_BLOCKS as usize =>
+                {
+                    v.push(page)
+                }
+                _ => runs.push((block, physical, vec![page])),
+            }
+        }
+        let runs = runs
+            .into_iter()
+            .map(|(_, physical, pages)| {
+                let mut buf = IoBuf::new(pages.len() * BLOCK);
+                for (i, page) in pages.iter().enumerate() {
+                    let mut data = page.data.write().expect("page lock poisoned");
+                    buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&data.buf);
+                    data.dirty = false;
+                }
+                (physical, buf)
+            })
+            .collect();
+        Writeback { runs, pages }
+    }
+
+    /// Whether there is nothing to write.
+    pub(super) fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Queues the writes on a batch; their completions carry `tag`.
+    pub(super) fn submit<'a>(&'a self, batch: &mut Batch<'a>, tag: u64) -> Result<()> {
+        for (physical, buf) in &self.runs {
+            batch.write_tagged(*physical, buf, tag)?;
+        }
+        Ok(())
+    }
+
+    /// Writes everything, all in flight together, and waits.
+    pub(super) fn write(&self, disk: &Disk) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let mut batch = disk.batch()?;
+        self.submit(&mut batch, 0)?;
+        batch.wait()
+    }
+
+    /// The device blocks written, run by run.
+    pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.runs.iter().flat_map(|(physical, buf)| *physical..*physical + (buf.len() / BLOCK) as u64)
+    }
+
+    /// The blocks and their contents, one image per block (what the `journaled`
+    /// fsync path puts in its transaction).
+    pub(super) fn images(&self) -> Vec<(u64, Block)> {
+        let mut out = Vec::new();
+        for (physical, buf) in &self.runs {
+            for (i, chunk) in buf.chunks(BLOCK).enumerate() {
+                let mut image = zero_block();
+                image.copy_from_slice(chunk);
+                out.push((physical + i as u64, image));
+            }
+        }
+        out
+    }
+
+    /// The data is (or, on the aios fsync path, is about to be) on the device:
+    /// mark the blocks written in the file's map. `in_place`: the data is
+    /// written to its blocks only, not also journaled (every caller but the
+    /// `journaled` fsync path's own data), so the transaction that takes
+    /// these changes must order its commit behind the data.
+    pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState, in_place: bool) {
+        if self.is_empty() {
+            return;
+        }
+        let mut meta = fs.meta();
+        if in_place && meta.wrote_in_place(|| self.blocks()) {
+            // An older image of one of these blocks is in the journal: the next fsync
+            // must commit (and that commit checkpoints first), not just flush.
+            state.meta_tid = meta.tid;
+            state.layout_tid = meta.tid;
+        }
+        let mut changed = false;
+        // One call per run of consecutive blocks (the pages are in block order).
+        let mut blocks = self.pages.keys().copied().peekable();
+        while let Some(first) = blocks.next() {
+            let mut end = first + 1;
+            while blocks.next_if_eq(&end).is_some() {
+                end += 1;
+            }
+            changed |= extents::mark_written(&mut state.inode.extents, first, end);
+        }
+        if state.dirty.is_empty() && state.disk_size != state.inode.size {
+            // Everything below the size is on the device now: the inode may say so.
+            state.disk_size = state.inode.size;
+            changed = true;
+        }
+        // Marking can only shrink the map (neighbours merge): this cannot run out of space.
+        if changed && state.store(fs, &mut meta).is_ok() {
+            state.meta_tid = meta.tid;
+            state.layout_tid = meta.tid;
+        }
+        fs.cache.count_writeback(self.pages.len() as u64);
+    }
+
+    /// The write failed: the pages are dirty again (a page the file wrote
+    /// anew meanwhile stays as it is now).
+    pub(super) fn restore(self, fs: &Inner, state: &mut NodeState) {
+        for (block, page) in self.pages {
+            if let std::collections::btree_map::Entry::Vacant(slot) = state.dirty.entry(block) {
+                page.data.write().expect("page lock poisoned").dirty = true;
+                slot.insert(page);
+                fs.dirty.pages.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Every dirty page of `state` to the device, waited for (no commit).
+pub(super) fn write_back_file(fs: &Inner, state: &mut NodeState) -> Result<()> {
+    if state.dirty.is_empty() {
+        return Ok(());
+    }
+    write_together(fs, &mut [state])
+}
+
+/// The dirty pages of every file, and the files that hold them.
+#[derive(Default)]
+pub(super) struct DirtyFiles {
+    /// Pages dirty in all files together.
+    pages: AtomicUsize,
+    /// Files that may hold dirty pages, oldest first, each at most once
+    /// ([`Node::queued`]); every file with dirty pages is here (or in the
+    /// hands of a thread writing it back, which puts it back if it stays
+    /// dirty).
+    queue: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    files: VecDeque<Arc<Node>>,
+    /// Length above which adding a file first drops the clean ones.
+    prune_at: usize,
+}
+
+impl DirtyFiles {
+    /// Pages dirty now.
+    pub(super) fn pages(&self) -> usize {
+        self.pages.load(Ordering::Relaxed)
+    }
+
+    /// `n` dirty pages left the dirty sets (taken for writing, or dropped with their file).
+    pub(super) fn forget(&self, n: usize) {
+        let before = self.pages.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(before >= n, "dirty page count below zero: {before} - {n}");
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().expect("dirty queue poisoned")
+    }
+
+    /// Puts `node` at the back of the queue if it is not in it; the caller
+    /// holds its state lock.
+    fn enqueue(&self, node: &Arc<Node>) {
+        if node.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut q = self.queue();
+        if q.files.len() >= q.prune_at.max(PRUNE_FLOOR) {
+            // Files synced or written back by their own fsync stay queued until
+            // popped: drop the clean ones (their flag under their lock, so a
+            // writer that dirties one meanwhile queues it again), else a program
+            // that makes, syncs and deletes a file per transaction grew the queue
+            // for ever. A file whose lock is busy stays.
+            q.files.retain(|n| match n.state.try_read() {
+                Ok(s) if s.dirty.is_empty() => {
+                    n.queued.store(false, Ordering::Release);
+                    false
+                }
+                _ => true,
+            });
+            q.prune_at = 2 * q.files.len();
+        }
+        q.files.push_back(Arc::clone(node));
+    }
+}
+
+impl NodeState {
+    /// Marks `page` (the file's block `block`) dirty; `node` is this state's file.
+    pub(super) fn dirty_page(&mut self, fs: &Inner, node: &Arc<Node>, block: u64, page: Arc<Page>) {
+        if self.dirty.insert(block, page).is_none() {
+            fs.dirty.pages.fetch_add(1, Ordering::Relaxed);
+        }
+        fs.dirty.enqueue(node);
+    }
+}
+
+/// The budget: if more than half the cache is dirty, writes back the oldest
+/// files together until a quarter is. The caller holds `own`'s lock (as
+/// `state`): that file is written with the others if its turn comes; a file
+/// another thread holds is left for later.
+pub(super) fn keep_to_budget(fs: &Inner, own: &Arc<Node>, state: &mut NodeState) -> Result<()> {
+    let capacity = fs.cache.capacity();
+    if fs.dirty.pages() <= capacity / 2 {
+        return Ok(());
+    }
+    while fs.dirty.pages() > capacity / 4 {
+        // The oldest files, as many as a batch takes.
+        let picked: Vec<Arc<Node>> = {
+            let mut q = fs.dirty.queue();
+            let n = q.files.len().min(FILES_PER_BATCH);
+            q.files.drain(..n).collect()
+        };
+        if picked.is_empty() {
+            return Ok(());
+        }
+        // Their locks without waiting: one another thread holds goes back in the queue.
+        let mut back = Vec::new();
+        let mut guards: Vec<(&Arc<Node>, RwLockWriteGuard<'_, NodeState>)> = Vec::new();
+        let mut own_picked = false;
+        let mut pages = 0;
+        for node in &picked {
+            if pages >= PAGES_PER_BATCH {
+                back.push(Arc::clone(node));
+            } else if Arc::ptr_eq(node, own) {
+                own_picked = true;
+                pages += state.dirty.len();
+            } else {
+                match node.state.try_write() {
+                    Ok(g) if g.dirty.is_empty() => node.queued.store(false, Ordering::Release),
+                    Ok(g) => {
+                        pages += g.dirty.len();
+                        guards.push((node, g));
+                    }
+                    Err(_) => back.push(Arc::clone(node)),
+                }
+            }
+        }
+        let mut states: Vec<&mut NodeState> = guards.iter_mut().map(|(_, g)| &mut **g).collect();
+        if own_picked {
+            states.push(&mut *state);
+        }
+        let wrote = !states.is_empty();
+        let result = write_together(fs, &mut states);
+        drop(states);
+        // Written: out of the queue. Still dirty (its write failed): back in it.
+        for (node, g) in &guards {
+            if g.dirty.is_empty() {
+                node.queued.store(false, Ordering::Release);
+            } else {
+                back.push(Arc::clone(node));
+            }
+        }
+        if own_picked {
+            if state.dirty.is_empty() {
+                own.queued.store(false, Ordering::Release);
+            } else {
+                back.push(Arc::clone(own));
+            }
+        }
+        drop(guards);
+        fs.dirty.queue().files.extend(back);
+        result?;
+        if !wrote {
+            return Ok(()); // every file it found was busy or clean: a later write goes on
+        }
+    }
+    Ok(())
+}
+
+/// Every file's dirty pages to the device, many files together (a file
+/// system `sync`; no commit). The caller holds no file's lock.
+pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>) -> Result<()> {
+    let mut pending: VecDeque<Arc<Node>> = nodes.into();
+    while !pending.is_empty() {
+        let n = pending.len().min(FILES_PER_BATCH);
+        let group: Vec<Arc<Node>> = pending.drain(..n).collect();
+        // The first file of a batch is waited for (nothing else is held then);
+        // the others are taken only if free, else they come again later.
+        let mut guards = vec![group[0].state.write().expect("file lock poisoned")];
+        let mut pages = guards[0].dirty.len();
+        for node in &group[1..] {
+            if pages >= PAGES_PER_BATCH {
+                pending.push_back(Arc::clone(node));
+                continue;
+            }
+            match node.state.try_write() {
+                Ok(g) => {
+                    pages += g.dirty.len();
+                    guards.push(g);
+                }
+                Err(_) => pending.push_back(Arc::clone(node)),
+            }
+        }
+        let mut states: Vec<&mut NodeState> =
+            guards.iter_mut().filter(|g| g.live && !g.dirty.is_empty()).map(|g| &mut **g).collect();
+        write_together(fs, &mut states)?;
+    }
+    Ok(())
+}
+
+/// Writes the dirty pages of every file in `states` back in one batch, all in
+/// flight together, and waits. A file whose write failed keeps its pages
+/// dirty; the first error is returned.
+fn write_together(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
+    let writebacks: Vec<Writeback> = states.iter_mut().map(|s| Writeback::take(fs, s)).collect();
+    let mut failed = vec![false; writebacks.len()];
+    let mut first_error = None;
+    match fs.disk.batch() {
+        Err(e) => {
+            failed.iter_mut().for_each(|f| *f = true);
+            first_error = Some(e);
+        }
+        Ok(mut batch) => {
+            for (i, wb) in writebacks.iter().enumerate() {
+                if let Err(e) = wb.submit(&mut batch, i as u64) {
+                    // This file and the rest are not (all) sent: they stay dirty.
+                    failed[i..].iter_mut().for_each(|f| *f = true);
+                    first_error = Some(e);
+                    break;
+                }
+            }
+            let waited = batch.wait_each(|tag, result| {
+                if let Err(e) = result {
+                    failed[tag as usize] = true;
+                    first_error.get_or_insert(e);
+                }
+            });
+            if let Err(e) = waited {
+                failed.iter_mut().for_each(|f| *f = true);
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    for ((wb, state), failed) in writebacks.into_iter().zip(states.iter_mut()).zip(failed) {
+        if failed {
+            wb.restore(fs, state);
+        } else {
+            wb.finish(fs, state, true);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
