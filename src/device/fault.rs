@@ -66,10 +66,14 @@ impl Trigger {
 pub struct FaultConfig {
     /// The Nth command (1-based) is refused: handed back failed as a whole.
     pub fail_nth: Option<u64>,
-    /// Segments that overlap `[start, end)` fail; the rest of their command succeeds.
+    /// Segments that overlap `[start, end)` fail; the rest of their command
+    /// succeeds. With `fail_rate`, only those segments may fail, with that probability.
     pub fail_range: Option<(u64, u64)>,
-    /// Each segment fails with this probability.
+    /// Each segment fails with this probability (of `fail_range`'s, if given).
     pub fail_rate: f64,
+    /// Only commands of this kind meet `fail_range` and `fail_rate` (SPDK's
+    /// error bdev's per-I/O-type errors); `None`: every kind.
+    pub fail_op: Option<Op>,
     /// When `commit` fails (the commands it would have sent come back failed).
     pub commit_fail: Trigger,
     /// When `reap` / `wait` fail (nothing is handed back; commands stay in flight).
@@ -94,6 +98,7 @@ pub const KNOWN: &[&str] = &[
     "fail_nth",
     "fail_range",
     "fail_rate",
+    "fail_op",
     "commit_fail_nth",
     "commit_fail_rate",
     "wait_fail_nth",
@@ -151,6 +156,16 @@ impl FaultConfig {
             }
         };
         f.fail_rate = rate(opts, "fail_rate")?;
+        f.fail_op = match opts.take("fail_op").as_deref() {
+            None | Some("any") => None,
+            Some("read") => Some(Op::Read),
+            Some("write") => Some(Op::Write),
+            Some(other) => {
+                return Err(opts.error(format!(
+                    "fail_op={other}: read, write or any (which commands fail_range and fail_rate fail)"
+                )));
+            }
+        };
         f.spike_rate = rate(opts, "spike_rate")?;
         f.commit_fail.rate = rate(opts, "commit_fail_rate")?;
         f.wait_fail.rate = rate(opts, "wait_fail_rate")?;
@@ -184,6 +199,9 @@ impl FaultConfig {
         opt("wait_fail_nth", self.wait_fail.nth);
         if let Some((a, b)) = self.fail_range {
             parts.push(format!("fail_range={a}-{b}"));
+        }
+        if let Some(op) = self.fail_op {
+            parts.push(format!("fail_op={}", op.name()));
         }
         for (name, v) in [
             ("fail_rate", self.fail_rate),
@@ -360,10 +378,16 @@ fn poison(ptr: *mut u8, len: usize, stamp: u64) {
 }
 
 impl FaultQueue {
-    fn segment_fails(&mut self, offset: u64, len: u32) -> bool {
+    fn segment_fails(&mut self, op: Op, offset: u64, len: u32) -> bool {
         let f = &self.shared.config;
-        let in_range = f.fail_range.is_some_and(|(a, b)| offset < b && offset + len as u64 > a);
-        in_range || (f.fail_rate > 0.0 && self.rng.f64() < f.fail_rate)
+        if f.fail_op.is_some_and(|o| o != op) {
+            return false;
+        }
+        // A range alone fails all of it; a rate alone any segment; both: the range's
+        // segments with that probability.
+        let in_range = f.fail_range.is_none_or(|(a, b)| offset < b && offset + len as u64 > a);
+        let dice = if f.fail_rate > 0.0 { self.rng.f64() < f.fail_rate } else { f.fail_range.is_some() };
+        in_range && dice
     }
 
     /// Builds the flight of a command: seals the caller's buffers, prepares
@@ -383,7 +407,7 @@ impl FaultQueue {
                 poison(seg.buf, seg.len as usize, inner_tag ^ ((i as u64) << 48));
             }
             seal.push(seal_of(seg.buf, seg.len as usize));
-            if self.segment_fails(seg.offset, seg.len) {
+            if self.segment_fails(original.op, seg.offset, seg.len) {
                 self.shared.inject();
                 original.segments[i].result = -errno;
                 bounce.push(None);
@@ -774,12 +798,27 @@ mod tests {
     }
 
     #[test]
+    fn segment_faults_can_be_kept_to_one_kind_of_command() {
+        let dev = open("emu:null,size=1m,fail_range=0-1m,fail_op=write");
+        let mut q = dev.open_queue(&QueueConfig::depth(4)).unwrap();
+        let mut buf = IoBuf::new(4096);
+        for (op, tag, expect) in [(Op::Read, 1, 4096), (Op::Write, 2, -libc::EIO)] {
+            let c = command(op, tag, &[(0, &mut buf)]);
+            // SAFETY: the buffer outlives the wait below.
+            unsafe { q.submit(c) };
+            q.commit().unwrap();
+            assert_eq!(wait_one(q.as_mut()).segments[0].result, expect, "{op:?}");
+        }
+    }
+
+    #[test]
     fn bad_fault_options_are_explained() {
         for (spec, needle) in [
             ("emu:dram-ssd,fail_rate=2", "probability"),
             ("emu:dram-ssd,fail_nth=0", "start at 1"),
             ("emu:dram-ssd,fail_range=8k-4k", "below END"),
             ("emu:dram-ssd,errno=0", "error number"),
+            ("emu:dram-ssd,fail_op=trim", "read, write or any"),
             ("null,commit_fail_nth=x", "not a valid number"),
         ] {
             let e = DeviceSpec::parse(spec, None).err().map(|e| e.to_string()).unwrap_or_default();
