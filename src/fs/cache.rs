@@ -364,7 +364,7 @@ impl PageCache {
     /// A 4 KiB frame for a new page: a recycled one (holding old bytes: the caller
     /// overwrites or zeroes it), else a fresh zeroed allocation.
     pub fn frame(&self) -> IoBuf {
-        self.free_frames.lock().expect("cache frames poisoned").pop().unwrap_or_else(|| IoBuf::new(BLOCK))
+        self.free_frames.lock().expect("cache frames poisoned").pop().unwrap_or_else(|| IoBuf::for_overwrite(BLOCK))
     }
 
     /// Whether the page was already taken out of the index (removed after a failed load).

@@ -66,7 +66,7 @@ impl Writeback {
         let runs = runs
             .into_iter()
             .map(|(_, physical, pages)| {
-                let mut buf = IoBuf::new(pages.len() * BLOCK);
+                let mut buf = IoBuf::for_overwrite(pages.len() * BLOCK);
                 for (i, page) in pages.iter().enumerate() {
                     let mut data = page.data.write().expect("page lock poisoned");
                     buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&data.buf);
