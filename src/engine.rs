@@ -115,7 +115,22 @@ impl Engine {
 
     /// Opens a handle for the calling thread.
     pub fn handle(&self, options: HandleOptions) -> Result<Handle> {
-        Handle::new(Arc::clone(&self.shared), options)
+        Handle::new(Arc::clone(&self.shared), options, false)
+    }
+
+    /// Opens a handle that threads take turns on (one at a time, under the
+    /// caller's lock): any of them may submit, and any may reap what another
+    /// submitted (its queue is not tied to the thread that opened it).
+    pub fn handle_for_any_thread(&self, options: HandleOptions) -> Result<Handle> {
+        Handle::new(Arc::clone(&self.shared), options, true)
+    }
+
+    /// Whether [`Handle::commit`] puts every request queued before it in the
+    /// device's hands (the kernel's, for a kernel device) before it returns:
+    /// a direct dispatch on a device that submits at commit. What a process
+    /// sent that way is done even if the process dies the next moment.
+    pub fn commit_submits(&self) -> bool {
+        self.shared.path.dispatch == crate::path::DispatchKind::Direct && self.shared.capabilities.submits_at_commit
     }
 
     /// A token that dies with the engine's last clone (see [`ThreadHandles`]).
@@ -235,7 +250,7 @@ pub struct Handle {
 }
 
 impl Handle {
-    fn new(shared: Arc<Shared>, options: HandleOptions) -> Result<Handle> {
+    fn new(shared: Arc<Shared>, options: HandleOptions, any_thread: bool) -> Result<Handle> {
         let caps = shared.capabilities;
         let depth = options.depth.max(1);
         if depth > caps.queue_depth {
@@ -259,7 +274,8 @@ impl Handle {
         let queue_depth = (depth as usize + 1).max(crate::path::dispatch::serve::queue_depth_for(shared.path.pipeline));
         let queue_depth = (queue_depth as u32).min(caps.queue_depth);
         let polled = shared.path.completion != crate::path::CompletionKind::Interrupt;
-        let queue = shared.device.open_queue(&QueueConfig { depth: queue_depth, registered, polled, shared: false })?;
+        let queue =
+            shared.device.open_queue(&QueueConfig { depth: queue_depth, registered, polled, shared: any_thread })?;
         let timeout_ns = shared.path.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let mut channel = Channel::new(queue, shared.path.completion, depth as usize, queue_depth as usize, timeout_ns);
         channel.waiter_spin_ns = shared.path.waiter_spin_ns();

@@ -1966,3 +1966,94 @@ fn a_device_error_on_one_file_of_a_many_file_sync_keeps_that_one_dirty_and_write
     let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
     assert!(check::check(eng).unwrap().is_clean());
 }
+
+/// A namespace change's journal write is sent and not waited for; when it
+/// fails on the device, the next step that looks (another change, a sync)
+/// reports the error and changes stop (EROFS) until a remount, which finds
+/// a clean file system without the changes that never reached the journal.
+#[test]
+fn a_failed_journal_write_that_was_not_waited_for_stops_changes_and_loses_nothing_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = format!("emu:null,size=16m,file={}", dir.path().join("emu.img").display());
+    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    assert!(eng.commit_submits(), "a direct path on an emulated device sends at commit");
+    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount(eng).unwrap();
+    let kept = fs.create("kept").unwrap();
+    kept.write_at(&bytes(7, 9000), 0).unwrap();
+    kept.fsync().unwrap();
+    drop(kept);
+    let sb = *fs.superblock();
+    fs.unmount().unwrap();
+    let ring = (sb.journal_start * 4096, (sb.journal_start + sb.journal_blocks) * 4096);
+    let faulty = format!("{plain},fail_range={}-{},fail_op=write", ring.0, ring.1);
+    let fs = mount_spec(&faulty, MountOptions::default());
+    let mut failed = None;
+    for i in 0..20 {
+        match fs.create(format!("lost{i}")) {
+            Ok(_) => assert!(fs.stats().journal.sent > 0, "sent, not waited for"),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let failed = match failed {
+        Some(e) => e,
+        None => fs.sync().unwrap_err(), // the sync waits for them all
+    };
+    assert!(failed.to_string().contains("device error on write"), "{failed}");
+    assert_eq!(errno(fs.create("more").unwrap_err()), libc::EROFS);
+    assert!(fs.sync().is_err());
+    drop(fs);
+    let fs = mount_spec(&plain, MountOptions::default());
+    assert_eq!(read_all(&fs, "kept"), bytes(7, 9000));
+    assert!(!fs.exists("lost0"));
+    fs.unmount().unwrap();
+    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    assert!(check::check(eng).unwrap().is_clean());
+}
+
+/// A journal write the kernel gives back cancelled (the thread that sent it
+/// exited before io_uring issued it) is sent again from the buffer the
+/// journal still holds: here one in seven comes back ECANCELED at first,
+/// and every change is there after a remount.
+#[test]
+fn journal_writes_given_back_cancelled_are_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = format!("emu:null,size=16m,file={}", dir.path().join("emu.img").display());
+    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount(eng).unwrap();
+    let sb = *fs.superblock();
+    fs.unmount().unwrap();
+    let ring = (sb.journal_start * 4096, (sb.journal_start + sb.journal_blocks) * 4096);
+    let faulty = format!(
+        "{plain},fail_range={}-{},fail_op=write,fail_rate=0.15,errno={},seed=3",
+        ring.0,
+        ring.1,
+        libc::ECANCELED
+    );
+    let device = DeviceSpec::parse(&faulty, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    let (fs, _) = FileSystem::mount(Arc::clone(&eng)).unwrap();
+    for i in 0..60u64 {
+        let f = fs.create(format!("f{i}")).unwrap();
+        f.write_at(&bytes(i, 5000), 0).unwrap();
+    }
+    fs.sync().unwrap();
+    assert!(fs.stats().journal.sent >= 60, "{:?}", fs.stats().journal);
+    assert!(eng.device().stats().faults_injected > 5, "{:?}", eng.device().stats());
+    fs.unmount().unwrap();
+    let fs = mount_spec(&plain, MountOptions::default());
+    for i in 0..60u64 {
+        assert_eq!(read_all(&fs, &format!("f{i}")), bytes(i, 5000), "f{i}");
+    }
+    fs.unmount().unwrap();
+    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
+    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    assert!(check::check(eng).unwrap().is_clean());
+}

@@ -274,6 +274,7 @@ impl Device for EmuDevice {
             kernel_poll: false,
             timed: true,
             stores_data: true,
+            submits_at_commit: true,
         }
     }
 

@@ -180,6 +180,12 @@ pub struct Capabilities {
     pub timed: bool,
     /// Whether data written can be read back (false for `null`).
     pub stores_data: bool,
+    /// Whether [`Queue::commit`] hands every command submitted before it to
+    /// the device (for a kernel device: to the kernel's block layer) before
+    /// it returns. False where a thread of the device's takes them later
+    /// (io_uring with SQPOLL): a process that dies just after such a commit
+    /// may lose what it sent.
+    pub submits_at_commit: bool,
 }
 
 /// Counters a device keeps about itself; compare two snapshots to measure an interval.

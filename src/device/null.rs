@@ -55,6 +55,7 @@ impl Device for NullDevice {
             kernel_poll: false,
             timed: false,
             stores_data: false,
+            submits_at_commit: true,
         }
     }
 

@@ -63,6 +63,7 @@ impl Device for PsyncDevice {
             kernel_poll: false,
             timed: false,
             stores_data: true,
+            submits_at_commit: true,
         }
     }
 

@@ -294,6 +294,7 @@ impl Device for UringDevice {
             kernel_poll: self.shared.iopoll,
             timed: false,
             stores_data: true,
+            submits_at_commit: !self.shared.config.sqpoll,
         }
     }
 

@@ -311,3 +311,192 @@ impl Drop for Batch<'_> {
         QUEUES.with(|q| q.borrow_mut().put(&self.disk.engine, handle));
     }
 }
+
+/// Writes handed to the device and not waited for: the journal's written
+/// (not flushed) transactions. They go out on a queue of their own that any
+/// thread may use under its owner's lock, so whichever thread needs them
+/// done next can wait for them; each keeps its buffer until it is back.
+///
+/// A write the kernel gives back cancelled, interrupted or "try again" (the
+/// thread that sent it exited before io_uring could issue or reissue it) is
+/// sent again from the buffer it still holds, a few times, before it counts
+/// as failed: the same blocks at the same place, so nothing after it minds.
+pub struct Sent {
+    handle: Handle,
+    /// Buffers with writes in flight: (id, buffer, writes not yet back).
+    buffers: Vec<(u64, IoBuf, usize)>,
+    /// Writes in flight by tag.
+    writes: std::collections::HashMap<u64, SentWrite>,
+    next_id: u64,
+    /// Writes in flight at most (the device's queue may be shorter than [`SENT_DEPTH`]).
+    depth: u32,
+    completed: Vec<crate::path::channel::Completed>,
+}
+
+/// One write of a [`Sent`]: which buffer, which bytes of it, where.
+#[derive(Debug, Clone, Copy)]
+struct SentWrite {
+    buffer: u64,
+    start: usize,
+    len: usize,
+    offset: u64,
+    tries: u32,
+}
+
+/// Writes one [`Sent`] keeps in flight at most (a journal transaction is one
+/// or two, and more are waited for before the next is sent).
+pub const SENT_DEPTH: u32 = 64;
+
+/// Times a cancelled or interrupted write is sent before it counts as failed.
+const SENT_TRIES: u32 = 4;
+
+impl Sent {
+    /// A queue for writes sent and waited for later, on `disk`'s engine.
+    pub fn new(disk: &Disk) -> Result<Sent> {
+        let depth = SENT_DEPTH.min(disk.engine.device().capabilities().queue_depth);
+        let handle = disk.engine.handle_for_any_thread(HandleOptions { depth, buffers: 0, buffer_size: 0 })?;
+        Ok(Sent {
+            handle,
+            buffers: Vec::new(),
+            writes: std::collections::HashMap::new(),
+            next_id: 0,
+            depth,
+            completed: Vec::new(),
+        })
+    }
+
+    /// Writes in flight.
+    pub fn in_flight(&self) -> usize {
+        self.writes.len()
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Queues `write` (room made by waiting for earlier ones, whose errors come back here).
+    fn queue(&mut self, write: SentWrite) -> Result<()> {
+        if self.handle.queued() >= self.depth {
+            self.handle.commit()?;
+            self.reap(1)?;
+        }
+        let tag = self.id();
+        let Some((_, buf, _)) = self.buffers.iter().find(|b| b.0 == write.buffer) else {
+            unreachable!("a write's buffer is kept until the write is back");
+        };
+        let at = buf[write.start..write.start + write.len].as_ptr().cast_mut();
+        // SAFETY: the buffer stays in `self.buffers` until every write from it is
+        // back (or the queue is gone: `Drop` waits).
+        unsafe { self.handle.submit_raw_with(Op::Write, at, write.len, write.offset, tag, Durability::Cached)? };
+        self.writes.insert(tag, write);
+        if let Some(b) = self.buffers.iter_mut().find(|b| b.0 == write.buffer) {
+            b.2 += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends `pieces` of `buf` (device block, byte range), and keeps `buf`
+    /// until every piece is back; returns once the device has them
+    /// ([`Engine::commit_submits`] says whether that means the kernel's
+    /// block layer). A piece that could not be sent is an error; the pieces
+    /// before it stay in flight.
+    pub fn send(&mut self, disk: &Disk, pieces: &[(u64, std::ops::Range<usize>)], buf: IoBuf) -> Result<()> {
+        let buffer = self.id();
+        // Counted once more while it is being sent, so room made meanwhile keeps it.
+        self.buffers.push((buffer, buf, 1));
+        let mut result = Ok(());
+        'pieces: for (block, range) in pieces {
+            let mut done = 0;
+            while done < range.len() {
+                let len = (range.len() - done).min(disk.max_io);
+                let offset = block * BLOCK_U64 + done as u64;
+                let write = SentWrite { buffer, start: range.start + done, len, offset, tries: 1 };
+                if let Err(e) = self.queue(write) {
+                    result = Err(e);
+                    break 'pieces;
+                }
+                disk.counters.count(Op::Write, len);
+                done += len;
+            }
+        }
+        if let Some(b) = self.buffers.iter_mut().find(|b| b.0 == buffer) {
+            b.2 -= 1;
+        }
+        self.drop_finished_buffers();
+        let committed = self.handle.commit();
+        result.and(committed)
+    }
+
+    fn drop_finished_buffers(&mut self) {
+        self.buffers.retain(|b| b.2 > 0);
+    }
+
+    /// Takes back the writes that are done (at least `min`, waiting for them),
+    /// sending again those given back cancelled; the first error among them.
+    fn reap(&mut self, min: usize) -> Result<()> {
+        self.handle.reap(min, &mut self.completed)?;
+        let mut first = None;
+        let mut again = Vec::new();
+        for done in std::mem::take(&mut self.completed) {
+            let Some(write) = self.writes.remove(&done.tag) else { continue };
+            if let Some(b) = self.buffers.iter_mut().find(|b| b.0 == write.buffer) {
+                b.2 -= 1;
+            }
+            match done.result {
+                Ok(()) => {}
+                Err(e) if write.tries < SENT_TRIES && e.errno().is_some_and(retryable) => {
+                    again.push(SentWrite { tries: write.tries + 1, ..write });
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        for write in again {
+            if let Err(e) = self.queue(write) {
+                first.get_or_insert(e);
+            }
+        }
+        if let Err(e) = self.handle.commit() {
+            first.get_or_insert(e);
+        }
+        self.drop_finished_buffers();
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Takes back whatever is done without waiting; the first error among it.
+    pub fn look(&mut self) -> Result<()> {
+        if self.in_flight() == 0 { Ok(()) } else { self.reap(0) }
+    }
+
+    /// Waits until every write sent is back; the first error among them.
+    pub fn wait_all(&mut self) -> Result<()> {
+        let mut first = None;
+        while self.in_flight() > 0 {
+            let before = self.in_flight();
+            if let Err(e) = self.reap(1) {
+                first.get_or_insert(e);
+                if self.in_flight() >= before {
+                    // Waiting itself failed and nothing came back: do not spin on it.
+                    break;
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Errors a write meets when the kernel did not get to do it (the thread
+/// that sent it is gone, a signal, a full queue), not when the device failed it.
+fn retryable(errno: i32) -> bool {
+    matches!(errno, libc::ECANCELED | libc::EINTR | libc::EAGAIN | libc::EFAULT)
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        // The buffers must outlive the writes from them; dropping the handle after
+        // a failed wait waits out what is left (the engine's contract).
+        let _ = self.wait_all();
+    }
+}

@@ -86,6 +86,12 @@ impl FsyncPath {
 /// to the file system (`EROFS`) until a remount: on the aios path the
 /// transaction already records the data's blocks as written.
 pub(super) fn commit(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut NodeState)>) -> Result<()> {
+    // Transactions sent without waiting come first: a flush covers only writes
+    // that are back, and replay stops at the first transaction missing.
+    if let Err(e) = journal.wait_sent() {
+        fs.aborted.store(true, Ordering::Release);
+        return Err(e);
+    }
     let checkpoints_before = journal.stats().checkpoints;
     let result = match fs.options.fsync_path {
         FsyncPath::Conventional => {
@@ -125,19 +131,26 @@ pub(super) fn commit_unflushed(fs: &Inner, journal: &mut Journal) -> Result<()> 
         let mut released = Vec::new();
         if !images.is_empty() {
             let p = journal.prepare(&fs.disk, images)?;
-            // One command where the ring allows (a namespace change is usually an
-            // image or two and the commit block: one round trip either way, but one
-            // command less for the device and the completion path).
-            if let Some((first, whole)) = journal.whole_run(&p) {
-                fs.disk.write(first, whole)?;
+            if fs.disk.engine().commit_submits() {
+                // In the kernel's hands when the call returns, waited for when
+                // something needs it on the device: a create costs a submission,
+                // not a round trip (tar x: one per file).
+                released = journal.send_unflushed(&fs.disk, p)?;
             } else {
-                let mut batch = fs.disk.batch()?;
-                journal.submit_body(&mut batch, &p, false)?;
-                journal.submit_commit(&mut batch, &p, false)?;
-                batch.wait()?;
+                // One command where the ring allows (a namespace change is usually an
+                // image or two and the commit block: one round trip either way, but one
+                // command less for the device and the completion path).
+                if let Some((first, whole)) = journal.whole_run(&p) {
+                    fs.disk.write(first, whole)?;
+                } else {
+                    let mut batch = fs.disk.batch()?;
+                    journal.submit_body(&mut batch, &p, false)?;
+                    journal.submit_commit(&mut batch, &p, false)?;
+                    batch.wait()?;
+                }
+                released = journal.committed(p);
+                journal.written_unflushed();
             }
-            released = journal.committed(p);
-            journal.written_unflushed();
         }
         Ok(Committed { tid, freed, freed_meta, released, journaled_blocks: Vec::new() })
     })();

@@ -32,7 +32,7 @@
 //! their free, because replaying an older transaction would otherwise write a
 //! stale image over whatever the block holds now (jbd2's revoke problem).
 
-use super::disk::{Batch, Disk};
+use super::disk::{Batch, Disk, Sent};
 use super::format::{
     BLOCK, Block, COMMIT_TARGETS, Commit, DESCRIPTOR_TARGETS, Descriptor, JournalHeader, Superblock, body_crc, corrupt,
 };
@@ -57,6 +57,8 @@ pub struct Journal {
     held: Vec<(u64, u64)>,
     /// A transaction was written without a flush since the last one.
     unflushed: bool,
+    /// Transactions sent without waiting ([`Journal::send_unflushed`]), once one was.
+    sent: Option<Sent>,
     stats: JournalStats,
 }
 
@@ -89,6 +91,8 @@ pub struct JournalStats {
     pub journal_blocks: u64,
     /// Checkpoints.
     pub checkpoints: u64,
+    /// Of the commits, those sent without waiting ([`Journal::send_unflushed`]).
+    pub sent: u64,
 }
 
 /// Journal blocks a transaction of `images` images takes with descriptors, commit included.
@@ -114,6 +118,7 @@ impl Journal {
             pending: BTreeMap::new(),
             held: Vec::new(),
             unflushed: false,
+            sent: None,
             stats: JournalStats::default(),
         };
         let mut images: BTreeMap<u64, Block> = BTreeMap::new();
@@ -298,7 +303,7 @@ impl Journal {
         let seq = self.next_seq;
         let vid = self.sb.volume_id;
         let body_blocks = need as usize - 1;
-        let mut blocks = IoBuf::new(need as usize * BLOCK);
+        let mut blocks = IoBuf::for_overwrite(need as usize * BLOCK);
         let mut at = 0;
         let mut put = |block: &[u8]| {
             blocks[at * BLOCK..(at + 1) * BLOCK].copy_from_slice(block);
@@ -396,6 +401,34 @@ impl Journal {
         self.sb.journal_start + (p.head + p.need - 1) % self.sb.journal_blocks
     }
 
+    /// Sends the whole transaction, its commit block included, to the journal
+    /// and returns without waiting for it: it is in the device's hands (with
+    /// [`crate::Engine::commit_submits`], in the kernel's block layer, where
+    /// a process that dies the next moment does not take it back), and the
+    /// next step that needs it on the device waits for it ([`Journal::wait_sent`]:
+    /// every durable commit and checkpoint). Not durable (no flush). Errors
+    /// of transactions sent before come back here or there. Returns blocks a
+    /// checkpoint made for it released.
+    pub fn send_unflushed(&mut self, disk: &Disk, mut p: Prepared) -> Result<Vec<(u64, u64)>> {
+        let pieces = self.ring_pieces(p.head, p.need);
+        let sent = match &mut self.sent {
+            Some(s) => s,
+            none => none.insert(Sent::new(disk)?),
+        };
+        sent.look()?;
+        let blocks = std::mem::replace(&mut p.blocks, IoBuf::new(0));
+        sent.send(disk, &pieces, blocks)?;
+        self.stats.sent += 1;
+        self.unflushed = true;
+        Ok(self.committed(p))
+    }
+
+    /// Waits until every transaction sent without waiting is on the device
+    /// (written, not flushed); the first error among them.
+    pub fn wait_sent(&mut self) -> Result<()> {
+        self.sent.as_mut().map_or(Ok(()), Sent::wait_all)
+    }
+
     /// The transaction is durable: account for it; returns blocks a checkpoint made for it released.
     pub fn committed(&mut self, p: Prepared) -> Vec<(u64, u64)> {
         debug_assert_eq!(p.head, self.head);
@@ -474,6 +507,8 @@ impl Journal {
         if self.used == 0 && self.held.is_empty() {
             return Ok(Vec::new());
         }
+        // The flush below covers only writes that are back.
+        self.wait_sent()?;
         if self.unflushed {
             // A home block written while its only other copy is a journal block
             // not yet durable: a cut that tears the home write would leave
@@ -481,11 +516,29 @@ impl Journal {
             disk.flush()?;
             self.unflushed = false;
         }
-        for (home, image) in &self.pending {
-            let mut buf = IoBuf::new(BLOCK);
-            buf.copy_from_slice(&image[..]);
-            disk.write(*home, &buf)?;
+        // Home blocks in runs (an inode table's blocks lie together), all in flight at once.
+        let mut runs: Vec<(u64, Vec<&Block>)> = Vec::new();
+        for (&home, image) in &self.pending {
+            match runs.last_mut() {
+                Some((first, images)) if *first + images.len() as u64 == home => images.push(image),
+                _ => runs.push((home, vec![image])),
+            }
         }
+        let bufs: Vec<(u64, IoBuf)> = runs
+            .into_iter()
+            .map(|(first, images)| {
+                let mut buf = IoBuf::for_overwrite(images.len() * BLOCK);
+                for (i, image) in images.iter().enumerate() {
+                    buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&image[..]);
+                }
+                (first, buf)
+            })
+            .collect();
+        let mut batch = disk.batch()?;
+        for (first, buf) in &bufs {
+            batch.write(*first, buf)?;
+        }
+        batch.wait()?;
         disk.flush()?;
         self.tail = self.head;
         self.used = 0;

@@ -151,12 +151,15 @@ pub struct MountOptions {
 /// killed SQLite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NamespaceCommit {
-    /// Each change is written to the journal before the call returns, without
-    /// a flush (one journal write, no device cache flush): a process that
-    /// dies keeps it, a power cut may not (as the kernel's page cache). Where
-    /// the transaction also records data written in place, it is committed
-    /// with a flush instead, so a commit block never vouches for data that is
-    /// not durable.
+    /// Each change is written to the journal without a flush (one journal
+    /// write, no device cache flush): a process that dies keeps it, a power
+    /// cut may not (as the kernel's page cache). Where the engine hands
+    /// requests to the kernel as it commits them ([`crate::Engine::commit_submits`])
+    /// the write is sent and not waited for (the next durable commit or
+    /// checkpoint waits for it); elsewhere it is waited for. Where the
+    /// transaction also records data written in place, it is committed with
+    /// a flush instead, so a commit block never vouches for data that is not
+    /// durable.
     #[default]
     Written,
     /// Changes stay in memory until the next `fsync`, `sync` or unmount.
