@@ -2057,3 +2057,33 @@ fn journal_writes_given_back_cancelled_are_sent_again() {
     let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
     assert!(check::check(eng).unwrap().is_clean());
 }
+
+/// A small file read from its start is loaded whole at the first miss (one
+/// round trip: tar c, cp and diff read small files in several calls, each
+/// of which missed); a larger one is read as asked.
+#[test]
+fn a_small_file_read_from_its_start_is_loaded_whole_at_the_first_miss() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    for (name, len) in [("small", 40 * 1024), ("large", 512 * 1024)] {
+        let f = fs.create(name).unwrap();
+        f.write_at(&bytes(len as u64, len), 0).unwrap();
+    }
+    fs.unmount().unwrap();
+    let options = MountOptions { readahead_bytes: 0, ..MountOptions::default() };
+    let fs = mount_with(&dev, "sync-path", options);
+    let f = fs.open("small").unwrap();
+    let before = fs.stats().cache;
+    let mut back = vec![0u8; 40 * 1024];
+    for (i, piece) in back.chunks_mut(4096).enumerate() {
+        assert_eq!(f.read_at(piece, i as u64 * 4096).unwrap(), 4096);
+    }
+    assert_eq!(back, bytes(40 * 1024, 40 * 1024));
+    let after = fs.stats().cache;
+    assert_eq!((after.misses - before.misses, after.hits - before.hits), (1, 9), "one miss loads it all");
+    let f = fs.open("large").unwrap();
+    let before = fs.stats().cache;
+    let mut piece = vec![0u8; 4096];
+    f.read_at(&mut piece, 0).unwrap();
+    f.read_at(&mut piece, 4096).unwrap();
+    assert_eq!(fs.stats().cache.misses - before.misses, 2, "a large file is read as asked");
+}
