@@ -102,11 +102,24 @@ pub(crate) fn log(message: &str) {
     }
 }
 
+/// Where the log goes: a copy of stderr taken at load when `IOPATH_LOG` is
+/// set (GNU programs close stderr as they exit, before the exit summary is
+/// written), else -1 (stderr itself).
+static LOG_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Lowest descriptor number the log's copy of stderr takes (out of the way of
+/// the small numbers programs expect to be theirs).
+const LOG_FD_FLOOR: libc::c_int = 500;
+
 /// Writes one line to stderr, always (what a user must see: a mount that fails).
 pub(crate) fn say(message: &str) {
     let line = format!("iopath: {message}\n");
-    // SAFETY: writing a buffer we own to stderr, bypassing our own hook.
-    unsafe { real::write(2, line.as_ptr().cast(), line.len()) };
+    let fd = match LOG_FD.load(Ordering::Relaxed) {
+        -1 => 2,
+        fd => fd,
+    };
+    // SAFETY: writing a buffer we own to stderr (or its copy), bypassing our own hook.
+    unsafe { real::write(fd, line.as_ptr().cast(), line.len()) };
 }
 
 /// Sets the calling thread's errno.
@@ -145,6 +158,11 @@ extern "C" fn on_load() {
     // SAFETY: registers handlers: one gives idle mounts back (before fork), one stores to an atomic.
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child_after_fork)) };
     COUNTING.store(c.log, Ordering::SeqCst);
+    if c.log {
+        // SAFETY: duplicates stderr (close-on-exec); -1 if it is closed or the table is full.
+        let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, LOG_FD_FLOOR) };
+        LOG_FD.store(fd.max(-1), Ordering::Relaxed);
+    }
     if !c.files.is_empty() {
         ROUTING.store(true, Ordering::SeqCst);
         log(&format!("routing O_DIRECT files matching {} through {}", c.files.join(":"), c.path));

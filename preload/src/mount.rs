@@ -458,10 +458,11 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
 /// Commits every mounted file system (at exit).
 pub fn sync_all() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
-        if let Some(fs) = m.mounted()
-            && let Err(e) = fs.quiesce()
-        {
-            crate::say(&format!("cannot commit {} at exit: {e}", m.device));
+        if let Some(fs) = m.mounted() {
+            if let Err(e) = fs.quiesce() {
+                crate::say(&format!("cannot commit {} at exit: {e}", m.device));
+            }
+            crate::log(&format!("{} on {}: {}", m.device, String::from_utf8_lossy(&m.dir), fs.stats().summary()));
         }
     }
 }
@@ -483,9 +484,10 @@ pub fn release_idle() {
             crate::say(&format!("cannot commit {} before fork: {e}; keeping it mounted", m.device));
             continue;
         }
+        let stats = fs.stats().summary();
         state.fs = None; // the last handle: unmounted
         state.lock = None; // and the next process may mount it
-        crate::log(&format!("gave back {} before fork (nothing here holds it open)", m.device));
+        crate::log(&format!("gave back {} before fork (nothing here holds it open): {stats}", m.device));
     }
 }
 

@@ -54,3 +54,25 @@ fn a_program_sees_posix_semantics_on_an_iopath_mount_as_on_the_kernels_file_syst
     assert_eq!(&a, b"A");
     let _ = std::fs::remove_file(program);
 }
+
+/// With `IOPATH_LOG`, a process says at exit what its mount did, even when it
+/// closed its stderr on the way (GNU programs do, in their atexit handler).
+#[test]
+fn the_exit_summary_reaches_stderr_even_after_the_program_closed_it() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let script = format!("echo hello > {}/greeting && exec 2>&- && echo done", mount_dir.display());
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(&script).env("IOPATH_LOG", "1");
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stdout == "done\n", "{stdout}{stderr}");
+    let summary = stderr.lines().find(|l| l.contains(" commits (") && l.contains("device ")).unwrap_or_default();
+    assert!(summary.contains("1 pages written back"), "{stderr}");
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    let mut back = [0u8; 6];
+    assert_eq!(fs.open("greeting").unwrap().read_at(&mut back, 0).unwrap(), 6);
+    assert_eq!(&back, b"hello\n");
+}

@@ -245,6 +245,35 @@ pub struct FsStats {
     pub cache: CacheStats,
 }
 
+impl FsStats {
+    /// One line for people: what the journal, the cache and the device did.
+    pub fn summary(&self) -> String {
+        let (j, c) = (&self.journal, &self.cache);
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        format!(
+            "{} commits ({} sent without waiting), {} checkpoints; {} syncs ({} shared, {} a flush only); \
+             cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
+             ({:.1} MiB), {} writes ({:.1} MiB), {} flushes",
+            j.commits,
+            j.sent,
+            j.checkpoints,
+            self.syncs,
+            self.shared_commits,
+            self.flush_only,
+            c.hits,
+            c.misses,
+            c.writebacks,
+            c.evictions,
+            self.dirty_pages,
+            self.device_reads,
+            mib(self.device_read_bytes),
+            self.device_writes,
+            mib(self.device_written_bytes),
+            self.device_flushes
+        )
+    }
+}
+
 /// A mounted file system. Cheap to clone; shared by threads.
 #[derive(Clone)]
 pub struct FileSystem {
