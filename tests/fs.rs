@@ -2087,3 +2087,55 @@ fn a_small_file_read_from_its_start_is_loaded_whole_at_the_first_miss() {
     f.read_at(&mut piece, 4096).unwrap();
     assert_eq!(fs.stats().cache.misses - before.misses, 2, "a large file is read as asked");
 }
+
+/// Pages whose blocks lie together on the device are read with one command
+/// each run (holes and blocks elsewhere break runs), byte for byte; a device
+/// error fails the run it is in, not the pages of other runs.
+#[test]
+fn runs_of_blocks_are_read_with_one_command_each_and_fail_alone() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    // Two files written block by block in turn: their blocks interleave on the device.
+    let (a, b) = (fs.create("a").unwrap(), fs.create("b").unwrap());
+    for i in 0..12u64 {
+        a.write_at(&bytes(i, 4096), i * 4096).unwrap();
+        a.fsync().unwrap();
+        b.write_at(&bytes(100 + i, 4096), i * 4096).unwrap();
+        b.fsync().unwrap();
+    }
+    // Then a hole and a contiguous tail in one write.
+    a.write_at(&bytes(7, 16 * 4096), 20 * 4096).unwrap();
+    drop((a, b));
+    fs.unmount().unwrap();
+    let mut expect = Vec::new();
+    for i in 0..12u64 {
+        expect.extend(bytes(i, 4096));
+    }
+    expect.extend(vec![0u8; 8 * 4096]);
+    expect.extend(bytes(7, 16 * 4096));
+    for read_path in [ReadPath::Conventional, ReadPath::Aios] {
+        let options = MountOptions { readahead_bytes: 0, read_path, ..MountOptions::default() };
+        let fs = mount_with(&dev, "sync-path", options);
+        let before = fs.stats().device_reads;
+        let mut back = vec![0u8; 36 * 4096];
+        assert_eq!(fs.open("a").unwrap().read_at(&mut back, 0).unwrap(), back.len());
+        assert!(back == expect, "{read_path:?}: the bytes differ");
+        let commands = fs.stats().device_reads - before;
+        assert!(commands < 28, "{read_path:?}: {commands} reads for 28 blocks, 16 of them together");
+        fs.unmount().unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, faulty) = faulty_twin(dir.path(), 1);
+    let fs = mount_spec(&plain, MountOptions::default());
+    let f = fs.create("f").unwrap(); // its blocks come first: block 0 in the failing range
+    f.write_at(&bytes(9, 16 * 4096), 0).unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = mount_spec(&faulty, MountOptions { readahead_bytes: 0, ..MountOptions::default() });
+    let f = fs.open("f").unwrap();
+    let mut back = vec![0u8; 4 * 4096];
+    let e = f.read_at(&mut back, 0).unwrap_err();
+    assert!(e.to_string().contains("device error on read"), "{e}");
+    assert_eq!(f.read_at(&mut back, 8 * 4096).unwrap(), back.len());
+    assert_eq!(back, bytes(9, 16 * 4096)[8 * 4096..12 * 4096]);
+}

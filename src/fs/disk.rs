@@ -63,6 +63,11 @@ impl Disk {
         Disk { engine, max_io, blocks, counters: DiskCounters::default() }
     }
 
+    /// Most blocks one request carries (a larger one is sent as several).
+    pub fn max_io_blocks(&self) -> usize {
+        self.max_io / BLOCK
+    }
+
     /// Blocks on the device.
     pub fn blocks(&self) -> u64 {
         self.blocks
@@ -245,6 +250,11 @@ impl<'a> Batch<'a> {
     pub unsafe fn read_raw(&mut self, block: u64, buf: *mut u8, len: usize, tag: u64) -> Result<()> {
         // SAFETY: passed on from the caller.
         unsafe { self.submit(Op::Read, block, buf, len, tag) }
+    }
+
+    /// Most blocks one request of the batch carries (a larger one is sent as several).
+    pub fn max_io_blocks(&self) -> usize {
+        self.disk.max_io_blocks()
     }
 
     /// Sends what is queued to the device.

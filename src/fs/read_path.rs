@@ -166,8 +166,10 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
         complete(fs, state, &mine, result)?;
         return wait_for_others(fs, out);
     }
+    // Declared before the batch: its buffers outlive the batch's reads (dropping waits).
+    let mut runs = Runs::default();
     let mut batch = fs.disk.batch()?;
-    let sent = start_reads(state, &mut batch, &mine, 0).and_then(|()| batch.send());
+    let sent = runs.start(state, &mut batch, &mine).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // Each page is ready as soon as its own read is back: a reader (of a read-ahead
     // window, say) spinning on it goes on while the rest are in flight. Readers that
@@ -176,7 +178,7 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
     let result = sent.and_then(|()| {
         let mut first = None;
         let waited = batch.wait_each(|tag, r| {
-            finish_page(fs, state, &mine[tag as usize], r.is_ok());
+            runs.done(fs, state, &mine, tag, r.is_ok());
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
@@ -194,8 +196,9 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
     let t = fs.steps.start();
     let mine: Vec<Arc<Page>> = blocks.iter().map(|&b| Page::loading((state.cache_id, b), pool_take(fs))).collect();
     let t = fs.steps.lap(t, |s| &s.alloc);
+    let mut runs = Runs::default();
     let mut batch = fs.disk.batch()?;
-    let sent = start_reads(state, &mut batch, &mine, 0).and_then(|()| batch.send());
+    let sent = runs.start(state, &mut batch, &mine).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // While the device works: index the pages, refill the pool.
     let mut indexed = Vec::with_capacity(mine.len());
@@ -210,11 +213,102 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
         pool_refill(fs);
     }
     let t = fs.steps.lap(t, |s| &s.insert);
-    let result = sent.and_then(|()| batch.wait());
+    let result = sent.and_then(|()| {
+        let mut first = None;
+        let waited = batch.wait_each(|tag, r| {
+            runs.copy_in(&mine, tag, r.is_ok());
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        });
+        waited.and(first.map_or(Ok(()), Err))
+    });
     fs.steps.lap(t, |s| &s.device);
     complete(fs, state, &mine, result)?;
     // Each caller reads its own page: correct either way, and a duplicate is then dropped.
     Ok(mine)
+}
+
+/// Longest run of pages read with one command (128 KiB).
+const RUN_BLOCKS: usize = 32;
+
+/// The reads of a batch of pages. Pages whose blocks lie next to each other
+/// on the device are read with one command into one buffer, copied into
+/// their frames when it is back: a command costs far more than a copy of
+/// 4 KiB on a kernel device (a loop device's worker takes each in turn; a
+/// random 16 KiB read was four of them). A page alone is read into its
+/// frame. Read `i` completes with tag `i`.
+#[derive(Default)]
+struct Runs {
+    /// Each read: its pages (indices into the batch's pages) and, for a run,
+    /// the buffer it lands in.
+    reads: Vec<(std::ops::Range<usize>, Option<IoBuf>)>,
+}
+
+impl Runs {
+    /// Queues the reads of `pages` (zero-filling the ones in holes or not yet written).
+    fn start<'a>(&mut self, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>]) -> Result<()> {
+        // One command per run: a run the batch would split would complete in pieces.
+        let longest = RUN_BLOCKS.min(batch.max_io_blocks());
+        let mut i = 0;
+        while i < pages.len() {
+            let Some((physical, false)) = extents::locate(&state.inode.extents, pages[i].key.1) else {
+                pages[i].data.write().expect("page lock poisoned").buf.fill(0);
+                i += 1;
+                continue;
+            };
+            let mut end = i + 1;
+            while end < pages.len()
+                && end - i < longest
+                && pages[end].key.1 == pages[end - 1].key.1 + 1
+                && extents::locate(&state.inode.extents, pages[end].key.1) == Some((physical + (end - i) as u64, false))
+            {
+                end += 1;
+            }
+            let tag = self.reads.len() as u64;
+            if end - i == 1 {
+                let ptr = pages[i].data.write().expect("page lock poisoned").buf.as_mut_ptr();
+                self.reads.push((i..end, None));
+                // SAFETY: the page is loading: nobody reads or writes its bytes until it is
+                // marked ready or failed, which happens after this batch is waited for (or
+                // dropped, which waits too); the frame lives as long as `pages` does.
+                unsafe { batch.read_raw(physical, ptr, BLOCK, tag)? };
+            } else {
+                let mut buf = IoBuf::for_overwrite((end - i) * BLOCK);
+                let ptr = buf.as_mut_ptr();
+                let len = buf.len();
+                self.reads.push((i..end, Some(buf)));
+                // SAFETY: the buffer is kept in `self.reads`, which outlives the batch (the
+                // caller declares it first), and nothing touches it until its read is back.
+                unsafe { batch.read_raw(physical, ptr, len, tag)? };
+            }
+            i = end;
+        }
+        Ok(())
+    }
+
+    /// Read `tag` is back: a run's buffer is copied into its pages' frames.
+    fn copy_in(&self, pages: &[Arc<Page>], tag: u64, ok: bool) {
+        let (range, buf) = &self.reads[tag as usize];
+        if let (true, Some(buf)) = (ok, buf) {
+            for (k, i) in range.clone().enumerate() {
+                pages[i]
+                    .data
+                    .write()
+                    .expect("page lock poisoned")
+                    .buf
+                    .copy_from_slice(&buf[k * BLOCK..(k + 1) * BLOCK]);
+            }
+        }
+    }
+
+    /// Read `tag` is back: its pages get their bytes and are marked ready (or failed).
+    fn done(&self, fs: &Inner, state: &NodeState, pages: &[Arc<Page>], tag: u64, ok: bool) {
+        self.copy_in(pages, tag, ok);
+        for i in self.reads[tag as usize].0.clone() {
+            finish_page(fs, state, &pages[i], ok);
+        }
+    }
 }
 
 /// Queues the reads of `pages` (zero-filling the ones in holes or not yet
