@@ -100,17 +100,18 @@ const AHEAD_SEND_EVERY: usize = 8;
 /// first pages still gave 80%). Returns how many pages it loaded; pages
 /// already cached or being loaded by someone else are skipped.
 pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<usize> {
+    let mut runs = Runs::default();
     let mut batch = fs.disk.batch()?;
     let mut mine: Vec<Arc<Page>> = Vec::with_capacity(blocks.len());
     let mut failed = None;
-    let mut finish = |mine: &[Arc<Page>], tag: u64, r: Result<()>| {
-        finish_page(fs, state, &mine[tag as usize], r.is_ok());
+    let mut finish = |runs: &Runs, mine: &[Arc<Page>], tag: u64, r: Result<()>| {
+        runs.done(fs, state, mine, tag, r.is_ok());
         if let Err(e) = r {
             failed.get_or_insert(e);
         }
     };
     let mut sent = Ok(());
-    let mut unsent = 0;
+    let mut queued = 0;
     for &block in blocks {
         let t = fs.steps.start();
         let page = Page::loading((state.cache_id, block), fs.cache.frame());
@@ -122,19 +123,23 @@ pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Resul
             continue;
         }
         mine.push(page);
-        let tag = mine.len() - 1;
-        sent = start_reads(state, &mut batch, &mine[tag..], tag as u64);
-        unsent += 1;
-        if sent.is_ok() && unsent == AHEAD_SEND_EVERY {
-            unsent = 0;
-            sent = batch.take_done(|tag, r| finish(&mine, tag, r));
+        if mine.len() - queued == AHEAD_SEND_EVERY {
+            // The pages indexed since the last send, in runs.
+            sent = runs.start(state, &mut batch, &mine, queued);
+            queued = mine.len();
+            if sent.is_ok() {
+                sent = batch.take_done(|tag, r| finish(&runs, &mine, tag, r));
+            }
         }
         fs.steps.lap(t, |s| &s.submit);
         if sent.is_err() {
             break;
         }
     }
-    let result = sent.and_then(|()| batch.wait_each(|tag, r| finish(&mine, tag, r)));
+    if sent.is_ok() && queued < mine.len() {
+        sent = runs.start(state, &mut batch, &mine, queued);
+    }
+    let result = sent.and_then(|()| batch.wait_each(|tag, r| finish(&runs, &mine, tag, r)));
     // The rest: pages with nothing to read (zeroed), or left over by an error.
     let unfinished: Vec<Arc<Page>> = mine.iter().filter(|p| !p.ready() && !p.failed()).cloned().collect();
     complete(fs, state, &unfinished, result.and(failed.map_or(Ok(()), Err)))?;
@@ -169,7 +174,7 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
     // Declared before the batch: its buffers outlive the batch's reads (dropping waits).
     let mut runs = Runs::default();
     let mut batch = fs.disk.batch()?;
-    let sent = runs.start(state, &mut batch, &mine).and_then(|()| batch.send());
+    let sent = runs.start(state, &mut batch, &mine, 0).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // Each page is ready as soon as its own read is back: a reader (of a read-ahead
     // window, say) spinning on it goes on while the rest are in flight. Readers that
@@ -198,7 +203,7 @@ fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>>
     let t = fs.steps.lap(t, |s| &s.alloc);
     let mut runs = Runs::default();
     let mut batch = fs.disk.batch()?;
-    let sent = runs.start(state, &mut batch, &mine).and_then(|()| batch.send());
+    let sent = runs.start(state, &mut batch, &mine, 0).and_then(|()| batch.send());
     let t = fs.steps.lap(t, |s| &s.submit);
     // While the device works: index the pages, refill the pool.
     let mut indexed = Vec::with_capacity(mine.len());
@@ -246,11 +251,12 @@ struct Runs {
 }
 
 impl Runs {
-    /// Queues the reads of `pages` (zero-filling the ones in holes or not yet written).
-    fn start<'a>(&mut self, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>]) -> Result<()> {
+    /// Queues the reads of `pages[from..]` (zero-filling the ones in holes or
+    /// not yet written); earlier pages were queued by earlier calls.
+    fn start<'a>(&mut self, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>], from: usize) -> Result<()> {
         // One command per run: a run the batch would split would complete in pieces.
         let longest = RUN_BLOCKS.min(batch.max_io_blocks());
-        let mut i = 0;
+        let mut i = from;
         while i < pages.len() {
             let Some((physical, false)) = extents::locate(&state.inode.extents, pages[i].key.1) else {
                 pages[i].data.write().expect("page lock poisoned").buf.fill(0);
@@ -309,24 +315,6 @@ impl Runs {
             finish_page(fs, state, &pages[i], ok);
         }
     }
-}
-
-/// Queues the reads of `pages` (zero-filling the ones in holes or not yet
-/// written); page `i` completes with tag `first_tag + i`.
-fn start_reads<'a>(state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>], first_tag: u64) -> Result<()> {
-    for (i, page) in pages.iter().enumerate() {
-        match extents::locate(&state.inode.extents, page.key.1) {
-            Some((physical, false)) => {
-                let ptr = page.data.write().expect("page lock poisoned").buf.as_mut_ptr();
-                // SAFETY: the page is loading: nobody reads or writes its bytes until it is
-                // marked ready or failed, which happens after this batch is waited for (or
-                // dropped, which waits too); the frame lives as long as `pages` does.
-                unsafe { batch.read_raw(physical, ptr, BLOCK, first_tag + i as u64)? };
-            }
-            _ => page.data.write().expect("page lock poisoned").buf.fill(0),
-        }
-    }
-    Ok(())
 }
 
 /// Marks a loaded page ready (zeroing what lies past the end of the file) or failed.
