@@ -30,8 +30,8 @@ use std::sync::Mutex;
 /// Alignment of every [`IoBuf`].
 pub const IO_ALIGN: usize = 4096;
 
-/// Largest buffer the pool keeps (64 blocks of 4 KiB).
-pub const RECYCLED_MAX: usize = 64 * IO_ALIGN;
+/// Largest buffer the pool keeps (256 blocks of 4 KiB: the largest writeback run).
+pub const RECYCLED_MAX: usize = 256 * IO_ALIGN;
 
 /// Bytes the pool keeps at most of buffers larger than a block (blocks it keeps all).
 pub const RECYCLED_BYTES: usize = 32 << 20;
