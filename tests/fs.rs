@@ -2139,3 +2139,39 @@ fn runs_of_blocks_are_read_with_one_command_each_and_fail_alone() {
     assert_eq!(f.read_at(&mut back, 8 * 4096).unwrap(), back.len());
     assert_eq!(back, bytes(9, 16 * 4096)[8 * 4096..12 * 4096]);
 }
+
+/// A process that opens a directory's files in the order readdir lists them
+/// has the next small files loaded ahead (tar c, cp -r); one that opens them
+/// out of order does not.
+#[test]
+fn a_directory_walk_loads_the_next_files_ahead_and_a_random_open_does_not() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    for i in 0..20u64 {
+        let f = fs.create(format!("d/f{i:02}")).unwrap();
+        f.write_at(&bytes(i, 9000), 0).unwrap();
+    }
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    let read = |name: &str| {
+        let mut back = vec![0u8; 9000];
+        assert_eq!(fs.open(name).unwrap().read_at(&mut back, 0).unwrap(), 9000);
+        back
+    };
+    // Out of order: nothing ahead.
+    read("d/f15");
+    read("d/f03");
+    fs.wait_for_readahead();
+    assert_eq!(fs.stats().cache.readahead_pages, 0, "{:?}", fs.stats().cache);
+    // In order: from the second file on, the next ones are loaded ahead, whole.
+    read("d/f04");
+    read("d/f05");
+    fs.wait_for_readahead();
+    let before = fs.stats().cache;
+    assert!(before.readahead_pages >= 8 * 3, "{before:?}");
+    for i in 6..14u64 {
+        assert_eq!(read(&format!("d/f{i:02}")), bytes(i, 9000));
+    }
+    let after = fs.stats().cache;
+    assert_eq!(after.misses, before.misses, "the walk's next files were in the cache: {after:?}");
+}

@@ -30,7 +30,7 @@ const SYNC_AHEAD_PAGES: u64 = 4;
 /// start (Linux reads 128 KiB ahead at a file's first read): `tar c`, `cp`
 /// and `diff` read small files from start to end in several calls, each of
 /// which missed once, one device round trip per call.
-const SMALL_FILE_WHOLE: u64 = 128 * 1024;
+pub(super) const SMALL_FILE_WHOLE: u64 = 128 * 1024;
 
 impl std::fmt::Debug for File {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -326,6 +326,8 @@ struct Inner {
     readahead_jobs: Mutex<Option<std::sync::mpsc::Sender<ReadAheadJob>>>,
     /// Read-ahead jobs posted and not yet finished.
     readahead_pending: AtomicU64,
+    /// The last file opened in each directory ([`Inner::walk_ahead`]).
+    walks: Mutex<HashMap<u32, Vec<u8>>>,
     meta: Mutex<Meta>,
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
@@ -360,6 +362,9 @@ enum Reach {
 
 /// Longest a sync waiting for another thread's commit sleeps before it looks again.
 const COMMIT_WAIT_NS: u64 = 200_000;
+
+/// Files a directory walk loads ahead of the one it opens ([`Inner::walk_ahead`]).
+const WALK_AHEAD: usize = 8;
 
 /// Threads that load read-ahead windows.
 const READAHEAD_THREADS: usize = 1;
@@ -711,6 +716,7 @@ impl FileSystem {
             next_cache_id: AtomicU64::new(slots + 1),
             readahead_jobs: Mutex::new(None),
             readahead_pending: AtomicU64::new(0),
+            walks: Mutex::new(HashMap::new()),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),
@@ -932,6 +938,42 @@ impl Inner {
     fn sync_metadata(&self) -> Result<()> {
         let tid = self.meta().tid;
         self.sync_through(tid)
+    }
+
+    /// An open of `name` in directory `parent` (the caller holds the metadata
+    /// lock): if this process has been opening that directory's files in the
+    /// order `readdir` lists them (the last one it opened there is among the
+    /// few entries just before this one), the files that come next, for
+    /// [`Inner::load_whole_files`]. `tar c`, `cp -r` and `diff -r` walk
+    /// directories so, and each file they open was a device round trip in a
+    /// process whose cache starts cold: read ahead by the read-ahead thread,
+    /// on the other CPU, it is in the cache when they come to it.
+    fn walk_ahead(&self, meta: &Meta, parent: u32, name: &[u8]) -> Vec<Arc<Node>> {
+        let mut walks = self.walks.lock().expect("walks lock poisoned");
+        let walking =
+            walks.get(&parent).is_some_and(|last| meta.ns.before(parent, name, WALK_AHEAD + 1).any(|n| n == &last[..]));
+        if walks.len() >= 1024 && !walks.contains_key(&parent) {
+            walks.clear(); // directories long left behind
+        }
+        walks.insert(parent, name.to_vec());
+        if !walking {
+            return Vec::new();
+        }
+        meta.ns.after(parent, name, WALK_AHEAD).filter(|c| !c.dir).filter_map(|c| meta.file(c.slot).cloned()).collect()
+    }
+
+    /// Posts to the read-ahead thread each of `nodes` that is small (at most
+    /// [`file::SMALL_FILE_WHOLE`]), not empty, and not in the cache yet, whole.
+    fn load_whole_files(&self, nodes: &[Arc<Node>]) {
+        for node in nodes {
+            let Ok(state) = node.state.try_read() else { continue };
+            let (size, cache_id) = (state.inode.size, state.cache_id);
+            drop(state);
+            if size == 0 || size > file::SMALL_FILE_WHOLE || self.cache.peek((cache_id, 0)).is_some() {
+                continue;
+            }
+            self.post_readahead(node, 0, size.div_ceil(BLOCK_U64));
+        }
     }
 
     /// Posts a read-ahead of blocks `[from, to)` of `node` to the read-ahead thread.

@@ -110,6 +110,26 @@ impl Index {
         self.entries.range((dir, Vec::new())..).take_while(move |((p, _), _)| *p == dir).map(|((_, n), c)| (&n[..], *c))
     }
 
+    /// Up to `n` entries of `dir` before `name`, nearest first (`readdir`'s order, backwards).
+    pub fn before(&self, dir: u32, name: &[u8], n: usize) -> impl Iterator<Item = &[u8]> {
+        self.entries
+            .range(..(dir, name.to_vec()))
+            .rev()
+            .take_while(move |((p, _), _)| *p == dir)
+            .take(n)
+            .map(|((_, n), _)| &n[..])
+    }
+
+    /// Up to `n` entries of `dir` after `name`, in `readdir`'s order.
+    pub fn after(&self, dir: u32, name: &[u8], n: usize) -> impl Iterator<Item = Child> + '_ {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.entries
+            .range((Excluded((dir, name.to_vec())), Unbounded))
+            .take_while(move |((p, _), _)| *p == dir)
+            .take(n)
+            .map(|(_, c)| *c)
+    }
+
     /// Whether directory `dir` has no entries.
     pub fn is_empty_dir(&self, dir: u32) -> bool {
         self.children(dir).next().is_none()
@@ -525,15 +545,28 @@ impl FileSystem {
 
     /// Opens an existing file; `ENOENT` if there is none, `EISDIR` for a directory.
     pub fn open(&self, path: impl AsRef<[u8]>) -> Result<File> {
-        let path = path.as_ref();
-        let meta = self.mount.meta();
+        self.open_cached(path.as_ref(), true)
+    }
+
+    /// `open`; `walk_ahead`: the open counts toward a directory walk (see
+    /// [`super::Inner::walk_ahead`]), which a direct open does not.
+    fn open_cached(&self, path: &[u8], walk_ahead: bool) -> Result<File> {
+        let fs = &self.mount;
+        let meta = fs.meta();
         let walk = meta.ns.walk(path).map_err(|r| refused("open", path, r))?;
         match walk.found {
             None => Err(file_error("open", path, libc::ENOENT, "no such file")),
             Some(c) if c.dir => Err(file_error("open", path, libc::EISDIR, "it is a directory")),
             Some(c) => {
                 let node = Arc::clone(meta.file(c.slot).expect("a file's slot holds its node"));
-                Ok(self.handle(node, false))
+                let file = self.handle(node, false);
+                let ahead = match (&walk.name, walk_ahead) {
+                    (Some(name), true) => fs.walk_ahead(&meta, walk.parent, name),
+                    _ => Vec::new(),
+                };
+                drop(meta);
+                fs.load_whole_files(&ahead);
+                Ok(file)
             }
         }
     }
@@ -542,7 +575,7 @@ impl FileSystem {
     /// every read and write goes to the device; the file's dirty cached pages are
     /// written back first, and a direct write makes the cache forget the file's pages.
     pub fn open_direct(&self, path: impl AsRef<[u8]>) -> Result<File> {
-        let mut file = self.open(path)?;
+        let mut file = self.open_cached(path.as_ref(), false)?;
         file.direct = true;
         Ok(file)
     }
