@@ -1003,8 +1003,7 @@ fn direct_and_cached_handles_of_one_file_see_each_others_writes() {
 /// alignment is real there, unlike on the emulated device).
 fn formatted_uring_engine(dir: &std::path::Path) -> Arc<Engine> {
     let spec = format!("uring:{},size=64m", dir.join("fs.img").display());
-    let device = DeviceSpec::parse(&spec, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    let eng = spec_engine(&spec);
     FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
     eng
 }
@@ -1094,8 +1093,7 @@ fn within(limit: std::time::Duration, f: impl FnOnce() + Send + 'static) {
 /// a fault on the first `bad` data blocks (segments there fail with EIO).
 fn faulty_twin(dir: &std::path::Path, bad: u64) -> (String, String) {
     let plain = format!("emu:null,size=16m,file={}", dir.join("emu.img").display());
-    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    let eng = spec_engine(&plain);
     FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
     let (fs, _) = FileSystem::mount(eng).unwrap();
     let start = fs.superblock().data_start * 4096;
@@ -1105,9 +1103,13 @@ fn faulty_twin(dir: &std::path::Path, bad: u64) -> (String, String) {
 }
 
 fn mount_spec(spec: &str, options: MountOptions) -> FileSystem {
+    FileSystem::mount_with(spec_engine(spec), options).unwrap().0
+}
+
+/// An engine on the device `spec` names (the plain synchronous path).
+fn spec_engine(spec: &str) -> Arc<Engine> {
     let device = DeviceSpec::parse(spec, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
-    FileSystem::mount_with(eng, options).unwrap().0
+    Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap())
 }
 
 #[test]
@@ -1962,9 +1964,7 @@ fn a_device_error_on_one_file_of_a_many_file_sync_keeps_that_one_dirty_and_write
     }
     assert!(!fs.exists("victim"));
     fs.unmount().unwrap();
-    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
-    assert!(check::check(eng).unwrap().is_clean());
+    assert!(check::check(spec_engine(&plain)).unwrap().is_clean());
 }
 
 /// A namespace change's journal write is sent and not waited for; when it
@@ -1975,8 +1975,7 @@ fn a_device_error_on_one_file_of_a_many_file_sync_keeps_that_one_dirty_and_write
 fn a_failed_journal_write_that_was_not_waited_for_stops_changes_and_loses_nothing_synced() {
     let dir = tempfile::tempdir().unwrap();
     let plain = format!("emu:null,size=16m,file={}", dir.path().join("emu.img").display());
-    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    let eng = spec_engine(&plain);
     assert!(eng.commit_submits(), "a direct path on an emulated device sends at commit");
     FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
     let (fs, _) = FileSystem::mount(eng).unwrap();
@@ -2011,9 +2010,7 @@ fn a_failed_journal_write_that_was_not_waited_for_stops_changes_and_loses_nothin
     assert_eq!(read_all(&fs, "kept"), bytes(7, 9000));
     assert!(!fs.exists("lost0"));
     fs.unmount().unwrap();
-    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
-    assert!(check::check(eng).unwrap().is_clean());
+    assert!(check::check(spec_engine(&plain)).unwrap().is_clean());
 }
 
 /// A journal write the kernel gives back cancelled (the thread that sent it
@@ -2024,8 +2021,7 @@ fn a_failed_journal_write_that_was_not_waited_for_stops_changes_and_loses_nothin
 fn journal_writes_given_back_cancelled_are_sent_again() {
     let dir = tempfile::tempdir().unwrap();
     let plain = format!("emu:null,size=16m,file={}", dir.path().join("emu.img").display());
-    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    let eng = spec_engine(&plain);
     FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
     let (fs, _) = FileSystem::mount(eng).unwrap();
     let sb = *fs.superblock();
@@ -2037,8 +2033,7 @@ fn journal_writes_given_back_cancelled_are_sent_again() {
         ring.1,
         libc::ECANCELED
     );
-    let device = DeviceSpec::parse(&faulty, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
+    let eng = spec_engine(&faulty);
     let (fs, _) = FileSystem::mount(Arc::clone(&eng)).unwrap();
     for i in 0..60u64 {
         let f = fs.create(format!("f{i}")).unwrap();
@@ -2053,9 +2048,7 @@ fn journal_writes_given_back_cancelled_are_sent_again() {
         assert_eq!(read_all(&fs, &format!("f{i}")), bytes(i, 5000), "f{i}");
     }
     fs.unmount().unwrap();
-    let device = DeviceSpec::parse(&plain, None).unwrap().open().unwrap();
-    let eng = Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap());
-    assert!(check::check(eng).unwrap().is_clean());
+    assert!(check::check(spec_engine(&plain)).unwrap().is_clean());
 }
 
 /// A small file read from its start is loaded whole at the first miss (one
