@@ -9,8 +9,9 @@
 //! holder's pid. The kernel drops a `flock` when its holder exits, however
 //! it exits (SIGKILL included), so a lock never outlives its process. The
 //! holder removes the file as it lets go (a taker checks that the file it
-//! locked is still the one at the path); only a killed holder's stays, until
-//! the next holder lets go.
+//! locked is still the one at the path); a killed holder's stays, and the
+//! next taker of any device sweeps it away the same way (lock it, remove it,
+//! let go), so killed processes and deleted images leave nothing behind.
 //!
 //! The interposer, `iopath mkfs` and the file tools (`ls`, `cp`, `fsck`,
 //! ...) take it; a second taker waits up to its limit and then fails with
@@ -139,12 +140,39 @@ impl MountLock {
             std::thread::sleep(Duration::from_millis(5));
         }
         let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+        sweep(&path);
         Ok(Some(MountLock { _file: file, path }))
     }
 
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Removes the lock files beside `ours` that no process holds (left by
+/// killed holders), each while holding its lock, as a holder removes its own:
+/// a taker that locked one meanwhile finds it gone from the path and opens
+/// a new one.
+fn sweep(ours: &Path) {
+    use std::os::fd::AsRawFd;
+    let Some(dir) = ours.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path == ours || !name.starts_with("iopath-mount-") || !name.ends_with(".lock") {
+            continue;
+        }
+        let Ok(file) = std::fs::OpenOptions::new().read(true).open(&path) else { continue };
+        // SAFETY: flock on a descriptor we own; it is dropped (closed) below, which lets go.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let here = file.metadata().map(|m| m.ino()).ok();
+            if here.is_some() && std::fs::metadata(&path).map(|m| m.ino()).ok() == here {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
     }
 }
 
@@ -204,5 +232,23 @@ mod tests {
             }
         });
         assert!(!lock_path(&img).unwrap().exists());
+    }
+
+    #[test]
+    fn a_taker_sweeps_away_lock_files_nobody_holds_and_keeps_held_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+        std::fs::write(&a, [0u8; 4096]).unwrap();
+        std::fs::write(&b, [0u8; 4096]).unwrap();
+        // A holder killed with its lock file left behind: a file nobody locks.
+        let stale = lock_path(&a).unwrap().with_file_name(format!("iopath-mount-swept-{}.lock", std::process::id()));
+        std::fs::write(&stale, "12345").unwrap();
+        let held = MountLock::acquire(b.to_str().unwrap(), Duration::ZERO).unwrap().unwrap();
+        let held_path = held.path().to_path_buf();
+        let other = MountLock::acquire(a.to_str().unwrap(), Duration::ZERO).unwrap().unwrap();
+        assert!(!stale.exists(), "the stale lock file is swept away");
+        assert!(held_path.exists(), "a held lock file stays");
+        drop((held, other));
+        assert!(!held_path.exists());
     }
 }
