@@ -66,16 +66,23 @@ pub(super) struct Scan {
 
 /// Reads `count` blocks from `start`.
 pub(super) fn read_blocks(disk: &Disk, start: u64, count: u64) -> Result<Vec<Block>> {
-    let mut buf = IoBuf::new(count as usize * BLOCK);
-    disk.read(start, &mut buf)?;
-    Ok(buf
-        .chunks(BLOCK)
-        .map(|c| {
+    // In pieces through one pooled buffer: a whole inode table at once (32 MiB for
+    // 65,536 inodes) was a fresh mapping each mount, faulted in and unmapped.
+    const PIECE: u64 = 256;
+    let mut out = Vec::with_capacity(count as usize);
+    let mut buf = IoBuf::for_overwrite(PIECE.min(count).max(1) as usize * BLOCK);
+    let mut at = 0;
+    while at < count {
+        let n = PIECE.min(count - at) as usize;
+        disk.read(start + at, &mut buf[..n * BLOCK])?;
+        out.extend(buf[..n * BLOCK].chunks(BLOCK).map(|c| {
             let mut b = zero_block();
             b.copy_from_slice(c);
             b
-        })
-        .collect())
+        }));
+        at += n as u64;
+    }
+    Ok(out)
 }
 
 /// Decodes every inode of `table` and checks the blocks they own against

@@ -88,6 +88,16 @@ const UNWRITTEN: u64 = 1 << 63;
 /// A 4 KiB metadata block image.
 pub type Block = Box<[u8; BLOCK]>;
 
+/// Whether every byte of `b` is zero, eight at a time: a mount looks at every
+/// inode slot, most of them free (byte by byte, that was a quarter of
+/// mounting an image of 9,000 files and 65,536 slots).
+pub fn all_zero(b: &[u8]) -> bool {
+    let words = b.chunks_exact(8);
+    let rest = words.remainder();
+    words.map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes"))).fold(0, |acc, w| acc | w) == 0
+        && rest.iter().all(|&x| x == 0)
+}
+
 /// A zeroed block image.
 pub fn zero_block() -> Block {
     Box::new([0u8; BLOCK])
@@ -479,7 +489,7 @@ impl Inode {
         mut read_overflow: impl FnMut(u64) -> Result<Block>,
         sb: &Superblock,
     ) -> Result<Option<Inode>> {
-        if slot.iter().all(|&b| b == 0) {
+        if all_zero(slot) {
             return Ok(None);
         }
         let bad = |why: &str| corrupt(format!("inode {index} is damaged: {why}"));
