@@ -66,31 +66,51 @@ pub(super) struct Scan {
 
 /// Reads `count` blocks from `start`.
 pub(super) fn read_blocks(disk: &Disk, start: u64, count: u64) -> Result<Vec<Block>> {
-    // In pieces through one pooled buffer: a whole inode table at once (32 MiB for
-    // 65,536 inodes) was a fresh mapping each mount, faulted in and unmapped.
-    const PIECE: u64 = 256;
     let mut out = Vec::with_capacity(count as usize);
+    read_each(disk, start, count, |c| {
+        let mut b = zero_block();
+        b.copy_from_slice(c);
+        out.push(b);
+    })?;
+    Ok(out)
+}
+
+/// Reads `count` blocks from `start` and hands each to `each`, in order; in
+/// pieces through one pooled buffer (a whole inode table at once, 32 MiB
+/// for 65,536 inodes, was a fresh mapping each mount, faulted in and unmapped).
+fn read_each(disk: &Disk, start: u64, count: u64, mut each: impl FnMut(&[u8])) -> Result<()> {
+    const PIECE: u64 = 256;
     let mut buf = IoBuf::for_overwrite(PIECE.min(count).max(1) as usize * BLOCK);
     let mut at = 0;
     while at < count {
         let n = PIECE.min(count - at) as usize;
         disk.read(start + at, &mut buf[..n * BLOCK])?;
-        out.extend(buf[..n * BLOCK].chunks(BLOCK).map(|c| {
+        buf[..n * BLOCK].chunks(BLOCK).for_each(&mut each);
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads the inode table, keeping only the blocks that hold something (a
+/// block of free slots is `None`: most of a young file system's table).
+pub(super) fn read_table(disk: &Disk, sb: &Superblock) -> Result<Vec<Option<Block>>> {
+    let mut out = Vec::with_capacity(sb.inode_blocks as usize);
+    read_each(disk, sb.inode_start, sb.inode_blocks, |c| {
+        out.push((!format::all_zero(c)).then(|| {
             let mut b = zero_block();
             b.copy_from_slice(c);
             b
-        }));
-        at += n as u64;
-    }
+        }))
+    })?;
     Ok(out)
 }
 
-/// Decodes every inode of `table` and checks the blocks they own against
-/// the bitmap in `alloc`.
+/// Decodes every inode of `table` (a `None` block: eight free slots) and
+/// checks the blocks they own against the bitmap in `alloc`.
 pub(super) fn scan(
     disk: &Disk,
     sb: &Superblock,
-    table: &[Block],
+    table: &[Option<Block>],
     alloc: &Allocator,
     problems: &mut dyn Problems,
 ) -> Result<Scan> {
@@ -102,7 +122,8 @@ pub(super) fn scan(
     let mut out = Scan::default();
     for slot in 0..sb.inodes() {
         let index = slot as usize % INODES_PER_BLOCK;
-        let raw = &table[slot as usize / INODES_PER_BLOCK][index * INODE_SIZE..(index + 1) * INODE_SIZE];
+        let Some(block) = &table[slot as usize / INODES_PER_BLOCK] else { continue };
+        let raw = &block[index * INODE_SIZE..(index + 1) * INODE_SIZE];
         let inode = match Inode::decode(raw, slot, |b| Ok(read_blocks(disk, b, 1)?.remove(0)), sb) {
             Ok(Some(inode)) => inode,
             Ok(None) => continue,
@@ -180,7 +201,7 @@ pub fn check(engine: Arc<Engine>) -> Result<Report> {
     }
     let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
     let journal = Journal::recover(&disk, &sb)?;
-    let table = read_blocks(&disk, sb.inode_start, sb.inode_blocks)?;
+    let table = read_table(&disk, &sb)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
     let mut problems = AllProblems::default();

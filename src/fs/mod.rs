@@ -416,8 +416,8 @@ struct NodeState {
 
 /// All metadata, in memory, as the next commit will write it.
 struct Meta {
-    /// Inode-table block images.
-    table: Vec<Block>,
+    /// Inode-table block images; `None` for a block of free slots (all zeros).
+    table: Vec<Option<Block>>,
     /// What each inode slot holds.
     slots: Vec<Slot>,
     /// Every name, indexed.
@@ -512,7 +512,7 @@ impl Meta {
         }
         let mut blocks: Vec<Block> = inode.overflow.iter().map(|_| zero_block()).collect();
         let index = slot as usize % INODES_PER_BLOCK;
-        let table = &mut self.table[slot as usize / INODES_PER_BLOCK];
+        let table = self.table_block(slot);
         inode.encode(&mut table[index * INODE_SIZE..(index + 1) * INODE_SIZE], &mut blocks);
         self.dirty.insert(self.inode_block(sb, slot));
         for (b, image) in inode.overflow.iter().zip(blocks) {
@@ -533,9 +533,7 @@ impl Meta {
             self.free_meta(sb, b);
         }
         let index = slot as usize % INODES_PER_BLOCK;
-        Inode::encode_free(
-            &mut self.table[slot as usize / INODES_PER_BLOCK][index * INODE_SIZE..(index + 1) * INODE_SIZE],
-        );
+        Inode::encode_free(&mut self.table_block(slot)[index * INODE_SIZE..(index + 1) * INODE_SIZE]);
         self.dirty.insert(self.inode_block(sb, slot));
         self.ns.remove_slot(slot);
         self.slots[slot as usize] = Slot::Free;
@@ -549,13 +547,18 @@ impl Meta {
         dirty.len()
     }
 
+    /// The inode-table block that holds `slot`, made (zeros) if it held nothing.
+    fn table_block(&mut self, slot: u32) -> &mut Block {
+        self.table[slot as usize / INODES_PER_BLOCK].get_or_insert_with(zero_block)
+    }
+
     /// Takes the running transaction: its images, and the runs it freed.
     #[allow(clippy::type_complexity)]
     fn take_transaction(&mut self, sb: &Superblock) -> (u64, Vec<(u64, Block)>, Vec<(u64, u64)>, Vec<(u64, u64)>) {
         let mut images = Vec::with_capacity(self.dirty.len());
         for b in std::mem::take(&mut self.dirty) {
             let image = if b >= sb.inode_start && b < sb.bitmap_start {
-                self.table[(b - sb.inode_start) as usize].clone()
+                self.table[(b - sb.inode_start) as usize].clone().unwrap_or_else(zero_block)
             } else if b >= sb.bitmap_start && b < sb.journal_start {
                 let mut image = zero_block();
                 image.copy_from_slice(self.alloc.image(b - sb.bitmap_start));
@@ -654,7 +657,7 @@ impl FileSystem {
             disk.flush()?;
             journal = Journal::recover(&disk, &sb)?;
         }
-        let table = check::read_blocks(&disk, sb.inode_start, sb.inode_blocks)?;
+        let table = check::read_table(&disk, &sb)?;
         let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
         let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
         let mut first = check::FirstProblem;

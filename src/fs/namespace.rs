@@ -430,10 +430,7 @@ impl Meta {
     fn drop_dir(&mut self, sb: &super::Superblock, slot: u32) {
         debug_assert!(self.ns.is_empty_dir(slot));
         let index = slot as usize % super::INODES_PER_BLOCK;
-        Inode::encode_free(
-            &mut self.table[slot as usize / super::INODES_PER_BLOCK]
-                [index * super::INODE_SIZE..(index + 1) * super::INODE_SIZE],
-        );
+        Inode::encode_free(&mut self.table_block(slot)[index * super::INODE_SIZE..(index + 1) * super::INODE_SIZE]);
         self.dirty.insert(self.inode_block(sb, slot));
         self.slots[slot as usize] = Slot::Free;
     }
