@@ -2168,3 +2168,33 @@ fn a_directory_walk_loads_the_next_files_ahead_and_a_random_open_does_not() {
     let after = fs.stats().cache;
     assert_eq!(after.misses, before.misses, "the walk's next files were in the cache: {after:?}");
 }
+
+/// The same by inode number: GNU cp -r sorts a directory's entries by inode
+/// number before copying them, and files made in one go have consecutive ones.
+#[test]
+fn a_walk_in_inode_order_loads_the_next_files_ahead_too() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    // Made in reverse name order: inode order is the reverse of name order.
+    for i in (0..20u64).rev() {
+        let f = fs.create(format!("d/f{i:02}")).unwrap();
+        f.write_at(&bytes(i, 9000), 0).unwrap();
+    }
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    let read = |i: u64| {
+        let mut back = vec![0u8; 9000];
+        assert_eq!(fs.open(format!("d/f{i:02}")).unwrap().read_at(&mut back, 0).unwrap(), 9000);
+        assert_eq!(back, bytes(i, 9000));
+    };
+    read(19);
+    read(18);
+    fs.wait_for_readahead();
+    let before = fs.stats().cache;
+    assert!(before.readahead_pages >= 8 * 3, "{before:?}");
+    for i in (10..18u64).rev() {
+        read(i);
+    }
+    let after = fs.stats().cache;
+    assert_eq!(after.misses, before.misses, "the walk's next files were in the cache: {after:?}");
+}

@@ -327,7 +327,7 @@ struct Inner {
     /// Read-ahead jobs posted and not yet finished.
     readahead_pending: AtomicU64,
     /// The last file opened in each directory ([`Inner::walk_ahead`]).
-    walks: Mutex<HashMap<u32, Vec<u8>>>,
+    walks: Mutex<HashMap<u32, (Vec<u8>, u32)>>,
     meta: Mutex<Meta>,
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
@@ -943,26 +943,37 @@ impl Inner {
         self.sync_through(tid)
     }
 
-    /// An open of `name` in directory `parent` (the caller holds the metadata
-    /// lock): if this process has been opening that directory's files in the
-    /// order `readdir` lists them (the last one it opened there is among the
-    /// few entries just before this one), the files that come next, for
-    /// [`Inner::load_whole_files`]. `tar c`, `cp -r` and `diff -r` walk
-    /// directories so, and each file they open was a device round trip in a
-    /// process whose cache starts cold: read ahead by the read-ahead thread,
-    /// on the other CPU, it is in the cache when they come to it.
-    fn walk_ahead(&self, meta: &Meta, parent: u32, name: &[u8]) -> Vec<Arc<Node>> {
+    /// An open of file `slot`, named `name` in directory `parent` (the caller
+    /// holds the metadata lock): if this process has been opening that
+    /// directory's files in order, the files that come next, for
+    /// [`Inner::load_whole_files`]. In order means by name, as `readdir`
+    /// lists them (`tar c`, `diff -r`: the last file opened there is among
+    /// the few entries just before this one), or by inode number (GNU `cp -r`
+    /// sorts a directory's entries so, to read fast: the last one's slot is
+    /// just below this one's). Each file such a walk opens was a device round
+    /// trip in a process whose cache starts cold; read ahead by the read-ahead
+    /// thread, on the other CPU, it is in the cache when the walk comes to it.
+    fn walk_ahead(&self, meta: &Meta, parent: u32, name: &[u8], slot: u32) -> Vec<Arc<Node>> {
         let mut walks = self.walks.lock().expect("walks lock poisoned");
-        let walking =
-            walks.get(&parent).is_some_and(|last| meta.ns.before(parent, name, WALK_AHEAD + 1).any(|n| n == &last[..]));
+        let last = walks.get(&parent);
+        let by_name = last.is_some_and(|(n, _)| meta.ns.before(parent, name, WALK_AHEAD + 1).any(|b| b == &n[..]));
+        let by_slot = last.is_some_and(|&(_, s)| s < slot && slot - s <= WALK_AHEAD as u32 + 1);
         if walks.len() >= 1024 && !walks.contains_key(&parent) {
             walks.clear(); // directories long left behind
         }
-        walks.insert(parent, name.to_vec());
-        if !walking {
-            return Vec::new();
+        walks.insert(parent, (name.to_vec(), slot));
+        drop(walks);
+        let file = |c: namespace::Child| (!c.dir).then(|| meta.file(c.slot).cloned()).flatten();
+        if by_name {
+            meta.ns.after(parent, name, WALK_AHEAD).filter_map(file).collect()
+        } else if by_slot {
+            let next = slot as usize + 1..(slot as usize + 1 + WALK_AHEAD).min(meta.slots.len());
+            next.filter(|&s| meta.ns.link_of(s as u32).is_some_and(|(p, _)| *p == parent))
+                .filter_map(|s| meta.file(s as u32).cloned())
+                .collect()
+        } else {
+            Vec::new()
         }
-        meta.ns.after(parent, name, WALK_AHEAD).filter(|c| !c.dir).filter_map(|c| meta.file(c.slot).cloned()).collect()
     }
 
     /// Posts to the read-ahead thread each of `nodes` that is small (at most

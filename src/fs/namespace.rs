@@ -558,7 +558,7 @@ impl FileSystem {
                 let node = Arc::clone(meta.file(c.slot).expect("a file's slot holds its node"));
                 let file = self.handle(node, false);
                 let ahead = match (&walk.name, walk_ahead) {
-                    (Some(name), true) => fs.walk_ahead(&meta, walk.parent, name),
+                    (Some(name), true) => fs.walk_ahead(&meta, walk.parent, name, c.slot),
                     _ => Vec::new(),
                 };
                 drop(meta);
