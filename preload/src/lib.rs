@@ -161,7 +161,7 @@ extern "C" fn on_load() {
     if c.log {
         // SAFETY: duplicates stderr (close-on-exec); -1 if it is closed or the table is full.
         let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, LOG_FD_FLOOR) };
-        LOG_FD.store(fd.max(-1), Ordering::Relaxed);
+        LOG_FD.store(fd, Ordering::Relaxed);
     }
     if !c.files.is_empty() {
         ROUTING.store(true, Ordering::SeqCst);

@@ -218,7 +218,9 @@ impl DirtyFiles {
     /// Puts `node` at the back of the queue if it is not in it; the caller
     /// holds its state lock.
     fn enqueue(&self, node: &Arc<Node>) {
-        if node.queued.swap(true, Ordering::AcqRel) {
+        // Called for every page a write dirties: a plain load first, no
+        // read-modify-write of the flag while the file stays queued.
+        if node.queued.load(Ordering::Acquire) || node.queued.swap(true, Ordering::AcqRel) {
             return;
         }
         let mut q = self.queue();
