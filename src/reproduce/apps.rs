@@ -35,8 +35,8 @@ const WHY_NOT: &[(&str, &str)] = &[
     (
         "OLTP insert (single-row transactions)",
         "SQLite's rollback journal makes two namespace changes per transaction (the journal's create and delete), \
-         each written to iopath's journal before the call returns so that a killed process keeps it; ext4 keeps them \
-         in kernel memory",
+         each sent to iopath's journal before the call returns so that a killed process keeps it, and each fsync \
+         waits for them; ext4 keeps them in kernel memory",
     ),
     (
         "varmail-like (create, append, fsync, delete)",
