@@ -720,6 +720,42 @@ fn uring_cancels_a_command_and_still_hands_it_back() {
 }
 
 #[test]
+fn a_uring_wait_or_look_sends_what_was_left_uncommitted() {
+    // A sleeping caller leaves its commit to the wait (one io_uring_enter submits
+    // and sleeps); a policy that looks first must send it too, or nothing ever comes.
+    use iopath::device::{Command, QueueConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let device = open_device(&format!("uring:{}", dir.path().join("s.img").display()), Some(1 << 20)).unwrap();
+    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    assert!(q.sends_when_waiting());
+    let mut buf = IoBuf::new(4096);
+    let mut out = Vec::new();
+    for (round, wait) in [(0u64, true), (1, false), (2, true)] {
+        let mut c = Command::with_capacity(1);
+        c.reset(Op::Read, round);
+        c.push(round * 4096, buf.as_mut_ptr(), 4096);
+        // SAFETY: the buffer outlives the waits below.
+        unsafe { q.submit(c) };
+        out.clear();
+        if wait {
+            // One wait, long enough that a wait which sent nothing fails the test.
+            assert_eq!(q.wait(&mut out, 60_000_000_000).unwrap(), 1, "round {round}");
+        } else {
+            let give_up = std::time::Instant::now() + Duration::from_secs(10);
+            while out.is_empty() && std::time::Instant::now() < give_up {
+                q.reap(&mut out).unwrap();
+            }
+        }
+        assert_eq!(out.len(), 1, "round {round}");
+        assert_eq!((out[0].tag, out[0].segments[0].result), (round, 4096));
+    }
+    // An SQPOLL ring's thread takes what is queued: only a commit sends there.
+    let spec = format!("uring:{},size=1m,sqpoll=1", dir.path().join("sq.img").display());
+    let q = open_device(&spec, None).unwrap().open_queue(&QueueConfig::depth(8)).unwrap();
+    assert!(!q.sends_when_waiting());
+}
+
+#[test]
 fn long_uring_waits_sleep_under_a_watchdog_whose_completion_is_no_command() {
     // A wait of a second or more sleeps with no timer of its own under a watchdog
     // timeout (100 ms) that stays in the ring after the wait is over; when it fires,

@@ -397,6 +397,14 @@ pub trait Queue: Send {
     fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize>;
     /// Commands submitted and not yet reaped.
     fn in_flight(&self) -> usize;
+    /// Whether [`Queue::reap`] and [`Queue::wait`] send submitted commands
+    /// that were not committed yet (io_uring: one `io_uring_enter` submits
+    /// and sleeps). A caller about to sleep may then leave the commit to its
+    /// wait: one system call per request instead of two. Where this is false
+    /// (the default), only [`Queue::commit`] sends.
+    fn sends_when_waiting(&self) -> bool {
+        false
+    }
     /// When the earliest in-flight command is expected to complete, if known.
     fn next_deadline_ns(&self) -> Option<u64> {
         None

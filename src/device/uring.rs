@@ -512,6 +512,16 @@ impl UringQueue {
         }
     }
 
+    /// After an enter that submitted: the kernel took every SQE but those
+    /// still in the ring (SQPOLL takes them on its own time; they are its,
+    /// not ours, from here on).
+    fn note_taken(&mut self) {
+        let left = if self.shared.config.sqpoll { 0 } else { self.ring.submission().len() };
+        while self.unsent.len() > left {
+            self.unsent.pop_front();
+        }
+    }
+
     fn enter_submit(&mut self) -> std::io::Result<()> {
         if let Some(errno) = self.broken {
             return Err(std::io::Error::from_raw_os_error(errno));
@@ -519,12 +529,7 @@ impl UringQueue {
         loop {
             match self.ring.submit() {
                 Ok(_) => {
-                    // The kernel took every SQE but those still in the ring (SQPOLL takes
-                    // them on its own time; they are its, not ours, from here on).
-                    let left = if self.shared.config.sqpoll { 0 } else { self.ring.submission().len() };
-                    while self.unsent.len() > left {
-                        self.unsent.pop_front();
-                    }
+                    self.note_taken();
                     return Ok(());
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -759,6 +764,11 @@ impl Queue for UringQueue {
         if self.in_flight == 0 {
             return Ok(0);
         }
+        if self.sends_when_waiting() && !self.ring.submission().is_empty() {
+            // A caller left its commit to a wait that did not come (its policy
+            // looked first): send now. A failure hands the commands back failed.
+            let _ = self.commit();
+        }
         if self.ring.completion().is_empty() && self.ready.is_empty() {
             // Deferred task work (and IOPOLL) posts completions only inside an enter;
             // cooperative task work is run at the submitter's next kernel entry. For
@@ -822,11 +832,26 @@ impl Queue for UringQueue {
         } else {
             let ts = types::Timespec::new().sec(timeout_ns / 1_000_000_000).nsec((timeout_ns % 1_000_000_000) as u32);
             let args = types::SubmitArgs::new().timespec(&ts);
-            // Submits nothing: SQEs are sent by `commit` only (a broken ring's leftovers never).
-            // SAFETY: GETEVENTS with a valid extended argument that outlives the call.
-            unsafe {
-                self.ring.submitter().enter(0, 1, 1 /* GETEVENTS */ | 8 /* EXT_ARG */, Some(&args))
+            // Sends what a caller left uncommitted for this wait (`sends_when_waiting`;
+            // a broken ring's leftovers never): the kernel submits, then sleeps.
+            let to_submit = if self.sends_when_waiting() { self.ring.submission().len() as u32 } else { 0 };
+            // SAFETY: GETEVENTS with a valid extended argument that outlives the call;
+            // the SQEs' buffers belong to commands held in `slots` until their CQEs.
+            let r = unsafe {
+                self.ring.submitter().enter(to_submit, 1, 1 /* GETEVENTS */ | 8 /* EXT_ARG */, Some(&args))
+            };
+            if to_submit > 0 {
+                self.note_taken();
+                if !self.ring.submission().is_empty() {
+                    // The kernel took only some (its completion ring full) or none (an
+                    // error), and did not wait: the plain submit retries, or fails what
+                    // it cannot send. The caller waits again.
+                    let _ = self.enter_submit();
+                    self.drain_cq();
+                    return Ok(self.collect_finished(out));
+                }
             }
+            r
         };
         match r {
             Ok(_) => {}
@@ -839,6 +864,11 @@ impl Queue for UringQueue {
 
     fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    fn sends_when_waiting(&self) -> bool {
+        // An SQPOLL thread takes SQEs on its own; a broken ring sends nothing more.
+        !self.shared.config.sqpoll && self.broken.is_none()
     }
 
     fn cancel(&mut self, which: Cancel) -> Result<()> {

@@ -276,16 +276,21 @@ impl Channel {
         unsafe { self.submit_command(command) };
     }
 
-    /// Queues and commits one request. A failed commit is counted and
-    /// otherwise ignored: the queue hands the command back failed.
+    /// Queues one request and sends it, or leaves the sending to the wait
+    /// that follows where that wait sleeps at once on a queue whose waits
+    /// send ([`CompletionPolicy::sleeps_first`], [`Queue::sends_when_waiting`]):
+    /// on io_uring one `io_uring_enter` then submits and sleeps. For a caller
+    /// that waits for the request next, on this thread.
     ///
     /// # Safety
     ///
     /// As [`Channel::queue_one`].
-    pub unsafe fn send_one(&mut self, request: Request) {
+    pub unsafe fn send_one_to_wait(&mut self, request: Request) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.queue_one(request) };
-        self.commit();
+        if !(self.completion.sleeps_first() && self.queue.sends_when_waiting()) {
+            self.commit();
+        }
     }
 
     /// Sends queued commands to the device. A failure is counted and

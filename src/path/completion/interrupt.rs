@@ -23,6 +23,10 @@ impl CompletionPolicy for Interrupt {
         false
     }
 
+    fn sleeps_first(&self) -> bool {
+        true
+    }
+
     fn wait(
         &mut self,
         queue: &mut dyn Queue,

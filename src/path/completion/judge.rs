@@ -288,6 +288,12 @@ pub fn note_progress(n: usize) {
     }
 }
 
+/// The way waits take now, as the last window set it (one atomic load; a
+/// wait's own [`way_now`] may end the window and change it).
+pub fn way() -> Way {
+    if WAY.load(Ordering::Relaxed) == 1 { Way::Sleep } else { Way::PerWaiter }
+}
+
 /// The way a wait starting at `now_ns` takes; the first wait past the end of
 /// a window ends it (one thread, under a lock no one waits for) and returns
 /// the trial's result if one ended. Two atomic loads otherwise.
@@ -308,7 +314,7 @@ pub fn way_now(now_ns: u64) -> (Way, Option<TrialResult>) {
         WAY.store(u8::from(judge.way() == Way::Sleep), Ordering::Relaxed);
         WINDOW_END_NS.store(now_ns + WINDOW_NS, Ordering::Relaxed);
     }
-    (if WAY.load(Ordering::Relaxed) == 1 { Way::Sleep } else { Way::PerWaiter }, result)
+    (way(), result)
 }
 
 #[cfg(test)]

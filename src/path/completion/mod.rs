@@ -101,6 +101,16 @@ pub trait CompletionPolicy: Send {
         false
     }
 
+    /// Whether the next wait goes straight to a sleep in [`Queue::wait`],
+    /// with no look at the queue first. On a queue whose waits send
+    /// ([`Queue::sends_when_waiting`]) a caller may then leave its commit to
+    /// that wait: one system call per request instead of two. A policy that
+    /// says so and looks first after all costs nothing but the saving (a look
+    /// sends too).
+    fn sleeps_first(&self) -> bool {
+        false
+    }
+
     /// Waits until `queue` hands back at least one command (moved into `out`)
     /// or the monotonic clock passes `limit_ns`; returns how many were handed
     /// back. `expect` describes the oldest command in flight.

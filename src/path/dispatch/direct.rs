@@ -15,8 +15,8 @@ pub struct Direct;
 
 impl Dispatch for Direct {
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { channel.send_one(request) };
+        // SAFETY: forwarded from the caller's contract. A sleeping wait sends it.
+        unsafe { channel.send_one_to_wait(request) };
         // Even when the commit failed: the command comes back (failed) and only then
         // is the caller's buffer its own again.
         Ok(channel.wait_for(request.tag))

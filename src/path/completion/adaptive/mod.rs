@@ -296,6 +296,13 @@ impl CompletionPolicy for Adaptive {
         self.controller.mode() != Mode::Interrupt
     }
 
+    fn sleeps_first(&self) -> bool {
+        // The judge's sleeping way, or interrupt mode out of a crowd (a crowd and a
+        // flush yield, whose first look sends what was left for the wait).
+        (self.judged && judge::way() == Way::Sleep)
+            || (self.controller.mode() == Mode::Interrupt && crowd::waiting() < crowd::cpus())
+    }
+
     fn wait(
         &mut self,
         queue: &mut dyn Queue,
