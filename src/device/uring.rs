@@ -556,34 +556,34 @@ impl UringQueue {
             return;
         }
         for user_data in std::mem::take(&mut self.unsent) {
-            if user_data != CANCEL_USER_DATA {
-                self.complete_sqe(user_data, -errno);
+            match user_data {
+                CANCEL_USER_DATA => {}
+                WATCHDOG_USER_DATA => self.watchdog_armed = false,
+                _ => self.complete_sqe(user_data, -errno),
             }
         }
     }
 
     /// Whether a wait of `timeout_ns` can sleep untimed under the watchdog;
-    /// pushes the watchdog's SQE if none is armed. Only plain rings whose
-    /// submission ring is empty qualify: the waiting enter then sends the
-    /// watchdog and nothing else.
+    /// pushes the watchdog's SQE if none is armed, for the waiting enter to
+    /// send with whatever else is queued. Only plain rings qualify.
     fn arm_watchdog(&mut self, timeout_ns: u64) -> bool {
         if timeout_ns < WATCHDOG_NS || self.iopoll || self.shared.config.sqpoll || self.broken.is_some() {
             return false;
         }
-        if self.watchdog_armed {
-            return self.ring.submission().is_empty();
+        if !self.watchdog_armed {
+            let entry = opcode::Timeout::new(&*self.watchdog_ts as *const types::Timespec)
+                .build()
+                .user_data(WATCHDOG_USER_DATA);
+            // SAFETY: the timespec is heap-allocated and owned by the queue, which
+            // outlives the ring's use of it (the ring is dropped with the queue).
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                return false;
+            }
+            // Tracked like any SQE, so a partial submission counts it right.
+            self.unsent.push_back(WATCHDOG_USER_DATA);
+            self.watchdog_armed = true;
         }
-        if !self.ring.submission().is_empty() {
-            return false;
-        }
-        let entry =
-            opcode::Timeout::new(&*self.watchdog_ts as *const types::Timespec).build().user_data(WATCHDOG_USER_DATA);
-        // SAFETY: the timespec is heap-allocated and owned by the queue, which
-        // outlives the ring's use of it (the ring is dropped with the queue).
-        if unsafe { self.ring.submission().push(&entry) }.is_err() {
-            return false;
-        }
-        self.watchdog_armed = true;
         true
     }
 
@@ -820,39 +820,40 @@ impl Queue for UringQueue {
         if n > 0 {
             return Ok(n);
         }
-        let r = if self.arm_watchdog(timeout_ns) {
-            // Sends the watchdog if it is new (nothing else is in the ring: checked),
-            // then sleeps until a completion, the watchdog's included.
-            let to_submit = self.ring.submission().len() as u32;
-            // SAFETY: a GETEVENTS enter with no argument; the one SQE it may send is
-            // the watchdog, whose timespec lives on the heap as long as the queue.
+        // Sends what a caller left uncommitted for this wait (`sends_when_waiting`;
+        // a broken ring's leftovers never), and a new watchdog: the kernel submits,
+        // then sleeps.
+        let watched = self.arm_watchdog(timeout_ns);
+        let to_submit = if self.sends_when_waiting() { self.ring.submission().len() as u32 } else { 0 };
+        let r = if watched {
+            // Sleeps untimed until a completion, the watchdog's included (a timed
+            // sleep arms a kernel timer per wait: 8x the hrtimer starts, measured).
+            // SAFETY: a GETEVENTS enter with no argument; the SQEs' buffers belong to
+            // commands held in `slots` until their CQEs, and the watchdog's timespec
+            // lives on the heap as long as the queue.
             unsafe {
                 self.ring.submitter().enter::<libc::sigset_t>(to_submit, 1, 1 /* GETEVENTS */, None)
             }
         } else {
             let ts = types::Timespec::new().sec(timeout_ns / 1_000_000_000).nsec((timeout_ns % 1_000_000_000) as u32);
             let args = types::SubmitArgs::new().timespec(&ts);
-            // Sends what a caller left uncommitted for this wait (`sends_when_waiting`;
-            // a broken ring's leftovers never): the kernel submits, then sleeps.
-            let to_submit = if self.sends_when_waiting() { self.ring.submission().len() as u32 } else { 0 };
             // SAFETY: GETEVENTS with a valid extended argument that outlives the call;
             // the SQEs' buffers belong to commands held in `slots` until their CQEs.
-            let r = unsafe {
+            unsafe {
                 self.ring.submitter().enter(to_submit, 1, 1 /* GETEVENTS */ | 8 /* EXT_ARG */, Some(&args))
-            };
-            if to_submit > 0 {
-                self.note_taken();
-                if !self.ring.submission().is_empty() {
-                    // The kernel took only some (its completion ring full) or none (an
-                    // error), and did not wait: the plain submit retries, or fails what
-                    // it cannot send. The caller waits again.
-                    let _ = self.enter_submit();
-                    self.drain_cq();
-                    return Ok(self.collect_finished(out));
-                }
             }
-            r
         };
+        if to_submit > 0 {
+            self.note_taken();
+            if !self.ring.submission().is_empty() {
+                // The kernel took only some (its completion ring full) or none (an
+                // error), and did not wait: the plain submit retries, or fails what it
+                // cannot send. The caller waits again.
+                let _ = self.enter_submit();
+                self.drain_cq();
+                return Ok(self.collect_finished(out));
+            }
+        }
         match r {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}

@@ -54,6 +54,9 @@ const RECALIBRATE_EVERY: u32 = 64;
 /// A latency sample over this many times the learned mean is a late sighting,
 /// not a measurement (see [`Bucket::learn_latency`]).
 pub const LATE_FACTOR: f64 = 4.0;
+/// A learned mean this many times over a completion's upper bound is wrong
+/// (see [`Bucket::learn_bound`]).
+pub const BOUND_FACTOR: f64 = 2.0;
 /// Late sightings in a row that mean the device itself has slowed down.
 pub const LATE_RUN: u32 = 8;
 
@@ -117,6 +120,22 @@ impl Bucket {
             self.latency_ns += (sample_ns - self.latency_ns) / 8.0;
         }
         debug_assert!(self.latency_ns.is_finite() && self.latency_ns >= 0.0);
+    }
+
+    /// Feeds an upper bound of the latency: a command found complete after a
+    /// sleep (hybrid's oversleep, an interrupt's wake-up) took no longer than
+    /// that. A mean over [`BOUND_FACTOR`] times the bound was learned from
+    /// late sightings (a first wait among CPU hogs: 6.4 ms on an 80 us
+    /// device), and a hybrid sleeping for it oversleeps every command by
+    /// milliseconds while PAS shrinks its target a tenth at a time: the mean
+    /// and the target drop to the bound at once. Within the factor the bound
+    /// is only PAS's usual oversleep, and nothing changes.
+    pub fn learn_bound(&mut self, bound_ns: f64) {
+        if self.latency_ns > BOUND_FACTOR * bound_ns {
+            self.latency_ns = bound_ns;
+            self.target_ns = self.target_ns.min(bound_ns);
+            self.late_run = 0;
+        }
     }
 
     /// Applies one PAS feedback: `over` = the sleep ended after completion.
@@ -208,6 +227,15 @@ impl Hybrid {
         self.buckets[index].learn_latency(seen_ns.saturating_sub(expect.since_ns) as f64);
     }
 
+    /// Feeds the upper bound a sleeping wait gives: the command described by
+    /// `expect` was complete when the waiter saw it at `seen_ns`.
+    pub fn learn_bound(&mut self, expect: Expect, seen_ns: u64) {
+        if expect.since_ns > 0 {
+            let bound = seen_ns.saturating_sub(expect.since_ns) as f64;
+            self.buckets[bucket_index(expect.op, expect.bytes)].learn_bound(bound);
+        }
+    }
+
     /// The measured timer overshoot.
     pub fn overshoot_ns(&self) -> f64 {
         self.overshoot_ns
@@ -289,10 +317,11 @@ impl CompletionPolicy for Hybrid {
                 let n = queue.reap(out)?;
                 stats.polls += 1;
                 if n > 0 {
-                    // Completed while we slept: the sample is only an upper bound, not learned.
+                    // Completed while we slept: the sample is only an upper bound.
                     stats.oversleeps += 1;
                     let floor = self.floor_ns();
                     self.buckets[index].feedback(true, floor);
+                    self.learn_bound(expect, now_ns());
                     return Ok(n);
                 }
                 let (n, seen) = poll::spin(queue, out, stats, limit_ns, None)?;
@@ -327,6 +356,28 @@ impl CompletionPolicy for Hybrid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mean_learned_from_a_late_sighting_drops_to_the_first_upper_bound() {
+        // The first wait among CPU hogs saw an 80 us device's command after 6.4 ms.
+        let mut b = Bucket::default();
+        b.learn_latency(6_400_000.0);
+        // An interrupt's wake-up found the next one done after 95 us.
+        b.learn_bound(95_000.0);
+        assert_eq!(b.latency_ns, 95_000.0);
+        assert!(b.target_ns <= 95_000.0, "{}", b.target_ns);
+        // PAS's usual oversleeps (bounds near or under the mean) change nothing.
+        let mut c = Bucket::default();
+        c.learn_latency(80_000.0);
+        let before = c;
+        c.learn_bound(100_000.0);
+        c.learn_bound(60_000.0);
+        assert_eq!(c, before);
+        // Nothing learned yet: a bound teaches nothing (hybrid keeps polling to learn).
+        let mut d = Bucket::default();
+        d.learn_bound(95_000.0);
+        assert_eq!(d, Bucket::default());
+    }
 
     #[test]
     fn pas_settles_near_the_latency_and_oversleeps_rarely() {

@@ -493,7 +493,16 @@ impl Adaptive {
                 }
                 (n, seen)
             }
-            Mode::Interrupt => (Interrupt.wait(queue, out, stats, limit_ns, expect)?, now_ns()),
+            Mode::Interrupt => {
+                let n = Interrupt.wait(queue, out, stats, limit_ns, expect)?;
+                let seen = now_ns();
+                // A wake-up bounds the device time from above: it keeps hybrid's
+                // estimate from staying where late sightings put it.
+                if n > 0 {
+                    self.hybrid.learn_bound(expect, seen);
+                }
+                (n, seen)
+            }
             Mode::Yield => {
                 let (n, outcome) = self.yielder.wait_counted(waiting, queue, out, stats, limit_ns, expect)?;
                 let seen = now_ns();
