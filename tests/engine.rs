@@ -755,6 +755,75 @@ fn a_uring_wait_or_look_sends_what_was_left_uncommitted() {
     assert!(!q.sends_when_waiting());
 }
 
+/// This thread's read and write system calls so far (`/proc/thread-self/io`).
+fn thread_syscalls() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    let field =
+        |name: &str| -> u64 { text.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim().parse().unwrap() };
+    (field("syscr:"), field("syscw:"))
+}
+
+#[test]
+fn a_request_whose_waiter_sleeps_is_the_kernels_own_blocking_call() {
+    // A thread that sleeps per request gains nothing from a ring: on io_uring,
+    // sync-intr reads and writes with pread/pwrite (counted in the thread's syscr
+    // and syscw, which ring I/O is not), and sync-yield goes through the ring.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("uring:{}", dir.path().join("b.img").display());
+    for (path, blocking) in [("sync-intr", true), ("sync-yield", false)] {
+        let engine = Engine::open(&format!("{spec},size=1m"), PathConfig::preset(path).unwrap()).unwrap();
+        let mut block = IoBuf::new(4096);
+        let mut back = IoBuf::new(4096);
+        let before = thread_syscalls();
+        for i in 0..50u64 {
+            block.fill(i as u8);
+            engine.write_at(&block, i * 4096).unwrap();
+            engine.read_at(&mut back, i * 4096).unwrap();
+            assert!(back.iter().all(|&b| b == i as u8), "{path}: block {i}");
+        }
+        let after = thread_syscalls();
+        let (reads, writes) = (after.0 - before.0, after.1 - before.1);
+        if blocking {
+            assert!(reads >= 50 && writes >= 50, "{path}: {reads} reads, {writes} writes");
+        } else {
+            assert!(reads < 25 && writes < 25, "{path}: {reads} reads, {writes} writes");
+        }
+    }
+}
+
+#[test]
+fn a_uring_queue_makes_blocking_calls_only_for_plain_reads_and_writes() {
+    use iopath::device::{Command, Durability, QueueConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let device = open_device(&format!("uring:{}", dir.path().join("p.img").display()), Some(1 << 20)).unwrap();
+    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    let mut buf = IoBuf::new(4096);
+    buf.fill(0x3c);
+    let mut c = Command::with_capacity(1);
+    c.reset(Op::Write, 1);
+    c.push(8192, buf.as_mut_ptr(), 4096);
+    // SAFETY: the buffer outlives the call.
+    assert!(unsafe { q.run_blocking(&mut c) });
+    assert_eq!(c.segments[0].result, 4096);
+    let mut back = IoBuf::new(4096);
+    c.reset(Op::Read, 2);
+    c.push(8192, back.as_mut_ptr(), 4096);
+    // SAFETY: as above.
+    assert!(unsafe { q.run_blocking(&mut c) });
+    assert_eq!(c.segments[0].result, 4096);
+    assert!(back.iter().all(|&b| b == 0x3c));
+    // Flushes and durable writes keep the ring's own ordering.
+    c.reset(Op::Flush, 3);
+    // SAFETY: no buffer.
+    assert!(!unsafe { q.run_blocking(&mut c) });
+    c.reset(Op::Write, 4);
+    c.durability = Durability::Ordered;
+    c.push(0, buf.as_mut_ptr(), 4096);
+    // SAFETY: as above.
+    assert!(!unsafe { q.run_blocking(&mut c) });
+    assert_eq!(q.in_flight(), 0);
+}
+
 #[test]
 fn long_uring_waits_sleep_under_a_watchdog_whose_completion_is_no_command() {
     // A wait of a second or more sleeps with no timer of its own under a watchdog

@@ -397,6 +397,21 @@ pub trait Queue: Send {
     fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize>;
     /// Commands submitted and not yet reaped.
     fn in_flight(&self) -> usize;
+    /// Carries `command` out in the calling thread with the kernel's own
+    /// blocking calls (pread, pwrite), setting every segment's result, where
+    /// this queue can; the thread sleeps in the kernel as a program's own call
+    /// would, with no ring in between. Returns false, `command` untouched,
+    /// where it cannot (the default): the caller submits it then. Never
+    /// counted in flight.
+    ///
+    /// # Safety
+    ///
+    /// Every segment's buffer must be valid for its length (writable for
+    /// reads) for the duration of the call.
+    unsafe fn run_blocking(&mut self, command: &mut Command) -> bool {
+        let _ = command;
+        false
+    }
     /// Whether [`Queue::reap`] and [`Queue::wait`] send submitted commands
     /// that were not committed yet (io_uring: one `io_uring_enter` submits
     /// and sleeps). A caller about to sleep may then leave the commit to its

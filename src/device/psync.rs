@@ -116,46 +116,66 @@ unsafe fn transfer(file: &std::fs::File, op: Op, offset: u64, buf: *mut u8, len:
     done as i32
 }
 
+/// Carries `command` out with pread/pwrite/fdatasync (and hole punching for
+/// trims) on `file`, setting every segment's result: a flush, and an ordered
+/// write's flush first, then the data, then for a durable write a datasync
+/// (its forced unit access). Shared by this backend and io_uring's blocking
+/// calls ([`Queue::run_blocking`]).
+///
+/// # Safety
+///
+/// Every segment's buffer must be valid for its length (writable for reads)
+/// for the duration of the call.
+pub(super) unsafe fn run_command(file: &std::fs::File, command: &mut Command) {
+    let datasync = || match sys::fdatasync(file) {
+        Ok(()) => 0,
+        Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+    };
+    let durability = if command.op == Op::Write { command.durability } else { Durability::Cached };
+    if command.op == Op::Flush || durability == Durability::Ordered {
+        // An ordered write's flush comes first: what completed before it is durable
+        // before its data is written.
+        command.result = datasync();
+        if command.result < 0 {
+            let errno = -command.result;
+            command.fail_all(errno);
+            return;
+        }
+    }
+    let op = command.op;
+    for seg in &mut command.segments {
+        seg.result = if op == Op::Trim {
+            match sys::punch_hole(file, seg.offset, seg.len as u64) {
+                Ok(()) => 0,
+                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+            }
+        } else {
+            // SAFETY: the caller guarantees each buffer for the call.
+            unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) }
+        };
+    }
+    if durability != Durability::Cached && command.segments.iter().all(|s| s.result >= 0) {
+        // Its forced unit access: a datasync after the write (pwritev2's RWF_DSYNC is the same).
+        let r = datasync();
+        if r < 0 {
+            command.fail_all(-r);
+        }
+    }
+}
+
 impl Queue for PsyncQueue {
     unsafe fn submit(&mut self, mut command: Command) {
-        let file = &self.shared.target.file;
         self.shared.counters.record(&command);
-        let datasync = || match sys::fdatasync(file) {
-            Ok(()) => 0,
-            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-        };
-        let durability = if command.op == Op::Write { command.durability } else { Durability::Cached };
-        if command.op == Op::Flush || durability == Durability::Ordered {
-            // An ordered write's flush comes first: what completed before it is durable
-            // before its data is written.
-            command.result = datasync();
-            if command.result < 0 {
-                let errno = -command.result;
-                command.fail_all(errno);
-                self.done.push(command);
-                return;
-            }
-        }
-        let op = command.op;
-        for seg in &mut command.segments {
-            seg.result = if op == Op::Trim {
-                match sys::punch_hole(file, seg.offset, seg.len as u64) {
-                    Ok(()) => 0,
-                    Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-                }
-            } else {
-                // SAFETY: the submitter guarantees each buffer for the command's lifetime.
-                unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) }
-            };
-        }
-        if durability != Durability::Cached && command.segments.iter().all(|s| s.result >= 0) {
-            // Its forced unit access: a datasync after the write (pwritev2's RWF_DSYNC is the same).
-            let r = datasync();
-            if r < 0 {
-                command.fail_all(-r);
-            }
-        }
+        // SAFETY: the submitter guarantees each buffer for the command's lifetime.
+        unsafe { run_command(&self.shared.target.file, &mut command) };
         self.done.push(command);
+    }
+
+    unsafe fn run_blocking(&mut self, command: &mut Command) -> bool {
+        self.shared.counters.record(command);
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { run_command(&self.shared.target.file, command) };
+        true
     }
 
     fn commit(&mut self) -> Result<()> {

@@ -867,6 +867,19 @@ impl Queue for UringQueue {
         self.in_flight
     }
 
+    unsafe fn run_blocking(&mut self, command: &mut Command) -> bool {
+        // Plain reads and writes only: flushes, trims and durable writes keep the
+        // ring's own ordering (a linked flush, RWF_DSYNC).
+        let plain = command.op == Op::Read || (command.op == Op::Write && command.durability == Durability::Cached);
+        if !plain || self.broken.is_some() {
+            return false;
+        }
+        self.shared.counters.record(command);
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { super::psync::run_command(&self.shared.target.file, command) };
+        true
+    }
+
     fn sends_when_waiting(&self) -> bool {
         // An SQPOLL thread takes SQEs on its own; a broken ring sends nothing more.
         !self.shared.config.sqpoll && self.broken.is_none()

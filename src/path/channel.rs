@@ -276,6 +276,36 @@ impl Channel {
         unsafe { self.submit_command(command) };
     }
 
+    /// Carries one request out with the kernel's blocking call where the
+    /// policy's next wait would sleep anyway and the queue can
+    /// ([`CompletionPolicy::wait_blocking`], [`Queue::run_blocking`]);
+    /// `None` where not (nothing was done: send it as usual).
+    ///
+    /// # Safety
+    ///
+    /// `request.buf` must be valid for `request.len` bytes (writable for
+    /// reads) for the duration of the call.
+    pub unsafe fn run_blocking(&mut self, request: Request) -> Option<Completed> {
+        if request.op == Op::Flush || !self.completion.sleeps_first() {
+            return None;
+        }
+        let mut command = self.take_command(request.op, request.tag);
+        command.durability = request.durability;
+        command.push(request.offset, request.buf, request.len);
+        let queue = &mut self.queue;
+        // SAFETY: forwarded from the caller's contract.
+        let ran =
+            self.completion.wait_blocking(&mut self.stats.wait, &mut || unsafe { queue.run_blocking(&mut command) });
+        if !ran {
+            self.recycle(command);
+            return None;
+        }
+        self.stats.commands += 1;
+        self.stats.segments += 1;
+        self.stats.segments_hist[segment_bucket(1)] += 1;
+        Some(self.finish(command))
+    }
+
     /// Queues one request and sends it, or leaves the sending to the wait
     /// that follows where that wait sleeps at once on a queue whose waits
     /// send ([`CompletionPolicy::sleeps_first`], [`Queue::sends_when_waiting`]):

@@ -27,6 +27,14 @@ impl CompletionPolicy for Interrupt {
         true
     }
 
+    fn wait_blocking(&mut self, stats: &mut WaitStats, call: &mut dyn FnMut() -> bool) -> bool {
+        let ran = call();
+        if ran {
+            stats.sleeps += 1;
+        }
+        ran
+    }
+
     fn wait(
         &mut self,
         queue: &mut dyn Queue,

@@ -111,6 +111,18 @@ pub trait CompletionPolicy: Send {
         false
     }
 
+    /// Where the next wait would sleep until woken anyway, has `call` carry
+    /// the request out with the kernel's own blocking call instead
+    /// ([`Queue::run_blocking`]): a thread that sleeps per request gains
+    /// nothing from a ring, and a blocking `pread` costs what the program's
+    /// own call would. `call` returns whether the queue could; the policy
+    /// books a call that ran as a sleeping wait and returns true. The default
+    /// never calls it.
+    fn wait_blocking(&mut self, stats: &mut WaitStats, call: &mut dyn FnMut() -> bool) -> bool {
+        let _ = (stats, call);
+        false
+    }
+
     /// Waits until `queue` hands back at least one command (moved into `out`)
     /// or the monotonic clock passes `limit_ns`; returns how many were handed
     /// back. `expect` describes the oldest command in flight.

@@ -15,7 +15,13 @@ pub struct Direct;
 
 impl Dispatch for Direct {
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
-        // SAFETY: forwarded from the caller's contract. A sleeping wait sends it.
+        // A thread that would sleep until woken makes the kernel's own blocking call
+        // where it can; else a sleeping wait sends the request.
+        // SAFETY: forwarded from the caller's contract.
+        if let Some(done) = unsafe { channel.run_blocking(request) } {
+            return Ok(done);
+        }
+        // SAFETY: forwarded from the caller's contract.
         unsafe { channel.send_one_to_wait(request) };
         // Even when the commit failed: the command comes back (failed) and only then
         // is the caller's buffer its own again.

@@ -296,6 +296,33 @@ impl CompletionPolicy for Adaptive {
         self.controller.mode() != Mode::Interrupt
     }
 
+    fn wait_blocking(&mut self, stats: &mut WaitStats, call: &mut dyn FnMut() -> bool) -> bool {
+        if !self.judged {
+            return false;
+        }
+        let began = now_ns();
+        let (way, trial) = judge::way_now(began);
+        if let Some(trial) = trial {
+            self.say_trial(trial);
+        }
+        if way != Way::Sleep {
+            return false;
+        }
+        // The judge's sleeping way, as the kernel's blocking calls sleep: with them.
+        let _waiting = Waiting::enter();
+        if !call() {
+            return false;
+        }
+        judge::note_progress(1);
+        crowd::note_completed(1);
+        let took = now_ns() - began;
+        stats.sleeps += 1;
+        stats.mode_ns[Mode::Interrupt as usize] += took;
+        explain::tally(JUDGED_SLEEPING, 1, took);
+        self.set_aside = true;
+        true
+    }
+
     fn sleeps_first(&self) -> bool {
         // The judge's sleeping way, or interrupt mode out of a crowd (a crowd and a
         // flush yield, whose first look sends what was left for the wait).
@@ -569,6 +596,38 @@ mod tests {
             assert_eq!(out.pop().unwrap().segments[0].result, 4096);
         }
         stats
+    }
+
+    #[test]
+    fn a_judged_sleeping_wait_is_the_kernels_blocking_call() {
+        let mut stats = WaitStats::default();
+        let mut calls = 0;
+        // adaptive has no judge: its waits never become blocking calls.
+        assert!(!Adaptive::new().wait_blocking(&mut stats, &mut || {
+            calls += 1;
+            true
+        }));
+        assert_eq!(calls, 0);
+        // auto in the judge's sleeping way makes one and books it as a sleep. (The
+        // judge is process-wide: a window another test's wait ends may set the way
+        // back, so the way is forced until a call sticks.)
+        let mut policy = Adaptive::auto();
+        let ran = (0..1000).any(|_| {
+            judge::force_way(Way::Sleep);
+            policy.wait_blocking(&mut stats, &mut || {
+                calls += 1;
+                std::thread::sleep(std::time::Duration::from_micros(10));
+                true
+            })
+        });
+        assert!(ran && calls >= 1);
+        assert_eq!(stats.sleeps, 1);
+        assert!(stats.mode_ns[Mode::Interrupt as usize] > 0);
+        // A queue that cannot (a flush, an emulated device) leaves the wait to the ring.
+        judge::force_way(Way::Sleep);
+        assert!(!policy.wait_blocking(&mut stats, &mut || false));
+        assert_eq!(stats.sleeps, 1);
+        judge::force_way(Way::PerWaiter);
     }
 
     #[test]
