@@ -303,10 +303,14 @@ impl Device for UringDevice {
         match (polled, s.iopoll) {
             (true, true) => "kernel polling: IOPOLL ring, spun on with GETEVENTS enters".into(),
             (true, false) => format!(
-                "the completion ring, spun on in user space; sleeping waits block in io_uring_enter ({})",
+                "the completion ring, spun on in user space; sleeping waits block in io_uring_enter, or make \
+                 the kernel's own pread/pwrite for a blocking read or write ({})",
                 s.iopoll_note
             ),
-            (false, _) => "interrupts: a blocking io_uring_enter on an interrupt-driven ring".into(),
+            (false, _) => "interrupts: a blocking io_uring_enter on an interrupt-driven ring; a blocking read or \
+                           write is the kernel's own pread/pwrite (nothing gains from a ring when every request \
+                           sleeps)"
+                .into(),
         }
     }
 
