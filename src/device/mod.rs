@@ -402,7 +402,9 @@ pub trait Queue: Send {
     /// this queue can; the thread sleeps in the kernel as a program's own call
     /// would, with no ring in between. Returns false, `command` untouched,
     /// where it cannot (the default): the caller submits it then. Never
-    /// counted in flight.
+    /// counted in flight, and beyond the path's timeout: like the program's
+    /// own call, it returns when the kernel's does (O_DIRECT block I/O under
+    /// way cannot be cancelled through a ring either).
     ///
     /// # Safety
     ///
