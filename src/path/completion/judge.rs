@@ -51,6 +51,11 @@ pub const WINDOW_NS: u64 = 100_000_000;
 pub const FIRST_STAY_WINDOWS: u32 = 2;
 /// Longest stay between two trials (4 s).
 pub const MAX_STAY_WINDOWS: u32 = 40;
+/// A trial whose first pair of windows the way in use wins by this much
+/// (twice the 10-20% a program's progress moves by on its own over 100 ms)
+/// ends there, a clear loss of the way tried: its second window would cost
+/// the program another 100 ms of the worse way to say the same.
+pub const EARLY_LOSS: f64 = 1.3;
 /// The other way replaces the one in use when its windows made this much
 /// more progress (completions per second) in two trials in a row.
 pub const JUDGE_MARGIN: f64 = 1.03;
@@ -73,7 +78,8 @@ pub const CLEAR_WIN: f64 = 1.15;
 ///
 /// A trial is four windows of [`WINDOW_NS`], the other way and the way in use
 /// alternating (so a drift of the program's own load falls on both), and the
-/// sums of their completion rates decide: the other way replaces the one in
+/// sums of their completion rates decide (after two windows where the way
+/// in use is [`EARLY_LOSS`] ahead): the other way replaces the one in
 /// use if it made [`CLEAR_WIN`] more progress, or [`JUDGE_MARGIN`] more in
 /// two trials in a row. Between trials the way in use stays for
 /// [`FIRST_STAY_WINDOWS`], longer while trials keep confirming it, so a
@@ -200,12 +206,15 @@ impl Judge {
             }
             Some((i, tried, kept)) => {
                 let (tried, kept) = if i % 2 == 0 { (tried + rate, kept) } else { (tried, kept + rate) };
-                if i < 3 {
+                let early = i == 1 && kept > EARLY_LOSS * tried;
+                if i < 3 && !early {
                     self.trial = Some((i + 1, tried, kept));
                     return None;
                 }
                 self.trial = None;
                 self.trials += 1;
+                // Windows of each way the sums cover.
+                let windows = if early { 1.0 } else { 2.0 };
                 let tried_way = self.way.other();
                 let wins = tried > JUDGE_MARGIN * kept;
                 let switched = wins && (self.confirming || tried > CLEAR_WIN * kept);
@@ -230,7 +239,7 @@ impl Judge {
                     way: self.way,
                     switched,
                     confirming: self.confirming,
-                    rates: (tried / 2.0, kept / 2.0),
+                    rates: (tried / windows, kept / windows),
                     stay: self.stay,
                 })
             }
@@ -409,6 +418,42 @@ mod tests {
             }
         }
         assert_eq!((judge.way(), judge.switches), (Way::PerWaiter, 0));
+    }
+
+    #[test]
+    fn a_trial_the_way_tried_clearly_loses_ends_after_one_window_of_each() {
+        // Per-waiter modes in use (an uncontested first window), then a trial of sleeping.
+        let start = || {
+            let mut judge = Judge::new();
+            judge.on_window(1000, WINDOW_NS, false);
+            while !judge.in_trial() {
+                judge.on_window(10_000, WINDOW_NS, true);
+            }
+            assert_eq!(judge.way(), Way::Sleep);
+            judge
+        };
+        let window = |rate: f64| (rate * WINDOW_NS as f64 / 1e9) as u64;
+        // Sleeping 35% behind in its first window: the trial ends after the next one.
+        let mut judge = start();
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
+        let t = judge.on_window(window(135e3), WINDOW_NS, true).expect("the trial ended");
+        assert!(!t.switched && !t.confirming && t.way == Way::PerWaiter, "{t:?}");
+        assert_eq!(t.rates, (100e3, 135e3));
+        assert!(!judge.in_trial());
+        assert_eq!(t.stay, 4 * FIRST_STAY_WINDOWS, "a clear loss: four times the stay");
+        // 20% behind (within what a program's progress moves by): all four windows.
+        let mut judge = start();
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
+        assert_eq!(judge.on_window(window(120e3), WINDOW_NS, true), None);
+        assert!(judge.in_trial());
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
+        assert!(judge.on_window(window(120e3), WINDOW_NS, true).is_some());
+        // A way tried that is far ahead in its first window is not cut short: it
+        // must win the whole trial to switch.
+        let mut judge = start();
+        assert_eq!(judge.on_window(window(200e3), WINDOW_NS, true), None);
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
+        assert!(judge.in_trial());
     }
 
     #[test]
