@@ -245,9 +245,7 @@ impl Channel {
     ///
     /// As [`Queue::submit`].
     pub unsafe fn submit_command(&mut self, mut command: Command) {
-        self.stats.commands += 1;
-        self.stats.segments += command.segments.len() as u64;
-        self.stats.segments_hist[segment_bucket(command.segments.len())] += 1;
+        self.count_command(command.segments.len());
         let idle = self.queue.in_flight() == 0;
         if (self.stamp_submissions && idle) || crate::path::timing::on() {
             let now = now_ns();
@@ -259,6 +257,13 @@ impl Channel {
         }
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.queue.submit(command) };
+    }
+
+    /// Counts a command of `segments` segments sent to the device.
+    fn count_command(&mut self, segments: usize) {
+        self.stats.commands += 1;
+        self.stats.segments += segments as u64;
+        self.stats.segments_hist[segment_bucket(segments)] += 1;
     }
 
     /// Queues one single-segment request without committing.
@@ -300,9 +305,7 @@ impl Channel {
             self.recycle(command);
             return None;
         }
-        self.stats.commands += 1;
-        self.stats.segments += 1;
-        self.stats.segments_hist[segment_bucket(1)] += 1;
+        self.count_command(1);
         Some(self.finish(command))
     }
 

@@ -301,11 +301,7 @@ impl CompletionPolicy for Adaptive {
             return false;
         }
         let began = now_ns();
-        let (way, trial) = judge::way_now(began);
-        if let Some(trial) = trial {
-            self.say_trial(trial);
-        }
-        if way != Way::Sleep {
+        if self.judged_way(began) != Way::Sleep {
             return false;
         }
         // The judge's sleeping way, as the kernel's blocking calls sleep: with them.
@@ -314,12 +310,8 @@ impl CompletionPolicy for Adaptive {
             return false;
         }
         judge::note_progress(1);
-        crowd::note_completed(1);
-        let took = now_ns() - began;
         stats.sleeps += 1;
-        stats.mode_ns[Mode::Interrupt as usize] += took;
-        explain::tally(JUDGED_SLEEPING, 1, took);
-        self.set_aside = true;
+        self.book_judged_sleep(stats, 1, began);
         true
     }
 
@@ -365,19 +357,11 @@ impl Adaptive {
         let waiting = Waiting::enter();
         if self.judged {
             let began = now_ns();
-            let (way, trial) = judge::way_now(began);
-            if let Some(trial) = trial {
-                self.say_trial(trial);
-            }
-            if way == Way::Sleep {
+            if self.judged_way(began) == Way::Sleep {
                 // The process's trials found its work goes faster when no wait takes
                 // a CPU: sleep, as the kernel's blocking calls do.
                 let n = Interrupt.wait(queue, out, stats, limit_ns, expect)?;
-                crowd::note_completed(n);
-                let took = now_ns() - began;
-                stats.mode_ns[Mode::Interrupt as usize] += took;
-                explain::tally(JUDGED_SLEEPING, 1, took);
-                self.set_aside = true;
+                self.book_judged_sleep(stats, n, began);
                 return Ok(n);
             }
         }
@@ -435,6 +419,27 @@ impl Adaptive {
             self.crowd_said_ns = now;
         }
         due
+    }
+
+    /// The judge's way for a wait starting at `now` (saying how a trial ended,
+    /// if this wait ended one).
+    fn judged_way(&self, now: u64) -> Way {
+        let (way, trial) = judge::way_now(now);
+        if let Some(trial) = trial {
+            self.say_trial(trial);
+        }
+        way
+    }
+
+    /// Books a wait the judge made sleep, begun at `began`, that saw `n`
+    /// completions: the crowd's progress, the time in interrupt mode, the
+    /// tally; the epoch starts afresh at the next wait in the controller's mode.
+    fn book_judged_sleep(&mut self, stats: &mut WaitStats, n: usize, began: u64) {
+        crowd::note_completed(n);
+        let took = now_ns() - began;
+        stats.mode_ns[Mode::Interrupt as usize] += took;
+        explain::tally(JUDGED_SLEEPING, 1, took);
+        self.set_aside = true;
     }
 
     /// Says how a trial of the judge's two ways ended.
