@@ -676,12 +676,17 @@ fn a_device_queue_full_of_finished_commands_does_not_livelock_the_server() {
     }
 }
 
+/// A queue of depth 8 on io_uring over a 1 MiB file `name` in `dir`.
+fn uring_queue_on_a_file(dir: &std::path::Path, name: &str) -> Box<dyn iopath::device::Queue> {
+    let device = open_device(&format!("uring:{}", dir.join(name).display()), Some(1 << 20)).unwrap();
+    device.open_queue(&iopath::device::QueueConfig::depth(8)).unwrap()
+}
+
 #[test]
 fn uring_cancels_a_command_and_still_hands_it_back() {
-    use iopath::device::{Cancel, Command, QueueConfig};
+    use iopath::device::{Cancel, Command};
     let dir = tempfile::tempdir().unwrap();
-    let device = open_device(&format!("uring:{}", dir.path().join("c.img").display()), Some(1 << 20)).unwrap();
-    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    let mut q = uring_queue_on_a_file(dir.path(), "c.img");
     let mut bufs: Vec<IoBuf> = (0..4).map(|_| IoBuf::new(4096)).collect();
     for (tag, buf) in bufs.iter_mut().enumerate() {
         let mut c = Command::with_capacity(1);
@@ -725,8 +730,7 @@ fn a_uring_wait_or_look_sends_what_was_left_uncommitted() {
     // and sleeps); a policy that looks first must send it too, or nothing ever comes.
     use iopath::device::{Command, QueueConfig};
     let dir = tempfile::tempdir().unwrap();
-    let device = open_device(&format!("uring:{}", dir.path().join("s.img").display()), Some(1 << 20)).unwrap();
-    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    let mut q = uring_queue_on_a_file(dir.path(), "s.img");
     assert!(q.sends_when_waiting());
     let mut buf = IoBuf::new(4096);
     let mut out = Vec::new();
@@ -793,10 +797,9 @@ fn a_request_whose_waiter_sleeps_is_the_kernels_own_blocking_call() {
 
 #[test]
 fn a_uring_queue_makes_blocking_calls_only_for_plain_reads_and_writes() {
-    use iopath::device::{Command, Durability, QueueConfig};
+    use iopath::device::{Command, Durability};
     let dir = tempfile::tempdir().unwrap();
-    let device = open_device(&format!("uring:{}", dir.path().join("p.img").display()), Some(1 << 20)).unwrap();
-    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    let mut q = uring_queue_on_a_file(dir.path(), "p.img");
     let mut buf = IoBuf::new(4096);
     buf.fill(0x3c);
     let mut c = Command::with_capacity(1);
@@ -829,10 +832,9 @@ fn long_uring_waits_sleep_under_a_watchdog_whose_completion_is_no_command() {
     // A wait of a second or more sleeps with no timer of its own under a watchdog
     // timeout (100 ms) that stays in the ring after the wait is over; when it fires,
     // its completion must not be taken for a command's, and later waits re-arm it.
-    use iopath::device::{Command, QueueConfig};
+    use iopath::device::Command;
     let dir = tempfile::tempdir().unwrap();
-    let device = open_device(&format!("uring:{}", dir.path().join("w.img").display()), Some(1 << 20)).unwrap();
-    let mut q = device.open_queue(&QueueConfig::depth(8)).unwrap();
+    let mut q = uring_queue_on_a_file(dir.path(), "w.img");
     let mut buf = IoBuf::new(4096);
     let mut out = Vec::new();
     for round in 0..3u64 {
