@@ -1,6 +1,7 @@
 //! What the adaptive policy samples each epoch: this thread's run delay
 //! (`/proc/thread-self/schedstat`), the system's CPU pressure
-//! (`/proc/pressure/cpu`) and this thread's CPU time.
+//! (`/proc/pressure/cpu`), this thread's context switches, and (on some of its
+//! waits) its CPU time.
 
 use crate::clock::ThreadUsage;
 use std::fs::File;
@@ -36,7 +37,6 @@ pub(super) struct Snapshot {
     pub(super) at_ns: u64,
     /// Whether the thread's own counters (CPU, run delay, switches) were read.
     pub(super) full: bool,
-    pub(super) cpu_ns: u64,
     pub(super) usage: ThreadUsage,
     pub(super) run_delay_ns: u64,
     pub(super) pressure_ns: u64,
