@@ -85,6 +85,12 @@ pub const SWITCH_MARGIN: f64 = 0.95;
 pub const CLEAR_LOSS: f64 = 1.2;
 /// Polling is not chosen for I/Os slower than this (EHP's cut-off, scaled up).
 pub const MAX_POLL_LATENCY_NS: f64 = 200_000.0;
+/// An epoch with fewer I/Os than a probe needs, in which the thread waited
+/// under this share of its time, is sparse: its waits come few and far
+/// apart (a group commit's leader among 16 db_bench threads: 1-8 I/Os per
+/// 5-30 ms epoch), too few to tell one mode's cost from another's, and the
+/// CPU a yielding wait takes is a small share of the thread's.
+pub const SPARSE_WAITING_SHARE: f64 = 0.25;
 
 /// A completion mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -163,6 +169,13 @@ pub enum Reason {
     Infeasible,
     /// Another mode looked cheaper for two epochs: it is re-measured.
     Cheaper,
+    /// Too few waits, far apart, to measure a mode: they yield.
+    Sparse {
+        /// I/Os of the epoch.
+        ios: u64,
+        /// Share of the epoch the thread spent waiting.
+        waiting: f64,
+    },
 }
 
 impl std::fmt::Display for Reason {
@@ -186,6 +199,11 @@ impl std::fmt::Display for Reason {
             ),
             Reason::Infeasible => write!(f, "mode cannot work for this device's latency or the timer's reach"),
             Reason::Cheaper => write!(f, "looked cheaper for two epochs: re-measuring it"),
+            Reason::Sparse { ios, waiting } => write!(
+                f,
+                "sparse waits ({ios} I/Os, waiting {:.0}% of the epoch): too few to measure a mode, they yield",
+                waiting * 100.0
+            ),
         }
     }
 }
@@ -235,6 +253,8 @@ pub struct EpochSignals {
     pub cpu_ns: u64,
     /// Sum of the latencies of the epoch's I/Os (submission to completion seen).
     pub latency_sum_ns: u64,
+    /// Wall time of the epoch's waits (in the mode: not the crowd's, nor flushes).
+    pub waiting_ns: u64,
     /// Mean device latency from exact samples (0 = unknown).
     pub device_latency_ns: f64,
     /// The timer's measured overshoot.
@@ -516,6 +536,26 @@ impl Controller {
             Mode::Interrupt => true,
         };
 
+        // Waits few and far apart: no cost measured on so few tells one mode from
+        // another (db_bench fillsync, 16 threads on a mount: auto chose interrupts
+        // and hybrid on such noise, and made 0.8x the throughput of yielding). Yielding hands the CPU to the
+        // program's threads when they want it, and costs no wake-up; behind a thread
+        // that is not the program's, the yielder sleeps on its own. A probe under
+        // way ends without a verdict.
+        let waiting = s.waiting_ns as f64 / s.wall_ns.max(1) as f64;
+        if s.ios < PROBE_IOS
+            && waiting < SPARSE_WAITING_SHARE
+            && self.modes.contains(&Mode::Yield)
+            && feasible(Mode::Yield)
+        {
+            (self.probing_from, self.confirming, self.retried) = (None, false, false);
+            if self.mode != Mode::Yield {
+                self.reason = Reason::Sparse { ios: s.ios, waiting };
+                return self.switch_to(Mode::Yield);
+            }
+            return self.mode;
+        }
+
         // A probe ends after one epoch, or two when it wins: one short epoch can
         // fall on a hiccup of the device (seen on a loop device: 0.5 ms per I/O
         // for a few ms), so a mode is kept only if it is still cheaper after a
@@ -792,6 +832,7 @@ mod tests {
                 pressure_ns: 0,
                 cpu_ns: (ios as f64 * cpu * 1000.0) as u64,
                 latency_sum_ns: (ios as f64 * lat * 1000.0) as u64,
+                waiting_ns: wall_ns,
                 device_latency_ns: self.device_us * 1000.0,
                 overshoot_ns: self.overshoot_us * 1000.0,
                 cpus_wanted: false,
@@ -1102,6 +1143,48 @@ mod tests {
         // Once is enough: the probe teaches it (or the device cannot be timed).
         c.force(Mode::Yield);
         assert_eq!(c.on_epoch(&unknown), Mode::Yield);
+    }
+
+    #[test]
+    fn sparse_waits_yield_and_end_a_probe_without_a_verdict() {
+        // A thread waiting 3 times in 10 ms (0.3 ms of waiting): however its few
+        // samples fall, it yields and probes nothing.
+        let sparse = |c: &Controller, i| EpochSignals {
+            ios: 3,
+            wall_ns: 10_000_000,
+            waiting_ns: 300_000,
+            latency_sum_ns: 300_000,
+            ..LOOP.epoch(c.mode(), i)
+        };
+        for from in [Mode::Interrupt, Mode::Hybrid, Mode::Poll] {
+            let mut c = Controller::auto();
+            c.force(from);
+            assert_eq!(c.on_epoch(&sparse(&c, 0)), Mode::Yield, "from {}", from.name());
+            assert!(matches!(c.reason, Reason::Sparse { ios: 3, .. }), "{}", c.reason);
+            let probes = c.probes;
+            for i in 1..500 {
+                assert_eq!(c.on_epoch(&sparse(&c, i)), Mode::Yield);
+            }
+            assert_eq!(c.probes, probes, "no probe while the waits are sparse");
+        }
+        // A probe under way ends, without a verdict.
+        let mut c = Controller::auto();
+        run(&mut c, &LOOP, 10);
+        c.probe(Mode::Interrupt);
+        assert_eq!(c.on_epoch(&sparse(&c, 0)), Mode::Yield);
+        assert!(!c.probing());
+        // Few I/Os in an epoch spent waiting (a sleeper beside hogs that hold the
+        // CPU) are not sparse: the usual rules decide.
+        let mut c = Controller::auto();
+        run(&mut c, &LOOP, 200);
+        c.force(Mode::Hybrid);
+        let slow = EpochSignals { ios: 3, waiting_ns: 9_000_000, ..sparse(&c, 0) };
+        c.on_epoch(&slow);
+        assert!(!matches!(c.reason, Reason::Sparse { .. }), "{}", c.reason);
+        // adaptive has no yield: its rule is unchanged.
+        let mut c = Controller::new();
+        c.force(Mode::Interrupt);
+        assert_ne!(c.on_epoch(&sparse(&c, 0)), Mode::Yield);
     }
 
     #[test]

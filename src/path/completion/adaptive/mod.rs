@@ -26,6 +26,9 @@
 //!   lambda x CPU`, lambda 1 / 2 / 4;
 //! - a mode replaces the current one when its `J` is 5% lower twice in a row,
 //!   and only after a fresh probe confirms it;
+//! - **sparse waits** (an epoch with fewer I/Os than a probe, waiting under
+//!   a quarter of its time) yield: so few samples cannot tell the modes
+//!   apart, and a yield costs no wake-up;
 //! - overrides: a preempted poller (2 stalls, i.e. gaps of over 20 µs between
 //!   two looks at the queue, or 2 involuntary switches, or 5% run
 //!   delay) leaves at once for hybrid; hybrid is never used where a sleep
@@ -259,6 +262,7 @@ impl Adaptive {
             pressure_ns,
             cpu_ns,
             latency_sum_ns: self.latency_sum_ns,
+            waiting_ns: self.waiting_ns,
             device_latency_ns: self.hybrid.bucket_latency_any(),
             overshoot_ns: self.hybrid.overshoot_ns(),
             cpus_wanted: crowd::cpus_wanted(),
