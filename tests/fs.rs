@@ -1833,6 +1833,42 @@ fn fsck_reports_every_problem_and_mount_refuses_the_first() {
     assert!(e.contains("iopath fsck"), "{e}");
 }
 
+#[test]
+fn a_block_two_files_claim_is_found_and_named() {
+    use iopath::fs::format::{INODE_SIZE, Inode};
+    let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    fs.create("a").unwrap().write_at(&bytes(2, 4096), 0).unwrap();
+    fs.create("c").unwrap().write_at(&bytes(3, 4096), 0).unwrap();
+    let sb = *fs.superblock();
+    fs.unmount().unwrap();
+    // 'a' made to map 'c''s block: 'a''s own block is then leaked, and 'c''s owned twice.
+    let eng = engine(&dev, "sync-path");
+    let at = sb.inode_start * 4096;
+    let mut block = iopath::IoBuf::new(4096);
+    eng.read_at(&mut block, at).unwrap();
+    let no_overflow = |_| unreachable!("no overflow blocks");
+    let decoded = |block: &iopath::IoBuf, slot: usize| {
+        Inode::decode(&block[slot * INODE_SIZE..(slot + 1) * INODE_SIZE], slot as u64, no_overflow, &sb).unwrap()
+    };
+    let slot_of = |block: &iopath::IoBuf, name: &[u8]| {
+        (0..8).find(|&s| decoded(block, s).is_some_and(|i| i.name == name)).unwrap()
+    };
+    let (a, c) = (slot_of(&block, b"a"), slot_of(&block, b"c"));
+    let target = decoded(&block, c).unwrap().extents[0].physical;
+    let mut inode = decoded(&block, a).unwrap();
+    inode.extents[0].physical = target;
+    inode.encode(&mut block[a * INODE_SIZE..(a + 1) * INODE_SIZE], &mut []);
+    eng.write_at(&block, at).unwrap();
+    eng.flush().unwrap();
+    let report = check::check(engine(&dev, "sync-path")).unwrap();
+    let all = report.problems.join("\n");
+    let (first, second) = (a.min(c), a.max(c));
+    assert!(all.contains(&format!("block {target} is owned by inodes {first} and {second}")), "{all}");
+    assert_eq!(report.leaked_blocks, 1, "{all}");
+    let e = FileSystem::mount(engine(&dev, "sync-path")).err().unwrap().to_string();
+    assert!(e.contains("owned by inodes") && e.contains("iopath fsck"), "{e}");
+}
+
 /// Many small files written through the cache and never synced (`tar x`):
 /// the dirty pages stay within half the cache (the oldest files are written
 /// back, together, as a writer crosses the line), and every byte is there

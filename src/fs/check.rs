@@ -60,8 +60,49 @@ pub(super) struct Scan {
     pub inodes: Vec<(u32, Inode)>,
     /// Overflow extent blocks, by block number.
     pub overflow: HashMap<u64, Block>,
-    /// Block -> the slot that owns it.
-    pub owner: HashMap<u64, u32>,
+    /// The blocks some inode owns.
+    pub owned: Owned,
+}
+
+/// A set of blocks, one bit each. A mount checks that no two files own a
+/// block, and a map of a hundred thousand blocks to their owners was most of
+/// its time (tar's tree of 8,759 files: 35 of a 50 ms mount, in hash inserts).
+#[derive(Debug, Default)]
+pub(super) struct Owned {
+    bits: Vec<u64>,
+    count: u64,
+}
+
+impl Owned {
+    /// An empty set for a device of `blocks` blocks.
+    fn new(blocks: u64) -> Owned {
+        Owned { bits: vec![0; blocks.div_ceil(64) as usize], count: 0 }
+    }
+
+    /// Adds `b` (a block of the device); false if it was in the set already.
+    fn insert(&mut self, b: u64) -> bool {
+        let (word, bit) = ((b / 64) as usize, 1u64 << (b % 64));
+        let fresh = self.bits[word] & bit == 0;
+        self.bits[word] |= bit;
+        self.count += fresh as u64;
+        fresh
+    }
+
+    /// Whether `b` is in the set.
+    pub fn contains(&self, b: u64) -> bool {
+        self.bits.get((b / 64) as usize).is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
+
+    /// How many blocks the set holds.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+}
+
+/// The blocks `inode` owns: its extents' and its overflow extent blocks.
+fn owned_by(inode: &Inode) -> impl Iterator<Item = u64> + '_ {
+    let extents = inode.extents.iter().flat_map(|e| e.physical..e.physical + e.len as u64);
+    extents.chain(inode.overflow.iter().copied())
 }
 
 /// Reads `count` blocks from `start`.
@@ -119,7 +160,7 @@ pub(super) fn scan(
             problems.found(format!("the bitmap marks metadata block {n} free"))?;
         }
     }
-    let mut out = Scan::default();
+    let mut out = Scan { owned: Owned::new(sb.blocks), ..Scan::default() };
     for slot in 0..sb.inodes() {
         let index = slot as usize % INODES_PER_BLOCK;
         let Some(block) = &table[slot as usize / INODES_PER_BLOCK] else { continue };
@@ -133,17 +174,18 @@ pub(super) fn scan(
             }
             Err(other) => return Err(other),
         };
-        let named = String::from_utf8_lossy(&inode.name).into_owned();
-        let owned =
-            inode.extents.iter().map(|e| (e.physical, e.len as u64)).chain(inode.overflow.iter().map(|&b| (b, 1)));
-        for (start, len) in owned {
-            for b in start..start + len {
-                if !alloc.in_use(b) {
-                    problems.found(format!("'{named}' (inode {slot}) owns block {b}, which the bitmap marks free"))?;
-                }
-                if let Some(other) = out.owner.insert(b, slot as u32) {
-                    problems.found(format!("block {b} is owned by inodes {other} and {slot}"))?;
-                }
+        for b in owned_by(&inode) {
+            if !alloc.in_use(b) {
+                let named = String::from_utf8_lossy(&inode.name);
+                problems.found(format!("'{named}' (inode {slot}) owns block {b}, which the bitmap marks free"))?;
+            }
+            if !out.owned.insert(b) {
+                // Rare: which inode had it is looked up only now.
+                let other = out.inodes.iter().find(|(_, i)| owned_by(i).any(|o| o == b)).map(|(s, _)| *s);
+                problems.found(match other {
+                    Some(other) => format!("block {b} is owned by inodes {other} and {slot}"),
+                    None => format!("block {b} is owned twice by inode {slot}"),
+                })?;
             }
         }
         for &b in &inode.overflow {
@@ -207,7 +249,7 @@ pub fn check(engine: Arc<Engine>) -> Result<Report> {
     let mut problems = AllProblems::default();
     let scan = scan(&disk, &sb, &table, &alloc, &mut problems)?;
     super::namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut problems)?;
-    let leaked = (sb.data_start..sb.blocks).filter(|b| alloc.in_use(*b) && !scan.owner.contains_key(b)).count() as u64;
+    let leaked = (sb.data_start..sb.blocks).filter(|b| alloc.in_use(*b) && !scan.owned.contains(*b)).count() as u64;
     if leaked > 0 {
         problems.found(format!(
             "{leaked} block(s) are marked in use but no file owns them (space lost; no data at risk)"
@@ -222,7 +264,7 @@ pub fn check(engine: Arc<Engine>) -> Result<Report> {
         inodes: sb.inodes(),
         blocks: sb.blocks,
         data_blocks: sb.blocks - sb.data_start,
-        owned_blocks: scan.owner.len() as u64,
+        owned_blocks: scan.owned.len(),
         free_blocks: alloc.free_blocks(),
         leaked_blocks: leaked,
         problems: problems.0,

