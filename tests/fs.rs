@@ -1574,6 +1574,8 @@ fn an_older_image_is_upgraded_at_mount_and_its_files_are_in_the_root() {
     let (fs, mounted) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
     assert_eq!((mounted.upgraded_from, mounted.files), (Some(2), 2));
     assert_eq!(fs.superblock().version, iopath::fs::format::VERSION);
+    let over_the_files = fs.superblock().inodes().min(iopath::fs::format::INODE_MARK_STEP);
+    assert_eq!(inode_mark_on(&dev), over_the_files, "the upgrade set the mark over the files");
     assert_eq!(read_all(&fs, "/a"), b"alpha");
     assert_eq!(read_all(&fs, "b"), bytes(3, 9000));
     assert_eq!(fs.metadata("a").unwrap().mode, libc::S_IFREG | 0o644);
@@ -1831,6 +1833,54 @@ fn fsck_reports_every_problem_and_mount_refuses_the_first() {
     assert_eq!((report.files, report.leaked_blocks), (2, 0), "{all}");
     let e = FileSystem::mount(engine(&dev, "sync-path")).err().unwrap().to_string();
     assert!(e.contains("iopath fsck"), "{e}");
+}
+
+/// The superblock's inode mark as the device holds it now.
+fn inode_mark_on(dev: &Arc<EmuDevice>) -> u64 {
+    let mut block = iopath::IoBuf::new(4096);
+    engine(dev, "sync-path").read_at(&mut block, 0).unwrap();
+    iopath::fs::format::Superblock::decode(&block, dev.size() / 4096).unwrap().inode_mark
+}
+
+#[test]
+fn a_mount_reads_the_inode_table_only_up_to_a_mark_that_survives_a_power_cut() {
+    use iopath::fs::format::{INODE_MARK_STEP, Superblock};
+    // 16,384 slots: an 8 MiB table.
+    let options = FormatOptions { inodes: Some(16_384), ..FormatOptions::default() };
+    let (dev, fs) = fresh("emu:null,size=64m,wcache=1,cut=drop", options);
+    assert_eq!(inode_mark_on(&dev), 0, "a new file system has no inode");
+    for i in 0..510 {
+        fs.create(format!("f{i}")).unwrap();
+    }
+    fs.unmount().unwrap();
+    assert_eq!(inode_mark_on(&dev), INODE_MARK_STEP);
+    // Slots 510 to 519: the mark rises in the transaction of the file that crosses it,
+    // and only the journal holds it when the power goes.
+    let fs = mount(&dev);
+    for i in 510..520 {
+        fs.create(format!("f{i}")).unwrap();
+    }
+    fs.sync_namespace().unwrap();
+    assert_eq!(inode_mark_on(&dev), INODE_MARK_STEP, "the new mark is in the journal only");
+    let fs = cut_and_remount(&dev, fs);
+    assert!((0..520).all(|i| fs.exists(format!("f{i}"))), "a file beyond the mark on the device is lost");
+    fs.unmount().unwrap();
+    assert_eq!(inode_mark_on(&dev), 2 * INODE_MARK_STEP);
+    // A mount reads 128 of the table's 2,048 blocks.
+    let (fs, _) = FileSystem::mount(engine(&dev, "sync-path")).unwrap();
+    let read = fs.stats().device_read_bytes;
+    assert!(read < 2 << 20, "a mount read {read} bytes: more than the table up to the mark");
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+    // fsck reads the whole table: an inode beyond a mark set too low is found.
+    let eng = engine(&dev, "sync-path");
+    let mut block = iopath::IoBuf::new(4096);
+    eng.read_at(&mut block, 0).unwrap();
+    let sb = Superblock { inode_mark: INODE_MARK_STEP, ..Superblock::decode(&block, dev.size() / 4096).unwrap() };
+    eng.write_at(&iopath::IoBuf::from_slice(&sb.encode()[..]), 0).unwrap();
+    eng.flush().unwrap();
+    let all = check::check(engine(&dev, "sync-path")).unwrap().problems.join("\n");
+    assert!(all.contains("inode 512 ('f512') is in use beyond the superblock's inode mark 512"), "{all}");
 }
 
 #[test]

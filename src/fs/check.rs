@@ -133,16 +133,21 @@ fn read_each(disk: &Disk, start: u64, count: u64, mut each: impl FnMut(&[u8])) -
 }
 
 /// Reads the inode table, keeping only the blocks that hold something (a
-/// block of free slots is `None`: most of a young file system's table).
-pub(super) fn read_table(disk: &Disk, sb: &Superblock) -> Result<Vec<Option<Block>>> {
+/// block of free slots is `None`: most of a young file system's table). A
+/// mount reads it up to the superblock's inode mark (tar's tree of 8,759
+/// files on a 3 GiB image: 4.8 of 24.5 MiB); fsck reads it `whole`, to
+/// find an inode beyond the mark.
+pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<Vec<Option<Block>>> {
+    let count = if whole { sb.inode_blocks } else { sb.inode_mark.div_ceil(INODES_PER_BLOCK as u64) };
     let mut out = Vec::with_capacity(sb.inode_blocks as usize);
-    read_each(disk, sb.inode_start, sb.inode_blocks, |c| {
+    read_each(disk, sb.inode_start, count, |c| {
         out.push((!format::all_zero(c)).then(|| {
             let mut b = zero_block();
             b.copy_from_slice(c);
             b
         }))
     })?;
+    out.resize_with(sb.inode_blocks as usize, || None);
     Ok(out)
 }
 
@@ -174,6 +179,13 @@ pub(super) fn scan(
             }
             Err(other) => return Err(other),
         };
+        if slot >= sb.inode_mark {
+            problems.found(format!(
+                "inode {slot} ('{}') is in use beyond the superblock's inode mark {}",
+                String::from_utf8_lossy(&inode.name),
+                sb.inode_mark
+            ))?;
+        }
         for b in owned_by(&inode) {
             if !alloc.in_use(b) {
                 let named = String::from_utf8_lossy(&inode.name);
@@ -243,7 +255,9 @@ pub fn check(engine: Arc<Engine>) -> Result<Report> {
     }
     let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
     let journal = Journal::recover(&disk, &sb)?;
-    let table = read_table(&disk, &sb)?;
+    // Replay may have put a newer superblock (a higher inode mark) in place.
+    let sb = if journal.stats().replayed > 0 { Superblock::decode(&disk.read_block(0)?, disk.blocks())? } else { sb };
+    let table = read_table(&disk, &sb, true)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
     let mut problems = AllProblems::default();

@@ -75,8 +75,12 @@ const HEADER_MAGIC: &[u8; 8] = b"IOPJHEAD";
 const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
-/// Format version `mkfs` writes.
-pub const VERSION: u32 = 4;
+/// Format version `mkfs` writes (5: the superblock keeps the inode mark).
+pub const VERSION: u32 = 5;
+/// The inode mark (see [`Superblock::inode_mark`]) rises in steps of this
+/// many slots (64 table blocks): a superblock goes into a transaction once
+/// per 512 new files at most.
+pub const INODE_MARK_STEP: u64 = 512;
 /// Oldest format version this code mounts (mounting upgrades it to [`VERSION`]).
 pub const OLDEST_VERSION: u32 = 1;
 /// Home blocks a commit block names itself (version 2): what fits in its
@@ -189,6 +193,13 @@ pub struct Superblock {
     pub volume_id: u64,
     /// Format version it was made with.
     pub version: u32,
+    /// Every inode slot in use lies below this one (version 5; before it,
+    /// the whole table): a mount reads the table only that far. It rises,
+    /// in steps of [`INODE_MARK_STEP`], in the transaction that first uses
+    /// a slot at or above it, so a replay can never find an inode beyond
+    /// it. This is the value at mount; the mounted file system keeps the
+    /// live one.
+    pub inode_mark: u64,
 }
 
 impl Superblock {
@@ -228,7 +239,14 @@ impl Superblock {
             data_start,
             volume_id,
             version: VERSION,
+            inode_mark: 0,
         })
+    }
+
+    /// The inode mark that covers `slot`: the next step above it, at most
+    /// the table's end.
+    pub fn inode_mark_over(&self, slot: u64) -> u64 {
+        (slot + 1).next_multiple_of(INODE_MARK_STEP).min(self.inodes())
     }
 
     /// Number of inodes.
@@ -252,6 +270,7 @@ impl Superblock {
             self.journal_blocks,
             self.data_start,
             self.volume_id,
+            self.inode_mark,
         ]
         .into_iter()
         .enumerate()
@@ -295,6 +314,7 @@ impl Superblock {
             data_start: f(7),
             volume_id: f(8),
             version,
+            inode_mark: 0,
         };
         let consistent = sb.inode_start == 2
             && sb.bitmap_start == sb.inode_start + sb.inode_blocks
@@ -305,6 +325,15 @@ impl Superblock {
             && sb.journal_blocks >= 16;
         if !consistent {
             return Err(corrupt("the superblock's layout does not add up"));
+        }
+        // Before version 5 the field is not there: the whole table is read.
+        let sb = Superblock { inode_mark: if version >= 5 { f(9) } else { sb.inodes() }, ..sb };
+        if sb.inode_mark > sb.inodes() {
+            return Err(corrupt(format!(
+                "the superblock's inode mark {} lies past the table's {} slots",
+                sb.inode_mark,
+                sb.inodes()
+            )));
         }
         if sb.blocks > device_blocks {
             return Err(corrupt(format!(

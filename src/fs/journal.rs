@@ -249,8 +249,10 @@ impl Journal {
     fn check_homes(&self, seq: u64, images: &[(u64, Block)]) -> Result<()> {
         let sb = &self.sb;
         for (home, _) in images {
-            let metadata =
-                (*home >= sb.inode_start && *home < sb.journal_start) || (*home >= sb.data_start && *home < sb.blocks);
+            // The superblock (its inode mark), the table, the bitmap, overflow blocks.
+            let metadata = *home == 0
+                || (*home >= sb.inode_start && *home < sb.journal_start)
+                || (*home >= sb.data_start && *home < sb.blocks);
             if !metadata {
                 return Err(corrupt(format!(
                     "journal transaction {seq} would write block {home}, which holds no metadata"

@@ -437,6 +437,9 @@ struct Meta {
     tid: u64,
     /// Where the search for a free inode slot starts.
     slot_hint: usize,
+    /// The live inode mark (see [`Superblock::inode_mark`]): no slot at or
+    /// above it is in use.
+    inode_mark: u64,
     /// Data blocks whose images are in the live journal (the `journaled` fsync
     /// path put them there; empty on the other paths). Replay would write those
     /// images home again, so a block in here written in place later (by its
@@ -557,7 +560,10 @@ impl Meta {
     fn take_transaction(&mut self, sb: &Superblock) -> (u64, Vec<(u64, Block)>, Vec<(u64, u64)>, Vec<(u64, u64)>) {
         let mut images = Vec::with_capacity(self.dirty.len());
         for b in std::mem::take(&mut self.dirty) {
-            let image = if b >= sb.inode_start && b < sb.bitmap_start {
+            let image = if b == 0 {
+                // The inode mark rose in this transaction.
+                Superblock { inode_mark: self.inode_mark, ..*sb }.encode()
+            } else if b >= sb.inode_start && b < sb.bitmap_start {
                 self.table[(b - sb.inode_start) as usize].clone().unwrap_or_else(zero_block)
             } else if b >= sb.bitmap_start && b < sb.journal_start {
                 let mut image = zero_block();
@@ -649,6 +655,10 @@ impl FileSystem {
         let mut sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
         let mut journal = Journal::recover(&disk, &sb)?;
         let replayed = journal.stats().replayed;
+        if replayed > 0 {
+            // Replay may have put a newer superblock (a higher inode mark) in place.
+            sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
+        }
         let upgraded_from = (sb.version < format::VERSION).then_some(sb.version);
         if upgraded_from.is_some() {
             // The journal is empty now; older inodes read as files in the root.
@@ -657,12 +667,18 @@ impl FileSystem {
             disk.flush()?;
             journal = Journal::recover(&disk, &sb)?;
         }
-        let table = check::read_table(&disk, &sb)?;
+        let table = check::read_table(&disk, &sb, false)?;
         let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
         let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
         let mut first = check::FirstProblem;
         let scan = check::scan(&disk, &sb, &table, &alloc, &mut first)?;
         let ns = namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut first)?;
+        if upgraded_from.is_some_and(|v| v < 5) {
+            // The mark was not kept: it is where the scan found the last inode.
+            sb.inode_mark = scan.inodes.last().map_or(0, |&(slot, _)| sb.inode_mark_over(slot as u64));
+            disk.write(0, &IoBuf::from_slice(&sb.encode()[..]))?;
+            disk.flush()?;
+        }
         let mut meta = Meta {
             table,
             slots: (0..sb.inodes()).map(|_| Slot::Free).collect(),
@@ -675,6 +691,7 @@ impl FileSystem {
             freed_meta: Vec::new(),
             tid: 1,
             slot_hint: 0,
+            inode_mark: sb.inode_mark,
             journaled: HashSet::new(),
             in_place_data: false,
             overwrote_journaled: false,

@@ -384,10 +384,22 @@ impl Meta {
         }
     }
 
-    /// A free inode slot, searching from the last one taken.
-    fn free_slot(&mut self) -> Option<u32> {
-        let count = self.slots.len();
-        let slot = (0..count).map(|i| (self.slot_hint + i) % count).find(|&s| matches!(self.slots[s], Slot::Free))?;
+    /// A free inode slot: below the inode mark, searching on from the last
+    /// one taken; else the mark's own slot, the mark rising over it in the
+    /// running transaction (which puts the superblock in it).
+    fn free_slot(&mut self, sb: &super::Superblock) -> Option<u32> {
+        let mark = self.inode_mark as usize;
+        let below = (0..mark).map(|i| (self.slot_hint + i) % mark).find(|&s| matches!(self.slots[s], Slot::Free));
+        let slot = match below {
+            Some(slot) => slot,
+            None if mark < self.slots.len() => {
+                debug_assert!(self.slots[mark..].iter().all(|s| matches!(s, Slot::Free)), "a slot in use at the mark");
+                self.inode_mark = sb.inode_mark_over(mark as u64);
+                self.dirty.insert(0);
+                mark
+            }
+            None => return None,
+        };
         self.slot_hint = slot + 1;
         Some(slot as u32)
     }
@@ -426,7 +438,7 @@ impl Meta {
         let now = now_ns();
         let mut inode = Inode { name, mode, mtime_ns: now, ctime_ns: now, ..Inode::default() };
         let count = self.slots.len();
-        let Some(slot) = self.free_slot() else {
+        let Some(slot) = self.free_slot(sb) else {
             return Err(file_error(
                 op,
                 &inode.name,
