@@ -164,6 +164,8 @@ pub enum Reason {
         latency: f64,
         /// The device latency learned from exact samples.
         device: f64,
+        /// A polled wait gave up after this long without its completion (0: none did).
+        gave_up_ns: f64,
     },
     /// The mode cannot work for this device (latency, timer reach).
     Infeasible,
@@ -191,7 +193,14 @@ impl std::fmt::Display for Reason {
                 write!(f, "probe lost: J {:.1} us per I/O against {:.1} us", tried / 1e3, kept / 1e3)
             }
             Reason::Preempted => write!(f, "the poller was preempted (CPU contended)"),
-            Reason::Starved { latency, device } => write!(
+            Reason::Starved { gave_up_ns, device, .. } if gave_up_ns > 0.0 => write!(
+                f,
+                "polling starved the completion of its CPU: a poll saw nothing for {:.1} ms against a device time \
+                 of {:.1} us",
+                gave_up_ns / 1e6,
+                device / 1e3
+            ),
+            Reason::Starved { latency, device, .. } => write!(
                 f,
                 "polling starved the completion of its CPU: {:.1} us per I/O against a device time of {:.1} us",
                 latency / 1e3,
@@ -618,7 +627,8 @@ impl Controller {
         // CPU over; interrupts where yielding is not allowed.
         let mean = if s.ios > 0 { s.latency_sum_ns as f64 / s.ios as f64 } else { s.wall_ns as f64 };
         if self.mode == Mode::Poll && (s.starved || mean > starved_after_ns(l)) {
-            self.reason = Reason::Starved { latency: mean, device: l };
+            let gave_up_ns = if s.starved { starved_after_ns(l) } else { 0.0 };
+            self.reason = Reason::Starved { latency: mean, device: l, gave_up_ns };
             let i = &mut self.probe_interval_ns[Mode::Poll as usize];
             *i = (*i * 4).min(MAX_PROBE_INTERVAL_NS);
             let to = if self.modes.contains(&Mode::Yield) { Mode::Yield } else { Mode::Interrupt };
@@ -904,6 +914,12 @@ mod tests {
         let mut none = LOOP.epoch(Mode::Poll, 0);
         (none.ios, none.latency_sum_ns, none.wall_ns) = (0, 0, 50_000_000);
         assert_eq!(c.on_epoch(&none), Mode::Yield);
+        // A poll that gave up says so, not a mean its fast I/Os kept low.
+        let mut c = Controller::auto();
+        c.mode = Mode::Poll;
+        let gave_up = EpochSignals { starved: true, ..LOOP.epoch(Mode::Poll, 0) };
+        assert_eq!(c.on_epoch(&gave_up), Mode::Yield);
+        assert!(c.reason.to_string().contains("a poll saw nothing for 1.0 ms"), "{}", c.reason);
         let mut c = Controller::new();
         c.mode = Mode::Poll;
         assert_eq!(c.on_epoch(&starving.epoch(Mode::Poll, 0)), Mode::Interrupt);
