@@ -258,7 +258,7 @@ pub struct EpochSignals {
     pub stalls: u64,
     /// System CPU pressure ("some" time), if readable.
     pub pressure_ns: u64,
-    /// CPU time this thread used.
+    /// CPU time the epoch's waits took (not the program's work between them).
     pub cpu_ns: u64,
     /// Sum of the latencies of the epoch's I/Os (submission to completion seen).
     pub latency_sum_ns: u64,
@@ -547,10 +547,10 @@ impl Controller {
 
         // Waits few and far apart: no cost measured on so few tells one mode from
         // another (db_bench fillsync, 16 threads on a mount: auto chose interrupts
-        // and hybrid on such noise, and made 0.8x the throughput of yielding). Yielding hands the CPU to the
-        // program's threads when they want it, and costs no wake-up; behind a thread
-        // that is not the program's, the yielder sleeps on its own. A probe under
-        // way ends without a verdict.
+        // and hybrid on such noise, and made 0.8x the throughput of yielding).
+        // Yielding hands the CPU to the program's threads when they want it, and
+        // costs no wake-up; behind a thread that is not the program's, the yielder
+        // sleeps on its own. A probe under way ends without a verdict.
         let waiting = s.waiting_ns as f64 / s.wall_ns.max(1) as f64;
         if s.ios < PROBE_IOS
             && waiting < SPARSE_WAITING_SHARE

@@ -11,8 +11,9 @@
 //! - **costs are measured, not modelled**: for each mode the latency per
 //!   I/O and the CPU time its waits took (a poller's wait less its gaps; in
 //!   other modes read on one wait in 8, not counting the program's own work
-//!   between waits), as decayed sums (half-life 50 ms). On this VM a timer wake-up costs ~25 µs of CPU, five times what
-//!   a model of "a few µs per interrupt" says;
+//!   between waits), as decayed sums (half-life 50 ms). On this VM a timer
+//!   wake-up costs ~25 µs of CPU, five times what a model of "a few µs per
+//!   interrupt" says;
 //! - a mode not in use is **probed** for a short epoch (16 I/Os; 64 on a
 //!   device whose latency jumps from epoch to epoch) when it was
 //!   never measured, when its figures are older than its probe interval

@@ -35,7 +35,7 @@ pub(super) fn thread_cpu_ns() -> u64 {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Snapshot {
     pub(super) at_ns: u64,
-    /// Whether the thread's own counters (CPU, run delay, switches) were read.
+    /// Whether the thread's own counters (run delay, switches) were read.
     pub(super) full: bool,
     pub(super) usage: ThreadUsage,
     pub(super) run_delay_ns: u64,
