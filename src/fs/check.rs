@@ -132,6 +132,18 @@ fn read_each(disk: &Disk, start: u64, count: u64, mut each: impl FnMut(&[u8])) -
     Ok(())
 }
 
+/// Reads the superblock and replays the journal, then reads the superblock
+/// again if anything was replayed: a replay may have put a newer one (a
+/// higher inode mark) in place.
+pub(super) fn recover(disk: &Disk) -> Result<(Superblock, Journal)> {
+    let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
+    let journal = Journal::recover(disk, &sb)?;
+    if journal.stats().replayed == 0 {
+        return Ok((sb, journal));
+    }
+    Ok((Superblock::decode(&disk.read_block(0)?, disk.blocks())?, journal))
+}
+
 /// Reads the inode table, keeping only the blocks that hold something (a
 /// block of free slots is `None`: most of a young file system's table). A
 /// mount reads it up to the superblock's inode mark (tar's tree of 8,759
@@ -253,10 +265,7 @@ pub fn check(engine: Arc<Engine>) -> Result<Report> {
     if disk.blocks() < 2 {
         return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
     }
-    let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
-    let journal = Journal::recover(&disk, &sb)?;
-    // Replay may have put a newer superblock (a higher inode mark) in place.
-    let sb = if journal.stats().replayed > 0 { Superblock::decode(&disk.read_block(0)?, disk.blocks())? } else { sb };
+    let (sb, journal) = recover(&disk)?;
     let table = read_table(&disk, &sb, true)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);

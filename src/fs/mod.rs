@@ -652,13 +652,8 @@ impl FileSystem {
         if disk.blocks() < 2 {
             return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
         }
-        let mut sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
-        let mut journal = Journal::recover(&disk, &sb)?;
+        let (mut sb, mut journal) = check::recover(&disk)?;
         let replayed = journal.stats().replayed;
-        if replayed > 0 {
-            // Replay may have put a newer superblock (a higher inode mark) in place.
-            sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
-        }
         let upgraded_from = (sb.version < format::VERSION).then_some(sb.version);
         if upgraded_from.is_some() {
             // The journal is empty now; older inodes read as files in the root.
