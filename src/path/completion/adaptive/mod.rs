@@ -564,7 +564,7 @@ impl Adaptive {
                 // A poll that outlasts many device times is holding the CPU its completion
                 // needs: give up then, and let the epoch's end choose another mode.
                 let l = self.hybrid.bucket_latency_any();
-                let from = if expect.since_ns > 0 { expect.since_ns } else { now_ns() };
+                let from = if expect.since_ns > 0 { expect.since_ns } else { began };
                 let cap = from + controller::starved_after_ns(l) as u64;
                 let (n, seen) = poll::spin(queue, out, stats, limit_ns.min(cap), Some(&mut self.gaps))?;
                 if n == 0 && queue.in_flight() > 0 && seen >= cap && cap < limit_ns {
