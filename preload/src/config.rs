@@ -27,6 +27,11 @@
 //!   default an eighth of the machine's memory, at least 64 MiB: buffered
 //!   programs count on a cache as large as the kernel's, and pages are
 //!   taken only as files are read).
+//! - `IOPATH_CARRY`: the bound of each mount's carried cache (a size; `0`
+//!   turns it off; default the page cache's bound, at most 1 GiB): the clean
+//!   blocks a process leaves in `/dev/shm` at exit for the next process that
+//!   mounts the device (`iopath::fs::carry`), as the kernel's page cache
+//!   outlives a process.
 //! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
 //!   instead of halting (`iopath::idle::IdlePolling`; root only, a refusal is
 //!   logged and changes nothing else).
@@ -52,6 +57,8 @@ pub struct Config {
     pub mount_wait_ms: u64,
     /// The mounts' page cache bound in bytes, if set.
     pub cache_bytes: Option<u64>,
+    /// The mounts' carried cache bound in bytes, if set (0: none).
+    pub carry_bytes: Option<u64>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -82,6 +89,7 @@ impl Config {
             fsync_path,
             namespace_commit,
             cache_bytes: parsed("IOPATH_CACHE", var("IOPATH_CACHE"), iopath::units::parse_size),
+            carry_bytes: parsed("IOPATH_CARRY", var("IOPATH_CARRY"), iopath::units::parse_size),
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -108,6 +116,7 @@ impl Config {
             namespace_commit: None,
             mount_wait_ms: 10_000,
             cache_bytes: None,
+            carry_bytes: None,
         }
     }
 

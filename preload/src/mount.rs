@@ -76,12 +76,29 @@ impl Mount {
             Ok(lock) => lock,
             Err(e) => return Err(self.failed(&mut state, &e, libc::EBUSY)),
         };
+        let options = mount_options();
         let mounted = iopath::PathConfig::preset(&crate::config().path)
             .and_then(|path| iopath::Engine::open(&spec, path))
-            .and_then(|engine| FileSystem::mount_with(Arc::new(engine), mount_options()));
+            .and_then(|engine| {
+                // No larger than the device: more could never be filled.
+                let bytes = carry_bytes(&options).min(engine.device().size());
+                let carry = match &lock {
+                    Some(lock) if bytes > 0 => lock
+                        .carried_cache(bytes)
+                        .inspect_err(|e| crate::log(&format!("no carried cache for {}: {e}", self.device)))
+                        .ok(),
+                    _ => None,
+                };
+                FileSystem::mount_carrying(Arc::new(engine), options, carry)
+            });
         match mounted {
-            Ok((fs, _)) => {
-                crate::log(&format!("mounted {} on {}", self.device, String::from_utf8_lossy(&self.dir)));
+            Ok((fs, found)) => {
+                let carried = match (found.carried, &found.carry_error) {
+                    (_, Some(e)) => format!(" (carried cache set aside: {e})"),
+                    (Some(blocks), None) => format!(" ({blocks} blocks in its carried cache)"),
+                    (None, None) => String::new(),
+                };
+                crate::log(&format!("mounted {} on {}{carried}", self.device, String::from_utf8_lossy(&self.dir)));
                 state.fs = Some(fs.clone());
                 state.lock = lock;
                 Ok(fs)
@@ -156,6 +173,11 @@ const MOUNT_FSYNC_PATH: iopath::fs::FsyncPath = iopath::fs::FsyncPath::Journaled
 /// kernel's page cache takes whatever memory is free, and buffered programs
 /// (RocksDB without direct reads, SQLite) count on it; pages are taken only
 /// as files are read, so the bound costs nothing until it is used.
+/// The carried cache's bound: `IOPATH_CARRY`, else the page cache's, at most 1 GiB.
+fn carry_bytes(options: &MountOptions) -> u64 {
+    crate::config().carry_bytes.unwrap_or(options.cache_bytes.min(1 << 30))
+}
+
 fn default_cache_bytes() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
@@ -459,8 +481,8 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
 pub fn sync_all() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
         if let Some(fs) = m.mounted() {
-            if let Err(e) = fs.quiesce() {
-                crate::say(&format!("cannot commit {} at exit: {e}", m.device));
+            if let Err(e) = fs.carry_over() {
+                crate::say(&format!("at exit, {}: {e}", m.device));
             }
             crate::log(&format!("{} on {}: {}", m.device, String::from_utf8_lossy(&m.dir), fs.stats().summary()));
         }

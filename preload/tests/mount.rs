@@ -76,3 +76,42 @@ fn the_exit_summary_reaches_stderr_even_after_the_program_closed_it() {
     assert_eq!(fs.open("greeting").unwrap().read_at(&mut back, 0).unwrap(), 6);
     assert_eq!(&back, b"hello\n");
 }
+
+/// A process leaves its clean pages in the mount's carried cache at exit, and
+/// the next process that mounts the device reads them from there instead of
+/// the device (`iopath::fs::carry`); with `IOPATH_CARRY=0` it reads the device.
+#[test]
+fn the_next_process_reads_what_the_last_one_left_in_the_carried_cache() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let numbers = mount_dir.join("numbers");
+    let expected: String = (1..=20000).map(|i| format!("{i}\n")).collect();
+    let run = |program: &str, args: &[&str], carry: &str| {
+        let mut command = Command::new(program);
+        command.args(args).env("IOPATH_LOG", "1").env("IOPATH_CARRY", carry);
+        common::mounted(&mut command, &mount_dir, &image);
+        let out = command.output().unwrap();
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+        assert!(out.status.success(), "{stdout}{stderr}");
+        (stdout, stderr)
+    };
+    let carried_reads = |stderr: &str| -> u64 {
+        let line = stderr.lines().find(|l| l.contains("blocks read from the carried cache")).unwrap_or_default();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "read").unwrap_or_else(|| panic!("{stderr}"));
+        words[at - 2].parse().unwrap_or_else(|_| panic!("{stderr}"))
+    };
+    let source = scratch.path().join("numbers");
+    std::fs::write(&source, &expected).unwrap();
+    run("cp", &[source.to_str().unwrap(), numbers.to_str().unwrap()], "64m");
+    let (stdout, stderr) = run("cat", &[numbers.to_str().unwrap()], "64m");
+    assert_eq!(stdout, expected);
+    assert!(stderr.contains("blocks in its carried cache"), "{stderr}");
+    assert!(carried_reads(&stderr) >= 26, "all 27 blocks of the file but the last, at least: {stderr}");
+    let (stdout, stderr) = run("cat", &[numbers.to_str().unwrap()], "0");
+    assert_eq!(stdout, expected);
+    assert_eq!(carried_reads(&stderr), 0, "{stderr}");
+    let report = iopath::fs::check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

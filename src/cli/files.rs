@@ -166,7 +166,23 @@ impl Mounted {
 /// Mounts the file system on `device`, saying on stderr what the mount repaired.
 fn mount(device: &str) -> Result<Mounted> {
     let (engine, lock) = open_existing(device)?;
-    let (fs, mounted) = FileSystem::mount(engine)?;
+    // The same carried cache as the interposer's ([`iopath::fs::carry`]): what a
+    // tool reads or writes is warm for the next program, and the other way round.
+    let bytes = match std::env::var("IOPATH_CARRY") {
+        Ok(v) if !v.is_empty() => iopath::units::parse_size(&v)?,
+        _ => 1 << 30,
+    };
+    let carry = match &lock {
+        Some(lock) if bytes > 0 => lock
+            .carried_cache(bytes.min(engine.device().size()))
+            .inspect_err(|e| eprintln!("going on without a carried cache: {e}"))
+            .ok(),
+        _ => None,
+    };
+    let (fs, mounted) = FileSystem::mount_carrying(engine, iopath::fs::MountOptions::default(), carry)?;
+    if let Some(e) = &mounted.carry_error {
+        eprintln!("the carried cache was set aside: {e}");
+    }
     if mounted.replayed > 0 {
         eprintln!("replayed {} journal transaction(s) left by an unclean stop", mounted.replayed);
     }

@@ -397,6 +397,16 @@ impl PageCache {
         }
     }
 
+    /// Calls `each` with every page in the index, one shard at a time (under its lock).
+    pub fn for_each(&self, mut each: impl FnMut(&Arc<Page>)) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("cache shard poisoned");
+            for page in shard.values() {
+                each(page);
+            }
+        }
+    }
+
     /// Counters now.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;

@@ -3,6 +3,7 @@
 //! completion) the engine was opened with: sixteen threads' file writes are
 //! merged by `stm` exactly like raw block requests.
 
+use super::carry::CarriedCache;
 use super::format::{BLOCK, BLOCK_U64};
 use crate::IoBuf;
 use crate::device::{Durability, Op};
@@ -10,8 +11,8 @@ use crate::engine::{Engine, Handle, HandleOptions, ThreadHandles};
 use crate::error::Result;
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 
 /// Requests one thread keeps in flight at most in a [`Batch`].
 pub const BATCH_DEPTH: u32 = 64;
@@ -29,6 +30,9 @@ pub struct Disk {
     /// Blocks on the device.
     blocks: u64,
     counters: DiskCounters,
+    /// The carried cache, once the mount has checked it ([`super::carry`]):
+    /// reads it holds come from it, and every write drops what it covers.
+    carry: OnceLock<Arc<CarriedCache>>,
 }
 
 /// What the file layer asked of the device.
@@ -60,7 +64,7 @@ impl Disk {
         let caps = engine.device().capabilities();
         let max_io = (caps.max_segment_bytes as usize / BLOCK).max(1) * BLOCK;
         let blocks = engine.device().size() / BLOCK_U64;
-        Disk { engine, max_io, blocks, counters: DiskCounters::default() }
+        Disk { engine, max_io, blocks, counters: DiskCounters::default(), carry: OnceLock::new() }
     }
 
     /// Most blocks one request carries (a larger one is sent as several).
@@ -83,9 +87,35 @@ impl Disk {
         &self.counters
     }
 
+    /// Reads from `carry` what it holds from now on, and drops from it what
+    /// is written (the mount checked it vouches for the device as it is).
+    pub fn attach_carry(&self, carry: Arc<CarriedCache>) {
+        let _ = self.carry.set(carry);
+    }
+
+    /// The carried cache, if one is attached.
+    pub fn carry(&self) -> Option<&Arc<CarriedCache>> {
+        self.carry.get()
+    }
+
+    /// Copies `[block, block + len / 4096)` from the carried cache if it holds all of it.
+    fn carried(&self, block: u64, buf: &mut [u8]) -> bool {
+        self.carry.get().is_some_and(|c| c.read(block, buf))
+    }
+
+    /// Blocks `[block, ..)` covering `len` bytes are about to be written.
+    fn writing(&self, block: u64, len: usize) {
+        if let Some(c) = self.carry.get() {
+            c.forget(block, len.div_ceil(BLOCK) as u64);
+        }
+    }
+
     /// Reads `buf.len() / 4096` blocks from `block` (buf aligned, as an [`IoBuf`] is).
     pub fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
+        if self.carried(block, buf) {
+            return Ok(());
+        }
         for (i, chunk) in buf.chunks_mut(self.max_io).enumerate() {
             let at = (block * BLOCK_U64) + (i * self.max_io) as u64;
             self.engine.read_at(chunk, at)?;
@@ -97,6 +127,7 @@ impl Disk {
     /// Writes `buf` (whole blocks, aligned) at `block`.
     pub fn write(&self, block: u64, buf: &[u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
+        self.writing(block, buf.len());
         for (i, chunk) in buf.chunks(self.max_io).enumerate() {
             let at = (block * BLOCK_U64) + (i * self.max_io) as u64;
             self.engine.write_at(chunk, at)?;
@@ -112,8 +143,18 @@ impl Disk {
     pub fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
         debug_assert!(buf.len() <= self.max_io, "a durable write is one request");
+        self.writing(block, buf.len());
         self.engine.write_durable_at(buf, block * BLOCK_U64)?;
         self.counters.flushes.fetch_add(1, Relaxed);
+        self.counters.count(Op::Write, buf.len());
+        Ok(())
+    }
+
+    /// Writes the superblock image `buf` that stamps the carried cache (see
+    /// [`super::carry`]): the one write that does not set it aside.
+    pub fn write_stamp(&self, buf: &[u8]) -> Result<()> {
+        debug_assert_eq!(buf.len(), BLOCK);
+        self.engine.write_at(buf, 0)?;
         self.counters.count(Op::Write, buf.len());
         Ok(())
     }
@@ -198,6 +239,17 @@ impl<'a> Batch<'a> {
         tag: u64,
         durability: Durability,
     ) -> Result<()> {
+        if op == Op::Write {
+            self.disk.writing(block, len);
+        } else if self.disk.carry.get().is_some() {
+            // SAFETY: the caller's promise: `buf` is valid for `len` bytes and nothing else uses it.
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+            if self.disk.carried(block, dst) {
+                // Done without the device: handed back with the batch's next completions.
+                self.completed.push((tag, Ok(())));
+                return Ok(());
+            }
+        }
         let max_io = self.disk.max_io;
         let mut done = 0;
         while done < len {
@@ -417,6 +469,7 @@ impl Sent {
         self.buffers.push((buffer, buf, 1));
         let mut result = Ok(());
         'pieces: for (block, range) in pieces {
+            disk.writing(*block, range.len());
             let mut done = 0;
             while done < range.len() {
                 let len = (range.len() - done).min(disk.max_io);

@@ -75,8 +75,9 @@ const HEADER_MAGIC: &[u8; 8] = b"IOPJHEAD";
 const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
-/// Format version `mkfs` writes (5: the superblock keeps the inode mark).
-pub const VERSION: u32 = 5;
+/// Format version `mkfs` writes (5: the superblock keeps the inode mark;
+/// 6: and the carried cache's stamp).
+pub const VERSION: u32 = 6;
 /// The inode mark (see [`Superblock::inode_mark`]) rises in steps of this
 /// many slots (64 table blocks): a superblock goes into a transaction once
 /// per 512 new files at most.
@@ -200,6 +201,12 @@ pub struct Superblock {
     /// it. This is the value at mount; the mounted file system keeps the
     /// live one.
     pub inode_mark: u64,
+    /// The stamp of the carried cache that holds this device's blocks as they
+    /// are now (version 6; 0: none does). A mount sets it to 0 before it
+    /// writes anything, an unmount that leaves its clean blocks in a carried
+    /// cache sets it to that cache's stamp, as its last write: a cache whose
+    /// stamp is not the device's is never read. See [`super::carry`].
+    pub carry_stamp: u64,
 }
 
 impl Superblock {
@@ -240,6 +247,7 @@ impl Superblock {
             volume_id,
             version: VERSION,
             inode_mark: 0,
+            carry_stamp: 0,
         })
     }
 
@@ -271,6 +279,7 @@ impl Superblock {
             self.data_start,
             self.volume_id,
             self.inode_mark,
+            self.carry_stamp,
         ]
         .into_iter()
         .enumerate()
@@ -315,6 +324,7 @@ impl Superblock {
             volume_id: f(8),
             version,
             inode_mark: 0,
+            carry_stamp: 0,
         };
         let consistent = sb.inode_start == 2
             && sb.bitmap_start == sb.inode_start + sb.inode_blocks
@@ -327,7 +337,11 @@ impl Superblock {
             return Err(corrupt("the superblock's layout does not add up"));
         }
         // Before version 5 the field is not there: the whole table is read.
-        let sb = Superblock { inode_mark: if version >= 5 { f(9) } else { sb.inodes() }, ..sb };
+        let sb = Superblock {
+            inode_mark: if version >= 5 { f(9) } else { sb.inodes() },
+            carry_stamp: if version >= 6 { f(10) } else { 0 },
+            ..sb
+        };
         if sb.inode_mark > sb.inodes() {
             return Err(corrupt(format!(
                 "the superblock's inode mark {} lies past the table's {} slots",

@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 pub struct MountLock {
     _file: std::fs::File,
     path: PathBuf,
+    /// The file or block device it locks.
+    device: PathBuf,
 }
 
 /// The file or block device a spec names, if it names one (`None` for an
@@ -141,12 +143,22 @@ impl MountLock {
         }
         let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
         sweep(&path);
-        Ok(Some(MountLock { _file: file, path }))
+        if let Some(dir) = path.parent() {
+            super::carry::sweep(dir);
+        }
+        Ok(Some(MountLock { _file: file, path, device }))
     }
 
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The carried cache of the locked device ([`super::carry`]), beside
+    /// the lock file, holding up to `bytes`: opened (or made) for
+    /// [`super::FileSystem::mount_carrying`].
+    pub fn carried_cache(&self, bytes: u64) -> Result<super::carry::CarriedCache> {
+        super::carry::CarriedCache::open(&super::carry::path_beside(&self.path), &self.device, bytes)
     }
 }
 

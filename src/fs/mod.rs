@@ -51,6 +51,7 @@
 
 pub mod alloc;
 pub mod cache;
+pub mod carry;
 pub mod check;
 pub mod disk;
 pub mod extents;
@@ -193,7 +194,7 @@ impl Default for MountOptions {
 }
 
 /// What `mount` found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Mounted {
     /// Journal transactions replayed (non-zero after a crash).
     pub replayed: u64,
@@ -205,6 +206,11 @@ pub struct Mounted {
     pub orphans_reclaimed: usize,
     /// The format version the device had, if mounting upgraded it to [`format::VERSION`].
     pub upgraded_from: Option<u32>,
+    /// Blocks the carried cache held for the device as it is ([`carry`]);
+    /// `None` without one.
+    pub carried: Option<u64>,
+    /// The carried cache could not be used (said why); the mount went on without it.
+    pub carry_error: Option<String>,
 }
 
 /// One file as `list` shows it.
@@ -243,6 +249,8 @@ pub struct FsStats {
     pub dirty_pages: u64,
     /// The page cache's counters.
     pub cache: CacheStats,
+    /// Blocks read from the carried cache instead of the device ([`carry`]).
+    pub carried_reads: u64,
 }
 
 impl FsStats {
@@ -253,7 +261,7 @@ impl FsStats {
         format!(
             "{} commits ({} sent without waiting), {} checkpoints; {} syncs ({} shared, {} a flush only); \
              cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
-             ({:.1} MiB), {} writes ({:.1} MiB), {} flushes",
+             ({:.1} MiB), {} writes ({:.1} MiB), {} flushes; {} blocks read from the carried cache",
             j.commits,
             j.sent,
             j.checkpoints,
@@ -269,7 +277,8 @@ impl FsStats {
             mib(self.device_read_bytes),
             self.device_writes,
             mib(self.device_written_bytes),
-            self.device_flushes
+            self.device_flushes,
+            self.carried_reads
         )
     }
 }
@@ -310,7 +319,9 @@ impl Drop for Mount {
         fs.readahead_jobs.lock().map(|mut j| j.take()).ok();
         if !fs.unmounted.swap(true, Ordering::AcqRel) && !fs.aborted.load(Ordering::Acquire) {
             // Leave a clean journal if the device lets us; errors have no one to go to.
-            let _ = fs.quiesce();
+            if fs.quiesce().is_ok() {
+                let _ = fs.carry_out();
+            }
         }
     }
 }
@@ -648,19 +659,47 @@ impl FileSystem {
 
     /// Mounts with a page cache, read and fsync paths of the caller's choosing.
     pub fn mount_with(engine: Arc<Engine>, options: MountOptions) -> Result<(FileSystem, Mounted)> {
+        FileSystem::mount_carrying(engine, options, None)
+    }
+
+    /// Mounts as [`FileSystem::mount_with`] does, reading what `carry` holds
+    /// for the device as it is instead of the device, and leaving this
+    /// mount's clean blocks in it at unmount ([`carry`]). The caller holds
+    /// the device's mount lock ([`lock::MountLock`]). A carried cache that
+    /// cannot be used is set aside (said in [`Mounted::carry_error`]), never
+    /// a reason not to mount.
+    pub fn mount_carrying(
+        engine: Arc<Engine>,
+        options: MountOptions,
+        carry: Option<carry::CarriedCache>,
+    ) -> Result<(FileSystem, Mounted)> {
         let disk = Disk::new(engine);
         if disk.blocks() < 2 {
             return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
         }
         let (mut sb, mut journal) = check::recover(&disk)?;
         let replayed = journal.stats().replayed;
+        let (mut carried, mut carry_error) = (None, None);
+        if let Some(carry) = carry {
+            match carry.attach(sb.volume_id, sb.carry_stamp) {
+                Ok(found) => {
+                    carried = Some(found.blocks);
+                    disk.attach_carry(Arc::new(carry));
+                }
+                Err(e) => carry_error = Some(e.to_string()),
+            }
+        }
         let upgraded_from = (sb.version < format::VERSION).then_some(sb.version);
-        if upgraded_from.is_some() {
-            // The journal is empty now; older inodes read as files in the root.
+        if upgraded_from.is_some() || sb.carry_stamp != 0 {
+            // Before anything else is written: no carried cache vouches for the device now.
+            // An upgrade's journal is empty now; older inodes read as files in the root.
             sb.version = format::VERSION;
+            sb.carry_stamp = 0;
             disk.write(0, &IoBuf::from_slice(&sb.encode()[..]))?;
-            disk.flush()?;
-            journal = Journal::recover(&disk, &sb)?;
+            if upgraded_from.is_some() {
+                disk.flush()?;
+                journal = Journal::recover(&disk, &sb)?;
+            }
         }
         let table = check::read_table(&disk, &sb, false)?;
         let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
@@ -760,7 +799,8 @@ impl FileSystem {
                     .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
             }
         }
-        let mounted = Mounted { replayed, files, dirs, orphans_reclaimed: orphans.len(), upgraded_from };
+        let mounted =
+            Mounted { replayed, files, dirs, orphans_reclaimed: orphans.len(), upgraded_from, carried, carry_error };
         Ok((FileSystem { mount: Arc::new(Mount { inner }) }, mounted))
     }
 
@@ -822,6 +862,7 @@ impl FileSystem {
             free_blocks: fs.meta().alloc.free_blocks(),
             dirty_pages: fs.dirty.pages() as u64,
             cache: fs.cache.stats(),
+            carried_reads: fs.disk.carry().map_or(0, |c| c.hits()),
         }
     }
 
@@ -829,6 +870,7 @@ impl FileSystem {
     /// so the next mount replays nothing. Files still open stay usable.
     pub fn unmount(self) -> Result<()> {
         self.quiesce()?;
+        self.mount.carry_out()?;
         self.mount.unmounted.store(true, Ordering::Release);
         self.mount.readahead_jobs.lock().map(|mut j| j.take()).ok();
         Ok(())
@@ -846,6 +888,17 @@ impl FileSystem {
     /// (the interposer, at exit).
     pub fn quiesce(&self) -> Result<()> {
         self.mount.quiesce()
+    }
+
+    /// [`FileSystem::quiesce`], then leaves the clean blocks of the page
+    /// cache in the carried cache, if the file system was mounted with one,
+    /// for the next process that mounts the device ([`carry`]): what a
+    /// process that cannot give up its handle does at exit. Returns the
+    /// blocks the carried cache holds (0 without one). A write after this
+    /// sets the carried cache aside again.
+    pub fn carry_over(&self) -> Result<u64> {
+        self.mount.quiesce()?;
+        self.mount.carry_out()
     }
 }
 
@@ -1010,6 +1063,67 @@ impl Inner {
                 self.readahead_pending.fetch_sub(1, Ordering::AcqRel);
             }
         }
+    }
+
+    /// Leaves the clean pages of live files in the carried cache, stamps it
+    /// and the superblock alike; call after [`Inner::quiesce`] (so the
+    /// device holds what every clean page holds). Returns the blocks the
+    /// carried cache holds (0 without one).
+    fn carry_out(&self) -> Result<u64> {
+        let Some(carry) = self.disk.carry() else { return Ok(0) };
+        if self.aborted.load(Ordering::Acquire) {
+            return Ok(0);
+        }
+        // Each live file's pages by cache id, with the device block of each.
+        let (files, mark) = {
+            let meta = self.meta();
+            let files: crate::hash::IntMap<u64, Arc<Node>> = meta
+                .slots
+                .iter()
+                .filter_map(|s| match s {
+                    Slot::File(node) => Some(node),
+                    _ => None,
+                })
+                .filter_map(|node| {
+                    let state = node.state.read().ok()?;
+                    state.live.then(|| (state.cache_id, Arc::clone(node)))
+                })
+                .collect();
+            (files, meta.inode_mark)
+        };
+        let mut cached: Vec<Arc<Page>> = Vec::new();
+        // Collected first, the files' locks taken after: a reader holds its file's lock
+        // while it takes a shard's.
+        self.cache.for_each(|page| {
+            if files.contains_key(&page.key.0) {
+                cached.push(Arc::clone(page));
+            }
+        });
+        let mut pages: Vec<(u64, Arc<Page>)> = Vec::with_capacity(cached.len());
+        for page in cached {
+            let Some(node) = files.get(&page.key.0) else { continue };
+            let Ok(state) = node.state.read() else { continue };
+            let block = page.key.1;
+            // The cache id checked again under the file's lock: a truncate gives a new one.
+            if state.cache_id != page.key.0 || block * BLOCK_U64 >= state.disk_size || !page.ready() {
+                continue;
+            }
+            if let Some((physical, false)) = extents::locate(&state.inode.extents, block) {
+                drop(state);
+                pages.push((physical, page));
+            }
+        }
+        pages.sort_unstable_by_key(|&(physical, _)| physical);
+        // Held through the save: a page written meanwhile waits, and is written
+        // back (which sets the carried cache aside) only after it is stamped.
+        let guards: Vec<_> = pages.iter().map(|(_, p)| p.data.read().expect("page lock poisoned")).collect();
+        let clean = pages.iter().zip(&guards).filter(|(_, g)| !g.dirty).map(|((b, _), g)| (*b, &g.buf[..]));
+        let stamp = fastrand::u64(1..);
+        let held = carry.save(self.sb.volume_id, stamp, clean)?;
+        let sb = Superblock { inode_mark: mark, carry_stamp: stamp, ..self.sb };
+        self.disk.write_stamp(&IoBuf::from_slice(&sb.encode()[..]))?;
+        drop(guards);
+        Ok(held)
     }
 
     /// Commits everything and checkpoints.

@@ -1,0 +1,164 @@
+//! The carried cache (`iopath::fs::carry`): what one mount leaves for the
+//! next is read instead of the device, byte for byte the device's, and is
+//! never read once anything may have changed the device behind it.
+
+use iopath::fs::lock::MountLock;
+use iopath::fs::{FileSystem, FormatOptions, MountOptions};
+use iopath::{Engine, PathConfig};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn engine(image: &Path) -> Arc<Engine> {
+    Arc::new(Engine::open(&format!("uring:{}", image.display()), PathConfig::preset("sync-path").unwrap()).unwrap())
+}
+
+fn image(dir: &Path) -> std::path::PathBuf {
+    let image = dir.join("fs.img");
+    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
+    image
+}
+
+/// Mounts `image` with its carried cache (bound 16 MiB), as the interposer does.
+fn mount_carrying(image: &Path) -> (FileSystem, iopath::fs::Mounted, MountLock) {
+    let lock = MountLock::acquire(image.to_str().unwrap(), Duration::ZERO).unwrap().unwrap();
+    let carry = lock.carried_cache(16 << 20).unwrap();
+    let (fs, mounted) = FileSystem::mount_carrying(engine(image), MountOptions::default(), Some(carry)).unwrap();
+    (fs, mounted, lock)
+}
+
+/// File contents that differ per file and per byte, with a short last block.
+fn contents(i: usize) -> Vec<u8> {
+    (0..(i * 3001 + 100)).map(|k| (k * 31 + i * 7) as u8).collect()
+}
+
+fn read_all(fs: &FileSystem, name: &str) -> Vec<u8> {
+    let file = fs.open(name).unwrap();
+    let mut out = vec![0u8; file.len() as usize];
+    assert_eq!(file.read_at(&mut out, 0).unwrap(), out.len());
+    out
+}
+
+fn write_files(fs: &FileSystem, count: usize) {
+    fs.mkdir("d", 0o755).unwrap();
+    for i in 0..count {
+        let f = fs.create(format!("d/f{i}")).unwrap();
+        f.write_at(&contents(i), 0).unwrap();
+    }
+}
+
+#[test]
+fn a_second_mount_reads_what_the_first_left_in_its_carried_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let (fs, mounted, lock) = mount_carrying(&image);
+    assert_eq!(mounted.carried, Some(0), "a new carried cache holds nothing");
+    write_files(&fs, 40);
+    fs.unmount().unwrap();
+    drop(lock);
+
+    let (fs, mounted, lock) = mount_carrying(&image);
+    let carried = mounted.carried.unwrap();
+    assert!(carried >= 40, "every written page was left behind: {mounted:?}");
+    let before = fs.stats();
+    for i in 0..40 {
+        assert_eq!(read_all(&fs, &format!("d/f{i}")), contents(i), "file {i}");
+    }
+    let after = fs.stats();
+    assert_eq!(after.device_read_bytes, before.device_read_bytes, "no data came from the device: {after:?}");
+    assert!(after.carried_reads >= carried, "{after:?}");
+    drop(fs);
+    drop(lock);
+
+    // A third mount finds the same (the second used them and left them).
+    let (fs, mounted, _lock) = mount_carrying(&image);
+    assert_eq!(mounted.carried, Some(carried));
+    assert_eq!(read_all(&fs, "d/f7"), contents(7));
+}
+
+#[test]
+fn a_mount_without_the_carried_cache_sets_it_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let (fs, _, lock) = mount_carrying(&image);
+    write_files(&fs, 4);
+    fs.unmount().unwrap();
+    drop(lock);
+
+    // Another mount (an older tool, IOPATH_CARRY=0) overwrites a file in place.
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    fs.open("d/f2").unwrap().write_at(&vec![0xEE; contents(2).len()], 0).unwrap();
+    fs.unmount().unwrap();
+
+    let (fs, mounted, _lock) = mount_carrying(&image);
+    assert_eq!(mounted.carried, Some(0), "stamps differ: nothing is trusted");
+    assert_eq!(read_all(&fs, "d/f2"), vec![0xEE; contents(2).len()]);
+    assert_eq!(read_all(&fs, "d/f3"), contents(3));
+}
+
+#[test]
+fn a_write_after_leaving_the_carried_cache_sets_it_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let (fs, _, lock) = mount_carrying(&image);
+    write_files(&fs, 4);
+    // What the interposer does at exit, while another thread may still write.
+    assert!(fs.carry_over().unwrap() >= 4);
+    let f = fs.open("d/f1").unwrap();
+    f.write_at(&vec![0x5A; contents(1).len()], 0).unwrap();
+    f.fsync().unwrap();
+    // The process dies here, without unmounting.
+    std::mem::forget(f);
+    std::mem::forget(fs);
+    drop(lock);
+
+    let (fs, mounted, _lock) = mount_carrying(&image);
+    assert_eq!(mounted.carried, Some(0), "{mounted:?}");
+    assert_eq!(read_all(&fs, "d/f1"), vec![0x5A; contents(1).len()]);
+    assert_eq!(read_all(&fs, "d/f0"), contents(0));
+}
+
+#[test]
+fn writes_while_mounted_drop_the_blocks_they_cover_and_the_rest_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let (fs, _, lock) = mount_carrying(&image);
+    write_files(&fs, 6);
+    fs.unmount().unwrap();
+    drop(lock);
+
+    let (fs, mounted, lock) = mount_carrying(&image);
+    let held = mounted.carried.unwrap();
+    // Overwrite one file in place, truncate another and grow it again, delete a third
+    // and let a new file take its blocks.
+    fs.open("d/f1").unwrap().write_at(b"changed", 10).unwrap();
+    let f2 = fs.open("d/f2").unwrap();
+    f2.truncate(50).unwrap();
+    f2.truncate(6000).unwrap();
+    drop(f2);
+    fs.unlink("d/f3").unwrap();
+    fs.create("d/new").unwrap().write_at(&vec![0x77; 9000], 0).unwrap();
+    fs.unmount().unwrap();
+    drop(lock);
+
+    let mut f1 = contents(1);
+    f1[10..17].copy_from_slice(b"changed");
+    let mut f2 = contents(2)[..50].to_vec();
+    f2.resize(6000, 0);
+    for _ in 0..2 {
+        // Twice: once as left by the writer, once as left by a reader.
+        let (fs, mounted, _lock) = mount_carrying(&image);
+        assert!(mounted.carried.unwrap() > 0 && held > 0, "{mounted:?}");
+        assert_eq!(read_all(&fs, "d/f1"), f1);
+        assert_eq!(read_all(&fs, "d/f2"), f2);
+        assert_eq!(read_all(&fs, "d/new"), vec![0x77; 9000]);
+        assert!(fs.open("d/f3").is_err());
+        for i in [0, 4, 5] {
+            assert_eq!(read_all(&fs, &format!("d/f{i}")), contents(i));
+        }
+        assert!(fs.stats().carried_reads > 0);
+    }
+    let report = iopath::fs::check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
