@@ -153,6 +153,20 @@ impl IoBuf {
         IoBuf { ptr, len }
     }
 
+    /// A block buffer (4096 bytes) over memory the caller hands over for
+    /// good: a block of a mapping that is never unmapped, which no one else
+    /// uses (the carried cache lends the blocks of a private mapping of its
+    /// file this way: read without a copy, copied on the first write by the
+    /// kernel). Dropped, it joins the pool of blocks as any other does.
+    ///
+    /// # Safety
+    /// `ptr` is aligned to 4096, valid for reads and writes of 4096 bytes for
+    /// the rest of the process, and used by nothing but the buffer returned.
+    pub unsafe fn from_mapped_block(ptr: NonNull<u8>) -> IoBuf {
+        debug_assert_eq!(ptr.as_ptr() as usize % IO_ALIGN, 0);
+        IoBuf { ptr, len: IO_ALIGN }
+    }
+
     /// A buffer holding a copy of `data`.
     pub fn from_slice(data: &[u8]) -> IoBuf {
         let mut buf = IoBuf::new(data.len());

@@ -103,6 +103,11 @@ impl Disk {
         self.carry.get().is_some_and(|c| c.read(block, buf))
     }
 
+    /// Block `block` from the carried cache as a page frame of its own, without a copy.
+    pub fn lend_carried(&self, block: u64) -> Option<IoBuf> {
+        self.carry.get().and_then(|c| c.lend(block))
+    }
+
     /// Blocks `[block, ..)` covering `len` bytes are about to be written.
     fn writing(&self, block: u64, len: usize) {
         if let Some(c) = self.carry.get() {
@@ -307,6 +312,11 @@ impl<'a> Batch<'a> {
     /// Most blocks one request of the batch carries (a larger one is sent as several).
     pub fn max_io_blocks(&self) -> usize {
         self.disk.max_io_blocks()
+    }
+
+    /// [`Disk::lend_carried`], for a reader holding a batch.
+    pub fn lend_carried(&self, block: u64) -> Option<IoBuf> {
+        self.disk.lend_carried(block)
     }
 
     /// Sends what is queued to the device.

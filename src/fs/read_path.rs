@@ -16,7 +16,7 @@
 use super::cache::Page;
 use super::disk::Batch;
 use super::extents;
-use super::format::{BLOCK, BLOCK_U64};
+use super::format::{self, BLOCK, BLOCK_U64};
 use super::{Inner, NodeState};
 use crate::IoBuf;
 use crate::error::{Error, Result};
@@ -165,8 +165,14 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
         && let Some((physical, false)) = extents::locate(&state.inode.extents, page.key.1)
     {
         // One page: the blocking call, sent and waited for in one step (one system
-        // call on io_uring), as a synchronous readpage does.
-        let result = fs.disk.read(physical, &mut page.data.write().expect("page lock poisoned").buf);
+        // call on io_uring), as a synchronous readpage does; or the carried cache's frame.
+        let result = match fs.disk.lend_carried(physical) {
+            Some(frame) => {
+                page.data.write().expect("page lock poisoned").buf = frame;
+                Ok(())
+            }
+            None => fs.disk.read(physical, &mut page.data.write().expect("page lock poisoned").buf),
+        };
         fs.steps.lap(t, |s| &s.device);
         complete(fs, state, &mine, result)?;
         return wait_for_others(fs, out);
@@ -256,8 +262,24 @@ impl Runs {
     fn start<'a>(&mut self, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>], from: usize) -> Result<()> {
         // One command per run: a run the batch would split would complete in pieces.
         let longest = RUN_BLOCKS.min(batch.max_io_blocks());
+        // Pages the carried cache holds take its frames and need no read.
+        let lent: Vec<bool> = pages[from..]
+            .iter()
+            .map(|page| match extents::locate(&state.inode.extents, page.key.1) {
+                Some((physical, false)) => batch.lend_carried(physical).is_some_and(|frame| {
+                    page.data.write().expect("page lock poisoned").buf = frame;
+                    true
+                }),
+                _ => false,
+            })
+            .collect();
+        let lent = |i: usize| lent[i - from];
         let mut i = from;
         while i < pages.len() {
+            if lent(i) {
+                i += 1;
+                continue;
+            }
             let Some((physical, false)) = extents::locate(&state.inode.extents, pages[i].key.1) else {
                 pages[i].data.write().expect("page lock poisoned").buf.fill(0);
                 i += 1;
@@ -266,6 +288,7 @@ impl Runs {
             let mut end = i + 1;
             while end < pages.len()
                 && end - i < longest
+                && !lent(end)
                 && pages[end].key.1 == pages[end - 1].key.1 + 1
                 && extents::locate(&state.inode.extents, pages[end].key.1) == Some((physical + (end - i) as u64, false))
             {
@@ -324,7 +347,12 @@ fn finish_page(fs: &Inner, state: &NodeState, page: &Arc<Page>, ok: bool) {
         let start = page.key.1 * BLOCK_U64;
         if size < start + BLOCK_U64 {
             let from = size.saturating_sub(start) as usize;
-            page.data.write().expect("page lock poisoned").buf[from..].fill(0);
+            let tail = &mut page.data.write().expect("page lock poisoned").buf[from..];
+            // Looked at first: a frame lent by the carried cache is zero there already,
+            // and writing it would make the kernel copy it.
+            if !format::all_zero(tail) {
+                tail.fill(0);
+            }
         }
         page.set_ready();
     } else {
