@@ -481,8 +481,15 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
 pub fn sync_all() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
         if let Some(fs) = m.mounted() {
-            if let Err(e) = fs.carry_over() {
-                crate::say(&format!("at exit, {}: {e}", m.device));
+            let started = std::time::Instant::now();
+            match fs.carry_over() {
+                Ok(0) => {}
+                Ok(blocks) => crate::log(&format!(
+                    "{}: committed, {blocks} blocks in its carried cache, in {:.1} ms",
+                    m.device,
+                    started.elapsed().as_secs_f64() * 1e3
+                )),
+                Err(e) => crate::say(&format!("at exit, {}: {e}", m.device)),
             }
             crate::log(&format!("{} on {}: {}", m.device, String::from_utf8_lossy(&m.dir), fs.stats().summary()));
         }
