@@ -48,6 +48,15 @@ fn write_files(fs: &FileSystem, count: usize) {
     }
 }
 
+/// An image whose carried cache holds `count` files a mount wrote and left behind.
+fn image_left_with_files(dir: &Path, count: usize) -> std::path::PathBuf {
+    let image = image(dir);
+    let (fs, _, _lock) = mount_carrying(&image);
+    write_files(&fs, count);
+    fs.unmount().unwrap();
+    image
+}
+
 #[test]
 fn a_second_mount_reads_what_the_first_left_in_its_carried_cache() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,11 +89,7 @@ fn a_second_mount_reads_what_the_first_left_in_its_carried_cache() {
 #[test]
 fn a_mount_without_the_carried_cache_sets_it_aside() {
     let dir = tempfile::tempdir().unwrap();
-    let image = image(dir.path());
-    let (fs, _, lock) = mount_carrying(&image);
-    write_files(&fs, 4);
-    fs.unmount().unwrap();
-    drop(lock);
+    let image = image_left_with_files(dir.path(), 4);
 
     // Another mount (an older tool, IOPATH_CARRY=0) overwrites a file in place.
     let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
@@ -122,11 +127,7 @@ fn a_write_after_leaving_the_carried_cache_sets_it_aside() {
 #[test]
 fn writes_while_mounted_drop_the_blocks_they_cover_and_the_rest_is_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let image = image(dir.path());
-    let (fs, _, lock) = mount_carrying(&image);
-    write_files(&fs, 6);
-    fs.unmount().unwrap();
-    drop(lock);
+    let image = image_left_with_files(dir.path(), 6);
 
     let (fs, mounted, lock) = mount_carrying(&image);
     let held = mounted.carried.unwrap();

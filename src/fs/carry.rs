@@ -42,7 +42,6 @@
 
 use super::format::{BLOCK, BLOCK_U64};
 use crate::error::{Error, Result};
-use crate::hash::IntMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
@@ -51,17 +50,18 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 const MAGIC: &[u8; 8] = b"IOPCARRY";
-/// The file's own layout version.
-const LAYOUT: u32 = 1;
-/// The header: magic, layout, frames, volume id, stamp, then the backing path.
+/// The file's own layout version (2: the index is sorted by block).
+const LAYOUT: u32 = 2;
+/// The header: magic, layout, frames, volume id, stamp, entries, then the backing path.
 const HEADER: usize = BLOCK;
 const AT_FRAMES: usize = 16;
 const AT_VOLUME: usize = 24;
 const AT_STAMP: usize = 32;
-const AT_PATH_LEN: usize = 40;
-const AT_PATH: usize = 48;
-/// Index slots (one per frame: its device block + 1, 0 for none) per 4 KiB.
-const SLOTS_PER_BLOCK: usize = BLOCK / 8;
+const AT_COUNT: usize = 40;
+const AT_PATH_LEN: usize = 48;
+const AT_PATH: usize = 56;
+/// Bytes of one index entry: the device block and the frame holding it.
+const ENTRY: usize = 16;
 /// Pages one `pwritev` carries at most.
 const WRITE_RUN: usize = 256;
 
@@ -69,8 +69,9 @@ const WRITE_RUN: usize = 256;
 pub struct CarriedCache {
     file: std::fs::File,
     path: PathBuf,
-    /// The file, mapped shared and read-only (reads come from here; writes go
-    /// through the file, which fails with ENOSPC where a store would SIGBUS).
+    /// The file, mapped shared and read-only: the index is searched and
+    /// blocks are copied from here. Writes go through the file, which fails
+    /// with ENOSPC where a store into a full /dev/shm would SIGBUS.
     map: memmap2::Mmap,
     /// The file again, mapped private and writable, never unmapped: its
     /// frames are lent out as page frames ([`CarriedCache::lend`]), read in
@@ -78,7 +79,7 @@ pub struct CarriedCache {
     private: std::ptr::NonNull<u8>,
     frames: usize,
     state: Mutex<State>,
-    /// Blocks indexed now (lets writes skip the lock while it is empty).
+    /// Blocks it vouches for now (lets writes skip the lock while it is empty).
     entries: AtomicUsize,
     /// Saved and stamped: the next device write must unstamp the file first.
     sealed: AtomicBool,
@@ -96,22 +97,28 @@ unsafe impl Sync for CarriedCache {}
 // page frames it lent may still be in use (in a page, or in the pool of
 // blocks). A process maps it once per mount: address space, not memory.
 
-/// The index, authoritative while mounted (the file's copy is written at save).
+/// What this mount knows beyond the file's index. Attaching reads nothing
+/// but the header: the index (entries sorted by block) is searched in place,
+/// so a mount pays nothing for the blocks it does not touch (building a hash
+/// map of 230,000 entries took 10-20 ms of every process's mount).
 struct State {
-    by_block: IntMap<u64, u32>,
-    /// Per frame: its device block + 1, or 0.
-    block_of: Vec<u64>,
-    /// Frames holding nothing, highest first (popped lowest first).
-    free: Vec<u32>,
-    /// Frames this mount read or saved (kept before the others when room runs out).
-    used: Vec<bool>,
+    /// Entries of the file's index this mount trusts (those it attached or saved).
+    count: usize,
+    /// Blocks written on the device since: no longer what the index says.
+    removed: std::collections::HashSet<u64, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
+    /// Frames this mount read or saved, one bit each (kept before the others when room runs out).
+    used: Vec<u64>,
     /// Frames whose private block was lent ([`CarriedCache::lend`]): once only,
     /// since the borrower may have written it (the kernel's copy) since.
-    lent: Vec<bool>,
-    /// Index blocks that differ from the file's.
-    changed: Vec<bool>,
-    /// Where the search for a frame this mount did not use resumes.
-    evict_from: usize,
+    lent: Vec<u64>,
+}
+
+fn bit(bits: &[u64], i: usize) -> bool {
+    bits[i / 64] & (1 << (i % 64)) != 0
+}
+
+fn set_bit(bits: &mut [u64], i: usize) {
+    bits[i / 64] |= 1 << (i % 64);
 }
 
 /// What [`CarriedCache::attach`] found.
@@ -141,8 +148,7 @@ impl CarriedCache {
     /// lock. Nothing in it is trusted until [`CarriedCache::attach`].
     pub fn open(path: &Path, backing: &Path, bytes: u64) -> Result<CarriedCache> {
         let frames = (bytes / BLOCK_U64).clamp(1, u32::MAX as u64 - 1) as usize;
-        let index_blocks = frames.div_ceil(SLOTS_PER_BLOCK);
-        let len = (HEADER + index_blocks * BLOCK + frames * BLOCK) as u64;
+        let len = (HEADER + Self::index_bytes_for(frames) + frames * BLOCK) as u64;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -195,6 +201,7 @@ impl CarriedCache {
             );
         }
         let private = std::ptr::NonNull::new(private.cast::<u8>()).expect("a mapping is not at 0");
+        let words = frames.div_ceil(64);
         Ok(CarriedCache {
             file,
             path: path.to_path_buf(),
@@ -202,18 +209,19 @@ impl CarriedCache {
             private,
             frames,
             state: Mutex::new(State {
-                by_block: IntMap::default(),
-                block_of: vec![0; frames],
-                free: (0..frames as u32).rev().collect(),
-                used: vec![false; frames],
-                lent: vec![false; frames],
-                changed: vec![false; index_blocks],
-                evict_from: 0,
+                count: 0,
+                removed: Default::default(),
+                used: vec![0; words],
+                lent: vec![0; words],
             }),
             entries: AtomicUsize::new(0),
             sealed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
         })
+    }
+
+    fn index_bytes_for(frames: usize) -> usize {
+        (frames * ENTRY).next_multiple_of(BLOCK)
     }
 
     /// Where it lives.
@@ -228,55 +236,60 @@ impl CarriedCache {
 
     /// Takes the file's blocks if its stamp and volume are the device's
     /// (`stamp` 0 matches nothing), then unstamps the file: from here on it
-    /// is trusted only through this process's index, until [`Self::save`].
+    /// is trusted only through this process, until [`Self::save`]. Reads the
+    /// header only.
     pub fn attach(&self, volume_id: u64, stamp: u64) -> Result<Attached> {
         let header = &self.map[..HEADER];
         let had = get(header, AT_STAMP) != 0;
-        let valid = stamp != 0 && get(header, AT_STAMP) == stamp && get(header, AT_VOLUME) == volume_id;
+        let count = get(header, AT_COUNT) as usize;
+        let valid =
+            stamp != 0 && get(header, AT_STAMP) == stamp && get(header, AT_VOLUME) == volume_id && count <= self.frames;
+        let count = if valid { count } else { 0 };
         let mut state = self.lock();
-        if valid {
-            let index = &self.map[HEADER..HEADER + state.changed.len() * BLOCK];
-            let mut taken = false;
-            for (frame, slot) in index.chunks_exact(8).take(self.frames).enumerate() {
-                let v = u64::from_le_bytes(slot.try_into().expect("8 bytes"));
-                if v != 0 && !state.by_block.contains_key(&(v - 1)) {
-                    state.by_block.insert(v - 1, frame as u32);
-                    state.block_of[frame] = v;
-                    taken = true;
-                }
-            }
-            if taken {
-                let block_of = std::mem::take(&mut state.block_of);
-                state.free = (0..self.frames as u32).rev().filter(|&f| block_of[f as usize] == 0).collect();
-                state.block_of = block_of;
-            }
-        } else {
-            // Everything in the index is void: the file's copy is rewritten at save.
-            state.changed.fill(true);
-        }
-        let blocks = state.by_block.len();
-        self.entries.store(blocks, Relaxed);
+        state.count = count;
+        state.removed.clear();
+        self.entries.store(count, Relaxed);
         drop(state);
-        let mut h = vec![0u8; 16];
-        put(&mut h, 0, volume_id);
         self.file
-            .write_all_at(&h[..8], AT_VOLUME as u64)
+            .write_all_at(&volume_id.to_le_bytes(), AT_VOLUME as u64)
             .and_then(|()| self.file.write_all_at(&[0; 8], AT_STAMP as u64))
             .map_err(os(format!("cannot write the carried cache {}", self.path.display())))?;
-        Ok(Attached { blocks: blocks as u64, stale: had && !valid })
+        Ok(Attached { blocks: count as u64, stale: had && !valid })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn frame(&self, f: u32) -> &[u8] {
-        let at = HEADER + self.index_bytes() + f as usize * BLOCK;
-        &self.map[at..at + BLOCK]
+    /// Entry `i` of the file's index: (device block, frame).
+    fn entry(&self, i: usize) -> (u64, usize) {
+        let at = HEADER + i * ENTRY;
+        (get(&self.map, at), get(&self.map, at + 8) as usize)
     }
 
-    fn index_bytes(&self) -> usize {
-        self.frames.div_ceil(SLOTS_PER_BLOCK) * BLOCK
+    /// The frame holding `block`, if this mount may trust it.
+    fn find(&self, state: &State, block: u64) -> Option<usize> {
+        let (mut lo, mut hi) = (0, state.count);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let (b, f) = self.entry(mid);
+            match b.cmp(&block) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                // A frame number past the end is a damaged file: not trusted.
+                std::cmp::Ordering::Equal => return (f < self.frames && !state.removed.contains(&block)).then_some(f),
+            }
+        }
+        None
+    }
+
+    fn frame_offset(&self, f: usize) -> usize {
+        HEADER + Self::index_bytes_for(self.frames) + f * BLOCK
+    }
+
+    fn frame(&self, f: usize) -> &[u8] {
+        let at = self.frame_offset(f);
+        &self.map[at..at + BLOCK]
     }
 
     /// Copies blocks `[block, block + n)` into `dst` (n whole blocks) if it
@@ -290,14 +303,14 @@ impl CarriedCache {
         let mut state = self.lock();
         let mut frames = Vec::with_capacity(n);
         for i in 0..n as u64 {
-            match state.by_block.get(&(block + i)) {
-                Some(&frame) => frames.push(frame),
+            match self.find(&state, block + i) {
+                Some(f) => frames.push(f),
                 None => return false,
             }
         }
         for (i, &f) in frames.iter().enumerate() {
             dst[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(self.frame(f));
-            state.used[f as usize] = true;
+            set_bit(&mut state.used, f);
         }
         self.hits.fetch_add(n as u64, Relaxed);
         true
@@ -311,17 +324,17 @@ impl CarriedCache {
             return None;
         }
         let mut state = self.lock();
-        let f = *state.by_block.get(&block)? as usize;
-        if std::mem::replace(&mut state.lent[f], true) {
+        let f = self.find(&state, block)?;
+        if bit(&state.lent, f) {
             return None;
         }
-        state.used[f] = true;
+        set_bit(&mut state.lent, f);
+        set_bit(&mut state.used, f);
         self.hits.fetch_add(1, Relaxed);
-        let at = HEADER + self.index_bytes() + f * BLOCK;
-        // SAFETY: `at` lies inside the private mapping, which is never unmapped,
-        // aligned to 4096; the frame's block is lent once only, so nothing else in
-        // this process uses that memory.
-        Some(unsafe { crate::IoBuf::from_mapped_block(self.private.add(at)) })
+        // SAFETY: the frame lies inside the private mapping, which is never unmapped,
+        // aligned to 4096; it is lent once only, so nothing else in this process uses
+        // that memory.
+        Some(unsafe { crate::IoBuf::from_mapped_block(self.private.add(self.frame_offset(f))) })
     }
 
     /// Blocks `[block, block + n)` are about to be written on the device:
@@ -335,10 +348,8 @@ impl CarriedCache {
         }
         let mut state = self.lock();
         for b in block..block + n {
-            if let Some(f) = state.by_block.remove(&b) {
-                state.block_of[f as usize] = 0;
-                state.changed[f as usize / SLOTS_PER_BLOCK] = true;
-                state.free.push(f);
+            if self.find(&state, b).is_some() {
+                state.removed.insert(b);
                 self.entries.fetch_sub(1, Relaxed);
             }
         }
@@ -374,102 +385,120 @@ impl CarriedCache {
         debug_assert_ne!(stamp, 0);
         let fail = |what: &str| os(format!("cannot {what} the carried cache {}", self.path.display()));
         let mut state = self.lock();
-        let mut run: Vec<(u32, &'a [u8])> = Vec::with_capacity(WRITE_RUN);
-        let mut full = false;
+        let mut pages: Vec<(u64, &'a [u8])> = pages
+            .filter(|&(block, _)| match self.find(&state, block) {
+                Some(f) => {
+                    set_bit(&mut state.used, f);
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        if pages.is_empty() && state.removed.is_empty() {
+            // Nothing changed (a process that only read what it held): the stamp only.
+            return self.stamp(volume_id, stamp, state.count);
+        }
+        // What stays: the index less what was written since.
+        let mut kept: Vec<(u64, usize)> = (0..state.count)
+            .map(|i| self.entry(i))
+            .filter(|(b, f)| *f < self.frames && !state.removed.contains(b))
+            .collect();
+        let mut taken = vec![0u64; self.frames.div_ceil(64)];
+        for &(_, f) in &kept {
+            set_bit(&mut taken, f);
+        }
+        pages.sort_unstable_by_key(|&(b, _)| b);
+        pages.dedup_by_key(|(b, _)| *b);
+        // Frames for the new ones: free ones first, then those of blocks this mount did not use.
+        let mut new: Vec<(usize, u64, &'a [u8])> = Vec::new();
+        let (mut cursor, mut evictable, mut evicted) = (0usize, None::<Vec<usize>>, Vec::new());
         for (block, bytes) in pages {
             debug_assert_eq!(bytes.len(), BLOCK);
-            if let Some(&f) = state.by_block.get(&block) {
-                state.used[f as usize] = true;
+            if let Ok(i) = kept.binary_search_by_key(&block, |&(b, _)| b) {
+                set_bit(&mut state.used, kept[i].1);
                 continue;
             }
-            if full {
-                continue;
+            while cursor < self.frames && bit(&taken, cursor) {
+                cursor += 1;
             }
-            let Some(f) = state.free.pop().or_else(|| Self::unused_frame(&mut state)) else {
-                full = true;
-                continue;
+            let frame = if cursor < self.frames {
+                cursor
+            } else {
+                let victims = evictable.get_or_insert_with(|| {
+                    (0..kept.len()).rev().filter(|&i| !bit(&state.used, kept[i].1)).collect::<Vec<usize>>()
+                });
+                let Some(i) = victims.pop() else { break };
+                evicted.push(i);
+                kept[i].1
             };
-            if run.last().is_some_and(|&(last, _)| last + 1 != f) || run.len() == WRITE_RUN {
-                full = self.flush_run(&mut state, &mut run).map_err(fail("write"))?;
-            }
-            // Indexed now; taken out again if its write fails.
-            state.by_block.insert(block, f);
-            state.block_of[f as usize] = block + 1;
-            state.changed[f as usize / SLOTS_PER_BLOCK] = true;
-            state.used[f as usize] = true;
-            run.push((f, bytes));
+            set_bit(&mut taken, frame);
+            set_bit(&mut state.used, frame);
+            new.push((frame, block, bytes));
         }
-        self.flush_run(&mut state, &mut run).map_err(fail("write"))?;
-        let mut slots = vec![0u8; BLOCK];
-        for i in 0..state.changed.len() {
-            if !std::mem::take(&mut state.changed[i]) {
-                continue;
-            }
-            let from = i * SLOTS_PER_BLOCK;
-            for (k, slot) in slots.chunks_exact_mut(8).enumerate() {
-                let v = state.block_of.get(from + k).copied().unwrap_or(0);
-                slot.copy_from_slice(&v.to_le_bytes());
-            }
-            if let Err(e) = self.file.write_all_at(&slots, (HEADER + i * BLOCK) as u64) {
-                state.changed[i] = true;
-                return Err(fail("write")(e));
-            }
+        if !evicted.is_empty() {
+            evicted.sort_unstable();
+            let mut k = 0;
+            let mut i = 0;
+            kept.retain(|_| {
+                let out = evicted.get(k) == Some(&i);
+                if out {
+                    k += 1;
+                }
+                i += 1;
+                !out
+            });
         }
-        self.entries.store(state.by_block.len(), Relaxed);
-        let mut h = [0u8; 16];
-        h[..8].copy_from_slice(&volume_id.to_le_bytes());
-        h[8..].copy_from_slice(&stamp.to_le_bytes());
-        self.file.write_all_at(&h, AT_VOLUME as u64).map_err(fail("stamp"))?;
+        // The frames, in runs of consecutive ones; a run that does not fit (a full
+        // /dev/shm) is left out, and so is everything after it.
+        new.sort_unstable_by_key(|&(f, _, _)| f);
+        let mut written = 0;
+        let mut i = 0;
+        while i < new.len() {
+            let mut end = i + 1;
+            while end < new.len() && end - i < WRITE_RUN && new[end].0 == new[end - 1].0 + 1 {
+                end += 1;
+            }
+            match self.write_frames(&new[i..end]) {
+                Ok(()) => written = end,
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => return Err(fail("write")(e)),
+            }
+            i = end;
+        }
+        kept.extend(new[..written].iter().map(|&(f, b, _)| (b, f)));
+        kept.sort_unstable_by_key(|&(b, _)| b);
+        let mut index = vec![0u8; Self::index_bytes_for(kept.len().max(1)).min(Self::index_bytes_for(self.frames))];
+        for (k, &(b, f)) in kept.iter().enumerate() {
+            put(&mut index, k * ENTRY, b);
+            put(&mut index, k * ENTRY + 8, f as u64);
+        }
+        self.file.write_all_at(&index, HEADER as u64).map_err(fail("write"))?;
+        state.count = kept.len();
+        state.removed.clear();
+        self.entries.store(kept.len(), Relaxed);
+        self.stamp(volume_id, stamp, kept.len())
+    }
+
+    /// Writes the header's volume, stamp and entry count: the file vouches for the device again.
+    fn stamp(&self, volume_id: u64, stamp: u64, count: usize) -> Result<u64> {
+        let mut h = [0u8; 24];
+        put(&mut h, 0, volume_id);
+        put(&mut h, 8, stamp);
+        put(&mut h, 16, count as u64);
+        self.file
+            .write_all_at(&h, AT_VOLUME as u64)
+            .map_err(os(format!("cannot stamp the carried cache {}", self.path.display())))?;
         self.sealed.store(true, Relaxed);
-        Ok(state.by_block.len() as u64)
+        Ok(count as u64)
     }
 
-    /// Writes the frames of `run` and empties it. If the write fails its
-    /// frames are taken out of the index (they hold nothing trustworthy):
-    /// `Ok(true)` when the file system is full (nothing more fits), `Err`
-    /// for any other failure.
-    fn flush_run(&self, state: &mut State, run: &mut Vec<(u32, &[u8])>) -> std::io::Result<bool> {
-        let written = self.write_frames(run);
-        if written.is_err() {
-            for &(f, _) in run.iter() {
-                let block = state.block_of[f as usize] - 1;
-                state.by_block.remove(&block);
-                state.block_of[f as usize] = 0;
-                state.free.push(f);
-            }
-        }
-        run.clear();
-        match written {
-            Ok(()) => Ok(false),
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Ok(true),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// A frame holding a block this mount did not use, emptied; `None` if every frame was used.
-    fn unused_frame(state: &mut State) -> Option<u32> {
-        let frames = state.used.len();
-        while state.evict_from < frames {
-            let f = state.evict_from;
-            state.evict_from += 1;
-            if !state.used[f] && state.block_of[f] != 0 {
-                let block = state.block_of[f] - 1;
-                state.by_block.remove(&block);
-                state.block_of[f] = 0;
-                state.changed[f / SLOTS_PER_BLOCK] = true;
-                return Some(f as u32);
-            }
-        }
-        None
-    }
-
-    /// Writes a run of consecutive frames.
-    fn write_frames(&self, run: &[(u32, &[u8])]) -> std::io::Result<()> {
-        let Some(&(first, _)) = run.first() else { return Ok(()) };
-        let mut at = (HEADER + self.index_bytes() + first as usize * BLOCK) as i64;
+    /// Writes a run of consecutive frames: (frame, block, bytes).
+    fn write_frames(&self, run: &[(usize, u64, &[u8])]) -> std::io::Result<()> {
+        let Some(&(first, _, _)) = run.first() else { return Ok(()) };
+        let mut at = self.frame_offset(first) as i64;
         let mut iov: Vec<libc::iovec> = run
             .iter()
-            .map(|(_, b)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: BLOCK })
+            .map(|(_, _, b)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: BLOCK })
             .collect();
         let mut rest = &mut iov[..];
         while !rest.is_empty() {
@@ -485,15 +514,10 @@ impl CarriedCache {
             if n == 0 {
                 return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
             }
-            at += n as i64;
-            let mut n = n as usize;
             // Whole pages written drop out; a torn one is written again whole (same bytes).
-            let whole = n / BLOCK;
+            let whole = n as usize / BLOCK;
             rest = &mut rest[whole..];
-            n -= whole * BLOCK;
-            if n > 0 {
-                at -= n as i64;
-            }
+            at += (whole * BLOCK) as i64;
         }
         Ok(())
     }
