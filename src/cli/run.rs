@@ -19,7 +19,11 @@ time: a program started while another holds it waits up to --wait seconds, then 
 fail with EBUSY and a message naming the holder. The mount is committed when the program exits;
 what it fsync'd is durable at once. A forked child cannot use a mount its parent holds (a
 subshell of a shell that holds nothing open there mounts in turn); mmap of a mounted file is
-refused (ENODEV). --cache sets the mounts' page cache (default an eighth of the memory).
+refused (ENODEV). --cache sets the mounts' page cache (default an eighth of the memory). At exit
+a process leaves its clean pages in the mount's carried cache, a file in /dev/shm, and the next
+process that mounts the device reads them from there instead of the device, as programs find the
+kernel's page cache warm; --carry bounds it (default the page cache, at most 1 GiB; 0 turns it
+off; rm /dev/shm/iopath-carry-* gives its memory back).
 
 --files PATTERN routes the program's O_DIRECT I/O on matching files through iopath's engine
 instead (they stay on the kernel's file system).
@@ -50,6 +54,9 @@ pub struct RunArgs {
     /// Page cache of the mounts (e.g. 256m, 2g; default an eighth of the memory).
     #[arg(long, value_name = "SIZE")]
     cache: Option<String>,
+    /// Carried cache of the mounts: clean blocks left in /dev/shm for the next process (0: none).
+    #[arg(long, value_name = "SIZE")]
+    carry: Option<String>,
     /// Idle CPUs poll instead of halting while the program runs (root only).
     #[arg(long)]
     idle_poll: bool,
@@ -146,8 +153,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(f) = &args.fsync_path {
         iopath::fs::FsyncPath::parse(f)?;
     }
-    if let Some(c) = &args.cache {
-        iopath::units::parse_size(c)?;
+    for size in [&args.cache, &args.carry].into_iter().flatten() {
+        iopath::units::parse_size(size)?;
     }
     let mut mounts = Vec::new();
     for m in &args.mounts {
@@ -168,9 +175,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     if !args.files.is_empty() {
         command.env("IOPATH_FILES", args.files.join(":"));
     }
-    for (key, value) in
-        [("IOPATH_PATH", &args.path), ("IOPATH_FSYNC_PATH", &args.fsync_path), ("IOPATH_CACHE", &args.cache)]
-    {
+    for (key, value) in [
+        ("IOPATH_PATH", &args.path),
+        ("IOPATH_FSYNC_PATH", &args.fsync_path),
+        ("IOPATH_CACHE", &args.cache),
+        ("IOPATH_CARRY", &args.carry),
+    ] {
         if let Some(v) = value {
             command.env(key, v);
         }
