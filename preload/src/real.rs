@@ -81,6 +81,9 @@ next_symbol! {
     readv: fn(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     writev: fn(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     lseek: fn(fd: c_int, offset: off_t, whence: c_int) -> off_t;
+    copy_file_range: fn(fd_in: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
+    sendfile: fn(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
+    sendfile64: fn(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
     lseek64: fn(fd: c_int, offset: off_t, whence: c_int) -> off_t;
     syncfs: fn(fd: c_int) -> c_int;
     sync_file_range: fn(fd: c_int, offset: off_t, n: off_t, flags: c_uint) -> c_int;

@@ -79,6 +79,11 @@ impl File {
         self.direct
     }
 
+    /// Whether `other` is a handle of the same file.
+    pub fn same_file(&self, other: &File) -> bool {
+        Arc::ptr_eq(&self.node, &other.node)
+    }
+
     /// Reads into `buf` from `offset`; returns the bytes read (fewer at the end of the file).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if self.direct {

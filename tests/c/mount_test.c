@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/uio.h>
@@ -299,6 +300,59 @@ static void stdio_and_metadata(void) {
     CHECK(unlink(at("s.txt")) == 0, "unlink");
 }
 
+/* copy_file_range and sendfile between two files of one file system, and
+ * sendfile from a file into a pipe. */
+static void copies(void) {
+    int src = open(at("src"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    int dst = open(at("dst"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    CHECK(src >= 0 && dst >= 0, "create src and dst");
+    static char data[10000], back[10000];
+    for (int i = 0; i < (int)sizeof data; i++)
+        data[i] = (char)(i * 7 + 3);
+    CHECK(write(src, data, sizeof data) == (ssize_t)sizeof data, "write src");
+    loff_t in = 100, out = 0;
+    CHECK(copy_file_range(src, &in, dst, &out, 5000, 0) == 5000 && in == 5100 && out == 5000,
+          "copy_file_range with offsets");
+    CHECK(lseek(src, 0, SEEK_CUR) == 10000 && lseek(dst, 0, SEEK_CUR) == 0, "given offsets leave the positions");
+    CHECK(pread(dst, back, sizeof back, 0) == 5000 && !memcmp(back, data + 100, 5000), "the bytes copied");
+    CHECK(lseek(src, 9000, SEEK_SET) == 9000 && copy_file_range(src, NULL, dst, NULL, 5000, 0) == 1000,
+          "copy_file_range from the positions, short at the end");
+    CHECK(lseek(src, 0, SEEK_CUR) == 10000 && lseek(dst, 0, SEEK_CUR) == 1000, "the positions moved");
+    CHECK(copy_file_range(src, NULL, dst, NULL, 10, 0) == 0, "at the end: 0");
+    ERRNO_IS(copy_file_range(src, NULL, dst, NULL, 10, 1), EINVAL);
+    in = 0;
+    out = 10;
+    ERRNO_IS(copy_file_range(src, &in, src, &out, 100, 0), EINVAL);
+    int ro = open(at("dst"), O_RDONLY);
+    ERRNO_IS(copy_file_range(src, &in, ro, &out, 10, 0), EBADF);
+    close(ro);
+    off_t so = 20;
+    CHECK(lseek(dst, 0, SEEK_SET) == 0 && sendfile(dst, src, &so, 300) == 300 && so == 320 &&
+              lseek(dst, 0, SEEK_CUR) == 300,
+          "sendfile with an offset");
+    CHECK(pread(dst, back, 300, 0) == 300 && !memcmp(back, data + 20, 300), "sendfile's bytes");
+    CHECK(lseek(src, 50, SEEK_SET) == 50 && sendfile(dst, src, NULL, 10) == 10 && lseek(src, 0, SEEK_CUR) == 60,
+          "sendfile from the position");
+    /* Out of the file system: a mount says EXDEV (programs then read and write). */
+    FILE *host = tmpfile();
+    in = 0;
+    ssize_t n = host ? copy_file_range(src, &in, fileno(host), NULL, 100, 0) : -1;
+    if (iopath_mode)
+        CHECK(n < 0 && errno == EXDEV, "copy_file_range out of the mount: EXDEV");
+    else
+        CHECK(n == 100 || (n < 0 && errno == EXDEV), "copy_file_range to a file elsewhere");
+    if (host)
+        fclose(host);
+    int p[2];
+    CHECK(pipe(p) == 0, "pipe");
+    CHECK(sendfile(p[1], src, &so, 16) == 16 && so == 336 && read(p[0], back, 16) == 16 &&
+              !memcmp(back, data + 320, 16),
+          "sendfile into a pipe");
+    close(p[0]);
+    close(p[1]);
+    CHECK(close(src) == 0 && close(dst) == 0 && unlink(at("src")) == 0 && unlink(at("dst")) == 0, "clean up");
+}
+
 static void other_nodes(void) {
     /* What a mount cannot hold is refused with the errno Linux gives a file system without it;
        on ext4 the same calls succeed, so only the refusal of the mount is checked there. */
@@ -367,6 +421,7 @@ int main(int argc, char **argv) {
     relative();
     stdio_and_metadata();
     working_directory();
+    copies();
     other_nodes();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

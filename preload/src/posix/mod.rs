@@ -14,8 +14,9 @@
 //!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
 //!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the
 //!   exec family (which commits the mounts first: exec runs no exit handlers)
-//! - `data.rs`: read, write and their positioned and vectored forms, lseek, fsync, fdatasync,
-//!   syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate, fadvise, readahead, mmap
+//! - `data.rs`: read, write and their positioned and vectored forms, lseek, copy_file_range,
+//!   sendfile, fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate,
+//!   fadvise, readahead, mmap
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd
 //! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
