@@ -55,6 +55,7 @@ next_symbol! {
     dup2: fn(fd: c_int, to: c_int) -> c_int;
     dup3: fn(fd: c_int, to: c_int, flags: c_int) -> c_int;
     fcntl: fn(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
+    ioctl: fn(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int;
     fcntl64: fn(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     ftruncate: fn(fd: c_int, len: off_t) -> c_int;
     ftruncate64: fn(fd: c_int, len: off_t) -> c_int;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -333,6 +334,10 @@ static void copies(void) {
     CHECK(pread(dst, back, 300, 0) == 300 && !memcmp(back, data + 20, 300), "sendfile's bytes");
     CHECK(lseek(src, 50, SEEK_SET) == 50 && sendfile(dst, src, NULL, 10) == 10 && lseek(src, 0, SEEK_CUR) == 60,
           "sendfile from the position");
+    /* ioctl: bytes left to read; a file is not a terminal. */
+    int left = -1;
+    CHECK(lseek(src, 9990, SEEK_SET) == 9990 && ioctl(src, FIONREAD, &left) == 0 && left == 10, "FIONREAD %d", left);
+    CHECK(!isatty(src), "a file is not a terminal");
     /* Out of the file system: a mount says EXDEV (programs then read and write). */
     FILE *host = tmpfile();
     in = 0;

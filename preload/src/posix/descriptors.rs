@@ -1,5 +1,5 @@
-//! Descriptors: close, close_range, dup, dup2, dup3 and fcntl's duplicate
-//! and flag commands. A mounted descriptor's duplicates share its
+//! Descriptors: close, close_range, dup, dup2, dup3, fcntl's duplicate
+//! and flag commands, and ioctl. A mounted descriptor's duplicates share its
 //! description (one file position, one set of status flags), as POSIX
 //! says; the kernel keeps the close-on-exec flag of each number.
 
@@ -196,6 +196,68 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: passed on.
     fcntl_any(fd, cmd, arg, || unsafe { real::fcntl64(fd, cmd, arg) })
+}
+
+/// Reflink requests (linux/fs.h; not in the libc crate): `cp` asks for a clone first.
+const FICLONE: c_ulong = 0x4004_9409;
+const FICLONERANGE: c_ulong = 0x4020_940d;
+const FIDEDUPERANGE: c_ulong = 0xc018_9436;
+
+/// ioctl on a mounted descriptor, answered as a file system without
+/// reflinks or special requests answers: FIONREAD (bytes left to read),
+/// FIONBIO, FIOCLEX and FIONCLEX as on any file; clones EOPNOTSUPP (cp then
+/// copies); a terminal's requests ENOTTY (`isatty` is false); anything else
+/// ENOTTY with a log line.
+fn ioctl_mounted(fd: c_int, d: &Description, request: c_ulong, arg: c_ulong) -> c_int {
+    match request {
+        libc::FIONREAD => {
+            let Ok(file) = d.file() else { return fail(libc::ENOTTY) };
+            let position = *d.position.lock().unwrap_or_else(|e| e.into_inner());
+            let left = file.len().saturating_sub(position).min(c_int::MAX as u64) as c_int;
+            if arg == 0 {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: FIONREAD takes a pointer to an int (the C contract).
+            unsafe { (arg as *mut c_int).write(left) };
+            0
+        }
+        libc::FIONBIO => {
+            if arg == 0 {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: FIONBIO takes a pointer to an int (the C contract).
+            let on = unsafe { (arg as *const c_int).read() } != 0;
+            let flag = libc::O_NONBLOCK;
+            d.flags
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| Some(if on { f | flag } else { f & !flag }))
+                .ok();
+            0
+        }
+        // SAFETY: F_SETFD on the reserved number (the kernel keeps close-on-exec per number).
+        libc::FIOCLEX => unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as c_ulong) },
+        // SAFETY: as above.
+        libc::FIONCLEX => unsafe { real::fcntl(fd, libc::F_SETFD, 0) },
+        FICLONE | FICLONERANGE | FIDEDUPERANGE => fail(libc::EOPNOTSUPP),
+        // The terminal requests (0x54xx): a file is not a terminal.
+        r if r & !0xff == 0x5400 => fail(libc::ENOTTY),
+        _ => {
+            crate::log(&format!("ioctl request {request:#x} on mounted fd {fd} is not supported (ENOTTY)"));
+            fail(libc::ENOTTY)
+        }
+    }
+}
+
+/// `ioctl`: a mounted descriptor's (see [`ioctl_mounted`]), else the C library's.
+///
+/// # Safety
+/// As the C function (the third argument is passed on as given).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if let Some(r) = super::on_fd(fd, fail, |d| ioctl_mounted(fd, d, request, arg)) {
+        return r;
+    }
+    // SAFETY: passed on.
+    unsafe { real::ioctl(fd, request, arg) }
 }
 
 /// `_exit`: commits the mounts first (a shell or a child ends this way, not
