@@ -29,10 +29,12 @@
 //!   block's frame of a private mapping of the file as the page's frame: no
 //!   copy and no fresh memory (fresh memory is zeroed first, and zeroing the
 //!   copies' frames was 37% of `tar c`'s samples); the kernel copies a frame
-//!   only when the page is written. Each frame is lent once per mount (the
+//!   only when the page is written. Each frame is lent once per process (the
 //!   borrower may have written it since); a block asked for again is copied.
-//!   The private mapping is never unmapped: lent frames may outlive the mount
-//!   in the pool of blocks ([`crate::IoBuf`]).
+//!   The private mapping is made once per process and never unmapped: lent
+//!   frames may outlive the mount in the pool of blocks ([`crate::IoBuf`]).
+//!   Nor is the file ever cut short (truncating a file drops even the
+//!   private copies of its pages): a file of another size is replaced.
 //! - **What it costs**: a hit is a lookup under a lock where a miss was a
 //!   device read; a device write takes one more lock while the
 //!   index is not empty; an unmount writes the new clean pages into the file
@@ -46,8 +48,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"IOPCARRY";
 /// The file's own layout version (2: the index is sorted by block).
@@ -75,8 +77,9 @@ pub struct CarriedCache {
     map: memmap2::Mmap,
     /// The file again, mapped private and writable, never unmapped: its
     /// frames are lent out as page frames ([`CarriedCache::lend`]), read in
-    /// place and copied by the kernel only when written.
-    private: std::ptr::NonNull<u8>,
+    /// place and copied by the kernel only when written. One per file (and
+    /// size) per process, whatever the mounts: see [`Lender`].
+    lender: Arc<Lender>,
     frames: usize,
     state: Mutex<State>,
     /// Blocks it vouches for now (lets writes skip the lock while it is empty).
@@ -87,15 +90,64 @@ pub struct CarriedCache {
     hits: AtomicU64,
 }
 
-// SAFETY: the private mapping's pointer is only used to lend out blocks, each
-// once, under the state's lock; everything else is Send and Sync.
-unsafe impl Send for CarriedCache {}
-// SAFETY: as above.
-unsafe impl Sync for CarriedCache {}
+/// A carried cache file's private mapping and which of its frames were
+/// lent, for the life of the process. A lent frame may outlive its mount
+/// (in the pool of blocks), so the mapping is never unmapped; and it may
+/// have been written (the kernel's private copy then differs from the
+/// file), so it is never lent again, by this mount or a later one in the
+/// same process: a later mount of the device (a shell's next command in
+/// the same process, after it gave the mount back) finds this mapping and
+/// these bits again instead of mapping the file anew. One mapping per file
+/// and size, however often the process mounts: address space, not memory
+/// (a new mapping per mount would run into the limit on mappings).
+struct Lender {
+    /// The file's device and inode numbers and the mapping's length.
+    key: (u64, u64, usize),
+    base: std::ptr::NonNull<u8>,
+    /// One bit per frame: lent once already.
+    lent: Mutex<Vec<u64>>,
+}
 
-// The private mapping is left mapped when a carried cache is dropped: the
-// page frames it lent may still be in use (in a page, or in the pool of
-// blocks). A process maps it once per mount: address space, not memory.
+// SAFETY: `base` is only used to lend out blocks, each once, under `lent`'s lock.
+unsafe impl Send for Lender {}
+// SAFETY: as above.
+unsafe impl Sync for Lender {}
+
+/// Every private mapping this process made of a carried cache.
+static LENDERS: Mutex<Vec<Arc<Lender>>> = Mutex::new(Vec::new());
+
+impl Lender {
+    /// The private mapping of `file` (`len` bytes, `frames` frames), made once per process.
+    fn of(file: &std::fs::File, len: usize, frames: usize, path: &Path) -> Result<Arc<Lender>> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata().map_err(os(format!("cannot look at the carried cache {}", path.display())))?;
+        let key = (meta.dev(), meta.ino(), len);
+        let mut lenders = LENDERS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = lenders.iter().find(|l| l.key == key) {
+            return Ok(Arc::clone(l));
+        }
+        // SAFETY: a private mapping of a file we hold open; no fixed address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(
+                os(format!("cannot map the carried cache {}", path.display()))(std::io::Error::last_os_error()),
+            );
+        }
+        let base = std::ptr::NonNull::new(base.cast::<u8>()).expect("a mapping is not at 0");
+        let lender = Arc::new(Lender { key, base, lent: Mutex::new(vec![0; frames.div_ceil(64)]) });
+        lenders.push(Arc::clone(&lender));
+        Ok(lender)
+    }
+}
 
 /// What this mount knows beyond the file's index. Attaching reads nothing
 /// but the header: the index (entries sorted by block) is searched in place,
@@ -108,9 +160,6 @@ struct State {
     removed: std::collections::HashSet<u64, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
     /// Frames this mount read or saved, one bit each (kept before the others when room runs out).
     used: Vec<u64>,
-    /// Frames whose private block was lent ([`CarriedCache::lend`]): once only,
-    /// since the borrower may have written it (the kernel's copy) since.
-    lent: Vec<u64>,
 }
 
 fn bit(bits: &[u64], i: usize) -> bool {
@@ -149,31 +198,43 @@ impl CarriedCache {
     pub fn open(path: &Path, backing: &Path, bytes: u64) -> Result<CarriedCache> {
         let frames = (bytes / BLOCK_U64).clamp(1, u32::MAX as u64 - 1) as usize;
         let len = (HEADER + Self::index_bytes_for(frames) + frames * BLOCK) as u64;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(os(format!("cannot open the carried cache {}", path.display())))?;
-        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+        let opened = |create: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(create)
+                .open(path)
+                .map_err(os(format!("cannot open the carried cache {}", path.display())))
+        };
         let mut header = vec![0u8; HEADER];
-        let have = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let readable = have >= HEADER as u64 && file.read_exact_at(&mut header, 0).is_ok();
-        let same_shape = readable
-            && &header[..8] == MAGIC
-            && u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) == LAYOUT
-            && get(&header, AT_FRAMES) == frames as u64
-            && have == len;
-        if !same_shape {
-            // Another size or layout (or a new file): start empty (and give back its memory).
-            file.set_len(0).map_err(os(format!("cannot reset the carried cache {}", path.display())))?;
-            file.set_len(len).map_err(os(format!("cannot size the carried cache {}", path.display())))?;
-            header.fill(0);
-            header[..8].copy_from_slice(MAGIC);
-            header[8..12].copy_from_slice(&LAYOUT.to_le_bytes());
-            put(&mut header, AT_FRAMES, frames as u64);
-        }
+        let same_shape = |file: &std::fs::File, header: &mut [u8]| {
+            let have = file.metadata().map(|m| m.len()).unwrap_or(0);
+            have == len
+                && file.read_exact_at(header, 0).is_ok()
+                && &header[..8] == MAGIC
+                && u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) == LAYOUT
+                && get(header, AT_FRAMES) == frames as u64
+        };
+        let file = match opened(false) {
+            Ok(file) if same_shape(&file, &mut header) => file,
+            existing => {
+                // Another size or layout (or none): a new file, never this one cut
+                // short. A process may have this one's frames lent (mapped private),
+                // and truncating a file drops even the private copies of its pages.
+                if existing.is_ok() {
+                    std::fs::remove_file(path)
+                        .map_err(os(format!("cannot replace the carried cache {}", path.display())))?;
+                }
+                let file = opened(true)?;
+                let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+                file.set_len(len).map_err(os(format!("cannot size the carried cache {}", path.display())))?;
+                header.fill(0);
+                header[..8].copy_from_slice(MAGIC);
+                header[8..12].copy_from_slice(&LAYOUT.to_le_bytes());
+                put(&mut header, AT_FRAMES, frames as u64);
+                file
+            }
+        };
         let backing = backing.as_os_str().as_encoded_bytes();
         let n = backing.len().min(HEADER - AT_PATH);
         put(&mut header, AT_PATH_LEN, n as u64);
@@ -181,39 +242,18 @@ impl CarriedCache {
         header[AT_PATH + n..].fill(0);
         file.write_all_at(&header, 0).map_err(os(format!("cannot write the carried cache {}", path.display())))?;
         // SAFETY: the file is sized above and only the mount lock's holder (this
-        // process) changes it, never shrinking it while mapped.
+        // process) changes it; no one cuts it short (a new file replaces it).
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
             .map_err(os(format!("cannot map the carried cache {}", path.display())))?;
-        // SAFETY: a private mapping of a file we hold open; no fixed address.
-        let private = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if private == libc::MAP_FAILED {
-            return Err(
-                os(format!("cannot map the carried cache {}", path.display()))(std::io::Error::last_os_error()),
-            );
-        }
-        let private = std::ptr::NonNull::new(private.cast::<u8>()).expect("a mapping is not at 0");
+        let lender = Lender::of(&file, len as usize, frames, path)?;
         let words = frames.div_ceil(64);
         Ok(CarriedCache {
             file,
             path: path.to_path_buf(),
             map,
-            private,
+            lender,
             frames,
-            state: Mutex::new(State {
-                count: 0,
-                removed: Default::default(),
-                used: vec![0; words],
-                lent: vec![0; words],
-            }),
+            state: Mutex::new(State { count: 0, removed: Default::default(), used: vec![0; words] }),
             entries: AtomicUsize::new(0),
             sealed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
@@ -325,16 +365,17 @@ impl CarriedCache {
         }
         let mut state = self.lock();
         let f = self.find(&state, block)?;
-        if bit(&state.lent, f) {
+        let mut lent = self.lender.lent.lock().unwrap_or_else(|e| e.into_inner());
+        if bit(&lent, f) {
             return None;
         }
-        set_bit(&mut state.lent, f);
+        set_bit(&mut lent, f);
         set_bit(&mut state.used, f);
         self.hits.fetch_add(1, Relaxed);
         // SAFETY: the frame lies inside the private mapping, which is never unmapped,
-        // aligned to 4096; it is lent once only, so nothing else in this process uses
-        // that memory.
-        Some(unsafe { crate::IoBuf::from_mapped_block(self.private.add(self.frame_offset(f))) })
+        // aligned to 4096; it is lent once only in this process, so nothing else here
+        // uses that memory.
+        Some(unsafe { crate::IoBuf::from_mapped_block(self.lender.base.add(self.frame_offset(f))) })
     }
 
     /// Blocks `[block, block + n)` are about to be written on the device:
@@ -359,9 +400,10 @@ impl CarriedCache {
     fn unseal(&self) {
         if self.sealed.swap(false, Relaxed) {
             // If this fails the stamp stays: the mount then cannot be trusted to
-            // have left the device as saved, so the file is cut to nothing instead.
+            // have left the device as saved, so the file goes instead (removed, not
+            // cut short: see `open`).
             if self.file.write_all_at(&[0; 8], AT_STAMP as u64).is_err() {
-                let _ = self.file.set_len(0);
+                let _ = std::fs::remove_file(&self.path);
             }
         }
     }
@@ -635,13 +677,22 @@ mod tests {
         frame.fill(0xAB);
         let mut out = vec![0u8; BLOCK];
         assert!(c.read(5, &mut out) && out == block(5), "the kernel copied the frame on write");
-        drop(frame);
         c.save(3, 12, std::iter::empty()).unwrap();
         drop(c);
         let c = CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
         assert_eq!(c.attach(3, 12).unwrap().blocks, 2);
-        assert_eq!(&c.lend(5).unwrap()[..], &block(5)[..]);
-        assert_eq!(c.hits(), 1);
+        // A later mount in the same process: the same mapping, and what it lent stays lent.
+        assert!(c.lend(5).is_none(), "lent (and written) by an earlier mount of this process: copied instead");
+        assert!(c.read(5, &mut out) && out == block(5));
+        assert_eq!(&c.lend(6).unwrap()[..], &block(6)[..]);
+        assert_eq!(c.hits(), 2);
+        let mappings = LENDERS.lock().unwrap().iter().filter(|l| Arc::ptr_eq(l, &c.lender)).count();
+        assert_eq!(mappings, 1);
+        drop(c);
+        // Another size replaces the file (never cut short while a frame may be lent).
+        let c = CarriedCache::open(&path, &backing, 16 * BLOCK_U64).unwrap();
+        assert_eq!(c.attach(3, 12).unwrap().blocks, 0);
+        assert_eq!(&frame[..], &[0xAB; BLOCK][..], "a written lent frame keeps its bytes");
     }
 
     #[test]
