@@ -2284,3 +2284,43 @@ fn a_walk_in_inode_order_loads_the_next_files_ahead_too() {
     let after = fs.stats().cache;
     assert_eq!(after.misses, before.misses, "the walk's next files were in the cache: {after:?}");
 }
+
+/// A buffered write changes the modification time in memory at once and
+/// stores it with the writeback before any commit: an fsync, an fdatasync,
+/// a sync or an unmount keeps the time of the last write, and a power cut
+/// after an fsync finds it too.
+#[test]
+fn the_time_of_the_last_buffered_write_is_what_a_remount_finds() {
+    let (dev, fs) = fresh("emu:optane,size=64m,wcache=1", FormatOptions::default());
+    let f = fs.create("f").unwrap();
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(2));
+    let mtime = |fs: &FileSystem| fs.metadata("f").unwrap().mtime_ns;
+    // Several writes in one transaction: the last one's time.
+    f.write_at(b"first", 0).unwrap();
+    let first = mtime(&fs);
+    pause();
+    f.write_at(b"second", 8192).unwrap();
+    let second = mtime(&fs);
+    assert!(second > first, "{first} {second}");
+    f.fsync().unwrap();
+    drop(f);
+    let fs = cut_and_remount(&dev, fs);
+    assert_eq!(mtime(&fs), second, "after fsync and a power cut");
+    // Written again and unmounted without any sync.
+    pause();
+    fs.open("f").unwrap().write_at(b"third", 100).unwrap();
+    let third = mtime(&fs);
+    assert!(third > second);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(mtime(&fs), third, "after an unmount");
+    // fdatasync of a write into pages written back already: the time goes too.
+    let f = fs.open("f").unwrap();
+    pause();
+    f.write_at(b"4", 0).unwrap();
+    let fourth = mtime(&fs);
+    f.fdatasync().unwrap();
+    drop(f);
+    let fs = cut_and_remount(&dev, fs);
+    assert_eq!(mtime(&fs), fourth, "after fdatasync and a power cut");
+}

@@ -301,15 +301,14 @@ impl File {
             drop(d);
             state.dirty_page(fs, &self.node, block, page);
         }
-        let mut meta = fs.meta();
-        if end_byte > state.inode.size {
-            state.inode.size = end_byte;
-            state.layout_tid = meta.tid;
-        }
+        // The size readers see and the time: in memory only. The inode records the
+        // size the device backs (`disk_size`), which only writeback moves, and the
+        // time is stored by that writeback too (see `mtime_unstored`): no metadata
+        // lock here.
+        debug_assert!(!state.dirty.is_empty(), "a buffered write leaves dirty pages");
+        state.inode.size = state.inode.size.max(end_byte);
         state.inode.mtime_ns = now_ns();
-        state.store(fs, &mut meta)?;
-        state.meta_tid = meta.tid;
-        drop(meta);
+        state.mtime_unstored = true;
         // Too much dirty data: write this file's back now (no commit: the next fsync does that).
         if state.dirty.len() > fs.cache.capacity() / 4 {
             self.writeback(state)?;
@@ -605,7 +604,7 @@ impl File {
         {
             let state = self.state_read();
             self.live(&state, op)?;
-            if state.dirty.is_empty() {
+            if state.dirty.is_empty() && !state.mtime_unstored {
                 let tid = if data_only { state.layout_tid } else { state.meta_tid };
                 drop(state);
                 if fs.committed.load(Ordering::Acquire) >= tid {

@@ -575,6 +575,7 @@ impl FileSystem {
             live: true,
             meta_tid: tid,
             layout_tid: tid,
+            mtime_unstored: false,
         };
         let node = Node::new(state);
         meta.slots[slot as usize] = Slot::File(Arc::clone(&node));

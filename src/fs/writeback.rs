@@ -126,11 +126,11 @@ impl Writeback {
     /// `journaled` fsync path's own data), so the transaction that takes
     /// these changes must order its commit behind the data.
     pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState, in_place: bool) {
-        if self.is_empty() {
+        if self.is_empty() && !state.mtime_unstored {
             return;
         }
         let mut meta = fs.meta();
-        if in_place && meta.wrote_in_place(|| self.blocks()) {
+        if in_place && !self.is_empty() && meta.wrote_in_place(|| self.blocks()) {
             // An older image of one of these blocks is in the journal: the next fsync
             // must commit (and that commit checkpoints first), not just flush.
             state.meta_tid = meta.tid;
@@ -152,7 +152,7 @@ impl Writeback {
             changed = true;
         }
         // Marking can only shrink the map (neighbours merge): this cannot run out of space.
-        if changed && state.store(fs, &mut meta).is_ok() {
+        if (changed || state.mtime_unstored) && state.store(fs, &mut meta).is_ok() {
             state.meta_tid = meta.tid;
             state.layout_tid = meta.tid;
         }
