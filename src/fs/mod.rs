@@ -1081,23 +1081,30 @@ impl Inner {
         if self.aborted.load(Ordering::Acquire) {
             return Ok(0);
         }
-        // Each live file's pages by cache id, with the device block of each.
-        let (files, mark) = {
+        // Each live file's pages by cache id, with the device block of each. The files
+        // are taken under the metadata lock and their own locks after it is let go: a
+        // writer holds its file's lock while it takes the metadata lock.
+        let (nodes, mark) = {
             let meta = self.meta();
-            let files: crate::hash::IntMap<u64, Arc<Node>> = meta
+            let nodes: Vec<Arc<Node>> = meta
                 .slots
                 .iter()
                 .filter_map(|s| match s {
-                    Slot::File(node) => Some(node),
+                    Slot::File(node) => Some(Arc::clone(node)),
                     _ => None,
                 })
-                .filter_map(|node| {
-                    let state = node.state.read().ok()?;
-                    state.live.then(|| (state.cache_id, Arc::clone(node)))
-                })
                 .collect();
-            (files, meta.inode_mark)
+            (nodes, meta.inode_mark)
         };
+        let files: crate::hash::IntMap<u64, Arc<Node>> = nodes
+            .into_iter()
+            .filter_map(|node| {
+                let state = node.state.read().ok()?;
+                let cache_id = state.live.then_some(state.cache_id)?;
+                drop(state);
+                Some((cache_id, node))
+            })
+            .collect();
         let mut cached: Vec<Arc<Page>> = Vec::new();
         // Collected first, the files' locks taken after: a reader holds its file's lock
         // while it takes a shard's.
