@@ -226,7 +226,17 @@ pub(crate) fn commit_mounts_now() {
         mount::sync_all();
     });
     match committed {
-        Ok(thread) => drop(thread.join()),
+        Ok(thread) => {
+            if let Err(panic) = thread.join() {
+                // Said here (its own message went to a stderr the program may have closed).
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                say(&format!("committing the mounts at exit failed: {why}"));
+            }
+        }
         Err(e) => say(&format!("cannot commit the mounts at exit: {e}")),
     }
 }
