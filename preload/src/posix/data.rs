@@ -618,43 +618,7 @@ fn copy_mounted(
     len: usize,
 ) -> ssize_t {
     let size = copy_buffer_len(from, at.as_deref().copied(), len);
-    with_copy_buffer(size, |buf| copy_through(from, at, to, to_at, len, buf))
-}
-
-fn copy_through(
-    from: &Description,
-    mut at: Option<&mut off_t>,
-    to: &Description,
-    mut to_at: Option<&mut off_t>,
-    len: usize,
-    buf: &mut [u8],
-) -> ssize_t {
-    let mut total = 0usize;
-    while total < len {
-        let want = (len - total).min(buf.len());
-        let n = read_mounted(from, &mut buf[..want], at.as_deref().copied());
-        if n < 0 {
-            return if total > 0 { total as ssize_t } else { n };
-        }
-        if n == 0 {
-            break;
-        }
-        let w = write_mounted(to, &buf[..n as usize], to_at.as_deref().copied());
-        if w < 0 {
-            return if total > 0 { total as ssize_t } else { w };
-        }
-        if let Some(a) = at.as_deref_mut() {
-            *a += n as off_t;
-        }
-        if let Some(a) = to_at.as_deref_mut() {
-            *a += n as off_t;
-        }
-        total += n as usize;
-        if (n as usize) < want {
-            break;
-        }
-    }
-    total as ssize_t
+    with_copy_buffer(size, |buf| send_through(-1, Some(from), -1, Some(to), at, to_at, len, buf))
 }
 
 /// The offset a copy call was given: `None` for NULL (the file position), `Err` if negative.
@@ -779,16 +743,23 @@ fn send(
         Some(i) => copy_buffer_len(i, at.as_deref().copied(), count),
         None => count.clamp(1, COPY_CHUNK),
     };
-    with_copy_buffer(size, |buf| send_through(in_fd, input.as_deref(), out_fd, output.as_deref(), at, count, buf))
+    with_copy_buffer(size, |buf| send_through(in_fd, input.as_deref(), out_fd, output.as_deref(), at, None, count, buf))
 }
 
-/// [`send`]'s loop, through `buf`.
+/// Copies up to `count` bytes through `buf` from the input (a mounted file's
+/// description, else descriptor `in_fd`; at `*at`, or its position) to the
+/// output (a mounted file's description, at `*to_at` or its position, else
+/// descriptor `out_fd` as it writes); the bytes copied, short at the end of
+/// the input. Bytes read and not written go back: the offset, or the input's
+/// position, moves by what was written. copy_file_range and sendfile both.
+#[allow(clippy::too_many_arguments)]
 fn send_through(
     in_fd: c_int,
     input: Option<&Description>,
     out_fd: c_int,
     output: Option<&Description>,
     mut at: Option<&mut off_t>,
+    mut to_at: Option<&mut off_t>,
     count: usize,
     buf: &mut [u8],
 ) -> ssize_t {
@@ -812,7 +783,13 @@ fn send_through(
         let mut sent = 0usize;
         while sent < n as usize {
             let w = match output {
-                Some(o) => write_mounted(o, &buf[sent..n as usize], None),
+                Some(o) => {
+                    let w = write_mounted(o, &buf[sent..n as usize], to_at.as_deref().copied());
+                    if let (true, Some(a)) = (w > 0, to_at.as_deref_mut()) {
+                        *a += w as off_t;
+                    }
+                    w
+                }
                 // SAFETY: the bytes read above.
                 None => unsafe { real::write(out_fd, buf[sent..].as_ptr().cast(), n as usize - sent) },
             };
