@@ -243,3 +243,15 @@ fn under_concurrent_writers_the_carried_cache_never_disagrees_with_the_device() 
         assert!(report.is_clean(), "seed {seed}: {report:?}");
     }
 }
+
+#[test]
+fn remove_for_takes_away_a_devices_carried_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image_left_with_files(dir.path(), 2);
+    let lock = MountLock::acquire(image.to_str().unwrap(), Duration::ZERO).unwrap().unwrap();
+    let path = lock.carried_cache(16 << 20).unwrap().path().to_path_buf();
+    drop(lock);
+    assert!(path.exists());
+    iopath::fs::carry::remove_for(&image);
+    assert!(!path.exists());
+}

@@ -179,6 +179,15 @@ pub struct Attached {
     pub stale: bool,
 }
 
+/// Removes the carried cache of the file or block device at `device`, if it
+/// has one: for whoever detaches a loop device, whose carried cache is named
+/// after a device number that outlives it (no sweep would take it).
+pub fn remove_for(device: &Path) {
+    if let Ok(lock) = super::lock::lock_path(device) {
+        let _ = std::fs::remove_file(path_beside(&lock));
+    }
+}
+
 /// Where the carried cache of the device at `lock` (a mount lock file) lives.
 pub fn path_beside(lock: &Path) -> PathBuf {
     let name = lock.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

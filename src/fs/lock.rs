@@ -51,7 +51,7 @@ pub fn backing_path(spec: &str) -> Option<PathBuf> {
 }
 
 /// Where the lock of the device at `path` lives.
-fn lock_path(path: &Path) -> Result<PathBuf> {
+pub(super) fn lock_path(path: &Path) -> Result<PathBuf> {
     let meta = std::fs::metadata(path)
         .map_err(|source| Error::Os { context: format!("cannot look at {}", path.display()), source })?;
     let id = if meta.file_type().is_file() {

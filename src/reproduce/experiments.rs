@@ -1164,6 +1164,7 @@ impl LoopDevice {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
+        crate::fs::carry::remove_for(std::path::Path::new(&self.device));
         let _ = std::process::Command::new("losetup").args(["-d", &self.device]).status();
         let _ = std::fs::remove_file(&self.backing);
     }

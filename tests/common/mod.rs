@@ -62,6 +62,7 @@ impl LoopDevice {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
+        iopath::fs::carry::remove_for(&self.path);
         let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
         let _ = std::fs::remove_file(&self.backing);
     }
