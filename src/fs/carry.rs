@@ -170,15 +170,6 @@ fn set_bit(bits: &mut [u64], i: usize) {
     bits[i / 64] |= 1 << (i % 64);
 }
 
-/// What [`CarriedCache::attach`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attached {
-    /// Blocks the file holds for this device (0 if it held another state).
-    pub blocks: u64,
-    /// Why it held none, if it held some before and they were dropped.
-    pub stale: bool,
-}
-
 /// Removes the carried cache of the file or block device at `device`, if it
 /// has one: for whoever detaches a loop device, whose carried cache is named
 /// after a device number that outlives it (no sweep would take it).
@@ -278,18 +269,13 @@ impl CarriedCache {
         &self.path
     }
 
-    /// Its bound, in blocks.
-    pub fn frames(&self) -> usize {
-        self.frames
-    }
-
     /// Takes the file's blocks if its stamp and volume are the device's
     /// (`stamp` 0 matches nothing), then unstamps the file: from here on it
     /// is trusted only through this process, until [`Self::save`]. Reads the
-    /// header only.
-    pub fn attach(&self, volume_id: u64, stamp: u64) -> Result<Attached> {
+    /// header only. Returns the blocks it holds for the device as it is (0 if
+    /// it held another state).
+    pub fn attach(&self, volume_id: u64, stamp: u64) -> Result<u64> {
         let header = &self.map[..HEADER];
-        let had = get(header, AT_STAMP) != 0;
         let count = get(header, AT_COUNT) as usize;
         let valid =
             stamp != 0 && get(header, AT_STAMP) == stamp && get(header, AT_VOLUME) == volume_id && count <= self.frames;
@@ -303,7 +289,7 @@ impl CarriedCache {
             .write_all_at(&volume_id.to_le_bytes(), AT_VOLUME as u64)
             .and_then(|()| self.file.write_all_at(&[0; 8], AT_STAMP as u64))
             .map_err(os(format!("cannot write the carried cache {}", self.path.display())))?;
-        Ok(Attached { blocks: count as u64, stale: had && !valid })
+        Ok(count as u64)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -348,20 +334,18 @@ impl CarriedCache {
         if self.entries.load(Relaxed) == 0 {
             return false;
         }
-        let n = dst.len() / BLOCK;
         let mut state = self.lock();
-        let mut frames = Vec::with_capacity(n);
-        for i in 0..n as u64 {
-            match self.find(&state, block + i) {
-                Some(f) => frames.push(f),
-                None => return false,
-            }
+        let n = (dst.len() / BLOCK) as u64;
+        // Looked up twice rather than remembered: no allocation per read.
+        if (0..n).any(|i| self.find(&state, block + i).is_none()) {
+            return false;
         }
-        for (i, &f) in frames.iter().enumerate() {
-            dst[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(self.frame(f));
+        for (i, out) in dst.chunks_exact_mut(BLOCK).enumerate() {
+            let f = self.find(&state, block + i as u64).expect("all there, under the lock");
+            out.copy_from_slice(self.frame(f));
             set_bit(&mut state.used, f);
         }
-        self.hits.fetch_add(n as u64, Relaxed);
+        self.hits.fetch_add((dst.len() / BLOCK) as u64, Relaxed);
         true
     }
 
@@ -420,11 +404,6 @@ impl CarriedCache {
     /// Blocks read from it so far.
     pub fn hits(&self) -> u64 {
         self.hits.load(Relaxed)
-    }
-
-    /// Blocks it holds now.
-    pub fn blocks(&self) -> u64 {
-        self.entries.load(Relaxed) as u64
     }
 
     /// Adds `pages` (device block, bytes equal to the device's) that it does
@@ -590,15 +569,7 @@ pub fn sweep(dir: &Path) {
         } else {
             None
         };
-        let alive = backing.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| {
-            use std::os::unix::fs::MetadataExt;
-            let now = if m.file_type().is_file() {
-                format!("{:x}-{:x}", m.dev(), m.ino())
-            } else {
-                format!("rdev-{:x}", m.rdev())
-            };
-            now == id
-        });
+        let alive = backing.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| super::lock::device_id(&m) == id);
         if !alive {
             let lock = dir.join(format!("iopath-mount-{id}.lock"));
             // Held means in use (the holder's device is there after all): leave it.
@@ -636,21 +607,21 @@ mod tests {
         let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
         let open = || CarriedCache::open(&path, &backing, 4 * BLOCK_U64).unwrap();
         let c = open();
-        assert_eq!(c.attach(9, 0).unwrap(), Attached { blocks: 0, stale: false });
+        assert_eq!(c.attach(9, 0).unwrap(), 0);
         let pages = [(10, block(1)), (11, block(2)), (12, block(3)), (13, block(4))];
         assert_eq!(c.save(9, 77, pages.iter().map(|(b, p)| (*b, &p[..]))).unwrap(), 4);
         drop(c);
 
         // Another volume, or another stamp: nothing.
-        assert_eq!(open().attach(8, 77).unwrap(), Attached { blocks: 0, stale: true });
+        assert_eq!(open().attach(8, 77).unwrap(), 0, "another volume");
         let c = open();
-        assert_eq!(c.attach(9, 77).unwrap(), Attached { blocks: 0, stale: false }, "the last attach unstamped it");
+        assert_eq!(c.attach(9, 77).unwrap(), 0, "the last attach unstamped it");
         let pages: Vec<(u64, Vec<u8>)> = (0..4).map(|i| (10 + i, block(i as u8 + 1))).collect();
         c.save(9, 78, pages.iter().map(|(b, p)| (*b, &p[..]))).unwrap();
         drop(c);
 
         let c = open();
-        assert_eq!(c.attach(9, 78).unwrap().blocks, 4);
+        assert_eq!(c.attach(9, 78).unwrap(), 4);
         let mut out = vec![0u8; 2 * BLOCK];
         assert!(c.read(11, &mut out) && out[..BLOCK] == block(2)[..] && out[BLOCK..] == block(3)[..]);
         assert!(!c.read(13, &mut out), "13 and 14: not all there");
@@ -662,7 +633,7 @@ mod tests {
         drop(c);
 
         let c = open();
-        assert_eq!(c.attach(9, 79).unwrap().blocks, 4);
+        assert_eq!(c.attach(9, 79).unwrap(), 4);
         let mut one = vec![0u8; BLOCK];
         for (b, want) in [(11, Some(2)), (12, Some(3)), (20, Some(9)), (21, Some(8)), (13, None), (22, None)] {
             assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
@@ -689,7 +660,7 @@ mod tests {
         c.save(3, 12, std::iter::empty()).unwrap();
         drop(c);
         let c = CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
-        assert_eq!(c.attach(3, 12).unwrap().blocks, 2);
+        assert_eq!(c.attach(3, 12).unwrap(), 2);
         // A later mount in the same process: the same mapping, and what it lent stays lent.
         assert!(c.lend(5).is_none(), "lent (and written) by an earlier mount of this process: copied instead");
         assert!(c.read(5, &mut out) && out == block(5));
@@ -700,7 +671,7 @@ mod tests {
         drop(c);
         // Another size replaces the file (never cut short while a frame may be lent).
         let c = CarriedCache::open(&path, &backing, 16 * BLOCK_U64).unwrap();
-        assert_eq!(c.attach(3, 12).unwrap().blocks, 0);
+        assert_eq!(c.attach(3, 12).unwrap(), 0);
         assert_eq!(&frame[..], &[0xAB; BLOCK][..], "a written lent frame keeps its bytes");
     }
 
@@ -715,7 +686,7 @@ mod tests {
         c.save(1, 5, [(3, &block(3)[..])].into_iter()).unwrap();
         drop(c);
         let c = CarriedCache::open(&path, &backing, 3 * BLOCK_U64).unwrap();
-        assert_eq!(c.attach(1, 5).unwrap().blocks, 0);
+        assert_eq!(c.attach(1, 5).unwrap(), 0);
         drop(c);
         // Its name says a device identity that `backing` does not have: swept.
         sweep(dir.path());

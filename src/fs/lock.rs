@@ -50,15 +50,21 @@ pub fn backing_path(spec: &str) -> Option<PathBuf> {
     }
 }
 
+/// A file's or block device's identity in the names of its lock and carried
+/// cache: its device and inode numbers, or a block device's own number.
+pub(super) fn device_id(meta: &std::fs::Metadata) -> String {
+    if meta.file_type().is_file() {
+        format!("{:x}-{:x}", meta.dev(), meta.ino())
+    } else {
+        format!("rdev-{:x}", meta.rdev())
+    }
+}
+
 /// Where the lock of the device at `path` lives.
 pub(super) fn lock_path(path: &Path) -> Result<PathBuf> {
     let meta = std::fs::metadata(path)
         .map_err(|source| Error::Os { context: format!("cannot look at {}", path.display()), source })?;
-    let id = if meta.file_type().is_file() {
-        format!("{:x}-{:x}", meta.dev(), meta.ino())
-    } else {
-        format!("rdev-{:x}", meta.rdev())
-    };
+    let id = device_id(&meta);
     let dir = if Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
     Ok(PathBuf::from(format!("{dir}/iopath-mount-{id}.lock")))
 }

@@ -688,8 +688,8 @@ impl FileSystem {
         let (mut carried, mut carry_error) = (None, None);
         if let Some(carry) = carry {
             match carry.attach(sb.volume_id, sb.carry_stamp) {
-                Ok(found) => {
-                    carried = Some(found.blocks);
+                Ok(blocks) => {
+                    carried = Some(blocks);
                     disk.attach_carry(Arc::new(carry));
                 }
                 Err(e) => carry_error = Some(e.to_string()),
@@ -1127,7 +1127,6 @@ impl Inner {
                 pages.push((physical, page));
             }
         }
-        pages.sort_unstable_by_key(|&(physical, _)| physical);
         // Held through the save: a page written meanwhile waits, and is written
         // back (which sets the carried cache aside) only after it is stamped.
         let guards: Vec<_> = pages.iter().map(|(_, p)| p.data.read().expect("page lock poisoned")).collect();
