@@ -401,6 +401,11 @@ impl CarriedCache {
         }
     }
 
+    /// Whether it vouches for any block now.
+    pub fn holds_any(&self) -> bool {
+        self.entries.load(Relaxed) > 0
+    }
+
     /// Blocks read from it so far.
     pub fn hits(&self) -> u64 {
         self.hits.load(Relaxed)

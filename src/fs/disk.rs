@@ -246,7 +246,7 @@ impl<'a> Batch<'a> {
     ) -> Result<()> {
         if op == Op::Write {
             self.disk.writing(block, len);
-        } else if self.disk.carry.get().is_some() {
+        } else if self.carrying() {
             // SAFETY: the caller's promise: `buf` is valid for `len` bytes and nothing else uses it.
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
             if self.disk.carried(block, dst) {
@@ -312,6 +312,11 @@ impl<'a> Batch<'a> {
     /// Most blocks one request of the batch carries (a larger one is sent as several).
     pub fn max_io_blocks(&self) -> usize {
         self.disk.max_io_blocks()
+    }
+
+    /// Whether a carried cache is attached (that holds anything).
+    pub fn carrying(&self) -> bool {
+        self.disk.carry.get().is_some_and(|c| c.holds_any())
     }
 
     /// [`Disk::lend_carried`], for a reader holding a batch.

@@ -262,18 +262,23 @@ impl Runs {
     fn start<'a>(&mut self, state: &NodeState, batch: &mut Batch<'a>, pages: &[Arc<Page>], from: usize) -> Result<()> {
         // One command per run: a run the batch would split would complete in pieces.
         let longest = RUN_BLOCKS.min(batch.max_io_blocks());
-        // Pages the carried cache holds take its frames and need no read.
-        let lent: Vec<bool> = pages[from..]
-            .iter()
-            .map(|page| match extents::locate(&state.inode.extents, page.key.1) {
-                Some((physical, false)) => batch.lend_carried(physical).is_some_and(|frame| {
-                    page.data.write().expect("page lock poisoned").buf = frame;
-                    true
-                }),
-                _ => false,
-            })
-            .collect();
-        let lent = |i: usize| lent[i - from];
+        // Pages the carried cache holds take its frames and need no read (without
+        // one, nothing is allocated here: this runs on every miss).
+        let lent: Vec<bool> = if batch.carrying() {
+            pages[from..]
+                .iter()
+                .map(|page| match extents::locate(&state.inode.extents, page.key.1) {
+                    Some((physical, false)) => batch.lend_carried(physical).is_some_and(|frame| {
+                        page.data.write().expect("page lock poisoned").buf = frame;
+                        true
+                    }),
+                    _ => false,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let lent = |i: usize| lent.get(i - from).copied().unwrap_or(false);
         let mut i = from;
         while i < pages.len() {
             if lent(i) {
