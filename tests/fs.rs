@@ -234,6 +234,46 @@ fn everything_survives_a_remount_including_fragmented_files() {
     assert!(fs.list().is_empty());
 }
 
+/// Small files give back the blocks their appends took ahead when they are
+/// closed, leaving holes of a few blocks between them; a later mount starts
+/// its search among those holes. A file written in small appends after that
+/// (`tar c`'s 10 KiB records) must still get long pieces, and a file larger
+/// than one writeback batch must reach the device whole.
+#[test]
+fn a_streaming_append_gets_long_pieces_among_the_holes_small_files_left() {
+    let (dev, fs) = fresh("emu:null,size=128m", FormatOptions::default());
+    for i in 0..300 {
+        fs.create(format!("small{i}")).unwrap().write_at(&bytes(i, 5000), 0).unwrap();
+    }
+    fs.unmount().unwrap();
+    // A cache large enough that nothing is written before the sync, which writes
+    // the file back in batches.
+    let options = MountOptions { cache_bytes: 256 << 20, ..MountOptions::default() };
+    let fs = FileSystem::mount_with(engine(&dev, "sync-path"), options).unwrap().0;
+    let before = fs.stats().device_writes;
+    let big = fs.create("big").unwrap();
+    let data = bytes(7, 20 << 20); // 5120 blocks: more than a writeback batch
+    for (i, chunk) in data.chunks(10240).enumerate() {
+        big.write_at(chunk, i as u64 * 10240).unwrap();
+    }
+    assert_eq!(fs.stats().dirty_pages, 5120, "nothing written back yet");
+    fs.sync().unwrap();
+    let writes = fs.stats().device_writes - before;
+    // In pieces of up to 1 MiB: about 30 writes with the journal's. Filling the
+    // holes (7 blocks each) it took 314.
+    assert!(writes < 100, "{writes} device writes for a 20 MiB file");
+    assert_eq!(fs.stats().dirty_pages, 0);
+    drop(big);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(read_all(&fs, "big"), data);
+    for i in 0..300 {
+        assert_eq!(read_all(&fs, &format!("small{i}")), bytes(i, 5000), "small{i}");
+    }
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
 /// SQLite's commit in its default mode (`journal_mode=DELETE`,
 /// `synchronous=FULL`): a rollback journal is created and synced, the
 /// database written and synced, and the journal deleted: the commit point,

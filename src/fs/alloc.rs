@@ -94,16 +94,25 @@ impl Allocator {
         n >= self.data_start && n < self.blocks && self.available(n)
     }
 
-    /// Allocates up to `want` contiguous blocks, starting at `goal` when it is
-    /// free (to extend a file in place), else at the next free run. Returns the
-    /// run and the bitmap blocks it changed; `None` when the device is full.
-    pub fn allocate(&mut self, want: u64, goal: Option<u64>, dirty: &mut impl FnMut(u64)) -> Option<(u64, u64)> {
+    /// Allocates up to `want` contiguous blocks: at `goal` when it is free (to
+    /// extend a file in place), else at the first free run of at least
+    /// `min_run` blocks after the cursor (a file that streams wants one piece,
+    /// not the holes small files left), else, when no run that long is left,
+    /// at the next free block. Returns the run; `dirty` is told each bitmap
+    /// block it changed. `None` when the device is full.
+    pub fn allocate(
+        &mut self,
+        want: u64,
+        min_run: u64,
+        goal: Option<u64>,
+        dirty: &mut impl FnMut(u64),
+    ) -> Option<(u64, u64)> {
         if want == 0 || self.free == 0 {
             return None;
         }
         let start = match goal.filter(|&g| g >= self.data_start && g < self.blocks && self.available(g)) {
             Some(g) => g,
-            None => self.find_free()?,
+            None => self.find_run(min_run.max(1)).or_else(|| self.find_run(1))?,
         };
         let mut len = 0;
         while len < want && start + len < self.blocks && self.available(start + len) {
@@ -117,9 +126,52 @@ impl Allocator {
         Some((start, len))
     }
 
-    fn find_free(&self) -> Option<u64> {
-        let span = self.blocks - self.data_start;
-        (0..span).map(|i| self.data_start + (self.cursor - self.data_start + i) % span).find(|&n| self.available(n))
+    /// The first block of a free run of `len` blocks, from the cursor on
+    /// (then from the start of the data area up to it).
+    fn find_run(&self, len: u64) -> Option<u64> {
+        let cursor = self.cursor.clamp(self.data_start, self.blocks);
+        self.find_run_in(cursor, self.blocks, len).or_else(|| self.find_run_in(self.data_start, cursor, len))
+    }
+
+    /// The first free run of `len` blocks inside `[from, to)`, a word of the bitmap at a time.
+    fn find_run_in(&self, from: u64, to: u64, len: u64) -> Option<u64> {
+        let (mut run_start, mut run_len) = (from, 0u64);
+        let mut n = from;
+        while n < to {
+            let word = n / 64;
+            let used = self.used_word(word);
+            let first = n % 64;
+            let last = (to - word * 64).min(64);
+            if used == 0 && first == 0 && last == 64 {
+                run_len += 64; // a whole free word
+            } else {
+                for i in first..last {
+                    if used & (1 << i) != 0 {
+                        run_len = 0;
+                        run_start = word * 64 + i + 1;
+                    } else {
+                        run_len += 1;
+                    }
+                    if run_len >= len {
+                        return Some(run_start);
+                    }
+                }
+            }
+            if run_len >= len {
+                return Some(run_start);
+            }
+            n = (word + 1) * 64;
+        }
+        None
+    }
+
+    /// Blocks `64 * word ..` as bits, 1 where a block is in use or held.
+    fn used_word(&self, word: u64) -> u64 {
+        let first = word * 64;
+        let block = (first / BITS_PER_BITMAP_BLOCK) as usize;
+        let byte = ((first % BITS_PER_BITMAP_BLOCK) / 8) as usize;
+        let image = u64::from_le_bytes(self.images[block][byte..byte + 8].try_into().expect("8 bytes"));
+        image | self.held[word as usize]
     }
 
     /// Frees `[start, start+len)`: clear in the next commit's bitmap, not allocatable until
@@ -171,16 +223,16 @@ mod tests {
         let mut a = Allocator::fresh(100, 10);
         let mut dirty = Vec::new();
         let mut d = |b| dirty.push(b);
-        assert_eq!(a.allocate(5, None, &mut d), Some((10, 5)));
-        assert_eq!(a.allocate(5, Some(15), &mut d), Some((15, 5)));
+        assert_eq!(a.allocate(5, 1, None, &mut d), Some((10, 5)));
+        assert_eq!(a.allocate(5, 1, Some(15), &mut d), Some((15, 5)));
         assert_eq!(a.free_blocks(), 80);
         assert!(a.free(10, 5, &mut d));
         assert!(!a.free(10, 1, &mut d), "double free refused");
         // Held: the next allocation does not get blocks 10..15 even with that goal.
-        let (s, _) = a.allocate(1, Some(10), &mut d).unwrap();
+        let (s, _) = a.allocate(1, 1, Some(10), &mut d).unwrap();
         assert!(s >= 20, "{s}");
         a.release(&[(10, 5)]);
-        assert_eq!(a.allocate(3, Some(10), &mut d), Some((10, 3)));
+        assert_eq!(a.allocate(3, 1, Some(10), &mut d), Some((10, 3)));
         assert!(dirty.iter().all(|&b| b == 0));
     }
 
@@ -188,10 +240,65 @@ mod tests {
     fn allocation_wraps_and_reports_a_full_device() {
         let mut a = Allocator::fresh(20, 10);
         let mut d = |_| {};
-        assert_eq!(a.allocate(100, None, &mut d), Some((10, 10)));
-        assert_eq!(a.allocate(1, None, &mut d), None);
+        assert_eq!(a.allocate(100, 1, None, &mut d), Some((10, 10)));
+        assert_eq!(a.allocate(1, 1, None, &mut d), None);
         assert!(a.free(12, 2, &mut d));
         a.release(&[(12, 2)]);
-        assert_eq!(a.allocate(4, None, &mut d), Some((12, 2)));
+        assert_eq!(a.allocate(4, 1, None, &mut d), Some((12, 2)));
+    }
+
+    #[test]
+    fn a_long_run_is_looked_for_past_the_holes_and_any_block_taken_when_there_is_none() {
+        let mut a = Allocator::fresh(300, 10);
+        let mut d = |_| {};
+        // Used: 10..200, with holes of 7 blocks at 20, 40, ... (freed and released).
+        assert_eq!(a.allocate(190, 1, None, &mut d), Some((10, 190)));
+        let holes: Vec<(u64, u64)> = (1..9).map(|i| (20 * i, 7)).collect();
+        for &(start, len) in &holes {
+            assert!(a.free(start, len, &mut d));
+        }
+        a.release(&holes);
+        a.cursor = 10; // a new mount's search starts at the front
+        // A run of 20 is past the holes, where the free space begins (words skipped whole).
+        assert_eq!(a.allocate(3, 20, None, &mut d), Some((200, 3)));
+        // A run of 7 is the first hole after the cursor; with a goal that is free, the goal.
+        a.cursor = 10;
+        assert_eq!(a.allocate(7, 7, None, &mut d), Some((20, 7)));
+        assert_eq!(a.allocate(2, 50, Some(43), &mut d), Some((43, 2)));
+        // No run of 200 anywhere: the next free block, and as much as follows it.
+        assert_eq!(a.allocate(5, 200, None, &mut d), Some((45, 2)));
+        // The search wraps: from the end (all taken now) back to the front.
+        assert_eq!(a.allocate(97, 1, Some(203), &mut d), Some((203, 97)));
+        a.cursor = 290;
+        assert_eq!(a.allocate(4, 4, None, &mut d), Some((60, 4)));
+    }
+
+    proptest::proptest! {
+        /// The word-at-a-time search finds what a block-by-block one finds.
+        #[test]
+        fn the_run_search_agrees_with_a_scan_block_by_block(
+            used in proptest::collection::vec(proptest::bool::weighted(0.7), 0..700),
+            held in proptest::collection::vec(0u64..700, 0..20),
+            len in 1u64..80,
+            cursor in 0u64..720,
+        ) {
+            let (blocks, data_start) = (used.len() as u64 + 20, 20);
+            let mut a = Allocator::fresh(blocks, data_start);
+            let mut d = |_| {};
+            for (i, &u) in used.iter().enumerate() {
+                if u {
+                    a.allocate(1, 1, Some(data_start + i as u64), &mut d);
+                }
+            }
+            for &h in held.iter().filter(|&&h| h < used.len() as u64 && used[h as usize]) {
+                a.free(data_start + h, 1, &mut d);
+            }
+            a.cursor = cursor.clamp(data_start, blocks);
+            let free_from = |from: u64, to: u64| {
+                (from..to).find(|&s| s + len <= to && (s..s + len).all(|n| a.available(n)))
+            };
+            let naive = free_from(a.cursor, blocks).or_else(|| free_from(data_start, a.cursor));
+            proptest::prop_assert_eq!(a.find_run(len), naive);
+        }
     }
 }

@@ -26,6 +26,12 @@ use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 /// gave 86-87% (the reader waited for the whole batch), none 89-91%.
 const SYNC_AHEAD_PAGES: u64 = 4;
 
+/// A write that needs at least this many new blocks (with what its append
+/// preallocates after it) is given one free run for them when the device has
+/// one, instead of the next free blocks: 64 KiB, past the small files whose
+/// trimmed preallocation leaves holes of a few blocks between them.
+const STREAM_RUN_BLOCKS: u64 = 16;
+
 /// A file no larger than this is read whole at a miss of a read from its
 /// start (Linux reads 128 KiB ahead at a file's first read): `tar c`, `cp`
 /// and `diff` read small files from start to end in several calls, each of
@@ -446,11 +452,19 @@ impl File {
         let allocated_end = state.inode.extents.last().map_or(0, |e| e.end());
         let mut added = Vec::new();
         let mut failed = false;
+        // What an append preallocates after this write follows it in the same free run.
+        let ahead = if end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
         'holes: for hole in holes {
             let mut at = hole.logical;
             while at < hole.logical + hole.len {
                 let goal = extents::goal_for(&state.inode.extents, at);
-                let Some((physical, len)) = meta.allocate(&fs.sb, hole.logical + hole.len - at, goal) else {
+                let rest = hole.logical + hole.len - at;
+                let run = rest + if hole.logical + hole.len == end { ahead } else { 0 };
+                // A write that streams looks for one free piece for all of it (the
+                // holes small files leave would cut it into pieces); a small one
+                // takes the next free blocks.
+                let min_run = if run >= STREAM_RUN_BLOCKS { run.min(MAX_IO_BLOCKS) } else { 1 };
+                let Some((physical, len)) = meta.allocate(&fs.sb, rest, min_run, goal) else {
                     failed = true;
                     break 'holes;
                 };
@@ -486,22 +500,34 @@ impl File {
     /// the last block (none if that piece is taken, or space is short); see
     /// [`MountOptions::append_prealloc_bytes`](super::MountOptions).
     fn preallocate(&self, state: &mut NodeState, meta: &mut Meta, end: u64, added: &mut Vec<(u64, u64)>) {
-        const MIN_PREALLOC_BLOCKS: u64 = 8;
-        let max = self.fs.options.append_prealloc_bytes / BLOCK_U64;
-        let want = end.max(MIN_PREALLOC_BLOCKS).min(max);
+        let want = self.prealloc_blocks(meta, end);
         let Some(goal) = extents::goal_for(&state.inode.extents, end) else { return };
-        if want == 0 || end + want > u32::MAX as u64 || meta.alloc.allocatable() < want * 16 {
+        if want == 0 {
             return;
         }
         // Only the piece that continues the file: anything else would fragment it.
         if !meta.alloc.is_free(goal) {
             return;
         }
-        if let Some((physical, len)) = meta.allocate(&self.fs.sb, want, Some(goal)) {
+        if let Some((physical, len)) = meta.allocate(&self.fs.sb, want, want, Some(goal)) {
             debug_assert_eq!(physical, goal);
             extents::insert_unwritten(&mut state.inode.extents, end, len, physical);
             added.push((end, len));
         }
+    }
+
+    /// How many blocks an append that grows the file's allocation to `end`
+    /// maps past it: as many again as the file has (at least 8, at most
+    /// [`MountOptions::append_prealloc_bytes`](super::MountOptions)), none
+    /// when space is short (less than 16 times that free).
+    fn prealloc_blocks(&self, meta: &Meta, end: u64) -> u64 {
+        const MIN_PREALLOC_BLOCKS: u64 = 8;
+        let max = self.fs.options.append_prealloc_bytes / BLOCK_U64;
+        let want = end.max(MIN_PREALLOC_BLOCKS).min(max);
+        if want == 0 || end + want > u32::MAX as u64 || meta.alloc.allocatable() < want * 16 {
+            return 0;
+        }
+        want
     }
 
     /// Gives back the space appends took past the end of the file (the

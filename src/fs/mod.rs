@@ -483,10 +483,11 @@ fn now_ns() -> u64 {
 }
 
 impl Meta {
-    /// Allocates up to `want` blocks at `goal` or the next free run.
-    fn allocate(&mut self, sb: &Superblock, want: u64, goal: Option<u64>) -> Option<(u64, u64)> {
+    /// Allocates up to `want` blocks at `goal`, else in the next free run of
+    /// at least `min_run` blocks, else at the next free block ([`Allocator::allocate`]).
+    fn allocate(&mut self, sb: &Superblock, want: u64, min_run: u64, goal: Option<u64>) -> Option<(u64, u64)> {
         let dirty = &mut self.dirty;
-        self.alloc.allocate(want, goal, &mut |i| {
+        self.alloc.allocate(want, min_run, goal, &mut |i| {
             dirty.insert(sb.bitmap_start + i);
         })
     }
@@ -525,7 +526,7 @@ impl Meta {
         }
         while inode.overflow.len() < need {
             let goal = inode.overflow.last().map(|b| b + 1);
-            let Some((b, _)) = self.allocate(sb, 1, goal) else {
+            let Some((b, _)) = self.allocate(sb, 1, 1, goal) else {
                 return Err(file_error("extend", &inode.name, libc::ENOSPC, "no space left for its extent map"));
             };
             inode.overflow.push(b);
