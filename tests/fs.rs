@@ -1132,14 +1132,44 @@ fn within(limit: std::time::Duration, f: impl FnOnce() + Send + 'static) {
 /// A file system on a file-backed emulated device, and the same file reopened with
 /// a fault on the first `bad` data blocks (segments there fail with EIO).
 fn faulty_twin(dir: &std::path::Path, bad: u64) -> (String, String) {
-    let plain = format!("emu:null,size=16m,file={}", dir.join("emu.img").display());
+    faulty_twin_at(dir, "16m", 0, bad)
+}
+
+/// [`faulty_twin`] of `size`, the fault on `bad` data blocks from data block `first`.
+fn faulty_twin_at(dir: &std::path::Path, size: &str, first: u64, bad: u64) -> (String, String) {
+    let plain = format!("emu:null,size={size},file={}", dir.join("emu.img").display());
     let eng = spec_engine(&plain);
     FileSystem::format(Arc::clone(&eng), FormatOptions::default()).unwrap();
     let (fs, _) = FileSystem::mount(eng).unwrap();
-    let start = fs.superblock().data_start * 4096;
+    let start = (fs.superblock().data_start + first) * 4096;
     fs.unmount().unwrap();
     let faulty = format!("{plain},fail_range={start}-{}", start + bad * 4096);
     (plain, faulty)
+}
+
+/// A sync writes a file larger than one writeback batch (16 MiB) in several;
+/// when a later one fails, the earlier ones stay written, the failed one's
+/// pages are dirty again, nothing is lost from the cache, and the next sync
+/// tries them again.
+#[test]
+fn a_device_error_in_a_later_writeback_batch_keeps_its_pages_dirty() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's blocks come first on a fresh file system: blocks 4500.. are in the second batch.
+    let (_plain, faulty) = faulty_twin_at(dir.path(), "64m", 4500, 4);
+    let options = MountOptions { cache_bytes: 256 << 20, ..MountOptions::default() };
+    let fs = mount_spec(&faulty, options);
+    let big = fs.create("big").unwrap();
+    let data = bytes(3, 5120 * 4096);
+    big.write_at(&data, 0).unwrap();
+    let e = fs.sync().unwrap_err();
+    assert!(e.to_string().contains("device error on write"), "{e}");
+    let dirty = fs.stats().dirty_pages;
+    assert!((1..=1024).contains(&dirty), "the first batch's 4096 pages are written, the second's dirty: {dirty}");
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(big.read_at(&mut back, 0).unwrap(), back.len());
+    assert!(back == data, "the cache still holds every byte");
+    assert!(fs.sync().is_err(), "the failed pages are tried again");
+    assert_eq!(fs.stats().dirty_pages, dirty);
 }
 
 fn mount_spec(spec: &str, options: MountOptions) -> FileSystem {

@@ -47,7 +47,18 @@ pub(super) struct Writeback {
 impl Writeback {
     /// Copies the file's dirty pages out (clearing their dirty mark; `restore` puts it back).
     pub(super) fn take(fs: &Inner, state: &mut NodeState) -> Writeback {
-        let pages = std::mem::take(&mut state.dirty);
+        Self::take_up_to(fs, state, usize::MAX)
+    }
+
+    /// [`Writeback::take`] of the file's first `limit` dirty pages (by block); the rest stay dirty.
+    pub(super) fn take_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
+        let pages = match state.dirty.keys().nth(limit).copied() {
+            Some(first_left) => {
+                let rest = state.dirty.split_off(&first_left);
+                std::mem::replace(&mut state.dirty, rest)
+            }
+            None => std::mem::take(&mut state.dirty),
+        };
         fs.dirty.forget(pages.len());
         let mut runs: Vec<(u64, u64, Vec<&Arc<Page>>)> = Vec::new(); // (first file block, device block, pages)
         for (&block, page) in &pages {
@@ -357,11 +368,30 @@ pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>) -> Result<()> {
     Ok(())
 }
 
-/// Writes the dirty pages of every file in `states` back in one batch, all in
-/// flight together, and waits. A file whose write failed keeps its pages
-/// dirty; the first error is returned.
+/// Writes the dirty pages of every file in `states` back, in batches of at
+/// most [`PAGES_PER_BATCH`] pages all in flight together, each waited for
+/// before the next (their buffers come back to the pool warm: fresh memory
+/// for a whole large file's copy cost more than the writes). A file whose
+/// write failed keeps its pages dirty; the first error is returned.
 fn write_together(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
-    let writebacks: Vec<Writeback> = states.iter_mut().map(|s| Writeback::take(fs, s)).collect();
+    while states.iter().any(|s| !s.dirty.is_empty()) {
+        write_batch(fs, states)?;
+    }
+    Ok(())
+}
+
+/// One batch of [`write_together`]: up to [`PAGES_PER_BATCH`] pages, the
+/// files' in turn.
+fn write_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
+    let mut budget = PAGES_PER_BATCH;
+    let writebacks: Vec<Writeback> = states
+        .iter_mut()
+        .map(|s| {
+            let wb = Writeback::take_up_to(fs, s, budget);
+            budget -= wb.pages.len();
+            wb
+        })
+        .collect();
     let mut failed = vec![false; writebacks.len()];
     let mut first_error = None;
     match fs.disk.batch() {
