@@ -255,3 +255,40 @@ fn remove_for_takes_away_a_devices_carried_cache() {
     iopath::fs::carry::remove_for(&image);
     assert!(!path.exists());
 }
+
+/// A file read front to back whose blocks the carried cache holds is lent
+/// block by block as it is read, without the read-ahead thread (a hand-off
+/// to wait for): only the reader's own few pages ahead at a miss. Where the
+/// carried cache does not hold them, the thread reads ahead.
+#[test]
+fn a_stream_through_carried_blocks_is_not_handed_to_the_read_ahead_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let data: Vec<u8> = (0..4 << 20).map(|k: usize| (k * 13 + k / 4096) as u8).collect();
+    {
+        let (fs, _, _lock) = mount_carrying(&image);
+        fs.create("big").unwrap().write_at(&data, 0).unwrap();
+        fs.unmount().unwrap();
+    }
+    let read_in_pieces = |fs: &FileSystem| {
+        let before = fs.stats().device_read_bytes;
+        let f = fs.open("big").unwrap();
+        let mut back = vec![0u8; data.len()];
+        for (i, piece) in back.chunks_mut(64 << 10).enumerate() {
+            assert_eq!(f.read_at(piece, (i * (64 << 10)) as u64).unwrap(), piece.len());
+        }
+        assert!(back == data, "the stream reads back what was written");
+        (fs.stats(), fs.stats().device_read_bytes - before)
+    };
+    let (fs, _, lock) = mount_carrying(&image);
+    let (carried, from_device) = read_in_pieces(&fs);
+    assert_eq!(from_device, 0, "{carried:?}");
+    drop(fs);
+    drop(lock);
+    let (fs, _) = FileSystem::mount_with(engine(&image), MountOptions::default()).unwrap();
+    let (uncarried, _) = read_in_pieces(&fs);
+    // 1024 blocks in 64 KiB reads: at a miss the reader loads 4 more itself (a
+    // fifth of the blocks); the thread reads ahead most of the rest.
+    assert!(carried.cache.readahead_pages <= 1024 / 4, "{carried:?}");
+    assert!(uncarried.cache.readahead_pages > 1024 / 2, "{uncarried:?}");
+}

@@ -401,6 +401,11 @@ impl CarriedCache {
         }
     }
 
+    /// Whether it vouches for `block` now.
+    pub fn holds(&self, block: u64) -> bool {
+        self.entries.load(Relaxed) > 0 && self.find(&self.lock(), block).is_some()
+    }
+
     /// Whether it vouches for any block now.
     pub fn holds_any(&self) -> bool {
         self.entries.load(Relaxed) > 0

@@ -103,6 +103,11 @@ impl Disk {
         self.carry.get().is_some_and(|c| c.read(block, buf))
     }
 
+    /// Whether the carried cache holds `block` (a read of it needs no device).
+    pub fn carries(&self, block: u64) -> bool {
+        self.carry.get().is_some_and(|c| c.holds(block))
+    }
+
     /// Block `block` from the carried cache as a page frame of its own, without a copy.
     pub fn lend_carried(&self, block: u64) -> Option<IoBuf> {
         self.carry.get().and_then(|c| c.lend(block))

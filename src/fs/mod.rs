@@ -1188,7 +1188,15 @@ impl Inner {
         let max = (self.options.readahead_bytes / BLOCK_U64).min(self.cache.capacity() as u64 / 10);
         if let Some((from, to)) = node.readahead.on_read(first, end, max) {
             let last = state.inode.size.div_ceil(BLOCK_U64);
-            if from < last {
+            // A window the carried cache holds is lent in place as it is read (a
+            // lookup a block): handed to the read-ahead thread, it only made the
+            // reader wait for that thread (13% of `tar c`'s samples spinning in
+            // `wait_loaded` on pages the thread was lending).
+            let carried = || {
+                extents::locate(&state.inode.extents, from)
+                    .is_some_and(|(b, unwritten)| !unwritten && self.disk.carries(b))
+            };
+            if from < last && !carried() {
                 self.post_readahead(node, from, to.min(last));
             }
         }
