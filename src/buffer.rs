@@ -17,7 +17,9 @@
 //! cgroup charges (a mount's cache fills 16,384 frames in each new process:
 //! 13% of `tar c`'s time on a mount went to getting them). A block buffer
 //! therefore always goes back to the pool when dropped, whatever the pool
-//! holds: the process keeps its peak of them. Buffers larger than the
+//! holds: the process keeps its peak of them. Under the interposer the
+//! chunks come from a file in /dev/shm that the next process takes over
+//! ([`crate::frames`]): memory already faulted in and zeroed once. Buffers larger than the
 //! pool's are mapped straight from the kernel (zero pages filled on first
 //! touch, no zeroing pass of ours: mounting read a 32 MiB inode table into
 //! a buffer it first spent 19 ms zeroing) and unmapped when dropped.
@@ -36,8 +38,8 @@ pub const RECYCLED_MAX: usize = 256 * IO_ALIGN;
 /// Bytes the pool keeps at most of buffers larger than a block (blocks it keeps all).
 pub const RECYCLED_BYTES: usize = 32 << 20;
 
-/// Single blocks are cut from chunks this large (a huge page).
-const CHUNK: usize = 2 << 20;
+/// Single blocks are cut from chunks this large (a huge page; a frame file's piece).
+const CHUNK: usize = crate::frames::PIECE;
 
 /// Dropped buffers by size in blocks (index = blocks - 1), and their bytes in all.
 static POOL: Mutex<(Vec<Vec<IoBuf>>, usize)> = Mutex::new((Vec::new(), 0));
@@ -76,8 +78,34 @@ fn map(len: usize) -> *mut u8 {
     raw.cast()
 }
 
-/// A fresh, zeroed block cut from a new chunk (the rest of the chunk goes to the pool).
+/// A fresh, zeroed block cut from a new chunk (the rest of the chunk goes to
+/// the pool): a piece of this process's frame file ([`crate::frames`]) when
+/// it has one, else anonymous memory.
 fn new_block() -> IoBuf {
+    let start = match crate::frames::piece() {
+        Some(piece) => {
+            // Bytes another process left: the block handed out now must be zeros
+            // (the rest join the pool, whose blocks hold old bytes anyway).
+            // SAFETY: the piece is mapped, ours, and holds nothing of ours yet.
+            unsafe { std::ptr::write_bytes(piece.as_ptr(), 0, IO_ALIGN) };
+            piece.as_ptr() as usize
+        }
+        None => anonymous_chunk(),
+    };
+    let block = |i: usize| IoBuf {
+        ptr: NonNull::new((start + i * IO_ALIGN) as *mut u8).expect("a mapping is not at 0"),
+        len: IO_ALIGN,
+    };
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.0.is_empty() {
+        pool.0.push(Vec::new());
+    }
+    pool.0[0].extend((1..CHUNK / IO_ALIGN).map(block));
+    block(0)
+}
+
+/// A new chunk of anonymous memory, huge-page aligned (zeros until touched).
+fn anonymous_chunk() -> usize {
     // Twice the chunk, so a huge-page-aligned chunk lies inside; the rest is unmapped.
     let span = 2 * CHUNK;
     let raw = map(span);
@@ -93,16 +121,7 @@ fn new_block() -> IoBuf {
     }
     // SAFETY: [start, start + CHUNK) is mapped. Huge pages are a hint.
     unsafe { libc::madvise(start as *mut libc::c_void, CHUNK, libc::MADV_HUGEPAGE) };
-    let block = |i: usize| IoBuf {
-        ptr: NonNull::new((start + i * IO_ALIGN) as *mut u8).expect("a mapping is not at 0"),
-        len: IO_ALIGN,
-    };
-    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if pool.0.is_empty() {
-        pool.0.push(Vec::new());
-    }
-    pool.0[0].extend((1..CHUNK / IO_ALIGN).map(block));
-    block(0)
+    start
 }
 
 /// A zero-filled, 4096-byte-aligned heap buffer.

@@ -99,6 +99,7 @@ pub mod device;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+pub mod frames;
 pub mod fs;
 mod hash;
 pub mod idle;

@@ -32,6 +32,12 @@
 //!   blocks a process leaves in `/dev/shm` at exit for the next process that
 //!   mounts the device (`iopath::fs::carry`), as the kernel's page cache
 //!   outlives a process.
+//! - `IOPATH_FRAMES`: the bound of the page frames the process takes from
+//!   a file in `/dev/shm` that the next process takes after it (a size;
+//!   `0` turns it off; default 512 MiB, at most a sixteenth of the
+//!   machine's memory): fresh memory is zeroed and, in a virtual machine
+//!   that gives freed memory back to its host, faulted in there again
+//!   (`iopath::frames`).
 //! - `IOPATH_IDLE_POLL=1`: while the program runs, ask that idle CPUs poll
 //!   instead of halting (`iopath::idle::IdlePolling`; root only, a refusal is
 //!   logged and changes nothing else).
@@ -59,6 +65,8 @@ pub struct Config {
     pub cache_bytes: Option<u64>,
     /// The mounts' carried cache bound in bytes, if set (0: none).
     pub carry_bytes: Option<u64>,
+    /// The bound of the page frames kept in /dev/shm in bytes, if set (0: none).
+    pub frames_bytes: Option<u64>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -90,6 +98,7 @@ impl Config {
             namespace_commit,
             cache_bytes: parsed("IOPATH_CACHE", var("IOPATH_CACHE"), iopath::units::parse_size),
             carry_bytes: parsed("IOPATH_CARRY", var("IOPATH_CARRY"), iopath::units::parse_size),
+            frames_bytes: parsed("IOPATH_FRAMES", var("IOPATH_FRAMES"), iopath::units::parse_size),
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -117,6 +126,7 @@ impl Config {
             mount_wait_ms: 10_000,
             cache_bytes: None,
             carry_bytes: None,
+            frames_bytes: None,
         }
     }
 

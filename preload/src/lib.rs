@@ -168,6 +168,8 @@ extern "C" fn on_load() {
         log(&format!("routing O_DIRECT files matching {} through {}", c.files.join(":"), c.path));
     }
     if !c.mounts.is_empty() {
+        let bound = mount::frames_bytes();
+        iopath::frames::enable(iopath::frames::default_dir(), usize::try_from(bound).unwrap_or(usize::MAX));
         let mounts = mount::mounts();
         MOUNTING.store(!mounts.is_empty(), Ordering::SeqCst);
         mount::adopt_inherited_cwd();

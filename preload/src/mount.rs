@@ -178,11 +178,20 @@ fn carry_bytes(options: &MountOptions) -> u64 {
     crate::config().carry_bytes.unwrap_or(options.cache_bytes.min(1 << 30))
 }
 
-fn default_cache_bytes() -> u64 {
+/// The bound of the page frames taken from /dev/shm ([`iopath::frames`]):
+/// `IOPATH_FRAMES`, else 512 MiB, at most a sixteenth of the memory.
+pub fn frames_bytes() -> u64 {
+    crate::config().frames_bytes.unwrap_or_else(|| (memory_bytes() / 16).min(512 << 20))
+}
+
+fn memory_bytes() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    let memory = u64::try_from(pages).unwrap_or(0).saturating_mul(u64::try_from(page).unwrap_or(0));
-    (memory / 8).max(MountOptions::default().cache_bytes)
+    u64::try_from(pages).unwrap_or(0).saturating_mul(u64::try_from(page).unwrap_or(0))
+}
+
+fn default_cache_bytes() -> u64 {
+    (memory_bytes() / 8).max(MountOptions::default().cache_bytes)
 }
 
 static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
@@ -493,6 +502,10 @@ pub fn sync_all() {
             }
             crate::log(&format!("{} on {}: {}", m.device, String::from_utf8_lossy(&m.dir), fs.stats().summary()));
         }
+    }
+    if let Some(file) = iopath::frames::claimed() {
+        let mib = iopath::frames::held() as f64 / (1 << 20) as f64;
+        crate::log(&format!("page frames: {mib:.0} MiB of {} (kept for the next process)", file.display()));
     }
 }
 

@@ -23,7 +23,11 @@ refused (ENODEV). --cache sets the mounts' page cache (default an eighth of the 
 a process leaves its clean pages in the mount's carried cache, a file in /dev/shm, and the next
 process that mounts the device reads them from there instead of the device, as programs find the
 kernel's page cache warm; --carry bounds it (default the page cache, at most 1 GiB; 0 turns it
-off; rm /dev/shm/iopath-carry-* gives its memory back).
+off; rm /dev/shm/iopath-carry-* gives its memory back). The page cache's frames come from a
+file in /dev/shm the process claims and the next one claims after it (fresh memory costs a
+fault and zeroing per page, and in a VM that gives freed memory to its host a host fault too);
+--frames bounds it (default 512 MiB, at most a sixteenth of the memory; 0 turns it off;
+rm /dev/shm/iopath-frames-* gives its memory back).
 
 --files PATTERN routes the program's O_DIRECT I/O on matching files through iopath's engine
 instead (they stay on the kernel's file system).
@@ -57,6 +61,9 @@ pub struct RunArgs {
     /// Carried cache of the mounts: clean blocks left in /dev/shm for the next process (0: none).
     #[arg(long, value_name = "SIZE")]
     carry: Option<String>,
+    /// Page frames kept in /dev/shm from one process to the next (0: fresh memory each time).
+    #[arg(long, value_name = "SIZE")]
+    frames: Option<String>,
     /// Idle CPUs poll instead of halting while the program runs (root only).
     #[arg(long)]
     idle_poll: bool,
@@ -153,7 +160,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(f) = &args.fsync_path {
         iopath::fs::FsyncPath::parse(f)?;
     }
-    for size in [&args.cache, &args.carry].into_iter().flatten() {
+    for size in [&args.cache, &args.carry, &args.frames].into_iter().flatten() {
         iopath::units::parse_size(size)?;
     }
     let mut mounts = Vec::new();
@@ -180,6 +187,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         ("IOPATH_FSYNC_PATH", &args.fsync_path),
         ("IOPATH_CACHE", &args.cache),
         ("IOPATH_CARRY", &args.carry),
+        ("IOPATH_FRAMES", &args.frames),
     ] {
         if let Some(v) = value {
             command.env(key, v);

@@ -1,0 +1,167 @@
+//! Page frames kept in /dev/shm from one process to the next
+//! (`iopath::frames`): which process takes which file, and that a forked
+//! child never writes its parent's frames.
+//!
+//! The frame source is process-wide, so each case runs in a process of its
+//! own: this test binary started again with `FRAMES_CASE` naming the case.
+
+use iopath::IoBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BOUND: usize = 16 << 20;
+
+/// Blocks enough to use up the pool and take new memory (more than a piece).
+fn take_blocks(n: usize) -> Vec<IoBuf> {
+    (0..n).map(|_| IoBuf::new(4096)).collect()
+}
+
+/// The address ranges of this process's mappings of `file`.
+fn mapped_ranges(file: &Path) -> Vec<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|l| l.ends_with(file.to_str().unwrap()))
+        .map(|l| {
+            let range = l.split(' ').next().unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            (usize::from_str_radix(a, 16).unwrap(), usize::from_str_radix(b, 16).unwrap())
+        })
+        .collect()
+}
+
+fn inside(ranges: &[(usize, usize)], buf: &IoBuf) -> bool {
+    let p = buf.as_ptr() as usize;
+    ranges.iter().any(|&(a, b)| p >= a && p < b)
+}
+
+/// Runs `case` in a new process of this test binary, frames in `dir`; returns its stdout.
+fn run_case(case: &str, dir: &Path) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "case_runner", "--nocapture", "--test-threads=1"])
+        .env("FRAMES_CASE", case)
+        .env("FRAMES_DIR", dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "case {case} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// The value after `key` on the line that has it (the test harness may have
+/// printed on that line before it).
+fn said<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|l| l.split_once(key).map(|(_, v)| v))
+        .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"))
+        .trim()
+}
+
+/// Not a test of its own: the body of a case when started by `run_case`.
+#[test]
+fn case_runner() {
+    let (Ok(case), Ok(dir)) = (std::env::var("FRAMES_CASE"), std::env::var("FRAMES_DIR")) else { return };
+    let dir = PathBuf::from(dir);
+    iopath::frames::enable(&dir, BOUND);
+    match case.as_str() {
+        // Takes frames, fills them, says which file they came from.
+        "take" => {
+            let mut blocks = take_blocks(2048);
+            let file = iopath::frames::claimed().expect("a frame file claimed");
+            let ranges = mapped_ranges(&file);
+            let from_file = blocks.iter().filter(|b| inside(&ranges, b)).count();
+            assert!(from_file >= 512, "{from_file} of 2048 blocks from {}", file.display());
+            for b in &mut blocks {
+                b.fill(0x5a);
+            }
+            println!("file: {}", file.display());
+            println!("held: {}", iopath::frames::held());
+        }
+        // Holds its frame file until told to go (its stdin closes).
+        "hold" => {
+            let _blocks = take_blocks(1024);
+            println!("file: {}", iopath::frames::claimed().expect("a frame file claimed").display());
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        // A block of the file, written by a forked child: the parent's stays as it was.
+        "fork" => {
+            let mut blocks = take_blocks(1024);
+            let file = iopath::frames::claimed().expect("a frame file claimed");
+            let ranges = mapped_ranges(&file);
+            let shared = blocks.iter_mut().find(|b| inside(&ranges, b)).expect("a block from the frame file");
+            shared.fill(1);
+            // SAFETY: the child only writes memory and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                shared.fill(2);
+                // New blocks in the child: not from the parent's file.
+                let fresh = take_blocks(1024);
+                let parents = fresh.iter().filter(|b| inside(&ranges, b)).count();
+                // SAFETY: leaves the child at once, running nothing of the parent's.
+                unsafe { libc::_exit(if shared.iter().all(|&x| x == 2) { parents as i32 % 256 } else { 99 }) };
+            }
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(libc::WIFEXITED(status));
+            println!("child: {}", libc::WEXITSTATUS(status));
+            assert!(shared.iter().all(|&x| x == 1), "the child's write reached the parent's frame");
+            println!("parent: intact");
+        }
+        other => panic!("unknown case {other}"),
+    }
+}
+
+#[test]
+fn the_next_process_takes_the_frame_file_the_last_one_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run_case("take", dir.path());
+    let file = PathBuf::from(said(&first, "file:"));
+    assert!(file.starts_with(dir.path()) && file.file_name().unwrap().to_str().unwrap().ends_with("-0"), "{first}");
+    let size = std::fs::metadata(&file).unwrap().len();
+    assert!(size >= 2 << 20 && size <= BOUND as u64, "{size}");
+    // The same file again, no larger: its pages are taken again, not new ones.
+    let second = run_case("take", dir.path());
+    assert_eq!(said(&second, "file:"), file.to_str().unwrap());
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), size);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn processes_running_at_once_take_different_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut holder = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "case_runner", "--nocapture", "--test-threads=1"])
+        .env("FRAMES_CASE", "hold")
+        .env("FRAMES_DIR", dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the holder ended early");
+        if line.contains("file:") {
+            break;
+        }
+    }
+    let held = said(&line, "file:").to_string();
+    let other = run_case("take", dir.path());
+    assert_ne!(said(&other, "file:"), held, "a file another process holds is not taken");
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    // Let go: the next one takes the first file again.
+    assert_eq!(said(&run_case("take", dir.path()), "file:"), held);
+}
+
+#[test]
+fn a_forked_child_never_writes_its_parents_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_case("fork", dir.path());
+    assert_eq!(said(&out, "child:"), "0", "the child wrote its copy and took no block of the parent's file:\n{out}");
+    assert_eq!(said(&out, "parent:"), "intact");
+}
