@@ -289,6 +289,35 @@ fn delete_mode_commit(fs: &FileSystem, value: &[u8]) {
     fs.unlink("db-journal").unwrap();
 }
 
+/// fsync of a directory makes every namespace change so far durable. When
+/// a file's fsync since has done that (SQLite fsyncs its directory right
+/// after the journal file it created), it writes nothing; when the running
+/// transaction holds a change, it commits it.
+#[test]
+fn a_directory_fsync_writes_only_what_is_not_durable_yet() {
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());
+    let j = fs.create("j").unwrap(); // in the journal, not flushed
+    let flushes = fs.stats().device_flushes;
+    fs.sync_namespace().unwrap();
+    assert!(fs.stats().device_flushes > flushes, "the create is made durable");
+    let k = fs.create("k").unwrap();
+    k.write_at(b"data", 0).unwrap();
+    k.fsync().unwrap(); // commits durably, the create of k with it
+    let before = fs.stats();
+    fs.sync_namespace().unwrap();
+    let after = fs.stats();
+    assert_eq!((after.device_flushes, after.device_writes), (before.device_flushes, before.device_writes));
+    assert_eq!(after.shared_commits, before.shared_commits + 1);
+    fs.rename("k", "k2").unwrap(); // in the running transaction
+    fs.sync_namespace().unwrap();
+    assert!(fs.stats().device_flushes > after.device_flushes, "the rename is made durable");
+    drop((j, k));
+    let fs = cut_and_remount(&dev, fs);
+    assert!(fs.open("j").is_ok(), "the first create survives the power cut");
+    assert_eq!(read_all(&fs, "k2"), b"data");
+    assert!(fs.open("k").is_err());
+}
+
 #[test]
 fn a_killed_process_keeps_its_namespace_changes_unless_told_to_defer_them() {
     for (commit, kept) in [(NamespaceCommit::Written, true), (NamespaceCommit::Deferred, false)] {
