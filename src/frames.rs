@@ -142,6 +142,10 @@ pub(crate) fn piece() -> Option<NonNull<u8>> {
         RESERVED.store(mapped, Ordering::Release);
         return None;
     }
+    // Mapped in one call rather than faulted in a page at a time as the blocks
+    // are first written (the pages are there: fallocate made them).
+    // SAFETY: advice on the piece just mapped; a failure leaves it to the faults.
+    unsafe { libc::madvise(at, PIECE, libc::MADV_POPULATE_WRITE) };
     // Published before any block of the piece is handed out: a fork from now on
     // makes the child's view of it private.
     MAPPED.store(mapped + PIECE, Ordering::Release);
