@@ -425,15 +425,25 @@ impl CarriedCache {
         debug_assert_ne!(stamp, 0);
         let fail = |what: &str| os(format!("cannot {what} the carried cache {}", self.path.display()));
         let mut state = self.lock();
-        let mut pages: Vec<(u64, &'a [u8])> = pages
-            .filter(|&(block, _)| match self.find(&state, block) {
-                Some(f) => {
+        let mut pages: Vec<(u64, &'a [u8])> = pages.collect();
+        pages.sort_unstable_by_key(|&(b, _)| b);
+        pages.dedup_by_key(|(b, _)| *b);
+        // Those it holds already are marked used, not copied again: a walk of
+        // the sorted index beside the sorted pages (a search of the index per
+        // page took 13-14 ms of a 64,000-page save).
+        let mut at = 0;
+        pages.retain(|&(block, _)| {
+            while at < state.count && self.entry(at).0 < block {
+                at += 1;
+            }
+            match (at < state.count).then(|| self.entry(at)) {
+                Some((b, f)) if b == block && f < self.frames && !state.removed.contains(&block) => {
                     set_bit(&mut state.used, f);
                     false
                 }
-                None => true,
-            })
-            .collect();
+                _ => true,
+            }
+        });
         if pages.is_empty() && state.removed.is_empty() {
             // Nothing changed (a process that only read what it held): the stamp only.
             return self.stamp(volume_id, stamp, state.count);
@@ -447,8 +457,6 @@ impl CarriedCache {
         for &(_, f) in &kept {
             set_bit(&mut taken, f);
         }
-        pages.sort_unstable_by_key(|&(b, _)| b);
-        pages.dedup_by_key(|(b, _)| *b);
         // Frames for the new ones: free ones first, then those of blocks this mount did not use.
         let mut new: Vec<(usize, u64, &'a [u8])> = Vec::new();
         let (mut cursor, mut evictable, mut evicted) = (0usize, None::<Vec<usize>>, Vec::new());
