@@ -22,6 +22,10 @@ pub struct Allocator {
     cursor: u64,
     free: u64,
     held_count: u64,
+    /// The shortest run a search found no free run of since blocks last
+    /// became allocatable: longer ones are not looked for again until then
+    /// (on a full, fragmented device each search would read the whole bitmap).
+    run_miss: Option<u64>,
 }
 
 fn bit(images: &[Block], n: u64) -> bool {
@@ -63,6 +67,7 @@ impl Allocator {
             cursor: data_start,
             free,
             held_count: 0,
+            run_miss: None,
         }
     }
 
@@ -112,7 +117,7 @@ impl Allocator {
         }
         let start = match goal.filter(|&g| g >= self.data_start && g < self.blocks && self.available(g)) {
             Some(g) => g,
-            None => self.find_run(min_run.max(1)).or_else(|| self.find_run(1))?,
+            None => self.find_long_run(min_run).or_else(|| self.find_run(1))?,
         };
         let mut len = 0;
         while len < want && start + len < self.blocks && self.available(start + len) {
@@ -124,6 +129,19 @@ impl Allocator {
         self.free -= len;
         self.cursor = start + len;
         Some((start, len))
+    }
+
+    /// [`Allocator::find_run`] of `min_run` blocks (more than one), unless a
+    /// search for no more than that found none and nothing was freed since.
+    fn find_long_run(&mut self, min_run: u64) -> Option<u64> {
+        if min_run <= 1 || self.run_miss.is_some_and(|m| min_run >= m) {
+            return None;
+        }
+        let found = self.find_run(min_run);
+        if found.is_none() {
+            self.run_miss = Some(min_run);
+        }
+        found
     }
 
     /// The first block of a free run of `len` blocks, from the cursor on
@@ -191,6 +209,9 @@ impl Allocator {
 
     /// The transaction that freed these runs is durable: they may be allocated again.
     pub fn release(&mut self, runs: &[(u64, u64)]) {
+        if !runs.is_empty() {
+            self.run_miss = None; // longer runs may exist again
+        }
         for &(start, len) in runs {
             for n in start..start + len {
                 debug_assert!(self.held(n), "released block {n} was not held");
@@ -271,6 +292,30 @@ mod tests {
         assert_eq!(a.allocate(97, 1, Some(203), &mut d), Some((203, 97)));
         a.cursor = 290;
         assert_eq!(a.allocate(4, 4, None, &mut d), Some((60, 4)));
+    }
+
+    #[test]
+    fn a_long_run_found_missing_is_not_looked_for_again_until_blocks_come_back() {
+        let mut a = Allocator::fresh(200, 10);
+        let mut d = |_| {};
+        // Every other block in use: no run longer than one anywhere.
+        for n in (10..200).step_by(2) {
+            assert_eq!(a.allocate(1, 1, Some(n), &mut d), Some((n, 1)));
+        }
+        assert_eq!(a.allocate(1, 8, None, &mut d).map(|(_, len)| len), Some(1), "no run of 8: a single block");
+        assert_eq!(a.run_miss, Some(8));
+        assert_eq!(a.find_long_run(16), None, "not looked for again");
+        // Blocks 100..=108 come back (with the free ones between, a run of 11 from
+        // 99): runs are looked for again.
+        assert!(a.free(100, 1, &mut d));
+        a.release(&[(100, 1)]);
+        assert_eq!(a.run_miss, None);
+        for n in (102..=108).step_by(2) {
+            assert!(a.free(n, 1, &mut d));
+            a.release(&[(n, 1)]);
+        }
+        a.cursor = 10;
+        assert_eq!(a.allocate(8, 8, None, &mut d), Some((99, 8)));
     }
 
     proptest::proptest! {
