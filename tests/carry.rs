@@ -292,3 +292,37 @@ fn a_stream_through_carried_blocks_is_not_handed_to_the_read_ahead_thread() {
     assert!(carried.cache.readahead_pages <= 1024 / 4, "{carried:?}");
     assert!(uncarried.cache.readahead_pages > 1024 / 2, "{uncarried:?}");
 }
+
+/// Blocks of files deleted since they were carried give their frames to
+/// the next save's new pages (frames whose memory is there already) before
+/// frames never used; and what the next mount reads is the new files'.
+#[test]
+fn the_frames_of_deleted_files_are_the_first_a_save_fills() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let data =
+        |seed: usize| -> Vec<u8> { (0..2 << 20).map(|k: usize| (k * 7 + seed * 131 + k / 4096) as u8).collect() };
+    let carried_bytes = |lock: &MountLock| {
+        use std::os::unix::fs::MetadataExt;
+        let path = lock.carried_cache(16 << 20).unwrap().path().to_path_buf();
+        std::fs::metadata(path).unwrap().blocks() * 512
+    };
+    let (fs, _, lock) = mount_carrying(&image);
+    fs.create("old").unwrap().write_at(&data(1), 0).unwrap();
+    fs.unmount().unwrap();
+    let after_old = carried_bytes(&lock);
+    drop(lock);
+    assert!(after_old >= 2 << 20, "the old file's 2 MiB are carried: {after_old}");
+    let (fs, _, lock) = mount_carrying(&image);
+    fs.unlink("old").unwrap();
+    fs.create("new").unwrap().write_at(&data(2), 0).unwrap();
+    fs.unmount().unwrap();
+    let after_new = carried_bytes(&lock);
+    drop(lock);
+    assert!(after_new < after_old + (1 << 20), "the new file took the old one's frames: {after_old} -> {after_new}");
+    let (fs, mounted, _lock) = mount_carrying(&image);
+    assert!(mounted.carried.unwrap() >= 512, "{mounted:?}");
+    let before = fs.stats().device_read_bytes;
+    assert!(read_all(&fs, "new") == data(2));
+    assert_eq!(fs.stats().device_read_bytes, before, "read from the carried cache");
+}

@@ -1143,6 +1143,11 @@ impl Inner {
                 pages.push((physical, page));
             }
         }
+        // Blocks of files deleted since they were carried: their frames go to the
+        // new pages first (after the sysbench cells of scripts/real-apps, the
+        // exit of a `cp -r` took 458-517 ms saving into frames never used before).
+        let in_use = self.meta().alloc.in_use_now();
+        carry.forget_dead(|block| in_use.contains(block));
         // Held through the save: a page written meanwhile waits, and is written
         // back (which sets the carried cache aside) only after it is stamped.
         let guards: Vec<_> = pages.iter().map(|(_, p)| p.data.read().expect("page lock poisoned")).collect();
