@@ -63,14 +63,12 @@ static MAPPED: AtomicUsize = AtomicUsize::new(0);
 static RESERVED: AtomicUsize = AtomicUsize::new(0);
 /// The process whose frames these are (0: none claimed, or given up).
 static OWNER: AtomicI32 = AtomicI32::new(0);
+/// The process that last tried to claim a file (a failed claim is not tried
+/// again by the same process; a forked child tries its own).
+static TRIED: AtomicI32 = AtomicI32::new(0);
 
 /// Serializes claiming and growing.
-static GROW: Mutex<Grow> = Mutex::new(Grow { tried: false });
-
-struct Grow {
-    /// A claim was attempted by this process (whatever came of it).
-    tried: bool,
-}
+static GROW: Mutex<()> = Mutex::new(());
 
 /// Takes page frames from a file in `dir` (`/dev/shm` by default: see
 /// [`default_dir`]) from now on, up to `bound` bytes of it; 0 turns it off.
@@ -98,6 +96,48 @@ pub fn claimed() -> Option<PathBuf> {
         .flatten()
 }
 
+/// This process's frame file's descriptor, if it holds one.
+pub fn own_fd() -> Option<libc::c_int> {
+    let fd = FD.load(Ordering::Acquire);
+    (fd >= 0 && OWNER.load(Ordering::Acquire) == std::process::id() as i32).then_some(fd)
+}
+
+/// The frame file's descriptor is about to be closed under this process
+/// and cannot be moved out of the way: removes the file's name, so that a
+/// process claiming that name later makes a new file and never maps this
+/// one's pages (this process keeps its own until it exits), and takes no
+/// more pieces.
+pub fn give_up() {
+    if let Some(path) = claimed() {
+        let _ = std::fs::remove_file(path);
+    }
+    RESERVED.store(MAPPED.load(Ordering::Acquire), Ordering::Release);
+    // Its number is the program's from now on; the mapping stays (unlinked, ours).
+    FD.store(-1, Ordering::Release);
+    OWNER.store(0, Ordering::Release);
+}
+
+/// Before the program closes or replaces descriptor `fd` (`close`, `dup2`
+/// onto it, `close_range` up to `last`): if it is this process's frame file,
+/// moves the file to another number first, above `last`, so its lock (and so
+/// the file) stays this process's. The program's call then goes on as if the
+/// number had been its own. False if the file could not be moved (no free
+/// number that high): the caller should then not let the call close it.
+pub fn step_aside(fd: libc::c_int, last: libc::c_uint) -> bool {
+    if fd < 0 || FD.load(Ordering::Acquire) != fd || OWNER.load(Ordering::Acquire) != std::process::id() as i32 {
+        return true;
+    }
+    let floor = (last as i64 + 1).max(HIGH_FDS_FROM as i64);
+    let Ok(floor) = libc::c_int::try_from(floor) else { return false };
+    // SAFETY: duplicates our own descriptor; the program's call closes the old number.
+    let moved = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
+    if moved < 0 {
+        return false;
+    }
+    FD.store(moved, Ordering::Release);
+    true
+}
+
 /// A new piece of [`PIECE`] bytes of frame memory (contents left by whoever
 /// had it before), or `None` when frames are off, the bound is reached or
 /// the file cannot grow: the caller maps anonymous memory then.
@@ -105,17 +145,15 @@ pub(crate) fn piece() -> Option<NonNull<u8>> {
     // Never wait for these locks: in a child after fork, a thread of the parent
     // that held one is not there to let it go. Busy: anonymous memory this time.
     let (dir, bound) = try_lock(&CONFIG)?.clone()?;
-    let mut grow = try_lock(&GROW)?;
+    let grow = try_lock(&GROW)?;
     let pid = std::process::id() as i32;
     if OWNER.load(Ordering::Acquire) != pid {
-        if grow.tried && FD.load(Ordering::Acquire) < 0 {
-            return None; // no file could be claimed: not again on every piece
+        // First use here (or in a child after fork, whose view of its parent's
+        // file is private now); a claim that failed is not tried on every piece.
+        if TRIED.swap(pid, Ordering::AcqRel) == pid {
+            return None;
         }
-        if !grow.tried || FD.load(Ordering::Acquire) >= 0 {
-            // First use, or a child after fork (its view of the parent's file is private now).
-            grow.tried = true;
-            claim(&dir, bound)?;
-        }
+        claim(&dir, bound)?;
     }
     let (fd, base, mapped) = (FD.load(Ordering::Acquire), BASE.load(Ordering::Acquire), MAPPED.load(Ordering::Acquire));
     if mapped + PIECE > RESERVED.load(Ordering::Acquire) {
@@ -166,13 +204,6 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
 fn claim(dir: &Path, bound: usize) -> Option<()> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    let old = FD.swap(-1, Ordering::AcqRel);
-    if old >= 0 {
-        // A forked child: the parent's file (and its lock) is the parent's.
-        // SAFETY: our descriptor; the child's copy only.
-        unsafe { libc::close(old) };
-    }
-    OWNER.store(0, Ordering::Release);
     for n in 0..CLAIMS {
         let path = dir.join(format!("iopath-frames-{uid}-{n}"));
         let Some(fd) = open_locked(&path) else { continue };
@@ -253,25 +284,33 @@ fn register_fork_handler() {
 /// allocation (another thread of the parent may have held either).
 extern "C" fn in_child_after_fork() {
     let (fd, base, mapped) = (FD.load(Ordering::Acquire), BASE.load(Ordering::Acquire), MAPPED.load(Ordering::Acquire));
-    if fd < 0 || mapped == 0 {
+    if fd < 0 || OWNER.load(Ordering::Acquire) == 0 {
         return;
     }
-    // SAFETY: replaces our own shared mapping of the file with a private one of the same bytes.
-    let at = unsafe {
-        libc::mmap(
-            base as *mut libc::c_void,
-            mapped,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_FIXED,
-            fd,
-            0,
-        )
-    };
-    if at == libc::MAP_FAILED {
-        // Never share with the parent: no access at all rather than its memory.
-        // SAFETY: our own range.
-        unsafe { libc::mprotect(base as *mut libc::c_void, mapped, libc::PROT_NONE) };
+    if mapped > 0 {
+        // SAFETY: replaces our own shared mapping of the file with a private one of the same bytes.
+        let at = unsafe {
+            libc::mmap(
+                base as *mut libc::c_void,
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            // Never share with the parent: no access at all rather than its memory.
+            // SAFETY: our own range.
+            unsafe { libc::mprotect(base as *mut libc::c_void, mapped, libc::PROT_NONE) };
+        }
     }
+    // The parent's file and its lock are the parent's: the child's copy of the
+    // descriptor goes now (the lock stays with the parent's, which shares it),
+    // not later, when the program may have put something else at that number.
+    // SAFETY: our descriptor, the child's copy of it.
+    unsafe { libc::close(fd) };
+    FD.store(-1, Ordering::Release);
     // The address range stays taken (the child's blocks there are private now);
     // a later piece reserves a new one under a new claim.
     OWNER.store(0, Ordering::Release);

@@ -77,10 +77,24 @@ fn case_runner() {
             println!("file: {}", file.display());
             println!("held: {}", iopath::frames::held());
         }
-        // Holds its frame file until told to go (its stdin closes).
-        "hold" => {
+        // Holds its frame file until told to go (its stdin closes); "aside": after
+        // moving it out of the way of a close of its number (as the interposer's
+        // close does) and that close; "give-up": after giving it up and closing it.
+        "hold" | "aside" | "give-up" => {
             let _blocks = take_blocks(1024);
-            println!("file: {}", iopath::frames::claimed().expect("a frame file claimed").display());
+            let file = iopath::frames::claimed().expect("a frame file claimed");
+            let fd = iopath::frames::own_fd().expect("its descriptor");
+            match case.as_str() {
+                "aside" => assert!(iopath::frames::step_aside(fd, fd as libc::c_uint)),
+                "give-up" => iopath::frames::give_up(),
+                _ => {}
+            }
+            if case != "hold" {
+                assert_ne!(iopath::frames::own_fd(), Some(fd), "{case}");
+                // SAFETY: the number the program closes; the file is elsewhere now (or given up).
+                unsafe { libc::close(fd) };
+            }
+            println!("file: {}", file.display());
             let mut line = String::new();
             let _ = std::io::stdin().read_line(&mut line);
         }
@@ -96,11 +110,19 @@ fn case_runner() {
             assert!(pid >= 0);
             if pid == 0 {
                 shared.fill(2);
-                // New blocks in the child: not from the parent's file.
+                // New blocks in the child: not from the parent's file, which it does
+                // not hold (it takes a file of its own).
                 let fresh = take_blocks(1024);
                 let parents = fresh.iter().filter(|b| inside(&ranges, b)).count();
+                let code = if !shared.iter().all(|&x| x == 2) {
+                    99
+                } else if iopath::frames::claimed().is_some_and(|f| f == file) {
+                    98
+                } else {
+                    parents as i32 % 256
+                };
                 // SAFETY: leaves the child at once, running nothing of the parent's.
-                unsafe { libc::_exit(if shared.iter().all(|&x| x == 2) { parents as i32 % 256 } else { 99 }) };
+                unsafe { libc::_exit(code) };
             }
             let mut status = 0;
             // SAFETY: waits for our own child.
@@ -129,33 +151,76 @@ fn the_next_process_takes_the_frame_file_the_last_one_left() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
-#[test]
-fn processes_running_at_once_take_different_files() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `case` (a holder) in a process of its own; returns it and the file it holds.
+fn start_holder(case: &str, dir: &Path) -> (std::process::Child, String) {
     let mut holder = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "case_runner", "--nocapture", "--test-threads=1"])
-        .env("FRAMES_CASE", "hold")
-        .env("FRAMES_DIR", dir.path())
+        .env("FRAMES_CASE", case)
+        .env("FRAMES_DIR", dir)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the holder ended early");
-        if line.contains("file:") {
-            break;
+    let held = holder.stdout.take().and_then(|stdout| {
+        let mut out = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if std::io::BufRead::read_line(&mut out, &mut line).ok()? == 0 {
+                return None;
+            }
+            if line.contains("file:") {
+                // The rest of its output read to the end, so its last lines find a reader.
+                std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+                return Some(said(&line, "file:").to_string());
+            }
+        }
+    });
+    match held {
+        Some(held) => (holder, held),
+        None => {
+            let _ = holder.kill();
+            let status = holder.wait();
+            panic!("the holder ended early: {status:?}");
         }
     }
-    let held = said(&line, "file:").to_string();
-    let other = run_case("take", dir.path());
-    assert_ne!(said(&other, "file:"), held, "a file another process holds is not taken");
+}
+
+fn stop_holder(mut holder: std::process::Child) {
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn processes_running_at_once_take_different_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (holder, held) = start_holder("hold", dir.path());
+    let other = run_case("take", dir.path());
+    assert_ne!(said(&other, "file:"), held, "a file another process holds is not taken");
+    stop_holder(holder);
     // Let go: the next one takes the first file again.
     assert_eq!(said(&run_case("take", dir.path()), "file:"), held);
+}
+
+/// A program that closes the frame file's number (a loop over every
+/// descriptor, `dup2` onto it) must not let go of its lock: another process
+/// would map the same pages. Moved aside first, the file stays held; where
+/// it cannot be moved, its name goes, and the next claim makes a new file.
+#[test]
+fn a_closed_frame_file_number_never_lets_another_process_share_its_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (holder, held) = start_holder("aside", dir.path());
+    let other = run_case("take", dir.path());
+    assert_ne!(said(&other, "file:"), held, "still held after its old number was closed");
+    stop_holder(holder);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (holder, held) = start_holder("give-up", dir.path());
+    assert!(!Path::new(&held).exists(), "its name is gone");
+    let other = run_case("take", dir.path());
+    assert_eq!(said(&other, "file:"), held, "the name is free again: a new file under it");
+    assert!(std::fs::metadata(&held).unwrap().len() <= BOUND as u64);
+    stop_holder(holder);
 }
 
 #[test]

@@ -30,6 +30,10 @@ fn drop_mounted(fd: c_int) {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !iopath::frames::step_aside(fd, fd as c_uint) {
+        crate::set_errno(libc::EBADF); // iopath's own: never the program's to close
+        return -1;
+    }
     if mount::is_mounted(fd) {
         drop_mounted(fd);
     }
@@ -47,6 +51,13 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        // iopath's frame file, if in the range, goes above it first (its lock must stay).
+        if let Some(own) = iopath::frames::own_fd().filter(|&f| f as c_uint >= first && f as c_uint <= last)
+            && !iopath::frames::step_aside(own, last)
+        {
+            crate::log("close_range would close iopath's frame file: it stops taking frames from it");
+            iopath::frames::give_up();
+        }
         let top = last.min(fds::MAX_FD as c_uint - 1);
         for fd in first..=top {
             if mount::is_mounted(fd as c_int) {
@@ -104,6 +115,10 @@ fn dup_to(fd: c_int, to: c_int, call: impl FnOnce() -> c_int) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
+    if fd != to && !iopath::frames::step_aside(to, to as c_uint) {
+        crate::set_errno(libc::EBADF);
+        return -1;
+    }
     // SAFETY: passed on.
     dup_to(fd, to, || unsafe { real::dup2(fd, to) })
 }
@@ -114,6 +129,10 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
+    if fd != to && !iopath::frames::step_aside(to, to as c_uint) {
+        crate::set_errno(libc::EBADF);
+        return -1;
+    }
     // SAFETY: passed on.
     dup_to(fd, to, || unsafe { real::dup3(fd, to, flags) })
 }
