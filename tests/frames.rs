@@ -191,13 +191,20 @@ fn stop_holder(mut holder: std::process::Child) {
     assert!(holder.wait().unwrap().success());
 }
 
+/// Starts holder `case`, then another process that takes frames: it must
+/// take another file than the one the holder holds. Stops the holder.
+fn another_process_takes_another_file(case: &str, dir: &Path) -> String {
+    let (holder, held) = start_holder(case, dir);
+    let other = run_case("take", dir);
+    assert_ne!(said(&other, "file:"), held, "{case}: a file another process holds is not taken");
+    stop_holder(holder);
+    held
+}
+
 #[test]
 fn processes_running_at_once_take_different_files() {
     let dir = tempfile::tempdir().unwrap();
-    let (holder, held) = start_holder("hold", dir.path());
-    let other = run_case("take", dir.path());
-    assert_ne!(said(&other, "file:"), held, "a file another process holds is not taken");
-    stop_holder(holder);
+    let held = another_process_takes_another_file("hold", dir.path());
     // Let go: the next one takes the first file again.
     assert_eq!(said(&run_case("take", dir.path()), "file:"), held);
 }
@@ -209,10 +216,7 @@ fn processes_running_at_once_take_different_files() {
 #[test]
 fn a_closed_frame_file_number_never_lets_another_process_share_its_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let (holder, held) = start_holder("aside", dir.path());
-    let other = run_case("take", dir.path());
-    assert_ne!(said(&other, "file:"), held, "still held after its old number was closed");
-    stop_holder(holder);
+    another_process_takes_another_file("aside", dir.path());
 
     let dir = tempfile::tempdir().unwrap();
     let (holder, held) = start_holder("give-up", dir.path());
