@@ -83,6 +83,33 @@ pub fn default_dir() -> &'static Path {
     Path::new("/dev/shm")
 }
 
+/// Removes this user's frame files in `dir` that no process holds (their
+/// lock is free): `drop_caches` for kept frames, for a tool that ran
+/// programs under the interposer and leaves the machine as it found it.
+/// Returns the bytes given back. A file a process holds stays.
+pub fn remove_unheld(dir: &Path) -> u64 {
+    // SAFETY: getuid has no preconditions.
+    let prefix = format!("iopath-frames-{}-", unsafe { libc::getuid() });
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut freed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+            continue;
+        }
+        let path = entry.path();
+        let Some(fd) = open_locked(&path) else { continue };
+        use std::os::unix::fs::MetadataExt;
+        let bytes = entry.metadata().map_or(0, |m| m.blocks() * 512);
+        // Removed while locked: no process can claim it between the two.
+        if std::fs::remove_file(&path).is_ok() {
+            freed += bytes;
+        }
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+    }
+    freed
+}
+
 /// Bytes of this process's frame file mapped so far (0 without one).
 pub fn held() -> usize {
     if OWNER.load(Ordering::Acquire) == std::process::id() as i32 { MAPPED.load(Ordering::Acquire) } else { 0 }

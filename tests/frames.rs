@@ -234,3 +234,17 @@ fn a_forked_child_never_writes_its_parents_frames() {
     assert_eq!(said(&out, "child:"), "0", "the child wrote its copy and took no block of the parent's file:\n{out}");
     assert_eq!(said(&out, "parent:"), "intact");
 }
+
+/// A tool that ran programs under the interposer gives back the frame files
+/// no process holds; one a process holds stays.
+#[test]
+fn remove_unheld_leaves_a_held_frame_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (holder, held) = start_holder("hold", dir.path());
+    let left = PathBuf::from(said(&run_case("take", dir.path()), "file:"));
+    assert_ne!(left.to_str().unwrap(), held);
+    assert!(iopath::frames::remove_unheld(dir.path()) >= 2 << 20);
+    assert!(!left.exists(), "the file no process holds is gone");
+    assert!(Path::new(&held).exists(), "the held one stays");
+    stop_holder(holder);
+}

@@ -383,6 +383,8 @@ pub fn apps(runner: &mut Runner, quick: bool) -> Result<Section> {
     drop(sides);
     drop(iopath_dir);
     drop(ext4_dir);
+    // The page frames the programs kept for the next process (crate::frames): memory in /dev/shm.
+    crate::frames::remove_unheld(crate::frames::default_dir());
 
     let mut rows = Vec::new();
     let mut findings = Vec::new();
