@@ -44,19 +44,6 @@ fn set_bit(images: &mut [Block], n: u64, on: bool) {
     }
 }
 
-/// Which blocks were in use when it was taken ([`Allocator::in_use_now`]).
-pub struct InUse {
-    images: Vec<Block>,
-    blocks: u64,
-}
-
-impl InUse {
-    /// Whether block `n` was in use.
-    pub fn contains(&self, n: u64) -> bool {
-        n < self.blocks && bit(&self.images, n)
-    }
-}
-
 impl Allocator {
     /// A bitmap for a fresh file system: the metadata blocks `[0, data_start)` in use.
     pub fn fresh(blocks: u64, data_start: u64) -> Allocator {
@@ -87,12 +74,6 @@ impl Allocator {
     /// Whether block `n` is marked in use.
     pub fn in_use(&self, n: u64) -> bool {
         bit(&self.images, n)
-    }
-
-    /// A copy of which blocks are in use now, to ask after the allocator's
-    /// lock is let go.
-    pub fn in_use_now(&self) -> InUse {
-        InUse { images: self.images.clone(), blocks: self.blocks }
     }
 
     /// Blocks that may be allocated now.

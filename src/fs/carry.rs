@@ -393,21 +393,17 @@ impl CarriedCache {
     /// were deleted or cut short since they were carried): their frames are
     /// the first the next [`Self::save`] fills, frames whose memory is there
     /// already, where a frame never used is fresh memory to fault in and zero.
-    /// Returns how many it set aside.
-    pub fn forget_dead(&self, live: impl Fn(u64) -> bool) -> usize {
+    pub fn forget_dead(&self, live: impl Fn(u64) -> bool) {
         if self.entries.load(Relaxed) == 0 {
-            return 0;
+            return;
         }
         let mut state = self.lock();
-        let mut dead = 0;
         for i in 0..state.count {
             let (block, f) = self.entry(i);
             if f < self.frames && !live(block) && state.removed.insert(block) {
                 self.entries.fetch_sub(1, Relaxed);
-                dead += 1;
             }
         }
-        dead
     }
 
     /// A write after [`Self::save`]: the file no longer vouches for the device.

@@ -1146,8 +1146,11 @@ impl Inner {
         // Blocks of files deleted since they were carried: their frames go to the
         // new pages first (after the sysbench cells of scripts/real-apps, the
         // exit of a `cp -r` took 458-517 ms saving into frames never used before).
-        let in_use = self.meta().alloc.in_use_now();
-        carry.forget_dead(|block| in_use.contains(block));
+        // Under the metadata lock (the carried cache's own lock is taken under it,
+        // never the other way round): no copy of the bitmap.
+        let meta = self.meta();
+        carry.forget_dead(|block| meta.alloc.in_use(block));
+        drop(meta);
         // Held through the save: a page written meanwhile waits, and is written
         // back (which sets the carried cache aside) only after it is stamped.
         let guards: Vec<_> = pages.iter().map(|(_, p)| p.data.read().expect("page lock poisoned")).collect();
