@@ -162,6 +162,9 @@ impl Allocator {
             let last = (to - word * 64).min(64);
             if used == 0 && first == 0 && last == 64 {
                 run_len += 64; // a whole free word
+                if run_len >= len {
+                    return Some(run_start);
+                }
             } else {
                 for i in first..last {
                     if used & (1 << i) != 0 {
@@ -174,9 +177,6 @@ impl Allocator {
                         return Some(run_start);
                     }
                 }
-            }
-            if run_len >= len {
-                return Some(run_start);
             }
             n = (word + 1) * 64;
         }
