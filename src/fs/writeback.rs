@@ -52,7 +52,7 @@ impl Writeback {
 
     /// [`Writeback::take`] of the file's first `limit` dirty pages (by block); the rest stay dirty.
     pub(super) fn take_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
-        let pages = match state.dirty.keys().nth(limit).copied() {
+        let pages = match (state.dirty.len() > limit).then(|| state.dirty.keys().nth(limit).copied()).flatten() {
             Some(first_left) => {
                 let rest = state.dirty.split_off(&first_left);
                 std::mem::replace(&mut state.dirty, rest)
