@@ -112,18 +112,16 @@ pub fn remove_unheld(dir: &Path) -> u64 {
 
 /// Bytes of this process's frame file mapped so far (0 without one).
 pub fn held() -> usize {
-    if OWNER.load(Ordering::Acquire) == std::process::id() as i32 { MAPPED.load(Ordering::Acquire) } else { 0 }
+    own_fd().map_or(0, |_| MAPPED.load(Ordering::Acquire))
 }
 
 /// The file this process claimed, if any.
 pub fn claimed() -> Option<PathBuf> {
-    let fd = FD.load(Ordering::Acquire);
-    (fd >= 0 && OWNER.load(Ordering::Acquire) == std::process::id() as i32)
-        .then(|| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok())
-        .flatten()
+    own_fd().and_then(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok())
 }
 
-/// This process's frame file's descriptor, if it holds one.
+/// This process's frame file's descriptor, if it holds one (a forked child
+/// does not hold its parent's).
 pub fn own_fd() -> Option<libc::c_int> {
     let fd = FD.load(Ordering::Acquire);
     (fd >= 0 && OWNER.load(Ordering::Acquire) == std::process::id() as i32).then_some(fd)
@@ -151,7 +149,9 @@ pub fn give_up() {
 /// number had been its own. False if the file could not be moved (no free
 /// number that high): the caller should then not let the call close it.
 pub fn step_aside(fd: libc::c_int, last: libc::c_uint) -> bool {
-    if fd < 0 || FD.load(Ordering::Acquire) != fd || OWNER.load(Ordering::Acquire) != std::process::id() as i32 {
+    // The number first: this runs on every close the program makes, and
+    // own_fd asks for the process id.
+    if fd < 0 || FD.load(Ordering::Acquire) != fd || own_fd() != Some(fd) {
         return true;
     }
     let floor = (last as i64 + 1).max(HIGH_FDS_FROM as i64);
