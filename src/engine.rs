@@ -33,6 +33,8 @@ struct Shared {
     capabilities: Capabilities,
     path: PathConfig,
     dispatch: Box<dyn Dispatch>,
+    /// The file or block device the spec named, if it named one.
+    backing: Option<std::path::PathBuf>,
 }
 
 /// A device and an I/O path, shared by all threads.
@@ -65,7 +67,17 @@ impl Default for HandleOptions {
 impl Engine {
     /// Opens the device named by `device_spec` (see [`DeviceSpec`]) with `path`.
     pub fn open(device_spec: &str, path: PathConfig) -> Result<Engine> {
-        Engine::with_device(DeviceSpec::parse(device_spec, None)?.open()?, path)
+        let spec = DeviceSpec::parse(device_spec, None)?;
+        let backing = spec.backing_file();
+        let mut engine = Engine::with_device(spec.open()?, path)?;
+        Arc::get_mut(&mut engine.shared).expect("a new engine is not shared").backing = backing;
+        Ok(engine)
+    }
+
+    /// The file or block device the engine was opened on, if its spec named
+    /// one ([`Engine::open`]; `None` for one built over a device object).
+    pub fn backing(&self) -> Option<&std::path::Path> {
+        self.shared.backing.as_deref()
     }
 
     /// Builds an engine over an already opened device.
@@ -84,6 +96,7 @@ impl Engine {
                 device,
                 capabilities,
                 path,
+                backing: None,
             }),
         })
     }

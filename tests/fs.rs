@@ -4,6 +4,7 @@
 use iopath::device::emu::EmuDevice;
 use iopath::device::spec::Backend;
 use iopath::device::{Device, DeviceSpec};
+use iopath::fs::shm_log::ShmLog;
 use iopath::fs::{FileSystem, FormatOptions, FsyncPath, MountOptions, NamespaceCommit, ReadPath, check};
 use iopath::{Engine, Error, PathConfig};
 use std::collections::BTreeMap;
@@ -351,6 +352,107 @@ fn a_killed_process_keeps_its_namespace_changes_unless_told_to_defer_them() {
     let fs = cut_and_remount(&dev, fs);
     assert_eq!(read_all(&fs, "db"), b"committed");
     assert!(!fs.exists("dir"), "written, never flushed: the cut dropped it");
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+/// A shared-memory log (`iopath::fs::shm_log`) at `path`, as a mount lock's holder opens it.
+fn shm_log(path: &std::path::Path, bytes: u64) -> ShmLog {
+    ShmLog::open(path, std::path::Path::new("/dev/null"), bytes).unwrap()
+}
+
+#[test]
+fn a_killed_process_keeps_its_logged_namespace_changes_and_a_stale_log_is_never_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let dev = emu("emu:null,size=16m,wcache=1");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+    let beside = |log| FileSystem::mount_beside(engine(&dev, "sync-path"), MountOptions::default(), None, log).unwrap();
+    let (fs, _) = beside(Some(shm_log(&path, 1 << 20)));
+    fs.create("db").unwrap().fsync().unwrap();
+    delete_mode_commit(&fs, b"committed");
+    let before = fs.stats();
+    fs.mkdir("dir", 0o755).unwrap();
+    fs.create("dir/made").unwrap();
+    fs.rename("dir/made", "dir/renamed").unwrap();
+    let after = fs.stats();
+    assert_eq!(after.device_writes, before.device_writes, "namespace changes stay in the log");
+    assert_eq!(after.journal.logged, before.journal.logged + 3);
+    // The process dies: the device has none of the last changes, the log has them all.
+    std::mem::forget(fs);
+    let (fs, mounted) = beside(Some(shm_log(&path, 1 << 20)));
+    assert!(mounted.from_log >= 3, "{mounted:?}");
+    assert_eq!(read_all(&fs, "db"), b"committed");
+    assert!(!fs.exists("db-journal"), "the journal's delete, SQLite's commit point, came back from the log");
+    assert!(fs.exists("dir/renamed") && !fs.exists("dir/made"));
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+    // A clean unmount leaves nothing in the log to apply.
+    let (fs, mounted) = beside(Some(shm_log(&path, 1 << 20)));
+    assert_eq!((mounted.replayed, mounted.from_log), (0, 0));
+    fs.mkdir("lost", 0o755).unwrap();
+    std::mem::forget(fs);
+    // A mount without the log (as after a reboot) moves the device past it ...
+    let (fs, _) = beside(None);
+    assert!(!fs.exists("lost"));
+    fs.mkdir("newer", 0o755).unwrap();
+    fs.unmount().unwrap();
+    // ... and the log, which would put "lost" back over "newer"'s table, is never applied.
+    let (fs, mounted) = beside(Some(shm_log(&path, 1 << 20)));
+    assert_eq!(mounted.from_log, 0);
+    assert!(!fs.exists("lost") && fs.exists("newer"));
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+#[test]
+fn a_full_log_goes_to_the_journal_in_one_transaction_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let dev = emu("emu:null,size=16m,wcache=1");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+    // Room for about ten creates.
+    let (fs, _) = FileSystem::mount_beside(
+        engine(&dev, "sync-path"),
+        MountOptions::default(),
+        None,
+        Some(shm_log(&path, 128 << 10)),
+    )
+    .unwrap();
+    fs.mkdir("d", 0o755).unwrap();
+    for i in 0..100 {
+        fs.create(format!("d/f{i}")).unwrap();
+        if i % 3 == 0 {
+            fs.rename(format!("d/f{i}"), format!("d/r{i}")).unwrap();
+        }
+        if i % 7 == 6 {
+            fs.unlink(format!("d/f{}", i - 1)).ok(); // absent where renamed
+        }
+    }
+    let stats = fs.stats();
+    assert!(stats.journal.logged > 100, "{:?}", stats.journal);
+    assert!(
+        (5..30).contains(&stats.journal.commits),
+        "each commit takes a full log's worth of changes: {:?}",
+        stats.journal
+    );
+    let names = |fs: &FileSystem| {
+        let mut n: Vec<Vec<u8>> = fs.read_dir("d").unwrap().into_iter().map(|e| e.name).collect();
+        n.sort();
+        n
+    };
+    let want = names(&fs);
+    assert!(want.len() > 80, "{}", want.len());
+    std::mem::forget(fs);
+    let (fs, mounted) = FileSystem::mount_beside(
+        engine(&dev, "sync-path"),
+        MountOptions::default(),
+        None,
+        Some(shm_log(&path, 128 << 10)),
+    )
+    .unwrap();
+    assert!(mounted.replayed > 0 && mounted.from_log > 0, "{mounted:?}");
+    assert_eq!(names(&fs), want);
     fs.unmount().unwrap();
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }
@@ -727,6 +829,18 @@ fn check_files(got: &BTreeMap<String, Vec<u8>>, names: &State, window: &[State])
 /// checks each recovery with [`check_recovered`]; every file whose `fsync`
 /// completed (and that nothing touched afterwards) must be exactly as it was then.
 fn crash_at_every_step(seed: u64, cut: &str, mount_options: MountOptions, direct: bool) {
+    crash_at_every_step_logged(seed, cut, mount_options, direct, false)
+}
+
+/// [`crash_at_every_step`], with a shared-memory log of namespace changes
+/// (small: the journal takes it every few changes) if `logged`; a power cut
+/// loses the log as it loses `/dev/shm`.
+fn crash_at_every_step_logged(seed: u64, cut: &str, mount_options: MountOptions, direct: bool, logged: bool) {
+    let logs = tempfile::tempdir().unwrap();
+    let mount_options_for = |dev: &Arc<EmuDevice>, n: u64| {
+        let log = logged.then(|| shm_log(&logs.path().join(format!("log-{n}")), 64 << 10));
+        FileSystem::mount_beside(engine(dev, "sync-path"), mount_options, None, log).unwrap().0
+    };
     let only: Option<u64> = std::env::var("CUT_AT").ok().map(|v| v.parse().unwrap());
     let (steps, states) = workload(seed, 70);
     let spec = format!("emu:null,size=16m,wcache=1,cut={cut},cut_seed={seed}");
@@ -737,7 +851,7 @@ fn crash_at_every_step(seed: u64, cut: &str, mount_options: MountOptions, direct
     eng.write_at(&vec![0xeeu8; 1 << 20], 0).unwrap();
     eng.flush().unwrap();
     FileSystem::format(eng, options).unwrap();
-    let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), mount_options).unwrap();
+    let fs = mount_options_for(&dev, u64::MAX);
     let start = dev.commands_since_power_on();
     for s in &steps {
         run_step(&fs, s, direct).unwrap();
@@ -758,7 +872,7 @@ fn crash_at_every_step(seed: u64, cut: &str, mount_options: MountOptions, direct
         }
         eng.flush().unwrap();
         FileSystem::format(eng, options).unwrap();
-        let (fs, _) = FileSystem::mount_with(engine(&dev, "sync-path"), mount_options).unwrap();
+        let fs = mount_options_for(&dev, cut_at);
         dev.cut_after(cut_at);
         let mut synced = 0; // state index durable as a whole
         let mut fsynced: BTreeMap<String, usize> = BTreeMap::new();
@@ -838,6 +952,12 @@ fn power_cuts_at_every_step_leave_a_consistent_file_system_torn() {
 #[test]
 fn power_cuts_at_every_step_leave_a_consistent_file_system_dropped() {
     crash_at_every_step(4, "drop", MountOptions::default(), false);
+}
+
+#[test]
+fn power_cuts_at_every_step_with_namespace_changes_in_a_shared_memory_log() {
+    crash_at_every_step_logged(11, "tear", MountOptions::default(), false, true);
+    crash_at_every_step_logged(12, "drop", MountOptions::default(), false, true);
 }
 
 #[test]

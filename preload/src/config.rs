@@ -23,6 +23,10 @@
 //!   journal before the call returns, so a killed process keeps them, as
 //!   with the kernel) or `deferred` (at the next fsync; a killed process
 //!   loses them). See `iopath::fs::NamespaceCommit`.
+//! - `IOPATH_SHM_LOG`: the size of each mount's shared-memory log (a size;
+//!   `0` turns it off; default 8 MiB): with `written`, the changes go into
+//!   a file in `/dev/shm` that outlives the process, and the journal writes
+//!   them to the device in groups (`iopath::fs::shm_log`).
 //! - `IOPATH_CACHE`: the mounts' page cache bound (a size: `256m`, `2g`;
 //!   default an eighth of the machine's memory, at least 64 MiB: buffered
 //!   programs count on a cache as large as the kernel's, and pages are
@@ -67,6 +71,8 @@ pub struct Config {
     pub carry_bytes: Option<u64>,
     /// The bound of the page frames kept in /dev/shm in bytes, if set (0: none).
     pub frames_bytes: Option<u64>,
+    /// The size of each mount's shared-memory log in bytes, if set (0: none).
+    pub shm_log_bytes: Option<u64>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -99,6 +105,7 @@ impl Config {
             cache_bytes: parsed("IOPATH_CACHE", var("IOPATH_CACHE"), iopath::units::parse_size),
             carry_bytes: parsed("IOPATH_CARRY", var("IOPATH_CARRY"), iopath::units::parse_size),
             frames_bytes: parsed("IOPATH_FRAMES", var("IOPATH_FRAMES"), iopath::units::parse_size),
+            shm_log_bytes: parsed("IOPATH_SHM_LOG", var("IOPATH_SHM_LOG"), iopath::units::parse_size),
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -127,6 +134,7 @@ impl Config {
             cache_bytes: None,
             carry_bytes: None,
             frames_bytes: None,
+            shm_log_bytes: None,
         }
     }
 

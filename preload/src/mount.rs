@@ -89,7 +89,15 @@ impl Mount {
                         .ok(),
                     _ => None,
                 };
-                FileSystem::mount_carrying(Arc::new(engine), options, carry)
+                let log_bytes = crate::config().shm_log_bytes.unwrap_or(iopath::fs::shm_log::DEFAULT_BYTES);
+                let log = match &lock {
+                    Some(lock) if log_bytes > 0 => lock
+                        .shm_log(log_bytes)
+                        .inspect_err(|e| crate::log(&format!("no shared-memory log for {}: {e}", self.device)))
+                        .ok(),
+                    _ => None,
+                };
+                FileSystem::mount_beside(Arc::new(engine), options, carry, log)
             });
         match mounted {
             Ok((fs, found)) => {

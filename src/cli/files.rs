@@ -179,12 +179,18 @@ fn mount(device: &str) -> Result<Mounted> {
             .ok(),
         _ => None,
     };
-    let (fs, mounted) = FileSystem::mount_carrying(engine, iopath::fs::MountOptions::default(), carry)?;
+    // And its shared-memory log: what a tool creates outlives it if it is killed.
+    let log = lock.as_ref().and_then(|lock| {
+        lock.shm_log(iopath::fs::shm_log::DEFAULT_BYTES)
+            .inspect_err(|e| eprintln!("going on without a shared-memory log: {e}"))
+            .ok()
+    });
+    let (fs, mounted) = FileSystem::mount_beside(engine, iopath::fs::MountOptions::default(), carry, log)?;
     if let Some(e) = &mounted.carry_error {
         eprintln!("the carried cache was set aside: {e}");
     }
-    if mounted.replayed > 0 {
-        eprintln!("replayed {} journal transaction(s) left by an unclean stop", mounted.replayed);
+    if mounted.replayed + mounted.from_log > 0 {
+        eprintln!("replayed {} journal transaction(s) left by an unclean stop", mounted.replayed + mounted.from_log);
     }
     if mounted.orphans_reclaimed > 0 {
         eprintln!("freed {} file(s) unlinked while open before an unclean stop", mounted.orphans_reclaimed);
@@ -605,8 +611,10 @@ fn report_json(r: &Report) -> serde_json::Value {
 
 /// Runs `iopath fsck`.
 pub fn run_fsck(args: FsckArgs) -> Result<()> {
-    let (engine, _lock) = open_existing(&args.device)?;
-    let r = check::check(engine)?;
+    let (engine, lock) = open_existing(&args.device)?;
+    // What a killed process left in the shared-memory log is applied first, as a mount would.
+    let log = lock.as_ref().and_then(|l| l.existing_shm_log());
+    let r = check::check_with(engine, log.as_ref())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report_json(&r)).expect("a JSON value prints"));
     } else {

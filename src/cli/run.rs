@@ -27,7 +27,10 @@ off; rm /dev/shm/iopath-carry-* gives its memory back). The page cache's frames 
 file in /dev/shm the process claims and the next one claims after it (fresh memory costs a
 fault and zeroing per page, and in a VM that gives freed memory to its host a host fault too);
 --frames bounds it (default 512 MiB, at most a sixteenth of the memory; 0 turns it off;
-rm /dev/shm/iopath-frames-* gives its memory back).
+rm /dev/shm/iopath-frames-* gives its memory back). A create, unlink, rename or mkdir is kept,
+when the call returns, in a log in /dev/shm that outlives the process (a killed program loses
+none, as with the kernel), and reaches the device's journal with the ones after it, in one
+write; --shm-log sets its size (default 8 MiB; 0 writes each change to the journal at once).
 
 --files PATTERN routes the program's O_DIRECT I/O on matching files through iopath's engine
 instead (they stay on the kernel's file system).
@@ -64,6 +67,9 @@ pub struct RunArgs {
     /// Page frames kept in /dev/shm from one process to the next (0: fresh memory each time).
     #[arg(long, value_name = "SIZE")]
     frames: Option<String>,
+    /// Shared-memory log of the mounts' namespace changes (0: each to the journal at once).
+    #[arg(long, value_name = "SIZE")]
+    shm_log: Option<String>,
     /// Idle CPUs poll instead of halting while the program runs (root only).
     #[arg(long)]
     idle_poll: bool,
@@ -160,7 +166,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(f) = &args.fsync_path {
         iopath::fs::FsyncPath::parse(f)?;
     }
-    for size in [&args.cache, &args.carry, &args.frames].into_iter().flatten() {
+    for size in [&args.cache, &args.carry, &args.frames, &args.shm_log].into_iter().flatten() {
         iopath::units::parse_size(size)?;
     }
     let mut mounts = Vec::new();
@@ -188,6 +194,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         ("IOPATH_CACHE", &args.cache),
         ("IOPATH_CARRY", &args.carry),
         ("IOPATH_FRAMES", &args.frames),
+        ("IOPATH_SHM_LOG", &args.shm_log),
     ] {
         if let Some(v) = value {
             command.env(key, v);

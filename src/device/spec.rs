@@ -126,6 +126,17 @@ pub enum Backend {
 }
 
 impl DeviceSpec {
+    /// The file or block device it names, if it names one (`None` for an
+    /// emulated device in memory and the null device, which no other process sees).
+    pub fn backing_file(&self) -> Option<std::path::PathBuf> {
+        match &self.backend {
+            Backend::Uring(c) => Some(c.target.path.clone()),
+            Backend::Psync(c) => Some(c.target.path.clone()),
+            Backend::Emu(c) => c.file.clone(),
+            Backend::Null(_) => None,
+        }
+    }
+
     /// Parses a spec string. `default_size` (the benchmark's `--size`) sizes
     /// emulated devices and files that must be created.
     pub fn parse(spec: &str, default_size: Option<u64>) -> Result<DeviceSpec> {

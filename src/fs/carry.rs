@@ -170,12 +170,14 @@ fn set_bit(bits: &mut [u64], i: usize) {
     bits[i / 64] |= 1 << (i % 64);
 }
 
-/// Removes the carried cache of the file or block device at `device`, if it
-/// has one: for whoever detaches a loop device, whose carried cache is named
-/// after a device number that outlives it (no sweep would take it).
+/// Removes the carried cache and the shared-memory log of the file or block
+/// device at `device`, if it has them: for whoever detaches a loop device,
+/// whose files are named after a device number that outlives it (no sweep
+/// would take them).
 pub fn remove_for(device: &Path) {
     if let Ok(lock) = super::lock::lock_path(device) {
         let _ = std::fs::remove_file(path_beside(&lock));
+        let _ = std::fs::remove_file(super::shm_log::path_beside(&lock));
     }
 }
 
@@ -588,21 +590,25 @@ impl CarriedCache {
     }
 }
 
-/// Removes carried caches in `dir` whose device is gone (the path in their
-/// header names nothing, or a file with another identity than their name
-/// says) and that no process holds (their mount lock is free).
+/// Removes carried caches and shared-memory logs ([`super::shm_log`]) in
+/// `dir` whose device is gone (the path in their header names nothing, or a
+/// file with another identity than their name says) and that no process
+/// holds (their mount lock is free).
 pub fn sweep(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(id) = name.to_str().and_then(|n| n.strip_prefix("iopath-carry-")) else { continue };
+        let Some(id) = name.to_str().and_then(|n| n.strip_prefix("iopath-carry-").or(n.strip_prefix("iopath-shmlog-")))
+        else {
+            continue;
+        };
         let Ok(file) = std::fs::File::open(entry.path()) else { continue };
         let mut header = vec![0u8; HEADER];
         let backing = if file.read_exact_at(&mut header, 0).is_ok() && &header[..8] == MAGIC {
             let n = (get(&header, AT_PATH_LEN) as usize).min(HEADER - AT_PATH);
             Some(PathBuf::from(std::ffi::OsStr::from_bytes(&header[AT_PATH..AT_PATH + n])))
         } else {
-            None
+            super::shm_log::backing_named(&header)
         };
         let alive = backing.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| super::lock::device_id(&m) == id);
         if !alive {

@@ -20,6 +20,7 @@ use super::alloc::Allocator;
 use super::disk::Disk;
 use super::format::{self, BLOCK, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, zero_block};
 use super::journal::Journal;
+use super::shm_log::ShmLog;
 use crate::IoBuf;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -135,10 +136,20 @@ fn read_each(disk: &Disk, start: u64, count: u64, mut each: impl FnMut(&[u8])) -
 /// Reads the superblock and replays the journal, then reads the superblock
 /// again if anything was replayed: a replay may have put a newer one (a
 /// higher inode mark) in place.
-pub(super) fn recover(disk: &Disk) -> Result<(Superblock, Journal)> {
+///
+/// Without `log`, a log a killed holder left beside the device's mount lock
+/// ([`super::shm_log`]) is applied all the same, if the engine names its
+/// device: a mount or check that does not take the lock must not lose what
+/// a killed program's calls returned from.
+pub(super) fn recover(disk: &Disk, log: Option<&ShmLog>) -> Result<(Superblock, Journal)> {
+    let found = match log {
+        Some(_) => None,
+        None => disk.engine().backing().and_then(super::shm_log::existing_for),
+    };
+    let log = log.or(found.as_ref());
     let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
-    let journal = Journal::recover(disk, &sb)?;
-    if journal.stats().replayed == 0 {
+    let journal = Journal::recover(disk, &sb, log)?;
+    if journal.stats().replayed == 0 && journal.stats().from_log == 0 {
         return Ok((sb, journal));
     }
     Ok((Superblock::decode(&disk.read_block(0)?, disk.blocks())?, journal))
@@ -261,11 +272,17 @@ impl Report {
 /// An error means there is no file system to check (no superblock, a
 /// damaged one, a journal header that does not decode) or the device failed.
 pub fn check(engine: Arc<Engine>) -> Result<Report> {
+    check_with(engine, None)
+}
+
+/// Checks as [`check`] does, first applying what a killed process left in
+/// the device's shared-memory log ([`super::shm_log`]), as a mount would.
+pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     let disk = Disk::new(engine);
     if disk.blocks() < 2 {
         return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
     }
-    let (sb, journal) = recover(&disk)?;
+    let (sb, journal) = recover(&disk, log)?;
     let table = read_table(&disk, &sb, true)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
@@ -280,7 +297,7 @@ pub fn check(engine: Arc<Engine>) -> Result<Report> {
     }
     Ok(Report {
         version: sb.version,
-        replayed: journal.stats().replayed,
+        replayed: journal.stats().replayed + journal.stats().from_log,
         files: scan.inodes.iter().filter(|(_, i)| !i.is_dir()).count(),
         dirs: scan.inodes.iter().filter(|(_, i)| i.is_dir()).count(),
         orphans: scan.inodes.iter().filter(|(_, i)| i.orphan).count(),

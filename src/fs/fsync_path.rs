@@ -124,12 +124,14 @@ pub(super) fn commit_unflushed(fs: &Inner, journal: &mut Journal) -> Result<()> 
         let mut meta = fs.meta();
         (!meta.vouches_for_data()).then(|| meta.take_transaction(&fs.sb))
     };
-    let Some((tid, images, freed, freed_meta)) = taken else {
+    let Some((tid, mut images, mut freed, mut freed_meta)) = taken else {
         return commit(fs, journal, None);
     };
     let result = (|| {
         let mut released = Vec::new();
-        if !images.is_empty() {
+        if !images.is_empty() && !journal.log_transaction(&images, &mut freed, &mut freed_meta) {
+            // No log, or it is full: to the device, with all it held.
+            journal.take_unwritten(&mut images, &mut freed, &mut freed_meta);
             let p = journal.prepare(&fs.disk, images)?;
             if fs.disk.engine().commit_submits() {
                 // In the kernel's hands when the call returns, waited for when
@@ -251,11 +253,13 @@ struct Taken {
 /// Takes the running transaction. If data written in place overwrote a
 /// journaled block, a checkpoint runs first.
 fn take(fs: &Inner, journal: &mut Journal) -> Result<Taken> {
-    let ((tid, images, freed, freed_meta), (in_place, overwrote)) = {
+    let ((tid, mut images, mut freed, mut freed_meta), (in_place, overwrote)) = {
         let mut meta = fs.meta();
         let taken = meta.take_transaction(&fs.sb);
         (taken, meta.take_ordering())
     };
+    // What the shared-memory log kept goes to the device with it.
+    journal.take_unwritten(&mut images, &mut freed, &mut freed_meta);
     // Replay would write an older journaled image over what was written in place
     // since: a checkpoint (whose flush makes that write durable) retires it first.
     let released = if overwrote { journal.checkpoint(&fs.disk)? } else { Vec::new() };

@@ -36,6 +36,7 @@ use super::disk::{Batch, Disk, Sent};
 use super::format::{
     BLOCK, Block, COMMIT_TARGETS, Commit, DESCRIPTOR_TARGETS, Descriptor, JournalHeader, Superblock, body_crc, corrupt,
 };
+use super::shm_log::ShmLog;
 use crate::IoBuf;
 use crate::error::Result;
 use std::collections::BTreeMap;
@@ -59,6 +60,18 @@ pub struct Journal {
     unflushed: bool,
     /// Transactions sent without waiting ([`Journal::send_unflushed`]), once one was.
     sent: Option<Sent>,
+    /// Where transactions go instead of the device until the next one the
+    /// device gets ([`super::shm_log`]), when the mount keeps one.
+    log: Option<ShmLog>,
+    /// The newest image of each block the log holds and the device does not.
+    unwritten: BTreeMap<u64, Block>,
+    /// Data runs the logged transactions freed.
+    unwritten_freed: Vec<(u64, u64)>,
+    /// Metadata runs the logged transactions freed.
+    unwritten_freed_meta: Vec<(u64, u64)>,
+    /// The unwritten images were taken into the transaction being written:
+    /// once it is on its way, the log starts anew.
+    log_taken: bool,
     stats: JournalStats,
 }
 
@@ -93,6 +106,10 @@ pub struct JournalStats {
     pub checkpoints: u64,
     /// Of the commits, those sent without waiting ([`Journal::send_unflushed`]).
     pub sent: u64,
+    /// Transactions kept in the shared-memory log instead ([`Journal::log_transaction`]).
+    pub logged: u64,
+    /// Transactions a killed process left in the shared-memory log, applied at mount.
+    pub from_log: u64,
 }
 
 /// Journal blocks a transaction of `images` images takes with descriptors, commit included.
@@ -106,8 +123,10 @@ fn compact(sb: &Superblock, images: usize) -> bool {
 }
 
 impl Journal {
-    /// Replays what the journal holds and leaves it empty, ready for new transactions.
-    pub fn recover(disk: &Disk, sb: &Superblock) -> Result<Journal> {
+    /// Replays what the journal holds, then what `log` holds that continues
+    /// it (transactions a killed process kept in shared memory), and leaves
+    /// the journal empty, ready for new transactions.
+    pub fn recover(disk: &Disk, sb: &Superblock, log: Option<&ShmLog>) -> Result<Journal> {
         let header = JournalHeader::decode(&disk.read_block(1)?, sb)?;
         let mut j = Journal {
             sb: *sb,
@@ -119,6 +138,11 @@ impl Journal {
             held: Vec::new(),
             unflushed: false,
             sent: None,
+            log: None,
+            unwritten: BTreeMap::new(),
+            unwritten_freed: Vec::new(),
+            unwritten_freed_meta: Vec::new(),
+            log_taken: false,
             stats: JournalStats::default(),
         };
         let mut images: BTreeMap<u64, Block> = BTreeMap::new();
@@ -133,6 +157,13 @@ impl Journal {
             j.head = (j.head + len) % sb.journal_blocks;
             j.next_seq += 1;
             j.stats.replayed += 1;
+        }
+        // What the device holds ends at `next_seq`; a log that continues from there
+        // holds the transactions that came after, newer than all of the above.
+        for (seq, record) in (j.next_seq..).zip(log.map(|l| l.records(sb.volume_id, j.next_seq)).unwrap_or_default()) {
+            j.check_homes(seq, &record)?;
+            images.extend(record);
+            j.stats.from_log += 1;
         }
         for (home, image) in &images {
             let mut buf = IoBuf::new(BLOCK);
@@ -156,6 +187,64 @@ impl Journal {
         }
         j.write_header(disk)?;
         Ok(j)
+    }
+
+    /// Keeps `log` for this mount's transactions written without a flush,
+    /// started anew (call after [`Journal::recover`], which applied what it held).
+    pub fn keep_log(&mut self, mut log: ShmLog) {
+        log.start(self.sb.volume_id, self.next_seq);
+        self.log = Some(log);
+    }
+
+    /// Keeps a transaction (its images, the runs it freed, taken from the
+    /// vectors) in the shared-memory log instead of writing it: false (and
+    /// nothing taken) if the mount keeps no log or the log is full, and the
+    /// caller writes it to the device with what the log holds
+    /// ([`Journal::take_unwritten`]).
+    pub fn log_transaction(
+        &mut self,
+        images: &[(u64, Block)],
+        freed: &mut Vec<(u64, u64)>,
+        freed_meta: &mut Vec<(u64, u64)>,
+    ) -> bool {
+        let Some(log) = self.log.as_mut() else { return false };
+        // The journal must take the whole log in one transaction: a quarter of it at most.
+        if (log.len() as usize + images.len()) as u64 * 4 > self.sb.journal_blocks || !log.append(images) {
+            return false;
+        }
+        for (home, image) in images {
+            self.unwritten.insert(*home, image.clone());
+        }
+        self.unwritten_freed.append(freed);
+        self.unwritten_freed_meta.append(freed_meta);
+        self.stats.logged += 1;
+        true
+    }
+
+    /// Adds what the shared-memory log holds (older) to a transaction about
+    /// to be written (`images`, newer, win), with the runs it freed; once
+    /// that transaction is on its way ([`Journal::committed`]) the log
+    /// starts anew.
+    pub fn take_unwritten(
+        &mut self,
+        images: &mut Vec<(u64, Block)>,
+        freed: &mut Vec<(u64, u64)>,
+        freed_meta: &mut Vec<(u64, u64)>,
+    ) {
+        if self.unwritten.is_empty() {
+            return;
+        }
+        let mut merged = std::mem::take(&mut self.unwritten);
+        merged.extend(images.drain(..));
+        images.extend(merged);
+        freed.append(&mut self.unwritten_freed);
+        freed_meta.append(&mut self.unwritten_freed_meta);
+        self.log_taken = true;
+    }
+
+    /// Whether the shared-memory log holds transactions the device does not have.
+    pub fn has_unwritten(&self) -> bool {
+        !self.unwritten.is_empty()
     }
 
     /// Reads the transaction `seq` at `pos`, if a whole, committed one is there.
@@ -438,6 +527,13 @@ impl Journal {
         self.used += p.need;
         self.next_seq += 1;
         self.stats.commits += 1;
+        let taken = std::mem::take(&mut self.log_taken);
+        debug_assert!(taken || self.unwritten.is_empty(), "a transaction went to the device without the log's");
+        if let Some(log) = self.log.as_mut() {
+            // The device has (or is about to have, sent) everything the log held, and
+            // the log's records must continue from the device's next transaction.
+            log.start(self.sb.volume_id, self.next_seq);
+        }
         self.stats.journal_blocks += p.need;
         for (home, image) in p.images {
             self.pending.insert(home, image);
@@ -579,7 +675,7 @@ mod tests {
     /// holds (all but its commit block when `commit` is false) and returns the
     /// journal blocks it took.
     fn write_one(disk: &Disk, sb: &Superblock, n: u64, commit: bool) -> u64 {
-        let mut j = Journal::recover(disk, sb).unwrap();
+        let mut j = Journal::recover(disk, sb, None).unwrap();
         let images = (0..n)
             .map(|i| {
                 let mut image = crate::fs::format::zero_block();
@@ -616,7 +712,7 @@ mod tests {
             sb.version = version;
             Journal::format(&disk, &sb).unwrap();
             assert_eq!(write_one(&disk, &sb, n, true), blocks, "format {version}, {n} images");
-            let j = Journal::recover(&disk, &sb).unwrap();
+            let j = Journal::recover(&disk, &sb, None).unwrap();
             assert_eq!(j.stats().replayed, 1, "format {version}, {n} images");
             for i in 0..n {
                 assert!(disk.read_block(sb.inode_start + i).unwrap().iter().all(|&b| b == 0xa0 + i as u8));
@@ -624,7 +720,7 @@ mod tests {
             // The same transaction without its commit block is not replayed.
             disk.write(sb.inode_start, &IoBuf::new(BLOCK)).unwrap();
             write_one(&disk, &sb, n, false);
-            assert_eq!(Journal::recover(&disk, &sb).unwrap().stats().replayed, 0, "format {version}");
+            assert_eq!(Journal::recover(&disk, &sb, None).unwrap().stats().replayed, 0, "format {version}");
             assert!(disk.read_block(sb.inode_start).unwrap().iter().all(|&b| b == 0), "format {version}");
         }
     }
@@ -639,7 +735,7 @@ mod tests {
         let disk = disk();
         let sb = Superblock::layout(disk.blocks(), 64, 16, 9).unwrap();
         Journal::format(&disk, &sb).unwrap();
-        let mut j = Journal::recover(&disk, &sb).unwrap();
+        let mut j = Journal::recover(&disk, &sb, None).unwrap();
         let mut inode_block = crate::fs::format::zero_block();
         inode_block[..4].copy_from_slice(&1u32.to_le_bytes());
         inode_block[100] = 7;
@@ -663,7 +759,7 @@ mod tests {
             crate::fs::format::body_crc(3, &second.blocks[..BLOCK]),
             "format 3's check sees the stale commit block as the image"
         );
-        let j = Journal::recover(&disk, &sb).unwrap();
+        let j = Journal::recover(&disk, &sb, None).unwrap();
         assert_eq!(j.stats().replayed, 1, "only the first transaction is whole");
         assert!(disk.read_block(sb.inode_start + 1).unwrap().iter().all(|&b| b == 0), "no stale block went home");
     }
@@ -673,7 +769,7 @@ mod tests {
         let disk = disk();
         let sb = Superblock::layout(disk.blocks(), 64, 16, 9).unwrap();
         Journal::format(&disk, &sb).unwrap();
-        let mut j = Journal::recover(&disk, &sb).unwrap();
+        let mut j = Journal::recover(&disk, &sb, None).unwrap();
         // Eight transactions of one image and a commit fill the 16-block ring: the last
         // one is found with only two blocks of room left.
         for i in 0..8u8 {
@@ -686,7 +782,76 @@ mod tests {
             j.write_commit(&disk, &p).unwrap();
             j.committed(p);
         }
-        assert_eq!(Journal::recover(&disk, &sb).unwrap().stats().replayed, 8);
+        assert_eq!(Journal::recover(&disk, &sb, None).unwrap().stats().replayed, 8);
         assert!(disk.read_block(sb.inode_start + 7).unwrap().iter().all(|&b| b == 8));
+    }
+
+    fn filled(v: u8) -> Block {
+        let mut image = crate::fs::format::zero_block();
+        image.fill(v);
+        image
+    }
+
+    #[test]
+    fn the_log_continues_the_device_once_and_a_transaction_that_takes_it_starts_it_anew() {
+        let disk = disk();
+        let sb = Superblock::layout(disk.blocks(), 64, 32, 9).unwrap();
+        Journal::format(&disk, &sb).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let open = || ShmLog::open(&dir.path().join("log"), std::path::Path::new("/dev/null"), 1 << 20).unwrap();
+        let mut j = Journal::recover(&disk, &sb, None).unwrap();
+        j.keep_log(open());
+        // One transaction to the device, then two kept in the log.
+        let p = j.prepare(&disk, vec![(sb.inode_start, filled(1))]).unwrap();
+        j.write_body(&disk, &p).unwrap();
+        j.write_commit(&disk, &p).unwrap();
+        j.committed(p);
+        let none = || (Vec::new(), Vec::new());
+        let (mut f, mut m) = none();
+        assert!(j.log_transaction(&[(sb.inode_start, filled(2)), (sb.inode_start + 1, filled(3))], &mut f, &mut m));
+        assert!(j.log_transaction(&[(sb.inode_start + 1, filled(4))], &mut f, &mut m));
+        assert!(j.has_unwritten());
+        drop(j); // killed: the device has the first, the log the other two
+        let j = Journal::recover(&disk, &sb, Some(&open())).unwrap();
+        assert_eq!((j.stats().replayed, j.stats().from_log), (1, 2));
+        assert!(disk.read_block(sb.inode_start).unwrap().iter().all(|&b| b == 2));
+        assert!(disk.read_block(sb.inode_start + 1).unwrap().iter().all(|&b| b == 4), "the newest image wins");
+        // Replay moved the device past the log: never applied twice.
+        let j = Journal::recover(&disk, &sb, Some(&open())).unwrap();
+        assert_eq!((j.stats().replayed, j.stats().from_log), (0, 0));
+        let mut j = j;
+        j.keep_log(open());
+        assert!(j.log_transaction(&[(sb.inode_start + 2, filled(5))], &mut f, &mut m));
+        let mut images = vec![(sb.inode_start + 3, filled(6))];
+        j.take_unwritten(&mut images, &mut f, &mut m);
+        assert_eq!(images.iter().map(|(h, b)| (*h - sb.inode_start, b[0])).collect::<Vec<_>>(), vec![(2, 5), (3, 6)]);
+        let p = j.prepare(&disk, images).unwrap();
+        j.write_body(&disk, &p).unwrap();
+        j.write_commit(&disk, &p).unwrap();
+        j.committed(p);
+        assert!(!j.has_unwritten());
+        drop(j);
+        let j = Journal::recover(&disk, &sb, Some(&open())).unwrap();
+        assert_eq!((j.stats().replayed, j.stats().from_log), (1, 0), "the log was started anew after it");
+    }
+
+    #[test]
+    fn runs_a_logged_transaction_freed_wait_for_the_transaction_that_takes_the_log() {
+        let disk = disk();
+        let sb = Superblock::layout(disk.blocks(), 64, 32, 9).unwrap();
+        Journal::format(&disk, &sb).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::recover(&disk, &sb, None).unwrap();
+        j.keep_log(ShmLog::open(&dir.path().join("log"), std::path::Path::new("/dev/null"), 1 << 20).unwrap());
+        let (mut freed, mut freed_meta) = (vec![(900, 4)], vec![(sb.data_start + 1, 1)]);
+        assert!(j.log_transaction(&[(sb.inode_start, filled(1))], &mut freed, &mut freed_meta));
+        assert!(freed.is_empty() && freed_meta.is_empty(), "the log keeps them with its transaction");
+        // A checkpoint before the journal wrote that transaction must not let them be reused:
+        // a power cut would bring back the file that held them.
+        assert!(j.checkpoint(&disk).unwrap().is_empty());
+        let mut images = Vec::new();
+        j.take_unwritten(&mut images, &mut freed, &mut freed_meta);
+        assert_eq!((freed, freed_meta), (vec![(900, 4)], vec![(sb.data_start + 1, 1)]));
+        assert_eq!(images.len(), 1);
     }
 }

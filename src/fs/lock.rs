@@ -18,7 +18,6 @@
 //! a message that names the holder's pid and command.
 
 use crate::device::DeviceSpec;
-use crate::device::spec::Backend;
 use crate::error::{Error, Result};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::MetadataExt;
@@ -42,12 +41,7 @@ pub fn backing_path(spec: &str) -> Option<PathBuf> {
     } else {
         format!("uring:{spec}")
     };
-    match DeviceSpec::parse(&spec, None).ok()?.backend {
-        Backend::Uring(c) => Some(c.target.path),
-        Backend::Psync(c) => Some(c.target.path),
-        Backend::Emu(c) => c.file,
-        Backend::Null(_) => None,
-    }
+    DeviceSpec::parse(&spec, None).ok()?.backing_file()
 }
 
 /// A file's or block device's identity in the names of its lock and carried
@@ -165,6 +159,19 @@ impl MountLock {
     /// [`super::FileSystem::mount_carrying`].
     pub fn carried_cache(&self, bytes: u64) -> Result<super::carry::CarriedCache> {
         super::carry::CarriedCache::open(&super::carry::path_beside(&self.path), &self.device, bytes)
+    }
+
+    /// The shared-memory log of the locked device ([`super::shm_log`]),
+    /// beside the lock file, `bytes` long (or longer, if a killed holder
+    /// left a longer one): opened (or made) for [`super::FileSystem::mount_beside`].
+    pub fn shm_log(&self, bytes: u64) -> Result<super::shm_log::ShmLog> {
+        super::shm_log::ShmLog::open(&super::shm_log::path_beside(&self.path), &self.device, bytes)
+    }
+
+    /// The locked device's shared-memory log if there is one (what a killed
+    /// holder left there, for `fsck`), never made.
+    pub fn existing_shm_log(&self) -> Option<super::shm_log::ShmLog> {
+        super::shm_log::existing_for(&self.device)
     }
 }
 

@@ -63,6 +63,7 @@ pub mod lock;
 pub mod namespace;
 pub mod read_path;
 pub mod readahead;
+pub mod shm_log;
 pub mod steps;
 mod writeback;
 
@@ -198,6 +199,9 @@ impl Default for MountOptions {
 pub struct Mounted {
     /// Journal transactions replayed (non-zero after a crash).
     pub replayed: u64,
+    /// Transactions a killed process left in the shared-memory log, applied
+    /// after the journal's ([`shm_log`]).
+    pub from_log: u64,
     /// Files found.
     pub files: usize,
     /// Directories found (not counting the root).
@@ -259,11 +263,12 @@ impl FsStats {
         let (j, c) = (&self.journal, &self.cache);
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         format!(
-            "{} commits ({} sent without waiting), {} checkpoints; {} syncs ({} shared, {} a flush only); \
-             cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
+            "{} commits ({} sent without waiting), {} kept in the shared-memory log, {} checkpoints; {} syncs \
+             ({} shared, {} a flush only); cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
              ({:.1} MiB), {} writes ({:.1} MiB), {} flushes; {} blocks read from the carried cache",
             j.commits,
             j.sent,
+            j.logged,
             j.checkpoints,
             self.syncs,
             self.shared_commits,
@@ -680,12 +685,28 @@ impl FileSystem {
         options: MountOptions,
         carry: Option<carry::CarriedCache>,
     ) -> Result<(FileSystem, Mounted)> {
+        FileSystem::mount_beside(engine, options, carry, None)
+    }
+
+    /// Mounts as [`FileSystem::mount_carrying`] does, and with a
+    /// shared-memory log ([`shm_log`]) where the mount's options write
+    /// namespace changes without a flush ([`NamespaceCommit::Written`]):
+    /// first applying what a killed holder left in it, then keeping this
+    /// mount's changes there until the journal writes them in a group. The
+    /// caller holds the device's mount lock.
+    pub fn mount_beside(
+        engine: Arc<Engine>,
+        options: MountOptions,
+        carry: Option<carry::CarriedCache>,
+        log: Option<shm_log::ShmLog>,
+    ) -> Result<(FileSystem, Mounted)> {
         let disk = Disk::new(engine);
         if disk.blocks() < 2 {
             return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
         }
-        let (mut sb, mut journal) = check::recover(&disk)?;
+        let (mut sb, mut journal) = check::recover(&disk, log.as_ref())?;
         let replayed = journal.stats().replayed;
+        let from_log = journal.stats().from_log;
         let (mut carried, mut carry_error) = (None, None);
         if let Some(carry) = carry {
             match carry.attach(sb.volume_id, sb.carry_stamp) {
@@ -705,8 +726,11 @@ impl FileSystem {
             disk.write(0, &IoBuf::from_slice(&sb.encode()[..]))?;
             if upgraded_from.is_some() {
                 disk.flush()?;
-                journal = Journal::recover(&disk, &sb)?;
+                journal = Journal::recover(&disk, &sb, None)?;
             }
+        }
+        if let Some(log) = log.filter(|_| options.namespace_commit == NamespaceCommit::Written) {
+            journal.keep_log(log);
         }
         let table = check::read_table(&disk, &sb, false)?;
         let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
@@ -807,8 +831,16 @@ impl FileSystem {
                     .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
             }
         }
-        let mounted =
-            Mounted { replayed, files, dirs, orphans_reclaimed: orphans.len(), upgraded_from, carried, carry_error };
+        let mounted = Mounted {
+            replayed,
+            from_log,
+            files,
+            dirs,
+            orphans_reclaimed: orphans.len(),
+            upgraded_from,
+            carried,
+            carry_error,
+        };
         Ok((FileSystem { mount: Arc::new(Mount { inner }) }, mounted))
     }
 
