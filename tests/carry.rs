@@ -293,6 +293,39 @@ fn a_stream_through_carried_blocks_is_not_handed_to_the_read_ahead_thread() {
     assert!(uncarried.cache.readahead_pages > 1024 / 2, "{uncarried:?}");
 }
 
+#[test]
+fn a_walk_through_carried_files_is_not_handed_to_the_read_ahead_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let body = |i: usize| -> Vec<u8> { (0..8192 + i).map(|k| (k * 3 + i) as u8).collect() };
+    {
+        let (fs, _, _lock) = mount_carrying(&image);
+        fs.mkdir("d", 0o755).unwrap();
+        for i in 0..64 {
+            fs.create(format!("d/f{i:03}")).unwrap().write_at(&body(i), 0).unwrap();
+        }
+        fs.unmount().unwrap();
+    }
+    // Each file opened and read whole in name order, as `tar c` walks a tree.
+    let walk = |fs: &FileSystem| {
+        let before = fs.stats().device_read_bytes;
+        for i in 0..64 {
+            assert_eq!(read_all(fs, &format!("d/f{i:03}")), body(i));
+        }
+        fs.wait_for_readahead();
+        (fs.stats(), fs.stats().device_read_bytes - before)
+    };
+    let (fs, _, lock) = mount_carrying(&image);
+    let (carried, from_device) = walk(&fs);
+    assert_eq!(from_device, 0, "{carried:?}");
+    drop(fs);
+    drop(lock);
+    let (fs, _) = FileSystem::mount_with(engine(&image), MountOptions::default()).unwrap();
+    let (uncarried, _) = walk(&fs);
+    assert_eq!(carried.cache.readahead_pages, 0, "{carried:?}");
+    assert!(uncarried.cache.readahead_pages > 64, "the files ahead are loaded by the thread: {uncarried:?}");
+}
+
 /// Blocks of files deleted since they were carried give their frames to
 /// the next save's new pages (frames whose memory is there already) before
 /// frames never used; and what the next mount reads is the new files'.

@@ -1102,8 +1102,13 @@ impl Inner {
         for node in nodes {
             let Ok(state) = node.state.try_read() else { continue };
             let (size, cache_id) = (state.inode.size, state.cache_id);
+            // A file the carried cache holds is lent in place when it is read: handed
+            // to the read-ahead thread, it cost a wake-up of that thread, on the other
+            // CPU, per file (`tar c` of a carried tree: 4% of its samples waking it).
+            let carried = extents::locate(&state.inode.extents, 0)
+                .is_some_and(|(b, unwritten)| !unwritten && self.disk.carries(b));
             drop(state);
-            if size == 0 || size > file::SMALL_FILE_WHOLE || self.cache.peek((cache_id, 0)).is_some() {
+            if size == 0 || size > file::SMALL_FILE_WHOLE || carried || self.cache.peek((cache_id, 0)).is_some() {
                 continue;
             }
             self.post_readahead(node, 0, size.div_ceil(BLOCK_U64));
