@@ -322,8 +322,8 @@ fn a_walk_through_carried_files_is_not_handed_to_the_read_ahead_thread() {
     drop(lock);
     let (fs, _) = FileSystem::mount_with(engine(&image), MountOptions::default()).unwrap();
     let (uncarried, _) = walk(&fs);
-    assert_eq!(carried.cache.readahead_pages, 0, "{carried:?}");
-    assert!(uncarried.cache.readahead_pages > 64, "the files ahead are loaded by the thread: {uncarried:?}");
+    assert_eq!(carried.readahead_posts, 0, "{carried:?}");
+    assert!(uncarried.readahead_posts > 16, "the files ahead are handed to the thread: {uncarried:?}");
 }
 
 /// Blocks of files deleted since they were carried give their frames to

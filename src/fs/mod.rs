@@ -255,6 +255,9 @@ pub struct FsStats {
     pub cache: CacheStats,
     /// Blocks read from the carried cache instead of the device ([`carry`]).
     pub carried_reads: u64,
+    /// Loads handed to the read-ahead thread (a window of a stream, or a
+    /// small file a walk through its directory comes to next).
+    pub readahead_posts: u64,
 }
 
 impl FsStats {
@@ -342,6 +345,8 @@ struct Inner {
     readahead_jobs: Mutex<Option<std::sync::mpsc::Sender<ReadAheadJob>>>,
     /// Read-ahead jobs posted and not yet finished.
     readahead_pending: AtomicU64,
+    /// Loads handed to the read-ahead thread since mount.
+    readahead_posts: AtomicU64,
     /// The last file opened in each directory ([`Inner::walk_ahead`]).
     walks: Mutex<HashMap<u32, (Vec<u8>, u32)>>,
     meta: Mutex<Meta>,
@@ -802,6 +807,7 @@ impl FileSystem {
             next_cache_id: AtomicU64::new(slots + 1),
             readahead_jobs: Mutex::new(None),
             readahead_pending: AtomicU64::new(0),
+            readahead_posts: AtomicU64::new(0),
             walks: Mutex::new(HashMap::new()),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
@@ -918,6 +924,7 @@ impl FileSystem {
             dirty_pages: fs.dirty.pages() as u64,
             cache: fs.cache.stats(),
             carried_reads: fs.disk.carry().map_or(0, |c| c.hits()),
+            readahead_posts: fs.readahead_posts.load(Ordering::Relaxed),
         }
     }
 
@@ -1119,6 +1126,7 @@ impl Inner {
     fn post_readahead(&self, node: &Arc<Node>, from: u64, to: u64) {
         if let Some(tx) = self.readahead_jobs.lock().expect("read-ahead lock poisoned").as_ref() {
             self.readahead_pending.fetch_add(1, Ordering::AcqRel);
+            self.readahead_posts.fetch_add(1, Ordering::Relaxed);
             if tx.send((Arc::clone(node), from, to)).is_err() {
                 self.readahead_pending.fetch_sub(1, Ordering::AcqRel);
             }
