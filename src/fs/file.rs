@@ -299,10 +299,13 @@ impl File {
             let block_start = block * BLOCK_U64;
             let from = offset.max(block_start);
             let to = end_byte.min(block_start + BLOCK_U64);
-            let page = self.page_for_write(state, block, from == block_start && to == block_start + BLOCK_U64)?;
+            let at = (from - block_start) as usize;
+            let bytes = &data[(from - offset) as usize..(to - offset) as usize];
+            let (page, filled) = self.page_for_write(state, block, at, bytes)?;
             let mut d = page.data.write().expect("page lock poisoned");
-            d.buf[(from - block_start) as usize..(to - block_start) as usize]
-                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            if !filled {
+                d.buf[at..at + bytes.len()].copy_from_slice(bytes);
+            }
             d.dirty = true;
             drop(d);
             state.dirty_page(fs, &self.node, block, page);
@@ -323,29 +326,36 @@ impl File {
         writeback::keep_to_budget(fs, &self.node, state)
     }
 
-    /// The cached page of `block` for a write; `whole`: the write covers it all.
-    fn page_for_write(&self, state: &NodeState, block: u64, whole: bool) -> Result<Arc<Page>> {
+    /// The cached page of `block` for a write of `bytes` at byte `at` of it,
+    /// and whether it holds them already: a new page is made with them in
+    /// place and zeros around them (nothing zeroed twice: a whole block's
+    /// write was 3.4% of `tar c`'s samples zeroing frames it then filled),
+    /// before any other thread can see it.
+    fn page_for_write(&self, state: &NodeState, block: u64, at: usize, bytes: &[u8]) -> Result<(Arc<Page>, bool)> {
         let fs = &self.fs;
         let key = (state.cache_id, block);
+        let whole = at == 0 && bytes.len() == BLOCK;
         loop {
             if let Some(page) = fs.cache.peek(key) {
                 if page.ready() || fs.cache.wait_loaded(&page) {
-                    return Ok(page);
+                    return Ok((page, false));
                 }
                 continue; // its load failed and it left the index: look again
             }
             let on_device = matches!(extents::locate(&state.inode.extents, block), Some((_, false)));
             if on_device && !whole && block * BLOCK_U64 < state.inode.size {
                 // Read-modify-write: the rest of the block must come from the device.
-                return Ok(read_path::load(fs, state, &[block])?.remove(0));
+                return Ok((read_path::load(fs, state, &[block])?.remove(0), false));
             }
             let mut frame = fs.cache.frame();
-            frame.fill(0);
+            frame[..at].fill(0);
+            frame[at..at + bytes.len()].copy_from_slice(bytes);
+            frame[at + bytes.len()..].fill(0);
             let page = Page::loading(key, frame);
             page.set_ready();
             let there = fs.cache.insert(&page);
             if Arc::ptr_eq(&there, &page) {
-                return Ok(page);
+                return Ok((page, true));
             }
         }
     }
@@ -363,7 +373,7 @@ impl File {
         {
             return Ok(());
         }
-        let page = self.page_for_write(state, block, false)?;
+        let (page, _) = self.page_for_write(state, block, 0, &[])?;
         let mut d = page.data.write().expect("page lock poisoned");
         d.buf[(size % BLOCK_U64) as usize..].fill(0);
         d.dirty = true;
