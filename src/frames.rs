@@ -61,6 +61,9 @@ static BASE: AtomicUsize = AtomicUsize::new(0);
 static MAPPED: AtomicUsize = AtomicUsize::new(0);
 /// Bytes of address space reserved at `BASE` (the bound).
 static RESERVED: AtomicUsize = AtomicUsize::new(0);
+/// Bytes at the file's start whose memory was there when it was claimed
+/// (the last holder allocated them): mapped without a `fallocate` first.
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 /// The process whose frames these are (0: none claimed, or given up).
 static OWNER: AtomicI32 = AtomicI32::new(0);
 /// The process that last tried to claim a file (a failed claim is not tried
@@ -97,7 +100,7 @@ pub fn remove_unheld(dir: &Path) -> u64 {
             continue;
         }
         let path = entry.path();
-        let Some(fd) = open_locked(&path) else { continue };
+        let Some((fd, _)) = open_locked(&path) else { continue };
         use std::os::unix::fs::MetadataExt;
         let bytes = entry.metadata().map_or(0, |m| m.blocks() * 512);
         // Removed while locked: no process can claim it between the two.
@@ -186,8 +189,12 @@ pub(crate) fn piece() -> Option<NonNull<u8>> {
     if mapped + PIECE > RESERVED.load(Ordering::Acquire) {
         return None;
     }
-    // SAFETY: fallocate on our own file; no memory is touched.
-    if unsafe { libc::fallocate(fd, 0, mapped as libc::off_t, PIECE as libc::off_t) } != 0 {
+    // Pieces the last holder allocated are there already (a fallocate over them
+    // still walked each page: 2% of `tar c`'s samples).
+    let allocated = mapped + PIECE <= ALLOCATED.load(Ordering::Acquire)
+        // SAFETY: fallocate on our own file; no memory is touched.
+        || unsafe { libc::fallocate(fd, 0, mapped as libc::off_t, PIECE as libc::off_t) } == 0;
+    if !allocated {
         // Full /dev/shm (or no fallocate): no more pieces for this process.
         RESERVED.store(mapped, Ordering::Release);
         return None;
@@ -233,7 +240,7 @@ fn claim(dir: &Path, bound: usize) -> Option<()> {
     let uid = unsafe { libc::getuid() };
     for n in 0..CLAIMS {
         let path = dir.join(format!("iopath-frames-{uid}-{n}"));
-        let Some(fd) = open_locked(&path) else { continue };
+        let Some((fd, allocated)) = open_locked(&path) else { continue };
         // SAFETY: reserves address space only (no memory, no file).
         let base = unsafe {
             libc::mmap(
@@ -253,6 +260,7 @@ fn claim(dir: &Path, bound: usize) -> Option<()> {
         BASE.store(base as usize, Ordering::Release);
         RESERVED.store(bound / PIECE * PIECE, Ordering::Release);
         MAPPED.store(0, Ordering::Release);
+        ALLOCATED.store(allocated, Ordering::Release);
         FD.store(fd, Ordering::Release);
         OWNER.store(std::process::id() as i32, Ordering::Release);
         register_fork_handler();
@@ -261,9 +269,11 @@ fn claim(dir: &Path, bound: usize) -> Option<()> {
     None
 }
 
-/// Opens `path` (created if missing, ours only) and locks it; `None` if
-/// another process holds it or it cannot be ours.
-fn open_locked(path: &Path) -> Option<i32> {
+/// Opens `path` (created if missing, ours only) and locks it, with the
+/// bytes at its start whose memory is allocated (all of it or none: a file
+/// with holes is allocated again piece by piece); `None` if another process
+/// holds it or it cannot be ours.
+fn open_locked(path: &Path) -> Option<(i32, usize)> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: a NUL-terminated path; the flags make a private, close-on-exec file.
     let fd =
@@ -271,14 +281,17 @@ fn open_locked(path: &Path) -> Option<i32> {
     if fd < 0 {
         return None;
     }
-    // SAFETY: our descriptor; `st` is written by fstat.
+    // SAFETY: a zeroed stat is a valid value; fstat writes it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: our descriptor.
     let ours = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
         libc::fstat(fd, &mut st) == 0
             && st.st_uid == libc::getuid()
             && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
             && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0
     };
+    let size = st.st_size.max(0) as usize;
+    let allocated = if st.st_blocks as usize * 512 >= size { size / PIECE * PIECE } else { 0 };
     if !ours {
         // SAFETY: our descriptor.
         unsafe { libc::close(fd) };
@@ -291,10 +304,10 @@ fn open_locked(path: &Path) -> Option<i32> {
         let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH_FDS_FROM);
         if high >= 0 {
             libc::close(fd);
-            return Some(high);
+            return Some((high, allocated));
         }
     }
-    Some(fd)
+    Some((fd, allocated))
 }
 
 fn register_fork_handler() {
