@@ -88,6 +88,8 @@ pub struct CarriedCache {
     sealed: AtomicBool,
     /// Blocks read from here instead of the device.
     hits: AtomicU64,
+    /// Blocks staged ahead of the save (lets writes skip the lock while none are).
+    staged: AtomicUsize,
 }
 
 /// A carried cache file's private mapping and which of its frames were
@@ -160,6 +162,13 @@ struct State {
     removed: std::collections::HashSet<u64, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
     /// Frames this mount read or saved, one bit each (kept before the others when room runs out).
     used: Vec<u64>,
+    /// Blocks copied ahead of the save ([`CarriedCache::stage`]), each in a
+    /// frame no entry of the index uses: what the device holds, until a
+    /// write covers the block again.
+    staged: std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
+    /// Frames the index or a staged block uses (made at the first stage of a
+    /// save), and where the search for a free one goes on.
+    busy: Option<(Vec<u64>, usize)>,
 }
 
 fn bit(bits: &[u64], i: usize) -> bool {
@@ -255,10 +264,17 @@ impl CarriedCache {
             map,
             lender,
             frames,
-            state: Mutex::new(State { count: 0, removed: Default::default(), used: vec![0; words] }),
+            state: Mutex::new(State {
+                count: 0,
+                removed: Default::default(),
+                used: vec![0; words],
+                staged: Default::default(),
+                busy: None,
+            }),
             entries: AtomicUsize::new(0),
             sealed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
+            staged: AtomicUsize::new(0),
         })
     }
 
@@ -379,7 +395,7 @@ impl CarriedCache {
         if self.sealed.load(Relaxed) {
             self.unseal();
         }
-        if self.entries.load(Relaxed) == 0 {
+        if self.entries.load(Relaxed) == 0 && self.staged.load(Relaxed) == 0 {
             return;
         }
         let mut state = self.lock();
@@ -388,7 +404,94 @@ impl CarriedCache {
                 state.removed.insert(b);
                 self.entries.fetch_sub(1, Relaxed);
             }
+            if let Some(f) = state.staged.remove(&b) {
+                self.staged.fetch_sub(1, Relaxed);
+                if let Some((busy, cursor)) = state.busy.as_mut() {
+                    busy[f / 64] &= !(1 << (f % 64));
+                    *cursor = (*cursor).min(f);
+                }
+            }
         }
+    }
+
+    /// Copies `bytes` (whole blocks from `block` on: what a write in flight
+    /// puts on the device) into frames no entry of the index uses, ahead of
+    /// the [`Self::save`] that will take them without a copy: a process's
+    /// exit copies its new pages here while its writeback is in flight,
+    /// instead of after it (`tar c` of /usr/include: a 32 ms copy after a
+    /// 55 ms writeback). Call after the write was sent (which forgot the
+    /// blocks); a later write of a block forgets it again. Stops where no
+    /// frame is free or /dev/shm is full: the save copies the rest.
+    pub fn stage(&self, block: u64, bytes: &[u8]) {
+        debug_assert_eq!(bytes.len() % BLOCK, 0);
+        let mut state = self.lock();
+        let state = &mut *state;
+        let (busy, cursor) = state.busy.get_or_insert_with(|| {
+            // The frames of blocks written or deleted since ([`Self::forget_dead`])
+            // are free, as they are for the save: memory that is there already.
+            let mut busy = vec![0u64; self.frames.div_ceil(64)];
+            for i in 0..state.count {
+                let (b, f) = self.entry(i);
+                if f < self.frames && !state.removed.contains(&b) {
+                    set_bit(&mut busy, f);
+                }
+            }
+            for &f in state.staged.values() {
+                set_bit(&mut busy, f);
+            }
+            (busy, 0)
+        });
+        let mut run: Vec<(usize, u64, &[u8])> = Vec::new();
+        for (i, page) in bytes.chunks_exact(BLOCK).enumerate() {
+            let b = block + i as u64;
+            let frame = match state.staged.get(&b) {
+                Some(&f) => f,
+                None => {
+                    while *cursor < self.frames && bit(busy, *cursor) {
+                        *cursor += 1;
+                    }
+                    if *cursor == self.frames {
+                        break;
+                    }
+                    *cursor
+                }
+            };
+            if run.last().is_some_and(|&(f, _, _)| f + 1 != frame || run.len() == WRITE_RUN) {
+                if !self.stage_run(&mut state.staged, busy, &run) {
+                    return;
+                }
+                run.clear();
+            }
+            set_bit(busy, frame);
+            run.push((frame, b, page));
+        }
+        self.stage_run(&mut state.staged, busy, &run);
+    }
+
+    /// Writes a run of [`Self::stage`] and records it; false if it could not.
+    fn stage_run(
+        &self,
+        staged: &mut std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
+        busy: &mut [u64],
+        run: &[(usize, u64, &[u8])],
+    ) -> bool {
+        if self.write_frames(run).is_err() {
+            // Those frames now hold who knows what: staged no more, free again.
+            for &(f, b, _) in run {
+                if staged.get(&b) == Some(&f) {
+                    staged.remove(&b);
+                    self.staged.fetch_sub(1, Relaxed);
+                }
+                busy[f / 64] &= !(1 << (f % 64));
+            }
+            return false;
+        }
+        for &(f, b, _) in run {
+            if staged.insert(b, f).is_none() {
+                self.staged.fetch_add(1, Relaxed);
+            }
+        }
+        true
     }
 
     /// Sets aside the blocks `live` says no file holds any more (their files
@@ -444,6 +547,9 @@ impl CarriedCache {
         debug_assert_ne!(stamp, 0);
         let fail = |what: &str| os(format!("cannot {what} the carried cache {}", self.path.display()));
         let mut state = self.lock();
+        let staged = std::mem::take(&mut state.staged);
+        state.busy = None;
+        self.staged.store(0, Relaxed);
         let mut pages: Vec<(u64, &'a [u8])> = pages.collect();
         pages.sort_unstable_by_key(|&(b, _)| b);
         pages.dedup_by_key(|(b, _)| *b);
@@ -476,6 +582,11 @@ impl CarriedCache {
         for &(_, f) in &kept {
             set_bit(&mut taken, f);
         }
+        // Staged frames hold their blocks already: not for the others.
+        for &f in staged.values() {
+            set_bit(&mut taken, f);
+        }
+        let mut from_stage = Vec::new();
         // Frames for the new ones: free ones first, then those of blocks this mount did not use.
         let mut new: Vec<(usize, u64, &'a [u8])> = Vec::new();
         let (mut cursor, mut evictable, mut evicted) = (0usize, None::<Vec<usize>>, Vec::new());
@@ -483,6 +594,12 @@ impl CarriedCache {
             debug_assert_eq!(bytes.len(), BLOCK);
             if let Ok(i) = kept.binary_search_by_key(&block, |&(b, _)| b) {
                 set_bit(&mut state.used, kept[i].1);
+                continue;
+            }
+            if let Some(&f) = staged.get(&block) {
+                // A clean page of a block staged and not written since: the same bytes.
+                set_bit(&mut state.used, f);
+                from_stage.push((block, f));
                 continue;
             }
             while cursor < self.frames && bit(&taken, cursor) {
@@ -533,6 +650,7 @@ impl CarriedCache {
             i = end;
         }
         kept.extend(new[..written].iter().map(|&(f, b, _)| (b, f)));
+        kept.extend(from_stage);
         kept.sort_unstable_by_key(|&(b, _)| b);
         let mut index = vec![0u8; Self::index_bytes_for(kept.len().max(1)).min(Self::index_bytes_for(self.frames))];
         for (k, &(b, f)) in kept.iter().enumerate() {
@@ -678,6 +796,44 @@ mod tests {
         let mut one = vec![0u8; BLOCK];
         for (b, want) in [(11, Some(2)), (12, Some(3)), (20, Some(9)), (21, Some(8)), (13, None), (22, None)] {
             assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
+        }
+    }
+
+    #[test]
+    fn staged_blocks_are_saved_without_a_copy_unless_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
+        let open = || CarriedCache::open(&path, &backing, 6 * BLOCK_U64).unwrap();
+        let c = open();
+        c.attach(4, 0).unwrap();
+        c.save(4, 21, [(1, &block(1)[..]), (2, &block(2)[..])].into_iter()).unwrap();
+        drop(c);
+        let c = open();
+        assert_eq!(c.attach(4, 21).unwrap(), 2);
+        // A writeback of blocks 2, 7, 8 and 9 in flight: each forgotten as it is
+        // sent, then staged. Block 2's new bytes go to a free frame, not its own.
+        c.forget(2, 1);
+        let mut run = block(22);
+        run.extend(block(7));
+        c.stage(2, &run);
+        c.forget(8, 2);
+        let mut run = block(8);
+        run.extend(block(9));
+        c.stage(8, &run);
+        // Block 8 written again before the save (its new bytes are what the page has).
+        c.forget(8, 1);
+        let pages = [(2, block(22)), (8, block(88)), (9, block(9))];
+        let held = c.save(4, 22, pages.iter().map(|(b, p)| (*b, &p[..]))).unwrap();
+        assert_eq!(held, 4, "1, 2, 8, 9 (7 was staged but no page saved it)");
+        drop(c);
+        let c = open();
+        assert_eq!(c.attach(4, 22).unwrap(), 4);
+        let mut one = vec![0u8; BLOCK];
+        for (b, want) in [(1, Some(1)), (2, Some(22)), (8, Some(88)), (9, Some(9)), (7, None)] {
+            assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
+            if want.is_some() {
+                assert!(one.iter().all(|&x| Some(x) == want), "block {b} whole");
+            }
         }
     }
 

@@ -1059,7 +1059,7 @@ impl Inner {
     /// Writes back every file's dirty pages, then commits.
     fn sync_all(&self) -> Result<()> {
         let nodes: Vec<Arc<Node>> = self.meta().files().collect();
-        writeback::write_back_all(self, nodes)?;
+        writeback::write_back_all(self, nodes, false)?;
         self.sync_metadata()
     }
 
@@ -1210,7 +1210,17 @@ impl Inner {
 
     /// Commits everything and checkpoints.
     fn quiesce(&self) -> Result<()> {
-        self.sync_all()?;
+        // A save into the carried cache follows (carry_out): what is written back is
+        // staged there while it is in flight, first in the frames of deleted files.
+        let nodes: Vec<Arc<Node>> = {
+            let meta = self.meta();
+            if let Some(carry) = self.disk.carry() {
+                carry.forget_dead(|block| meta.alloc.in_use(block));
+            }
+            meta.files().collect()
+        };
+        writeback::write_back_all(self, nodes, true)?;
+        self.sync_metadata()?;
         let mut journal = self.journal.lock().expect("journal lock poisoned");
         let released = journal.checkpoint(&self.disk)?;
         // Under the journal lock: no commit can journal a block between the two.

@@ -22,7 +22,7 @@ use super::disk::{Batch, Disk};
 use super::format::{BLOCK, Block, zero_block};
 use super::{Inner, MAX_IO_BLOCKS, Node, NodeState, extents};
 use crate::IoBuf;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLockWriteGuard};
@@ -188,7 +188,7 @@ pub(super) fn write_back_file(fs: &Inner, state: &mut NodeState) -> Result<()> {
     if state.dirty.is_empty() {
         return Ok(());
     }
-    write_together(fs, &mut [state])
+    write_together(fs, &mut [state], false)
 }
 
 /// The dirty pages of every file, and the files that hold them.
@@ -310,7 +310,7 @@ pub(super) fn keep_to_budget(fs: &Inner, own: &Arc<Node>, state: &mut NodeState)
             states.push(&mut *state);
         }
         let wrote = !states.is_empty();
-        let result = write_together(fs, &mut states);
+        let result = write_together(fs, &mut states, false);
         drop(states);
         // Written: out of the queue. Still dirty (its write failed): back in it.
         for (node, g) in &guards {
@@ -338,8 +338,11 @@ pub(super) fn keep_to_budget(fs: &Inner, own: &Arc<Node>, state: &mut NodeState)
 }
 
 /// Every file's dirty pages to the device, many files together (a file
-/// system `sync`; no commit). The caller holds no file's lock.
-pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>) -> Result<()> {
+/// system `sync`; no commit). The caller holds no file's lock. With
+/// `stage`, what each batch writes is also copied into the carried cache
+/// while the batch is in flight ([`super::carry::CarriedCache::stage`]):
+/// for a save that follows.
+pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>, stage: bool) -> Result<()> {
     let mut pending: VecDeque<Arc<Node>> = nodes.into();
     while !pending.is_empty() {
         let n = pending.len().min(FILES_PER_BATCH);
@@ -363,41 +366,75 @@ pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>) -> Result<()> {
         }
         let mut states: Vec<&mut NodeState> =
             guards.iter_mut().filter(|g| g.live && !g.dirty.is_empty()).map(|g| &mut **g).collect();
-        write_together(fs, &mut states)?;
+        write_together(fs, &mut states, stage)?;
     }
     Ok(())
 }
 
 /// Writes the dirty pages of every file in `states` back, in batches of at
 /// most [`PAGES_PER_BATCH`] pages all in flight together, each waited for
-/// before the next (their buffers come back to the pool warm: fresh memory
-/// for a whole large file's copy cost more than the writes). A file whose
-/// write failed keeps its pages dirty; the first error is returned.
-fn write_together(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
-    while states.iter().any(|s| !s.dirty.is_empty()) {
-        write_batch(fs, states)?;
+/// before the next is sent (their buffers come back to the pool warm: fresh
+/// memory for a whole large file's copy cost more than the writes; and a
+/// block written again is never in flight twice). The next batch is copied
+/// out while the one before is in flight: the copy no longer waits for the
+/// device, nor the device for the copy. A file whose write failed keeps its
+/// pages dirty; the first error is returned.
+fn write_together(fs: &Inner, states: &mut [&mut NodeState], stage: bool) -> Result<()> {
+    let carry = fs.disk.carry().filter(|_| stage);
+    let mut current = take_batch(fs, states);
+    while current.iter().any(|wb| !wb.is_empty()) {
+        let mut next = Vec::new();
+        let (failed, first_error) = write_batch(fs, &current, || {
+            if let Some(carry) = carry {
+                for (physical, buf) in current.iter().flat_map(|wb| &wb.runs) {
+                    carry.stage(*physical, buf);
+                }
+            }
+            next = take_batch(fs, states)
+        });
+        for ((wb, state), failed) in current.into_iter().zip(states.iter_mut()).zip(failed) {
+            if failed {
+                wb.restore(fs, state);
+            } else {
+                wb.finish(fs, state, true);
+            }
+        }
+        if let Some(e) = first_error {
+            // The batch taken meanwhile was never sent: dirty again.
+            for (wb, state) in next.into_iter().zip(states.iter_mut()) {
+                wb.restore(fs, state);
+            }
+            return Err(e);
+        }
+        current = next;
     }
     Ok(())
 }
 
-/// One batch of [`write_together`]: up to [`PAGES_PER_BATCH`] pages, the
-/// files' in turn.
-fn write_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
+/// Up to [`PAGES_PER_BATCH`] dirty pages of `states`, the files' in turn,
+/// copied out (one [`Writeback`] per file, in order).
+fn take_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Vec<Writeback> {
     let mut budget = PAGES_PER_BATCH;
-    let writebacks: Vec<Writeback> = states
+    states
         .iter_mut()
         .map(|s| {
             let wb = Writeback::take_up_to(fs, s, budget);
             budget -= wb.pages.len();
             wb
         })
-        .collect();
+        .collect()
+}
+
+/// Sends one batch of [`write_together`], runs `meanwhile` while it is in
+/// flight, and waits for it: which files' writes failed, and the first error.
+fn write_batch(fs: &Inner, writebacks: &[Writeback], meanwhile: impl FnOnce()) -> (Vec<bool>, Option<Error>) {
     let mut failed = vec![false; writebacks.len()];
     let mut first_error = None;
     match fs.disk.batch() {
         Err(e) => {
             failed.iter_mut().for_each(|f| *f = true);
             first_error = Some(e);
+            meanwhile();
         }
         Ok(mut batch) => {
             for (i, wb) in writebacks.iter().enumerate() {
@@ -408,11 +445,15 @@ fn write_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
                     break;
                 }
             }
-            let waited = batch.wait_each(|tag, result| {
-                if let Err(e) = result {
-                    failed[tag as usize] = true;
-                    first_error.get_or_insert(e);
-                }
+            let sent = batch.send();
+            meanwhile();
+            let waited = sent.and_then(|()| {
+                batch.wait_each(|tag, result| {
+                    if let Err(e) = result {
+                        failed[tag as usize] = true;
+                        first_error.get_or_insert(e);
+                    }
+                })
             });
             if let Err(e) = waited {
                 failed.iter_mut().for_each(|f| *f = true);
@@ -420,12 +461,5 @@ fn write_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Result<()> {
             }
         }
     }
-    for ((wb, state), failed) in writebacks.into_iter().zip(states.iter_mut()).zip(failed) {
-        if failed {
-            wb.restore(fs, state);
-        } else {
-            wb.finish(fs, state, true);
-        }
-    }
-    first_error.map_or(Ok(()), Err)
+    (failed, first_error)
 }
