@@ -38,10 +38,40 @@ const PRUNE_FLOOR: usize = 1024;
 
 /// A file's dirty pages copied out for writing: contiguous ones in one buffer.
 pub(super) struct Writeback {
-    /// (device block, buffer of whole blocks).
+    /// (device block, buffer of whole blocks); empty where a batch of many
+    /// files holds the copies ([`take_batch`]).
     runs: Vec<(u64, IoBuf)>,
+    /// The device blocks written: (first, count).
+    spans: Vec<(u64, u64)>,
     /// The file blocks and their pages, as they were taken from the dirty set.
     pages: BTreeMap<u64, Arc<Page>>,
+}
+
+/// Pages by device block, copied out into one buffer per run of consecutive
+/// blocks (at most [`MAX_IO_BLOCKS`]), each page marked clean as it is
+/// copied: (device block, buffer, the `owner` of each run's pages).
+fn copy_runs<T: Copy + PartialEq>(located: &[(u64, T, &Arc<Page>)]) -> Vec<(u64, IoBuf, Vec<T>)> {
+    let mut out: Vec<(u64, IoBuf, Vec<T>)> = Vec::new();
+    let mut i = 0;
+    while i < located.len() {
+        let mut end = i + 1;
+        while end < located.len() && located[end].0 == located[end - 1].0 + 1 && end - i < MAX_IO_BLOCKS as usize {
+            end += 1;
+        }
+        let mut buf = IoBuf::for_overwrite((end - i) * BLOCK);
+        let mut owners: Vec<T> = Vec::new();
+        for (k, (_, owner, page)) in located[i..end].iter().enumerate() {
+            let mut data = page.data.write().expect("page lock poisoned");
+            buf[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(&data.buf);
+            data.dirty = false;
+            if owners.last() != Some(owner) {
+                owners.push(*owner);
+            }
+        }
+        out.push((located[i].0, buf, owners));
+        i = end;
+    }
+    out
 }
 
 impl Writeback {
@@ -52,6 +82,16 @@ impl Writeback {
 
     /// [`Writeback::take`] of the file's first `limit` dirty pages (by block); the rest stay dirty.
     pub(super) fn take_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
+        let mut wb = Self::take_pages_up_to(fs, state, limit);
+        let located = wb.located(state);
+        wb.runs = copy_runs(&located).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
+        wb
+    }
+
+    /// The file's first `limit` dirty pages (by block), taken from its dirty
+    /// set but not copied yet (nor marked clean): [`take_batch`] copies them
+    /// with other files' into runs that cross from one file to the next.
+    fn take_pages_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
         let pages = match (state.dirty.len() > limit).then(|| state.dirty.keys().nth(limit).copied()).flatten() {
             Some(first_left) => {
                 let rest = state.dirty.split_off(&first_left);
@@ -60,38 +100,33 @@ impl Writeback {
             None => std::mem::take(&mut state.dirty),
         };
         fs.dirty.forget(pages.len());
-        let mut runs: Vec<(u64, u64, Vec<&Arc<Page>>)> = Vec::new(); // (first file block, device block, pages)
-        for (&block, page) in &pages {
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        for &block in pages.keys() {
             let (physical, _) = extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped");
-            match runs.last_mut() {
-                Some((b, p, v))
-                    if *b + v.len() as u64 == block
-                        && *p + v.len() as u64 == physical
-                        && v.len() < MAX_IO_BLOCKS as usize =>
-                {
-                    v.push(page)
-                }
-                _ => runs.push((block, physical, vec![page])),
+            match spans.last_mut() {
+                Some((first, n)) if *first + *n == physical => *n += 1,
+                _ => spans.push((physical, 1)),
             }
         }
-        let runs = runs
-            .into_iter()
-            .map(|(_, physical, pages)| {
-                let mut buf = IoBuf::for_overwrite(pages.len() * BLOCK);
-                for (i, page) in pages.iter().enumerate() {
-                    let mut data = page.data.write().expect("page lock poisoned");
-                    buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&data.buf);
-                    data.dirty = false;
-                }
-                (physical, buf)
+        Writeback { runs: Vec::new(), spans, pages }
+    }
+
+    /// Its pages by device block (in file-block order, which is device order
+    /// within a span): (device block, (), page).
+    fn located(&self, state: &NodeState) -> Vec<(u64, (), &Arc<Page>)> {
+        self.pages
+            .iter()
+            .map(|(&block, page)| {
+                let (physical, _) =
+                    extents::locate(&state.inode.extents, block).expect("a taken page's block is mapped");
+                (physical, (), page)
             })
-            .collect();
-        Writeback { runs, pages }
+            .collect()
     }
 
     /// Whether there is nothing to write.
     pub(super) fn is_empty(&self) -> bool {
-        self.runs.is_empty()
+        self.pages.is_empty()
     }
 
     /// Queues the writes on a batch; their completions carry `tag`.
@@ -114,7 +149,7 @@ impl Writeback {
 
     /// The device blocks written, run by run.
     pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.runs.iter().flat_map(|(physical, buf)| *physical..*physical + (buf.len() / BLOCK) as u64)
+        self.spans.iter().flat_map(|&(first, n)| first..first + n)
     }
 
     /// The blocks and their contents, one image per block (what the `journaled`
@@ -382,17 +417,17 @@ pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>, stage: bool) -> 
 fn write_together(fs: &Inner, states: &mut [&mut NodeState], stage: bool) -> Result<()> {
     let carry = fs.disk.carry().filter(|_| stage);
     let mut current = take_batch(fs, states);
-    while current.iter().any(|wb| !wb.is_empty()) {
-        let mut next = Vec::new();
-        let (failed, first_error) = write_batch(fs, &current, || {
+    while !current.runs.is_empty() {
+        let mut next = Taken::default();
+        let (failed, first_error) = write_batch(fs, &current, states.len(), || {
             if let Some(carry) = carry {
-                for (physical, buf) in current.iter().flat_map(|wb| &wb.runs) {
+                for (physical, buf, _) in &current.runs {
                     carry.stage(*physical, buf);
                 }
             }
             next = take_batch(fs, states)
         });
-        for ((wb, state), failed) in current.into_iter().zip(states.iter_mut()).zip(failed) {
+        for ((wb, state), failed) in current.writebacks.into_iter().zip(states.iter_mut()).zip(failed) {
             if failed {
                 wb.restore(fs, state);
             } else {
@@ -401,7 +436,7 @@ fn write_together(fs: &Inner, states: &mut [&mut NodeState], stage: bool) -> Res
         }
         if let Some(e) = first_error {
             // The batch taken meanwhile was never sent: dirty again.
-            for (wb, state) in next.into_iter().zip(states.iter_mut()) {
+            for (wb, state) in next.writebacks.into_iter().zip(states.iter_mut()) {
                 wb.restore(fs, state);
             }
             return Err(e);
@@ -411,24 +446,46 @@ fn write_together(fs: &Inner, states: &mut [&mut NodeState], stage: bool) -> Res
     Ok(())
 }
 
+/// One batch of [`write_together`]: each file's taken pages, and their
+/// copies in runs of consecutive device blocks, across files.
+#[derive(Default)]
+struct Taken {
+    /// One per file, in order.
+    writebacks: Vec<Writeback>,
+    /// (device block, data, the files whose pages it holds).
+    runs: Vec<(u64, IoBuf, Vec<usize>)>,
+}
+
 /// Up to [`PAGES_PER_BATCH`] dirty pages of `states`, the files' in turn,
-/// copied out (one [`Writeback`] per file, in order).
-fn take_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Vec<Writeback> {
+/// copied out in runs of consecutive device blocks whichever file they are
+/// of: small files written one after another lie one after another, and a
+/// run is one device command (`cp -r` of /usr/include: 7,800 files, a
+/// command each when each file's pages went alone).
+fn take_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Taken {
     let mut budget = PAGES_PER_BATCH;
-    states
+    let writebacks: Vec<Writeback> = states
         .iter_mut()
         .map(|s| {
-            let wb = Writeback::take_up_to(fs, s, budget);
+            let wb = Writeback::take_pages_up_to(fs, s, budget);
             budget -= wb.pages.len();
             wb
         })
-        .collect()
+        .collect();
+    let mut located: Vec<(u64, usize, &Arc<Page>)> = Vec::new();
+    for (i, (wb, state)) in writebacks.iter().zip(states.iter()).enumerate() {
+        located.extend(wb.located(state).into_iter().map(|(physical, (), page)| (physical, i, page)));
+    }
+    located.sort_unstable_by_key(|&(physical, _, _)| physical);
+    debug_assert!(located.windows(2).all(|w| w[0].0 < w[1].0), "a device block is written once per batch");
+    let runs = copy_runs(&located);
+    Taken { writebacks, runs }
 }
 
 /// Sends one batch of [`write_together`], runs `meanwhile` while it is in
-/// flight, and waits for it: which files' writes failed, and the first error.
-fn write_batch(fs: &Inner, writebacks: &[Writeback], meanwhile: impl FnOnce()) -> (Vec<bool>, Option<Error>) {
-    let mut failed = vec![false; writebacks.len()];
+/// flight, and waits for it: which of the `files` files' writes failed, and
+/// the first error.
+fn write_batch(fs: &Inner, taken: &Taken, files: usize, meanwhile: impl FnOnce()) -> (Vec<bool>, Option<Error>) {
+    let mut failed = vec![false; files];
     let mut first_error = None;
     match fs.disk.batch() {
         Err(e) => {
@@ -437,10 +494,12 @@ fn write_batch(fs: &Inner, writebacks: &[Writeback], meanwhile: impl FnOnce()) -
             meanwhile();
         }
         Ok(mut batch) => {
-            for (i, wb) in writebacks.iter().enumerate() {
-                if let Err(e) = wb.submit(&mut batch, i as u64) {
-                    // This file and the rest are not (all) sent: they stay dirty.
-                    failed[i..].iter_mut().for_each(|f| *f = true);
+            for (i, (physical, buf, _)) in taken.runs.iter().enumerate() {
+                if let Err(e) = batch.write_tagged(*physical, buf, i as u64) {
+                    // This run and the rest are not (all) sent: their files stay dirty.
+                    for (_, _, owners) in &taken.runs[i..] {
+                        owners.iter().for_each(|&f| failed[f] = true);
+                    }
                     first_error = Some(e);
                     break;
                 }
@@ -450,7 +509,7 @@ fn write_batch(fs: &Inner, writebacks: &[Writeback], meanwhile: impl FnOnce()) -
             let waited = sent.and_then(|()| {
                 batch.wait_each(|tag, result| {
                     if let Err(e) = result {
-                        failed[tag as usize] = true;
+                        taken.runs[tag as usize].2.iter().for_each(|&f| failed[f] = true);
                         first_error.get_or_insert(e);
                     }
                 })
