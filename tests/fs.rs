@@ -275,6 +275,33 @@ fn a_streaming_append_gets_long_pieces_among_the_holes_small_files_left() {
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }
 
+/// Small files written one after another lie one after another (each gives
+/// the rest of its append's preallocation back at close, and the next one
+/// starts there), and a writeback of many files sends runs that cross from
+/// one file to the next: a few device commands for many files.
+#[test]
+fn small_files_written_in_turn_lie_together_and_go_back_in_a_few_commands() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    for i in 0..200 {
+        fs.create(format!("d/f{i}")).unwrap().write_at(&bytes(i, 9000), 0).unwrap();
+    }
+    assert_eq!(fs.stats().dirty_pages, 600, "nothing written back yet");
+    let before = fs.stats().device_writes;
+    fs.sync().unwrap();
+    let writes = fs.stats().device_writes - before;
+    // 600 blocks in a row, in commands of up to 128 blocks, and the journal's few;
+    // a command per file (200) with a hole of preallocation between every two.
+    assert!(writes < 20, "{writes} device writes for 200 small files");
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    for i in 0..200 {
+        assert_eq!(read_all(&fs, &format!("d/f{i}")), bytes(i, 9000), "f{i}");
+    }
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
 /// SQLite's commit in its default mode (`journal_mode=DELETE`,
 /// `synchronous=FULL`): a rollback journal is created and synced, the
 /// database written and synced, and the journal deleted: the commit point,

@@ -207,6 +207,34 @@ impl Allocator {
         true
     }
 
+    /// Frees blocks that never held data (an append's preallocation past a
+    /// file's end, unwritten): allocatable again at once, where blocks that
+    /// held data wait for the free to be durable ([`Allocator::free`]); a
+    /// power cut that brings back the file that had them brings them back
+    /// unwritten, and an unwritten block reads as zeros whatever another file
+    /// wrote there since. If they were the last blocks allocated, the next
+    /// allocation starts where they did: a small file closed after its
+    /// append gives back the rest of its preallocation, and the next file
+    /// goes right after it (writeback then writes both with one command;
+    /// with a hole between every two files, `cp -r` of /usr/include wrote
+    /// its 7,800 files with 8,150 commands). False (and nothing freed) if
+    /// some block is not in use.
+    pub fn free_now(&mut self, start: u64, len: u64, dirty: &mut impl FnMut(u64)) -> bool {
+        if start < self.data_start || start + len > self.blocks || !(start..start + len).all(|n| self.in_use(n)) {
+            return false;
+        }
+        for n in start..start + len {
+            set_bit(&mut self.images, n, false);
+            dirty(n / BITS_PER_BITMAP_BLOCK);
+        }
+        self.free += len;
+        self.run_miss = None;
+        if self.cursor == start + len {
+            self.cursor = start;
+        }
+        true
+    }
+
     /// The transaction that freed these runs is durable: they may be allocated again.
     pub fn release(&mut self, runs: &[(u64, u64)]) {
         if !runs.is_empty() {
@@ -254,6 +282,25 @@ mod tests {
         assert!(s >= 20, "{s}");
         a.release(&[(10, 5)]);
         assert_eq!(a.allocate(3, 1, Some(10), &mut d), Some((10, 3)));
+        assert!(dirty.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn unwritten_blocks_come_back_at_once_and_the_next_allocation_starts_there() {
+        let mut a = Allocator::fresh(100, 10);
+        let mut dirty = Vec::new();
+        let mut d = |b| dirty.push(b);
+        // A small file's append: 3 blocks and 5 preallocated; its close gives back 5.
+        assert_eq!(a.allocate(8, 1, None, &mut d), Some((10, 8)));
+        assert!(a.free_now(13, 5, &mut d));
+        assert!(!a.free_now(13, 1, &mut d), "double free refused");
+        assert_eq!(a.free_blocks(), 87);
+        // The next file goes right after the first, not after the space it gave back.
+        assert_eq!(a.allocate(8, 1, None, &mut d), Some((13, 8)));
+        // Not the last allocation: the cursor stays.
+        assert_eq!(a.allocate(2, 1, None, &mut d), Some((21, 2)));
+        assert!(a.free_now(16, 5, &mut d));
+        assert_eq!(a.allocate(1, 1, None, &mut d), Some((23, 1)));
         assert!(dirty.iter().all(|&b| b == 0));
     }
 

@@ -542,7 +542,8 @@ impl File {
 
     /// Gives back the space appends took past the end of the file (the
     /// unwritten blocks past its last one), as XFS trims its speculative
-    /// preallocation on close. Free once the change commits.
+    /// preallocation on close. They never held data: free at once
+    /// ([`super::alloc::Allocator::free_now`]).
     pub(super) fn trim_ahead(&self) {
         let fs = &self.fs;
         let Ok(mut state) = self.node.state.write() else { return };
@@ -559,7 +560,7 @@ impl File {
         );
         let mut meta = fs.meta();
         for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
-            meta.free_data(&fs.sb, start, n);
+            meta.free_unwritten(&fs.sb, start, n);
         }
         // Fewer extents never need more overflow blocks: storing cannot run out of space.
         if state.store(fs, &mut meta).is_ok() {

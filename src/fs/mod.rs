@@ -512,6 +512,15 @@ impl Meta {
         self.freed.push((start, len));
     }
 
+    /// Frees data blocks that never held data, allocatable again at once ([`Allocator::free_now`]).
+    fn free_unwritten(&mut self, sb: &Superblock, start: u64, len: u64) {
+        let dirty = &mut self.dirty;
+        let ok = self.alloc.free_now(start, len, &mut |i| {
+            dirty.insert(sb.bitmap_start + i);
+        });
+        debug_assert!(ok, "freeing blocks {start}+{len} that are not in use");
+    }
+
     /// Frees an overflow (metadata) block: allocatable again after the next checkpoint.
     fn free_meta(&mut self, sb: &Superblock, block: u64) {
         self.overflow.remove(&block);
