@@ -439,13 +439,16 @@ fn a_full_log_goes_to_the_journal_in_one_transaction_and_loses_nothing() {
     let dev = emu("emu:null,size=16m,wcache=1");
     FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
     // Room for about ten creates.
-    let (fs, _) = FileSystem::mount_beside(
-        engine(&dev, "sync-path"),
-        MountOptions::default(),
-        None,
-        Some(shm_log(&path, 128 << 10)),
-    )
-    .unwrap();
+    let mount = || {
+        FileSystem::mount_beside(
+            engine(&dev, "sync-path"),
+            MountOptions::default(),
+            None,
+            Some(shm_log(&path, 128 << 10)),
+        )
+        .unwrap()
+    };
+    let (fs, _) = mount();
     fs.mkdir("d", 0o755).unwrap();
     for i in 0..100 {
         fs.create(format!("d/f{i}")).unwrap();
@@ -471,13 +474,7 @@ fn a_full_log_goes_to_the_journal_in_one_transaction_and_loses_nothing() {
     let want = names(&fs);
     assert!(want.len() > 80, "{}", want.len());
     std::mem::forget(fs);
-    let (fs, mounted) = FileSystem::mount_beside(
-        engine(&dev, "sync-path"),
-        MountOptions::default(),
-        None,
-        Some(shm_log(&path, 128 << 10)),
-    )
-    .unwrap();
+    let (fs, mounted) = mount();
     assert!(mounted.replayed > 0 && mounted.from_log > 0, "{mounted:?}");
     assert_eq!(names(&fs), want);
     fs.unmount().unwrap();

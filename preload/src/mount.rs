@@ -82,21 +82,9 @@ impl Mount {
             .and_then(|engine| {
                 // No larger than the device: more could never be filled.
                 let bytes = carry_bytes(&options).min(engine.device().size());
-                let carry = match &lock {
-                    Some(lock) if bytes > 0 => lock
-                        .carried_cache(bytes)
-                        .inspect_err(|e| crate::log(&format!("no carried cache for {}: {e}", self.device)))
-                        .ok(),
-                    _ => None,
-                };
+                let carry = beside(&lock, bytes, "carried cache", &self.device, |l| l.carried_cache(bytes));
                 let log_bytes = crate::config().shm_log_bytes.unwrap_or(iopath::fs::shm_log::DEFAULT_BYTES);
-                let log = match &lock {
-                    Some(lock) if log_bytes > 0 => lock
-                        .shm_log(log_bytes)
-                        .inspect_err(|e| crate::log(&format!("no shared-memory log for {}: {e}", self.device)))
-                        .ok(),
-                    _ => None,
-                };
+                let log = beside(&lock, log_bytes, "shared-memory log", &self.device, |l| l.shm_log(log_bytes));
                 FileSystem::mount_beside(Arc::new(engine), options, carry, log)
             });
         match mounted {
@@ -182,6 +170,19 @@ const MOUNT_FSYNC_PATH: iopath::fs::FsyncPath = iopath::fs::FsyncPath::Journaled
 /// (RocksDB without direct reads, SQLite) count on it; pages are taken only
 /// as files are read, so the bound costs nothing until it is used.
 /// The carried cache's bound: `IOPATH_CARRY`, else the page cache's, at most 1 GiB.
+/// What the mount lock's holder keeps beside the lock (`bytes` of it; none
+/// for 0 or without a lock), if `open` can open it; says why not.
+fn beside<T>(
+    lock: &Option<MountLock>,
+    bytes: u64,
+    what: &str,
+    device: &impl std::fmt::Display,
+    open: impl FnOnce(&MountLock) -> iopath::Result<T>,
+) -> Option<T> {
+    let lock = lock.as_ref().filter(|_| bytes > 0)?;
+    open(lock).inspect_err(|e| crate::log(&format!("no {what} for {device}: {e}"))).ok()
+}
+
 fn carry_bytes(options: &MountOptions) -> u64 {
     crate::config().carry_bytes.unwrap_or(options.cache_bytes.min(1 << 30))
 }

@@ -60,8 +60,10 @@ const AT_FRAMES: usize = 16;
 const AT_VOLUME: usize = 24;
 const AT_STAMP: usize = 32;
 const AT_COUNT: usize = 40;
-const AT_PATH_LEN: usize = 48;
-const AT_PATH: usize = 56;
+/// Where the backing device's path (its length, then its bytes) lies in a
+/// header; the shared-memory log's header keeps it there too ([`sweep`]).
+pub(super) const AT_PATH_LEN: usize = 48;
+pub(super) const AT_PATH: usize = 56;
 /// Bytes of one index entry: the device block and the frame holding it.
 const ENTRY: usize = 16;
 /// Pages one `pwritev` carries at most.

@@ -59,8 +59,7 @@ const LAYOUT: u32 = 1;
 const HEADER: usize = BLOCK;
 const AT_VOLUME: usize = 24;
 const AT_EPOCH: usize = 32;
-const AT_PATH_LEN: usize = 48;
-const AT_PATH: usize = 56;
+use super::carry::{AT_PATH, AT_PATH_LEN};
 /// A record's own header: CRC, image count, record number, zero.
 const RECORD_HEADER: usize = 16;
 /// The default size of a log: 8 MiB, about 400 creates between device writes.
