@@ -208,8 +208,10 @@ impl Journal {
         freed_meta: &mut Vec<(u64, u64)>,
     ) -> bool {
         let Some(log) = self.log.as_mut() else { return false };
-        // The journal must take the whole log in one transaction: a quarter of it at most.
-        if (log.len() as usize + images.len()) as u64 * 4 > self.sb.journal_blocks || !log.append(images) {
+        // The journal must take all the log holds in one transaction, with what the
+        // transaction that takes it brings (a `journaled` fsync's data: up to a
+        // quarter of the ring): the log's distinct blocks, a quarter at most.
+        if (self.unwritten.len() + images.len()) as u64 * 4 > self.sb.journal_blocks || !log.append(images) {
             return false;
         }
         for (home, image) in images {
@@ -853,5 +855,10 @@ mod tests {
         j.take_unwritten(&mut images, &mut freed, &mut freed_meta);
         assert_eq!((freed, freed_meta), (vec![(900, 4)], vec![(sb.data_start + 1, 1)]));
         assert_eq!(images.len(), 1);
+        // What the log holds and what comes in: a quarter of the 32-block ring at most.
+        let images = |from: u64, n: u64| (from..from + n).map(|b| (sb.inode_start + b, filled(3))).collect::<Vec<_>>();
+        assert!(j.log_transaction(&images(0, 7), &mut Vec::new(), &mut Vec::new()), "7 blocks");
+        assert!(j.log_transaction(&images(7, 1), &mut Vec::new(), &mut Vec::new()), "8");
+        assert!(!j.log_transaction(&images(8, 1), &mut Vec::new(), &mut Vec::new()), "a ninth is refused");
     }
 }
