@@ -53,7 +53,7 @@ fn from_pool(len: usize) -> Option<IoBuf> {
     let class = pool_class(len)?;
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let buf = pool.0.get_mut(class)?.pop()?;
-    if class > 0 {
+    if class > 0 && !crate::frames::within(buf.ptr.as_ptr()) {
         pool.1 -= len;
     }
     Some(buf)
@@ -104,6 +104,28 @@ fn new_block() -> IoBuf {
     block(0)
 }
 
+/// A buffer of `len` bytes (more than a block, at most [`RECYCLED_MAX`]) cut
+/// from a new piece of the frame file, the rest of the piece cut likewise
+/// into the pool (and what is left over into blocks); `None` without frames.
+/// Its bytes are whatever the file held. Fresh memory for a process's first
+/// buffers of a size was a page fault and zeroing per 4 KiB: the exit of
+/// `tar cf` within a mount took a third of its page faults copying its
+/// writeback into them (`perf record -e page-faults`).
+fn from_piece(len: usize) -> Option<IoBuf> {
+    let class = pool_class(len).filter(|&c| c > 0)?;
+    let piece = crate::frames::piece()?.as_ptr() as usize;
+    let n = CHUNK / len;
+    let cut = |at: usize, len: usize| IoBuf { ptr: NonNull::new(at as *mut u8).expect("a mapping is not at 0"), len };
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.0.len() <= class {
+        pool.0.resize_with(class + 1, Vec::new);
+    }
+    // Frame-file memory is never given back: not counted against the pool's bound.
+    pool.0[class].extend((1..n).map(|i| cut(piece + i * len, len)));
+    pool.0[0].extend((n * len..CHUNK).step_by(IO_ALIGN).map(|at| cut(piece + at, IO_ALIGN)));
+    Some(cut(piece, len))
+}
+
 /// A new chunk of anonymous memory, huge-page aligned (zeros until touched).
 fn anonymous_chunk() -> usize {
     // Twice the chunk, so a huge-page-aligned chunk lies inside; the rest is unmapped.
@@ -150,10 +172,14 @@ impl IoBuf {
     /// A buffer of `len` bytes whose contents are whatever a recycled one held
     /// (zeros if it is new): for a caller that overwrites all of it.
     pub fn for_overwrite(len: usize) -> IoBuf {
-        from_pool(len).unwrap_or_else(|| Self::allocate(len))
+        from_pool(len).or_else(|| from_piece(len)).unwrap_or_else(|| Self::allocate(len))
     }
 
     fn allocate(len: usize) -> IoBuf {
+        if let Some(mut buf) = (len > IO_ALIGN).then(|| from_piece(len)).flatten() {
+            buf.fill(0);
+            return buf;
+        }
         if len == IO_ALIGN {
             return new_block();
         }
@@ -217,13 +243,15 @@ impl Drop for IoBuf {
     fn drop(&mut self) {
         if let Some(class) = pool_class(self.len) {
             let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-            // A block is part of a chunk: never freed alone.
-            if class == 0 || pool.1 + self.len <= RECYCLED_BYTES {
+            // A block is part of a chunk, and frame-file memory is never given back:
+            // neither is freed alone.
+            let framed = class > 0 && crate::frames::within(self.ptr.as_ptr());
+            if class == 0 || framed || pool.1 + self.len <= RECYCLED_BYTES {
                 if pool.0.len() <= class {
                     pool.0.resize_with(class + 1, Vec::new);
                 }
                 let keep = IoBuf { ptr: self.ptr, len: self.len };
-                if class > 0 {
+                if class > 0 && !framed {
                     pool.1 += self.len;
                 }
                 pool.0[class].push(keep);

@@ -113,6 +113,14 @@ pub fn remove_unheld(dir: &Path) -> u64 {
     freed
 }
 
+/// Whether `ptr` lies in this process's frame file's mapping: memory that
+/// is never given back (a buffer cut from it goes back to the pool).
+pub(crate) fn within(ptr: *const u8) -> bool {
+    let (base, mapped) = (BASE.load(Ordering::Acquire), MAPPED.load(Ordering::Acquire));
+    let at = ptr as usize;
+    base != 0 && at >= base && at < base + mapped
+}
+
 /// Bytes of this process's frame file mapped so far (0 without one).
 pub fn held() -> usize {
     own_fd().map_or(0, |_| MAPPED.load(Ordering::Acquire))

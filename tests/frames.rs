@@ -77,6 +77,27 @@ fn case_runner() {
             println!("file: {}", file.display());
             println!("held: {}", iopath::frames::held());
         }
+        // Buffers larger than a block: cut from the frame file (a process after
+        // "take" finds 0x5a there), zeros when asked for new ones, and given back
+        // to the pool, never freed, when dropped.
+        "large" => {
+            let file = {
+                let _b = IoBuf::new(4096);
+                iopath::frames::claimed().expect("a frame file claimed")
+            };
+            let held = iopath::frames::held();
+            let bufs: Vec<IoBuf> = (0..8).map(|_| IoBuf::new(64 << 10)).collect();
+            let ranges = mapped_ranges(&file);
+            assert!(bufs.iter().all(|b| inside(&ranges, b)), "from the frame file");
+            assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 0)), "zeros");
+            assert_eq!(iopath::frames::held(), held + (2 << 20), "one piece cut into 32");
+            let addrs: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
+            drop(bufs);
+            let again: Vec<IoBuf> = (0..8).map(|_| IoBuf::for_overwrite(64 << 10)).collect();
+            assert!(again.iter().all(|b| addrs.contains(&(b.as_ptr() as usize))), "the same buffers, pooled");
+            assert_eq!(iopath::frames::held(), held + (2 << 20));
+            println!("file: {}", file.display());
+        }
         // Holds its frame file until told to go (its stdin closes); "aside": after
         // moving it out of the way of a close of its number (as the interposer's
         // close does) and that close; "give-up": after giving it up and closing it.
@@ -149,6 +170,13 @@ fn the_next_process_takes_the_frame_file_the_last_one_left() {
     assert_eq!(said(&second, "file:"), file.to_str().unwrap());
     assert_eq!(std::fs::metadata(&file).unwrap().len(), size);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn buffers_larger_than_a_block_come_from_the_frame_file_and_stay_in_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    run_case("take", dir.path());
+    run_case("large", dir.path());
 }
 
 /// Starts `case` (a holder) in a process of its own; returns it and the file it holds.

@@ -40,25 +40,41 @@ const PRUNE_FLOOR: usize = 1024;
 pub(super) struct Writeback {
     /// (device block, buffer of whole blocks); empty where a batch of many
     /// files holds the copies ([`take_batch`]).
-    runs: Vec<(u64, IoBuf)>,
+    runs: Vec<(u64, RunBuf)>,
     /// The device blocks written: (first, count).
     spans: Vec<(u64, u64)>,
     /// The file blocks and their pages, as they were taken from the dirty set.
     pages: BTreeMap<u64, Arc<Page>>,
 }
 
+/// A run's copy: the first `len` bytes of a buffer whose size is a power of
+/// two blocks, so that the pool hands the same few sizes back (a buffer of
+/// each size a process needs first is cut from its frame file: fresh
+/// memory is a fault and zeroing per 4 KiB).
+pub(super) struct RunBuf {
+    buf: IoBuf,
+    len: usize,
+}
+
+impl std::ops::Deref for RunBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// Pages by device block, copied out into one buffer per run of consecutive
 /// blocks (at most [`MAX_IO_BLOCKS`]), each page marked clean as it is
 /// copied: (device block, buffer, the `owner` of each run's pages).
-fn copy_runs<T: Copy + PartialEq>(located: &[(u64, T, &Arc<Page>)]) -> Vec<(u64, IoBuf, Vec<T>)> {
-    let mut out: Vec<(u64, IoBuf, Vec<T>)> = Vec::new();
+fn copy_runs<T: Copy + PartialEq>(located: &[(u64, T, &Arc<Page>)]) -> Vec<(u64, RunBuf, Vec<T>)> {
+    let mut out: Vec<(u64, RunBuf, Vec<T>)> = Vec::new();
     let mut i = 0;
     while i < located.len() {
         let mut end = i + 1;
         while end < located.len() && located[end].0 == located[end - 1].0 + 1 && end - i < MAX_IO_BLOCKS as usize {
             end += 1;
         }
-        let mut buf = IoBuf::for_overwrite((end - i) * BLOCK);
+        let mut buf = IoBuf::for_overwrite((end - i).next_power_of_two() * BLOCK);
         let mut owners: Vec<T> = Vec::new();
         for (k, (_, owner, page)) in located[i..end].iter().enumerate() {
             let mut data = page.data.write().expect("page lock poisoned");
@@ -68,7 +84,7 @@ fn copy_runs<T: Copy + PartialEq>(located: &[(u64, T, &Arc<Page>)]) -> Vec<(u64,
                 owners.push(*owner);
             }
         }
-        out.push((located[i].0, buf, owners));
+        out.push((located[i].0, RunBuf { buf, len: (end - i) * BLOCK }, owners));
         i = end;
     }
     out
@@ -453,7 +469,7 @@ struct Taken {
     /// One per file, in order.
     writebacks: Vec<Writeback>,
     /// (device block, data, the files whose pages it holds).
-    runs: Vec<(u64, IoBuf, Vec<usize>)>,
+    runs: Vec<(u64, RunBuf, Vec<usize>)>,
 }
 
 /// Up to [`PAGES_PER_BATCH`] dirty pages of `states`, the files' in turn,
