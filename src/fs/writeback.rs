@@ -41,8 +41,8 @@ pub(super) struct Writeback {
     /// (device block, buffer of whole blocks); empty where a batch of many
     /// files holds the copies ([`take_batch`]).
     runs: Vec<(u64, RunBuf)>,
-    /// The device blocks written: (first, count).
-    spans: Vec<(u64, u64)>,
+    /// The device block of each page, in the order of `pages`.
+    physical: Vec<u64>,
     /// The file blocks and their pages, as they were taken from the dirty set.
     pages: BTreeMap<u64, Arc<Page>>,
 }
@@ -99,8 +99,7 @@ impl Writeback {
     /// [`Writeback::take`] of the file's first `limit` dirty pages (by block); the rest stay dirty.
     pub(super) fn take_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
         let mut wb = Self::take_pages_up_to(fs, state, limit);
-        let located = wb.located(state);
-        wb.runs = copy_runs(&located).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
+        wb.runs = copy_runs(&wb.located()).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
         wb
     }
 
@@ -116,28 +115,16 @@ impl Writeback {
             None => std::mem::take(&mut state.dirty),
         };
         fs.dirty.forget(pages.len());
-        let mut spans: Vec<(u64, u64)> = Vec::new();
-        for &block in pages.keys() {
-            let (physical, _) = extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped");
-            match spans.last_mut() {
-                Some((first, n)) if *first + *n == physical => *n += 1,
-                _ => spans.push((physical, 1)),
-            }
-        }
-        Writeback { runs: Vec::new(), spans, pages }
+        let physical = pages
+            .keys()
+            .map(|&block| extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped").0)
+            .collect();
+        Writeback { runs: Vec::new(), physical, pages }
     }
 
-    /// Its pages by device block (in file-block order, which is device order
-    /// within a span): (device block, (), page).
-    fn located(&self, state: &NodeState) -> Vec<(u64, (), &Arc<Page>)> {
-        self.pages
-            .iter()
-            .map(|(&block, page)| {
-                let (physical, _) =
-                    extents::locate(&state.inode.extents, block).expect("a taken page's block is mapped");
-                (physical, (), page)
-            })
-            .collect()
+    /// Its pages with their device blocks, in file-block order: (device block, (), page).
+    fn located(&self) -> Vec<(u64, (), &Arc<Page>)> {
+        self.physical.iter().zip(self.pages.values()).map(|(&physical, page)| (physical, (), page)).collect()
     }
 
     /// Whether there is nothing to write.
@@ -163,9 +150,9 @@ impl Writeback {
         batch.wait()
     }
 
-    /// The device blocks written, run by run.
+    /// The device blocks written, in file-block order.
     pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.spans.iter().flat_map(|&(first, n)| first..first + n)
+        self.physical.iter().copied()
     }
 
     /// The blocks and their contents, one image per block (what the `journaled`
@@ -488,8 +475,8 @@ fn take_batch(fs: &Inner, states: &mut [&mut NodeState]) -> Taken {
         })
         .collect();
     let mut located: Vec<(u64, usize, &Arc<Page>)> = Vec::new();
-    for (i, (wb, state)) in writebacks.iter().zip(states.iter()).enumerate() {
-        located.extend(wb.located(state).into_iter().map(|(physical, (), page)| (physical, i, page)));
+    for (i, wb) in writebacks.iter().enumerate() {
+        located.extend(wb.located().into_iter().map(|(physical, (), page)| (physical, i, page)));
     }
     located.sort_unstable_by_key(|&(physical, _, _)| physical);
     debug_assert!(located.windows(2).all(|w| w[0].0 < w[1].0), "a device block is written once per batch");
