@@ -129,7 +129,7 @@ pub(super) fn commit_unflushed(fs: &Inner, journal: &mut Journal) -> Result<()> 
     };
     let result = (|| {
         let mut released = Vec::new();
-        if !images.is_empty() && !journal.log_transaction(&images, &mut freed, &mut freed_meta) {
+        if !images.is_empty() && !journal.log_transaction(&mut images, &mut freed, &mut freed_meta) {
             // No log, or it is full: to the device, with all it held.
             journal.take_unwritten(&mut images, &mut freed, &mut freed_meta);
             let p = journal.prepare(&fs.disk, images)?;

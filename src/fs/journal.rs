@@ -203,7 +203,7 @@ impl Journal {
     /// ([`Journal::take_unwritten`]).
     pub fn log_transaction(
         &mut self,
-        images: &[(u64, Block)],
+        images: &mut Vec<(u64, Block)>,
         freed: &mut Vec<(u64, u64)>,
         freed_meta: &mut Vec<(u64, u64)>,
     ) -> bool {
@@ -214,9 +214,7 @@ impl Journal {
         if (self.unwritten.len() + images.len()) as u64 * 4 > self.sb.journal_blocks || !log.append(images) {
             return false;
         }
-        for (home, image) in images {
-            self.unwritten.insert(*home, image.clone());
-        }
+        self.unwritten.extend(images.drain(..));
         self.unwritten_freed.append(freed);
         self.unwritten_freed_meta.append(freed_meta);
         self.stats.logged += 1;
@@ -810,8 +808,12 @@ mod tests {
         j.committed(p);
         let none = || (Vec::new(), Vec::new());
         let (mut f, mut m) = none();
-        assert!(j.log_transaction(&[(sb.inode_start, filled(2)), (sb.inode_start + 1, filled(3))], &mut f, &mut m));
-        assert!(j.log_transaction(&[(sb.inode_start + 1, filled(4))], &mut f, &mut m));
+        assert!(j.log_transaction(
+            &mut vec![(sb.inode_start, filled(2)), (sb.inode_start + 1, filled(3))],
+            &mut f,
+            &mut m
+        ));
+        assert!(j.log_transaction(&mut vec![(sb.inode_start + 1, filled(4))], &mut f, &mut m));
         assert!(j.has_unwritten());
         drop(j); // killed: the device has the first, the log the other two
         let j = Journal::recover(&disk, &sb, Some(&open())).unwrap();
@@ -823,7 +825,7 @@ mod tests {
         assert_eq!((j.stats().replayed, j.stats().from_log), (0, 0));
         let mut j = j;
         j.keep_log(open());
-        assert!(j.log_transaction(&[(sb.inode_start + 2, filled(5))], &mut f, &mut m));
+        assert!(j.log_transaction(&mut vec![(sb.inode_start + 2, filled(5))], &mut f, &mut m));
         let mut images = vec![(sb.inode_start + 3, filled(6))];
         j.take_unwritten(&mut images, &mut f, &mut m);
         assert_eq!(images.iter().map(|(h, b)| (*h - sb.inode_start, b[0])).collect::<Vec<_>>(), vec![(2, 5), (3, 6)]);
@@ -846,7 +848,7 @@ mod tests {
         let mut j = Journal::recover(&disk, &sb, None).unwrap();
         j.keep_log(ShmLog::open(&dir.path().join("log"), std::path::Path::new("/dev/null"), 1 << 20).unwrap());
         let (mut freed, mut freed_meta) = (vec![(900, 4)], vec![(sb.data_start + 1, 1)]);
-        assert!(j.log_transaction(&[(sb.inode_start, filled(1))], &mut freed, &mut freed_meta));
+        assert!(j.log_transaction(&mut vec![(sb.inode_start, filled(1))], &mut freed, &mut freed_meta));
         assert!(freed.is_empty() && freed_meta.is_empty(), "the log keeps them with its transaction");
         // A checkpoint before the journal wrote that transaction must not let them be reused:
         // a power cut would bring back the file that held them.
@@ -857,8 +859,8 @@ mod tests {
         assert_eq!(images.len(), 1);
         // What the log holds and what comes in: a quarter of the 32-block ring at most.
         let images = |from: u64, n: u64| (from..from + n).map(|b| (sb.inode_start + b, filled(3))).collect::<Vec<_>>();
-        assert!(j.log_transaction(&images(0, 7), &mut Vec::new(), &mut Vec::new()), "7 blocks");
-        assert!(j.log_transaction(&images(7, 1), &mut Vec::new(), &mut Vec::new()), "8");
-        assert!(!j.log_transaction(&images(8, 1), &mut Vec::new(), &mut Vec::new()), "a ninth is refused");
+        assert!(j.log_transaction(&mut images(0, 7), &mut Vec::new(), &mut Vec::new()), "7 blocks");
+        assert!(j.log_transaction(&mut images(7, 1), &mut Vec::new(), &mut Vec::new()), "8");
+        assert!(!j.log_transaction(&mut images(8, 1), &mut Vec::new(), &mut Vec::new()), "a ninth is refused");
     }
 }
