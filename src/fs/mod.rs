@@ -1067,8 +1067,27 @@ impl Inner {
 
     /// Writes back every file's dirty pages, then commits.
     fn sync_all(&self) -> Result<()> {
-        let nodes: Vec<Arc<Node>> = self.meta().files().collect();
-        writeback::write_back_all(self, nodes, false)?;
+        self.write_back_and_commit(false)
+    }
+
+    /// [`Inner::sync_all`]; with `stage`, for a save into the carried cache
+    /// that follows ([`Inner::carry_out`]): what is written back is staged
+    /// there while it is in flight, first in the frames of carried blocks no
+    /// file holds any more (deleted or cut short since), whose memory is
+    /// there already (after the sysbench cells of scripts/real-apps, the
+    /// exit of a `cp -r` took 458-517 ms saving into frames never used
+    /// before). Those are found under the metadata lock (the carried
+    /// cache's own lock is taken under it, never the other way round): no
+    /// copy of the bitmap.
+    fn write_back_and_commit(&self, stage: bool) -> Result<()> {
+        let nodes: Vec<Arc<Node>> = {
+            let meta = self.meta();
+            if let Some(carry) = self.disk.carry().filter(|_| stage) {
+                carry.forget_dead(|block| meta.alloc.in_use(block));
+            }
+            meta.files().collect()
+        };
+        writeback::write_back_all(self, nodes, stage)?;
         self.sync_metadata()
     }
 
@@ -1121,14 +1140,19 @@ impl Inner {
             // A file the carried cache holds is lent in place when it is read: handed
             // to the read-ahead thread, it cost a wake-up of that thread, on the other
             // CPU, per file (`tar c` of a carried tree: 4% of its samples waking it).
-            let carried = extents::locate(&state.inode.extents, 0)
-                .is_some_and(|(b, unwritten)| !unwritten && self.disk.carries(b));
+            let carried = self.carries(&state, 0);
             drop(state);
             if size == 0 || size > file::SMALL_FILE_WHOLE || carried || self.cache.peek((cache_id, 0)).is_some() {
                 continue;
             }
             self.post_readahead(node, 0, size.div_ceil(BLOCK_U64));
         }
+    }
+
+    /// Whether the carried cache holds file block `block` of `state` (written
+    /// on the device, so the block there is the file's).
+    fn carries(&self, state: &NodeState, block: u64) -> bool {
+        extents::locate(&state.inode.extents, block).is_some_and(|(b, unwritten)| !unwritten && self.disk.carries(b))
     }
 
     /// Posts a read-ahead of blocks `[from, to)` of `node` to the read-ahead thread.
@@ -1144,8 +1168,9 @@ impl Inner {
 
     /// Leaves the clean pages of live files in the carried cache, stamps it
     /// and the superblock alike; call after [`Inner::quiesce`] (so the
-    /// device holds what every clean page holds). Returns the blocks the
-    /// carried cache holds (0 without one).
+    /// device holds what every clean page holds, and the carried blocks of
+    /// deleted files were set aside, their frames first to fill). Returns
+    /// the blocks the carried cache holds (0 without one).
     fn carry_out(&self) -> Result<u64> {
         let Some(carry) = self.disk.carry() else { return Ok(0) };
         if self.aborted.load(Ordering::Acquire) {
@@ -1197,14 +1222,6 @@ impl Inner {
                 pages.push((physical, page));
             }
         }
-        // Blocks of files deleted since they were carried: their frames go to the
-        // new pages first (after the sysbench cells of scripts/real-apps, the
-        // exit of a `cp -r` took 458-517 ms saving into frames never used before).
-        // Under the metadata lock (the carried cache's own lock is taken under it,
-        // never the other way round): no copy of the bitmap.
-        let meta = self.meta();
-        carry.forget_dead(|block| meta.alloc.in_use(block));
-        drop(meta);
         // Held through the save: a page written meanwhile waits, and is written
         // back (which sets the carried cache aside) only after it is stamped.
         let guards: Vec<_> = pages.iter().map(|(_, p)| p.data.read().expect("page lock poisoned")).collect();
@@ -1219,17 +1236,8 @@ impl Inner {
 
     /// Commits everything and checkpoints.
     fn quiesce(&self) -> Result<()> {
-        // A save into the carried cache follows (carry_out): what is written back is
-        // staged there while it is in flight, first in the frames of deleted files.
-        let nodes: Vec<Arc<Node>> = {
-            let meta = self.meta();
-            if let Some(carry) = self.disk.carry() {
-                carry.forget_dead(|block| meta.alloc.in_use(block));
-            }
-            meta.files().collect()
-        };
-        writeback::write_back_all(self, nodes, true)?;
-        self.sync_metadata()?;
+        // A save into the carried cache (carry_out) follows, or may.
+        self.write_back_and_commit(true)?;
         let mut journal = self.journal.lock().expect("journal lock poisoned");
         let released = journal.checkpoint(&self.disk)?;
         // Under the journal lock: no commit can journal a block between the two.
@@ -1279,11 +1287,7 @@ impl Inner {
             // lookup a block): handed to the read-ahead thread, it only made the
             // reader wait for that thread (13% of `tar c`'s samples spinning in
             // `wait_loaded` on pages the thread was lending).
-            let carried = || {
-                extents::locate(&state.inode.extents, from)
-                    .is_some_and(|(b, unwritten)| !unwritten && self.disk.carries(b))
-            };
-            if from < last && !carried() {
+            if from < last && !self.carries(state, from) {
                 self.post_readahead(node, from, to.min(last));
             }
         }
