@@ -167,11 +167,14 @@ struct State {
     /// Blocks copied ahead of the save ([`CarriedCache::stage`]), each in a
     /// frame no entry of the index uses: what the device holds, until a
     /// write covers the block again.
-    staged: std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
+    staged: Staged,
     /// Frames the index or a staged block uses (made at the first stage of a
     /// save), and where the search for a free one goes on.
     busy: Option<(Vec<u64>, usize)>,
 }
+
+/// Staged blocks: device block -> frame.
+type Staged = std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>;
 
 fn bit(bits: &[u64], i: usize) -> bool {
     bits[i / 64] & (1 << (i % 64)) != 0
@@ -179,6 +182,10 @@ fn bit(bits: &[u64], i: usize) -> bool {
 
 fn set_bit(bits: &mut [u64], i: usize) {
     bits[i / 64] |= 1 << (i % 64);
+}
+
+fn clear_bit(bits: &mut [u64], i: usize) {
+    bits[i / 64] &= !(1 << (i % 64));
 }
 
 /// Removes the carried cache and the shared-memory log of the file or block
@@ -409,7 +416,7 @@ impl CarriedCache {
             if let Some(f) = state.staged.remove(&b) {
                 self.staged.fetch_sub(1, Relaxed);
                 if let Some((busy, cursor)) = state.busy.as_mut() {
-                    busy[f / 64] &= !(1 << (f % 64));
+                    clear_bit(busy, f);
                     *cursor = (*cursor).min(f);
                 }
             }
@@ -471,12 +478,7 @@ impl CarriedCache {
     }
 
     /// Writes a run of [`Self::stage`] and records it; false if it could not.
-    fn stage_run(
-        &self,
-        staged: &mut std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>,
-        busy: &mut [u64],
-        run: &[(usize, u64, &[u8])],
-    ) -> bool {
+    fn stage_run(&self, staged: &mut Staged, busy: &mut [u64], run: &[(usize, u64, &[u8])]) -> bool {
         if self.write_frames(run).is_err() {
             // Those frames now hold who knows what: staged no more, free again.
             for &(f, b, _) in run {
@@ -484,7 +486,7 @@ impl CarriedCache {
                     staged.remove(&b);
                     self.staged.fetch_sub(1, Relaxed);
                 }
-                busy[f / 64] &= !(1 << (f % 64));
+                clear_bit(busy, f);
             }
             return false;
         }
