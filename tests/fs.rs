@@ -275,6 +275,69 @@ fn a_streaming_append_gets_long_pieces_among_the_holes_small_files_left() {
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }
 
+#[test]
+fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
+    use iopath::fs::{Kind, Resolved};
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    fs.create("d/f").unwrap().write_at(b"through the link", 0).unwrap();
+    fs.symlink("d", "to-d").unwrap();
+    fs.symlink("f", "d/to-f").unwrap();
+    fs.symlink("../to-d/f", "d/up").unwrap();
+    fs.symlink("/etc/hostname", "abs").unwrap();
+    fs.symlink("../../x", "d/above").unwrap();
+    fs.symlink("loop", "loop").unwrap();
+    fs.symlink("missing", "dangling").unwrap();
+
+    // Through links, inside: opened, listed, stat'ed as their target.
+    assert_eq!(read_all(&fs, "to-d/f"), b"through the link");
+    assert_eq!(read_all(&fs, "d/to-f"), b"through the link");
+    assert_eq!(read_all(&fs, "to-d/up"), b"through the link");
+    assert_eq!(fs.metadata("to-d").unwrap().kind, Kind::Dir);
+    assert_eq!(fs.read_dir("to-d").unwrap().len(), 4);
+    let link = fs.symlink_metadata("to-d").unwrap();
+    assert_eq!((link.kind, link.mode, link.size, link.nlink), (Kind::Symlink, libc::S_IFLNK | 0o777, 1, 1));
+    assert_eq!(fs.read_link("d/up").unwrap(), b"../to-d/f");
+    assert_eq!(errno(fs.read_link("d/f").unwrap_err()), libc::EINVAL);
+    let kinds: Vec<_> = fs.read_dir("/").unwrap().into_iter().map(|e| (e.name, e.kind)).collect();
+    assert!(kinds.contains(&(b"to-d".to_vec(), Kind::Symlink)), "{kinds:?}");
+
+    // Out of the file system: said, for the interposer to route; refused by the library.
+    assert_eq!(fs.resolve("abs", true).unwrap(), Resolved::Absolute(b"/etc/hostname".to_vec()));
+    assert_eq!(fs.resolve("to-d/above/y", true).unwrap(), Resolved::Above(b"../x/y".to_vec()));
+    assert_eq!(fs.resolve("to-d/to-f", true).unwrap(), Resolved::Inside(b"/d/f".to_vec()));
+    assert_eq!(fs.resolve("to-d/to-f", false).unwrap(), Resolved::Inside(b"/d/to-f".to_vec()));
+    assert_eq!(errno(fs.open("abs").unwrap_err()), libc::EXDEV);
+    assert_eq!(errno(fs.open("loop").unwrap_err()), libc::ELOOP);
+    assert_eq!(errno(fs.open("dangling").unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.symlink("x", "to-d").unwrap_err()), libc::EEXIST);
+    assert_eq!(errno(fs.symlink("", "e").unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.symlink("y".repeat(200), "long").unwrap_err()), libc::ENAMETOOLONG);
+    // A link is removed and renamed as itself, never its target.
+    assert_eq!(errno(fs.rmdir("to-d").unwrap_err()), libc::ENOTDIR);
+    fs.rename("d/to-f", "d/to-f2").unwrap();
+    fs.unlink("dangling").unwrap();
+    assert_eq!(read_all(&fs, "d/to-f2"), b"through the link");
+
+    let after: BTreeMap<String, Vec<u8>> = tree(&fs);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(tree(&fs), after, "a remount keeps every link");
+    assert!(after.contains_key("to-d ->") && !after.contains_key("dangling ->"), "{after:?}");
+    // A link made and not synced: a power cut keeps it whole or not at all.
+    fs.symlink("d/f", "late").unwrap();
+    fs.sync().unwrap();
+    fs.symlink("d/f", "later").unwrap();
+    let fs = cut_and_remount(&dev, fs);
+    assert_eq!(fs.read_link("late").unwrap(), b"d/f");
+    match fs.read_link("later") {
+        Ok(t) => assert_eq!(t, b"d/f"),
+        Err(e) => assert_eq!(errno(e), libc::ENOENT),
+    }
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
 /// Small files written one after another lie one after another (each gives
 /// the rest of its append's preallocation back at close, and the next one
 /// starts there), and a writeback of many files sends runs that cross from
@@ -791,6 +854,8 @@ fn tree(fs: &FileSystem) -> BTreeMap<String, Vec<u8>> {
             if entry.kind == iopath::fs::Kind::Dir {
                 out.insert(format!("{path}/"), Vec::new());
                 walk(fs, &format!("{path}/"), out);
+            } else if entry.kind == iopath::fs::Kind::Symlink {
+                out.insert(format!("{path} ->"), fs.read_link(&path).unwrap());
             } else {
                 out.insert(path.clone(), read_all(fs, &path));
             }
@@ -1838,6 +1903,12 @@ enum NsOp {
     Rmdir(String),
     Unlink(String),
     Rename(String, String, iopath::fs::Rename),
+    /// `symlink(target, path)`.
+    Symlink(String, String),
+    /// `stat`: the kind it finds, or its errno.
+    Stat(String),
+    /// `lstat`.
+    Lstat(String),
 }
 
 fn ns_path() -> impl proptest::strategy::Strategy<Value = String> {
@@ -1880,11 +1951,25 @@ fn ns_op() -> impl proptest::strategy::Strategy<Value = NsOp> {
         1 => ns_path().prop_map(NsOp::Rmdir),
         1 => ns_path().prop_map(NsOp::Unlink),
         3 => (ns_path(), ns_path(), how).prop_map(|(a, b, h)| NsOp::Rename(a, b, h)),
+        // Targets lead down, so no `..` after a link climbs out (the kernel's side would leave its directory).
+        2 => ("[abc](/[abc]){0,2}|a/\\.", ns_path()).prop_map(|(t, p)| NsOp::Symlink(t, p)),
+        2 => ns_path().prop_map(NsOp::Stat),
+        1 => ns_path().prop_map(NsOp::Lstat),
     ]
 }
 
-/// The same operation on the kernel's file system under `root`: `Ok` or its errno.
-fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<(), i32> {
+/// What `stat` found: a letter for the kind.
+fn kind_letter(mode: u32) -> u8 {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => b'd',
+        libc::S_IFLNK => b'l',
+        _ => b'f',
+    }
+}
+
+/// The same operation on the kernel's file system under `root`: `Ok` (with
+/// the kind `stat` found) or its errno.
+fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<u8, i32> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &str| CString::new(root.join(p).as_os_str().as_bytes()).unwrap();
@@ -1896,30 +1981,47 @@ fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<(), i32> {
             NsOp::Create(p) => {
                 let fd = libc::open(c(p).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
                 check(fd)?;
-                check(libc::close(fd))
+                check(libc::close(fd)).map(|()| 0)
             }
-            NsOp::Mkdir(p) => check(libc::mkdir(c(p).as_ptr(), 0o755)),
-            NsOp::Rmdir(p) => check(libc::rmdir(c(p).as_ptr())),
-            NsOp::Unlink(p) => check(libc::unlink(c(p).as_ptr())),
+            NsOp::Mkdir(p) => check(libc::mkdir(c(p).as_ptr(), 0o755)).map(|()| 0),
+            NsOp::Rmdir(p) => check(libc::rmdir(c(p).as_ptr())).map(|()| 0),
+            NsOp::Unlink(p) => check(libc::unlink(c(p).as_ptr())).map(|()| 0),
             NsOp::Rename(a, b, how) => {
                 let flags = match how {
                     iopath::fs::Rename::Replace => 0,
                     iopath::fs::Rename::NoReplace => libc::RENAME_NOREPLACE,
                     iopath::fs::Rename::Exchange => libc::RENAME_EXCHANGE,
                 };
-                check(libc::renameat2(libc::AT_FDCWD, c(a).as_ptr(), libc::AT_FDCWD, c(b).as_ptr(), flags))
+                check(libc::renameat2(libc::AT_FDCWD, c(a).as_ptr(), libc::AT_FDCWD, c(b).as_ptr(), flags)).map(|()| 0)
+            }
+            NsOp::Symlink(t, p) => {
+                let t = CString::new(t.as_bytes()).unwrap();
+                check(libc::symlink(t.as_ptr(), c(p).as_ptr())).map(|()| 0)
+            }
+            NsOp::Stat(p) | NsOp::Lstat(p) => {
+                let mut st: libc::stat = std::mem::zeroed();
+                let rc = if matches!(op, NsOp::Stat(_)) {
+                    libc::stat(c(p).as_ptr(), &mut st)
+                } else {
+                    libc::lstat(c(p).as_ptr(), &mut st)
+                };
+                check(rc).map(|()| kind_letter(st.st_mode))
             }
         }
     }
 }
 
-fn iopath_op(fs: &FileSystem, op: &NsOp) -> Result<(), i32> {
+fn iopath_op(fs: &FileSystem, op: &NsOp) -> Result<u8, i32> {
+    let done = |r: iopath::Result<()>| r.map(|()| 0);
     let r = match op {
-        NsOp::Create(p) => fs.create(p).map(drop),
-        NsOp::Mkdir(p) => fs.mkdir(p, 0o755),
-        NsOp::Rmdir(p) => fs.rmdir(p),
-        NsOp::Unlink(p) => fs.unlink(p),
-        NsOp::Rename(a, b, how) => fs.rename_with(a, b, *how),
+        NsOp::Create(p) => fs.create(p).map(|_| 0),
+        NsOp::Mkdir(p) => done(fs.mkdir(p, 0o755)),
+        NsOp::Rmdir(p) => done(fs.rmdir(p)),
+        NsOp::Unlink(p) => done(fs.unlink(p)),
+        NsOp::Rename(a, b, how) => done(fs.rename_with(a, b, *how)),
+        NsOp::Symlink(t, p) => done(fs.symlink(t, p)),
+        NsOp::Stat(p) => fs.metadata(p).map(|m| kind_letter(m.mode)),
+        NsOp::Lstat(p) => fs.symlink_metadata(p).map(|m| kind_letter(m.mode)),
     };
     r.map_err(errno)
 }
@@ -1933,6 +2035,10 @@ fn kernel_tree(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
             if entry.file_type().unwrap().is_dir() {
                 out.insert(format!("{name}/"), Vec::new());
                 walk(&entry.path(), &format!("{name}/"), out);
+            } else if entry.file_type().unwrap().is_symlink() {
+                use std::os::unix::ffi::OsStrExt;
+                let target = std::fs::read_link(entry.path()).unwrap();
+                out.insert(format!("{name} ->"), target.as_os_str().as_bytes().to_vec());
             } else {
                 out.insert(name, std::fs::read(entry.path()).unwrap());
             }
@@ -1946,8 +2052,9 @@ fn kernel_tree(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
 
-    /// Random sequences of create, mkdir, rmdir, unlink and rename (with
-    /// dots, trailing slashes and renameat2's flags), valid or not, give the
+    /// Random sequences of create, mkdir, rmdir, unlink, rename, symlink,
+    /// stat and lstat (with dots, trailing slashes, renameat2's flags and
+    /// paths through links), valid or not, give the
     /// same result and errno as the kernel's file system under a temporary
     /// directory, and leave the same tree.
     #[test]

@@ -212,7 +212,11 @@ fn join(path: &str, name: &str) -> String {
 
 /// `drwxr-xr-x` from a mode.
 fn mode_string(mode: u32) -> String {
-    let kind = if mode & libc::S_IFMT == libc::S_IFDIR { 'd' } else { '-' };
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFDIR => 'd',
+        libc::S_IFLNK => 'l',
+        _ => '-',
+    };
     let bits = "rwxrwxrwx".chars().enumerate().map(|(i, c)| if mode & (0o400 >> i) != 0 { c } else { '-' });
     std::iter::once(kind).chain(bits).collect()
 }
@@ -221,6 +225,12 @@ fn long_line(m: &Metadata, name: &str) -> String {
     let when = utc_date(m.mtime_ns / 1_000_000_000);
     let when = when.trim_end_matches(" UTC");
     format!("{} {:>3} {:>12} {when} {name}", mode_string(m.mode), m.nlink, m.size)
+}
+
+/// `ls -l`'s line of a symbolic link: `name -> target`.
+fn link_line(fs: &FileSystem, m: &Metadata, path: &str, name: &str) -> Result<String> {
+    let target = fs.read_link(path)?;
+    Ok(format!("{} -> {}", long_line(m, name), lossy(&target)))
 }
 
 /// Runs `iopath ls`.
@@ -232,10 +242,14 @@ pub fn run_ls(args: LsArgs) -> Result<()> {
     let headers = paths.len() > 1 || args.recursive;
     let mut queue: std::collections::VecDeque<String> = std::collections::VecDeque::new();
     for path in &paths {
-        let m = fs.metadata(path)?;
+        let m = fs.symlink_metadata(path)?;
         if m.kind == Kind::File {
             files += 1;
             let line = if args.long { long_line(&m, path) } else { path.clone() };
+            writeln!(out, "{line}").map_err(stdout_error)?;
+        } else if m.kind == Kind::Symlink {
+            files += 1;
+            let line = if args.long { link_line(&fs, &m, path, path)? } else { path.clone() };
             writeln!(out, "{line}").map_err(stdout_error)?;
         } else {
             queue.push_back(path.clone());
@@ -257,7 +271,11 @@ pub fn run_ls(args: LsArgs) -> Result<()> {
             } else {
                 files += 1;
             }
-            let line = if args.long { long_line(&fs.metadata(&path)?, &name) } else { name };
+            let line = match (args.long, entry.kind) {
+                (false, _) => name,
+                (true, Kind::Symlink) => link_line(&fs, &fs.symlink_metadata(&path)?, &path, &name)?,
+                (true, _) => long_line(&fs.metadata(&path)?, &name),
+            };
             writeln!(out, "{line}").map_err(stdout_error)?;
         }
         if args.recursive {
@@ -466,7 +484,7 @@ fn copy(fs: &FileSystem, from: &Loc, to: &Loc, recursive: bool) -> Result<()> {
     match kind_of(fs, to)? {
         None => make_dir(fs, to, mode)?,
         Some((Kind::Dir, _)) => {}
-        Some((Kind::File, _)) => {
+        Some((Kind::File | Kind::Symlink, _)) => {
             return Err(Error::spec("destination", to.show(), "it is a file; a directory cannot be copied over it"));
         }
     }
@@ -516,7 +534,7 @@ fn remove_tree(fs: &FileSystem, path: &str) -> Result<()> {
         let child = join(path, &lossy(&entry.name));
         match entry.kind {
             Kind::Dir => remove_tree(fs, &child)?,
-            Kind::File => fs.unlink(&child)?,
+            Kind::File | Kind::Symlink => fs.unlink(&child)?,
         }
     }
     fs.rmdir(path)
@@ -526,10 +544,10 @@ fn remove_tree(fs: &FileSystem, path: &str) -> Result<()> {
 pub fn run_rm(args: RmArgs) -> Result<()> {
     let fs = mount(&args.device)?;
     for path in &args.paths {
-        match fs.metadata(path) {
+        match fs.symlink_metadata(path) {
             Err(Error::File { errno: libc::ENOENT, .. }) if args.force => {}
             Err(e) => return Err(e),
-            Ok(m) if m.kind == Kind::File => fs.unlink(path)?,
+            Ok(m) if m.kind != Kind::Dir => fs.unlink(path)?,
             Ok(_) if args.recursive => remove_tree(&fs, path)?,
             Ok(_) => return Err(Error::spec("path", path.clone(), "it is a directory; remove it with -r")),
         }

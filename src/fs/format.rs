@@ -76,8 +76,17 @@ const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
 /// Format version `mkfs` writes (5: the superblock keeps the inode mark;
-/// 6: and the carried cache's stamp).
-pub const VERSION: u32 = 6;
+/// 6: and the carried cache's stamp; 7: symbolic links, which an older
+/// iopath would take for damage).
+pub const VERSION: u32 = 7;
+/// Longest symbolic link target, in bytes: it is kept in the inode, where a
+/// file keeps its extents (Linux allows 4095; every link under /usr and
+/// /etc of these machines is under 100).
+pub const MAX_LINK_TARGET: usize = LINK_END - LINK_START;
+/// Where a symbolic link's target lies in its inode slot (the extents' place
+/// up to the sector's seal).
+const LINK_START: usize = 320;
+const LINK_END: usize = INODE_SIZE - 4;
 /// The inode mark (see [`Superblock::inode_mark`]) rises in steps of this
 /// many slots (64 table blocks): a superblock goes into a transaction once
 /// per 512 new files at most.
@@ -431,7 +440,7 @@ pub struct Inode {
     pub name: Vec<u8>,
     /// The slot of its parent directory, or [`ROOT`].
     pub parent: u32,
-    /// File type and permission bits, as `st_mode` (`S_IFREG` or `S_IFDIR`).
+    /// File type and permission bits, as `st_mode` (`S_IFREG`, `S_IFDIR` or `S_IFLNK`).
     pub mode: u32,
     /// Unlinked while open: its blocks are freed at its last close, or at
     /// the next mount if a crash comes first.
@@ -448,6 +457,9 @@ pub struct Inode {
     pub extents: Vec<Extent>,
     /// Overflow blocks holding the extents past the first [`INLINE_EXTENTS`], in order.
     pub overflow: Vec<u64>,
+    /// A symbolic link's target (1 to [`MAX_LINK_TARGET`] bytes, no NUL;
+    /// `size` is its length); empty for anything else.
+    pub target: Vec<u8>,
 }
 
 const INODE_IN_USE: u32 = 1;
@@ -468,6 +480,7 @@ impl Default for Inode {
             generation: 0,
             extents: Vec::new(),
             overflow: Vec::new(),
+            target: Vec::new(),
         }
     }
 }
@@ -476,6 +489,11 @@ impl Inode {
     /// Whether it is a directory.
     pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// Whether it is a symbolic link.
+    pub fn is_link(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
     }
 
     /// Overflow blocks needed for `extents` extents.
@@ -504,6 +522,8 @@ impl Inode {
         for (i, e) in self.extents[..inline].iter().enumerate() {
             e.encode(&mut slot[320 + 16 * i..336 + 16 * i]);
         }
+        debug_assert!(self.target.is_empty() || (self.extents.is_empty() && self.target.len() <= MAX_LINK_TARGET));
+        slot[LINK_START..LINK_START + self.target.len()].copy_from_slice(&self.target);
         seal_sector(&mut slot[..]);
         for (n, block) in overflow.iter_mut().enumerate() {
             block.fill(0);
@@ -558,8 +578,8 @@ impl Inode {
         };
         let mode = match get_u32(slot, 48) {
             0 => OLD_FILE_MODE,
-            m if m & libc::S_IFMT == libc::S_IFREG || m & libc::S_IFMT == libc::S_IFDIR => m,
-            _ => return Err(bad("neither a regular file nor a directory")),
+            m if matches!(m & libc::S_IFMT, libc::S_IFREG | libc::S_IFDIR | libc::S_IFLNK) => m,
+            _ => return Err(bad("neither a regular file, a directory nor a symbolic link")),
         };
         let inline = get_u16(slot, 6) as usize;
         let total = get_u32(slot, 40) as usize;
@@ -577,7 +597,19 @@ impl Inode {
             generation: get_u64(slot, 32),
             extents: (0..inline).map(|i| Extent::decode(&slot[320 + 16 * i..336 + 16 * i])).collect(),
             overflow: Vec::new(),
+            target: Vec::new(),
         };
+        if inode.is_link() {
+            let len = inode.size as usize;
+            if total != 0 || inode.orphan || !(1..=MAX_LINK_TARGET).contains(&len) {
+                return Err(bad("a symbolic link with extents, an orphan flag or a target of a wrong length"));
+            }
+            inode.target = slot[LINK_START..LINK_START + len].to_vec();
+            if inode.target.contains(&0) {
+                return Err(bad("a symbolic link's target holds a NUL byte"));
+            }
+            return Ok(Some(inode));
+        }
         let mut next = get_u64(slot, 24);
         while inode.extents.len() < total {
             if next < sb.data_start || next >= sb.blocks || inode.overflow.len() > total {
@@ -786,6 +818,7 @@ mod tests {
             generation: 3,
             extents,
             overflow: vec![s.data_start, s.data_start + 1],
+            target: Vec::new(),
         };
         let mut slot = [0u8; INODE_SIZE];
         let mut blocks = vec![zero_block(), zero_block()];
@@ -796,6 +829,37 @@ mod tests {
         slot[100] ^= 1;
         assert!(Inode::decode(&slot, 0, |_| Ok(zero_block()), &s).is_err());
         assert_eq!(Inode::decode(&[0u8; INODE_SIZE], 0, |_| Ok(zero_block()), &s).unwrap(), None);
+    }
+
+    #[test]
+    fn a_symbolic_link_keeps_its_target_in_its_inode() {
+        let s = sb();
+        let target: Vec<u8> = (1..=MAX_LINK_TARGET).map(|i| (i % 255) as u8 + 1).collect();
+        let link = |target: &[u8]| Inode {
+            name: b"l".to_vec(),
+            mode: libc::S_IFLNK | 0o777,
+            size: target.len() as u64,
+            target: target.to_vec(),
+            ..Inode::default()
+        };
+        let decode = |inode: &Inode| {
+            let mut slot = [0u8; INODE_SIZE];
+            inode.encode(&mut slot, &mut Vec::new());
+            Inode::decode(&slot, 4, |_| Ok(zero_block()), &s)
+        };
+        for t in [&b"x"[..], b"../a/b", &target] {
+            assert_eq!(decode(&link(t)).unwrap(), Some(link(t)));
+        }
+        let mut slot = [0u8; INODE_SIZE];
+        link(b"abc").encode(&mut slot, &mut Vec::new());
+        slot[LINK_START + 1] = 0;
+        seal_sector(&mut slot[..]);
+        let e = Inode::decode(&slot, 4, |_| Ok(zero_block()), &s).unwrap_err().to_string();
+        assert!(e.contains("holds a NUL byte"), "{e}");
+        let mut empty = link(b"");
+        empty.size = 0;
+        let e = decode(&empty).unwrap_err().to_string();
+        assert!(e.contains("wrong length"), "{e}");
     }
 
     #[test]

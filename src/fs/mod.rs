@@ -76,7 +76,7 @@ use disk::Disk;
 use format::{BLOCK, BLOCK_U64, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, zero_block};
 pub use fsync_path::FsyncPath;
 use journal::{Journal, JournalStats};
-pub use namespace::{DirEntry, Kind, Metadata, Rename};
+pub use namespace::{DirEntry, Kind, Metadata, Rename, Resolved};
 pub use read_path::ReadPath;
 use readahead::ReadAhead;
 use std::collections::BTreeMap;
@@ -576,6 +576,7 @@ impl Meta {
         Inode::encode_free(&mut self.table_block(slot)[index * INODE_SIZE..(index + 1) * INODE_SIZE]);
         self.dirty.insert(self.inode_block(sb, slot));
         self.ns.remove_slot(slot);
+        self.ns.forget_target(slot);
         self.slots[slot as usize] = Slot::Free;
         let dirty = std::mem::take(&mut state.dirty);
         for page in dirty.values() {

@@ -54,6 +54,28 @@ pub(super) struct Index {
     entries: BTreeMap<(u32, Vec<u8>), Child>,
     /// `child -> (parent, name)` for every linked slot (an orphan has none).
     links: HashMap<u32, (u32, Vec<u8>)>,
+    /// Each symbolic link's target, by slot.
+    targets: HashMap<u32, Vec<u8>>,
+}
+
+/// Most symbolic links one path resolution follows (Linux's `MAXSYMLINKS`).
+const MAX_LINKS_FOLLOWED: usize = 40;
+
+/// Where a path leads once its symbolic links are followed
+/// ([`FileSystem::resolve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// A path inside the file system, from its root (`/a/b`), with no link
+    /// on the way (the last component may be one when it was not followed);
+    /// a trailing `/` is kept.
+    Inside(Vec<u8>),
+    /// A link with an absolute target: the path it leads to, with the rest
+    /// of the original path after it. Absolute in the process's namespace,
+    /// not this file system's: the caller (the interposer) routes it.
+    Absolute(Vec<u8>),
+    /// A link whose relative target climbs above the root: the path from
+    /// the directory the file system is mounted on, starting with `..`.
+    Above(Vec<u8>),
 }
 
 /// Where a path leads.
@@ -84,6 +106,21 @@ impl Index {
                 true
             }
         }
+    }
+
+    /// Records that `slot` is a symbolic link to `target`.
+    pub fn set_target(&mut self, slot: u32, target: Vec<u8>) {
+        self.targets.insert(slot, target);
+    }
+
+    /// `slot` holds no symbolic link any more (its inode is free).
+    pub fn forget_target(&mut self, slot: u32) {
+        self.targets.remove(&slot);
+    }
+
+    /// The target of symbolic link `slot`.
+    pub fn target(&self, slot: u32) -> Option<&[u8]> {
+        self.targets.get(&slot).map(|t| &t[..])
     }
 
     /// Removes the entry of `slot` (nothing if it has none).
@@ -210,8 +247,123 @@ impl Index {
         lost
     }
 
-    /// Resolves `path` (see the module's documentation).
-    pub fn walk(&self, path: &[u8]) -> std::result::Result<Walk, Refusal> {
+    /// Resolves `path`, following the symbolic links on the way, and the
+    /// last component's if `follow` (or the path ends in `/`). A link that
+    /// leads out of the file system is refused with `EXDEV` (the interposer
+    /// asks [`Index::resolve`] first and routes such paths itself).
+    pub fn walk(&self, path: &[u8], follow: bool) -> std::result::Result<Walk, Refusal> {
+        if self.targets.is_empty() {
+            return self.walk_plain(path);
+        }
+        match self.resolve(path, follow)? {
+            Resolved::Inside(inside) => self.walk_plain(&inside),
+            Resolved::Absolute(_) | Resolved::Above(_) => {
+                Err((libc::EXDEV, "a symbolic link on the way leads out of the file system"))
+            }
+        }
+    }
+
+    /// Follows the symbolic links of `path` (the last component's too if
+    /// `follow` or the path ends in `/`), resolving `.` and `..` on the way
+    /// as the kernel does (`..` of a link's target directory is that
+    /// directory's parent). The root's `..` is the root, except in a link's
+    /// target, where it leads above the file system ([`Resolved::Above`]).
+    pub fn resolve(&self, path: &[u8], follow: bool) -> std::result::Result<Resolved, Refusal> {
+        if path.len() > MAX_PATH {
+            return Err((libc::ENAMETOOLONG, "a path is at most 4095 bytes"));
+        }
+        if self.targets.is_empty() {
+            return Ok(Resolved::Inside(path.to_vec()));
+        }
+        let dir_only = path.ends_with(b"/");
+        // Trailing `.` and `..` stay as they are (what they name decides what
+        // `rmdir` and `create` may do); what comes before them is followed.
+        let parts: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+        let names_end = parts.iter().rposition(|c| *c != b"." && *c != b"..").map_or(0, |i| i + 1);
+        let (names, dots) = parts.split_at(names_end);
+        // (A trailing `/` alone does not follow the last link: `rmdir("link/")`
+        // is ENOTDIR, as on Linux.)
+        let follow = follow || !dots.is_empty();
+        // What is left to walk, next last; the directories walked, by name.
+        let mut todo: Vec<Vec<u8>> = names.iter().rev().map(|c| c.to_vec()).collect();
+        let mut at: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut followed = 0;
+        let rest = |todo: &[Vec<u8>]| {
+            let pieces: Vec<&[u8]> = todo.iter().rev().map(|c| &c[..]).chain(dots.iter().copied()).collect();
+            let mut r = pieces.join(&b'/');
+            if dir_only && !r.is_empty() {
+                r.push(b'/');
+            }
+            r
+        };
+        while let Some(part) = todo.pop() {
+            if part.len() > MAX_NAME {
+                return Err((libc::ENAMETOOLONG, "a name is at most 255 bytes"));
+            }
+            match &part[..] {
+                b"." => continue,
+                b".." => {
+                    if at.pop().is_none() && followed > 0 {
+                        let mut above = b"..".to_vec();
+                        let rest = rest(&todo);
+                        if !rest.is_empty() {
+                            above.push(b'/');
+                            above.extend_from_slice(&rest);
+                        }
+                        return Ok(Resolved::Above(above));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let dir = at.last().map_or(ROOT, |(slot, _)| *slot);
+            let last = todo.is_empty();
+            let found = self.get(dir, &part);
+            if let Some(target) = found.and_then(|c| self.target(c.slot))
+                && (!last || follow)
+            {
+                followed += 1;
+                if followed > MAX_LINKS_FOLLOWED {
+                    return Err((libc::ELOOP, "more than 40 symbolic links on the way (a loop?)"));
+                }
+                if target.starts_with(b"/") {
+                    let mut out = target.to_vec();
+                    let rest = rest(&todo);
+                    if !rest.is_empty() {
+                        if !out.ends_with(b"/") {
+                            out.push(b'/');
+                        }
+                        out.extend_from_slice(&rest);
+                    }
+                    return Ok(Resolved::Absolute(out));
+                }
+                todo.extend(target.split(|&b| b == b'/').filter(|c| !c.is_empty()).rev().map(<[u8]>::to_vec));
+                continue;
+            }
+            if last {
+                at.push((u32::MAX, part));
+                break;
+            }
+            match found {
+                None => return Err((libc::ENOENT, "a directory on the way does not exist")),
+                Some(c) if !c.dir => return Err((libc::ENOTDIR, "a name on the way is a file, not a directory")),
+                Some(c) => at.push((c.slot, part)),
+            }
+        }
+        let mut out = Vec::with_capacity(path.len());
+        for name in at.iter().map(|(_, n)| &n[..]).chain(dots.iter().copied()) {
+            out.push(b'/');
+            out.extend_from_slice(name);
+        }
+        if out.is_empty() || dir_only {
+            out.push(b'/');
+        }
+        Ok(Resolved::Inside(out))
+    }
+
+    /// Resolves `path`, whose components are all names, `.` or `..` (no
+    /// symbolic link on the way but the last; see the module's documentation).
+    fn walk_plain(&self, path: &[u8]) -> std::result::Result<Walk, Refusal> {
         if path.is_empty() {
             return Err((libc::ENOENT, "an empty path names nothing"));
         }
@@ -263,6 +415,8 @@ pub enum Kind {
     File,
     /// A directory.
     Dir,
+    /// A symbolic link.
+    Symlink,
 }
 
 /// One entry of a directory, as [`FileSystem::read_dir`] lists it.
@@ -351,7 +505,11 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
             ))?;
             continue;
         }
-        if !ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() }) {
+        if ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() }) {
+            if inode.is_link() {
+                ns.set_target(slot, inode.target.clone());
+            }
+        } else {
             problems.found(format!(
                 "two entries of directory {} are named '{}' (inode {slot} is the second)",
                 ns.path_of(parent).map_or_else(|| format!("inode {parent}"), |p| format!("'/{}'", lossy(&p))),
@@ -425,18 +583,21 @@ impl Meta {
     }
 
     /// A new inode of type and permission bits `mode`, named `name` in
-    /// `parent`, made now: stored, linked, in the running transaction.
+    /// `parent`, made now: stored, linked, in the running transaction. A
+    /// symbolic link (`S_IFLNK`) leads to `target` (empty for anything else).
     fn link_new(
         &mut self,
         sb: &super::Superblock,
         parent: u32,
         name: Vec<u8>,
-        mode: u32,
+        (mode, target): (u32, &[u8]),
         op: &'static str,
     ) -> Result<(u32, Inode)> {
         check_name(&name)?;
         let now = now_ns();
-        let mut inode = Inode { name, mode, mtime_ns: now, ctime_ns: now, ..Inode::default() };
+        let size = target.len() as u64;
+        let target = target.to_vec();
+        let mut inode = Inode { name, mode, mtime_ns: now, ctime_ns: now, size, target, ..Inode::default() };
         let count = self.slots.len();
         let Some(slot) = self.free_slot(sb) else {
             return Err(file_error(
@@ -450,6 +611,9 @@ impl Meta {
         self.store_inode(sb, slot, &mut inode)?;
         let inserted = self.ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() });
         debug_assert!(inserted, "the caller checked the name is free");
+        if inode.is_link() {
+            self.ns.set_target(slot, inode.target.clone());
+        }
         self.touch_dir(sb, parent, inode.ctime_ns)?;
         Ok((slot, inode))
     }
@@ -503,7 +667,7 @@ impl Meta {
 fn file_metadata(state: &NodeState) -> Metadata {
     Metadata {
         ino: ino(state.slot),
-        kind: Kind::File,
+        kind: if state.inode.is_link() { Kind::Symlink } else { Kind::File },
         mode: state.inode.mode,
         nlink: if state.inode.orphan || !state.live { 0 } else { 1 },
         size: state.inode.size,
@@ -532,10 +696,6 @@ impl<'a> Locked<'a> {
 }
 
 impl FileSystem {
-    fn walk(&self, op: &'static str, path: &[u8]) -> Result<Walk> {
-        self.mount.meta().ns.walk(path).map_err(|r| refused(op, path, r))
-    }
-
     fn handle(&self, node: Arc<Node>, direct: bool) -> File {
         node.handles.fetch_add(1, Ordering::AcqRel);
         File { fs: Arc::clone(&self.mount), node, direct }
@@ -550,25 +710,86 @@ impl FileSystem {
     /// its umask); `EEXIST` if the name is taken, `ENOENT` if its directory
     /// does not exist.
     pub fn create_with_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<File> {
+        let file = self.create_node("create", path.as_ref(), (libc::S_IFREG | (mode & 0o7777), &[]))?;
+        Ok(file.expect("a regular file is opened"))
+    }
+
+    /// Makes a symbolic link at `path` that leads to `target` (`symlink(2)`:
+    /// any bytes but NUL, at most [`MAX_LINK_TARGET`](super::format::MAX_LINK_TARGET),
+    /// kept as they are and resolved when a path goes through the link).
+    pub fn symlink(&self, target: impl AsRef<[u8]>, path: impl AsRef<[u8]>) -> Result<()> {
+        let (target, path) = (target.as_ref(), path.as_ref());
+        if target.is_empty() {
+            return Err(file_error("symlink", path, libc::ENOENT, "a symbolic link's target cannot be empty"));
+        }
+        if target.contains(&0) {
+            return Err(file_error("symlink", path, libc::EINVAL, "a symbolic link's target holds no NUL byte"));
+        }
+        if target.len() > super::format::MAX_LINK_TARGET {
+            return Err(file_error(
+                "symlink",
+                path,
+                libc::ENAMETOOLONG,
+                format!(
+                    "a symbolic link's target is at most {} bytes in an iopath file system (this one is {})",
+                    super::format::MAX_LINK_TARGET,
+                    target.len()
+                ),
+            ));
+        }
+        self.create_node("symlink", path, (libc::S_IFLNK | 0o777, target)).map(drop)
+    }
+
+    /// `readlink`: the target of the symbolic link `path` names (`EINVAL`
+    /// if it names something else).
+    pub fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
         let path = path.as_ref();
+        let meta = self.mount.meta();
+        let walk = meta.ns.walk(path, false).map_err(|r| refused("readlink", path, r))?;
+        match walk.found {
+            None => Err(file_error("readlink", path, libc::ENOENT, "no such file or directory")),
+            Some(c) => match meta.ns.target(c.slot) {
+                Some(t) => Ok(t.to_vec()),
+                None => Err(file_error("readlink", path, libc::EINVAL, "it is not a symbolic link")),
+            },
+        }
+    }
+
+    /// Where `path` leads once its symbolic links are followed (the last
+    /// component's too if `follow`): inside, or out of the file system
+    /// through a link (see [`Resolved`]).
+    pub fn resolve(&self, path: impl AsRef<[u8]>, follow: bool) -> Result<Resolved> {
+        let path = path.as_ref();
+        self.mount.meta().ns.resolve(path, follow).map_err(|r| refused("resolve", path, r))
+    }
+
+    /// Makes a new file or symbolic link (`mode`'s type) named by `path`;
+    /// a file comes back open.
+    fn create_node(&self, op: &'static str, path: &[u8], (mode, target): (u32, &[u8])) -> Result<Option<File>> {
         let fs = &self.mount;
-        fs.check_writable("create", path)?;
+        fs.check_writable(op, path)?;
         let mut meta = fs.meta();
         // As Linux's open(O_CREAT | O_EXCL): '.', '..' or '/' last exist;
         // a name with a trailing '/' is EISDIR, whatever it holds.
         let trimmed = trim_trailing_slashes(path);
-        let walk = meta.ns.walk(trimmed).map_err(|r| refused("create", path, r))?;
+        let walk = meta.ns.walk(trimmed, false).map_err(|r| refused(op, path, r))?;
         if walk.name.is_some() && trimmed.len() < path.len() {
-            return Err(file_error("create", path, libc::EISDIR, "a path that ends in '/' names a directory"));
+            // As Linux: open(O_CREAT) says EISDIR; symlink says the name is taken or missing.
+            let (errno, why) = match (target.is_empty(), walk.found) {
+                (true, _) => (libc::EISDIR, "a path that ends in '/' names a directory"),
+                (false, Some(_)) => (libc::EEXIST, "that name exists"),
+                (false, None) => (libc::ENOENT, "a symbolic link's name cannot end in '/'"),
+            };
+            return Err(file_error(op, path, errno, why));
         }
         let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
-            return Err(file_error("create", path, libc::EEXIST, "that name exists; open it or unlink it first"));
+            return Err(file_error(op, path, libc::EEXIST, "that name exists; open it or unlink it first"));
         };
-        let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, libc::S_IFREG | (mode & 0o7777), "create")?;
+        let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, (mode, target), op)?;
         let tid = meta.tid;
         let state = NodeState {
             slot,
-            disk_size: 0,
+            disk_size: inode.size,
             inode,
             cache_id: fs.new_cache_id(),
             dirty: BTreeMap::new(),
@@ -580,7 +801,7 @@ impl FileSystem {
         let node = Node::new(state);
         meta.slots[slot as usize] = Slot::File(Arc::clone(&node));
         // Counted under the metadata lock, as every open: an unlink sees it.
-        let file = self.handle(node, false);
+        let file = target.is_empty().then(|| self.handle(node, false));
         fs.namespace_changed(meta)?;
         Ok(file)
     }
@@ -595,7 +816,7 @@ impl FileSystem {
     fn open_cached(&self, path: &[u8], walk_ahead: bool) -> Result<File> {
         let fs = &self.mount;
         let meta = fs.meta();
-        let walk = meta.ns.walk(path).map_err(|r| refused("open", path, r))?;
+        let walk = meta.ns.walk(path, true).map_err(|r| refused("open", path, r))?;
         match walk.found {
             None => Err(file_error("open", path, libc::ENOENT, "no such file")),
             Some(c) if c.dir => Err(file_error("open", path, libc::EISDIR, "it is a directory")),
@@ -636,7 +857,7 @@ impl FileSystem {
 
     /// Whether the path names a file or directory.
     pub fn exists(&self, path: impl AsRef<[u8]>) -> bool {
-        self.mount.meta().ns.walk(path.as_ref()).is_ok_and(|w| w.found.is_some())
+        self.mount.meta().ns.walk(path.as_ref(), true).is_ok_and(|w| w.found.is_some())
     }
 
     /// Makes a directory with permission bits `mode`.
@@ -647,11 +868,12 @@ impl FileSystem {
         let mut meta = fs.meta();
         // Trailing slashes are allowed on a new directory, and whatever the
         // name holds makes it EEXIST (as Linux, even for a file).
-        let walk = meta.ns.walk(trim_trailing_slashes(path)).map_err(|r| refused("mkdir", path, r))?;
+        let walk = meta.ns.walk(trim_trailing_slashes(path), false).map_err(|r| refused("mkdir", path, r))?;
         let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
             return Err(file_error("mkdir", path, libc::EEXIST, "that name exists"));
         };
-        let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, libc::S_IFDIR | (mode & 0o7777), "mkdir")?;
+        let (slot, inode) =
+            meta.link_new(&fs.sb, walk.parent, name, (libc::S_IFDIR | (mode & 0o7777), &[]), "mkdir")?;
         meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
         fs.namespace_changed(meta)
     }
@@ -662,7 +884,7 @@ impl FileSystem {
         let fs = &self.mount;
         fs.check_writable("rmdir", path)?;
         let mut meta = fs.meta();
-        let walk = meta.ns.walk(path).map_err(|r| refused("rmdir", path, r))?;
+        let walk = meta.ns.walk(path, false).map_err(|r| refused("rmdir", path, r))?;
         let Some(found) = walk.found else { return Err(file_error("rmdir", path, libc::ENOENT, "no such directory")) };
         if walk.name.is_none() {
             // As Linux: what the last component is decides, before what it names.
@@ -695,7 +917,7 @@ impl FileSystem {
         loop {
             let node = {
                 let meta = fs.meta();
-                let walk = meta.ns.walk(path).map_err(|r| refused("unlink", path, r))?;
+                let walk = meta.ns.walk(path, false).map_err(|r| refused("unlink", path, r))?;
                 match walk.found {
                     None => return Err(file_error("unlink", path, libc::ENOENT, "no such file")),
                     Some(c) if c.dir => {
@@ -706,7 +928,7 @@ impl FileSystem {
             };
             let mut state = node.state.write().expect("file lock poisoned");
             let mut meta = fs.meta();
-            if meta.ns.walk(path).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
+            if meta.ns.walk(path, false).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
                 continue; // renamed or replaced meanwhile: look again
             }
             meta.unlink_file(fs, &node, &mut state, now_ns())?;
@@ -752,7 +974,7 @@ impl FileSystem {
     pub fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<Vec<DirEntry>> {
         let path = path.as_ref();
         let meta = self.mount.meta();
-        let walk = meta.ns.walk(path).map_err(|r| refused("read_dir", path, r))?;
+        let walk = meta.ns.walk(path, true).map_err(|r| refused("read_dir", path, r))?;
         match walk.found {
             None => Err(file_error("read_dir", path, libc::ENOENT, "no such directory")),
             Some(c) if !c.dir => Err(file_error("read_dir", path, libc::ENOTDIR, "it is a file")),
@@ -762,17 +984,33 @@ impl FileSystem {
                 .map(|(name, child)| DirEntry {
                     name: name.to_vec(),
                     ino: ino(child.slot),
-                    kind: if child.dir { Kind::Dir } else { Kind::File },
+                    kind: if child.dir {
+                        Kind::Dir
+                    } else if meta.ns.target(child.slot).is_some() {
+                        Kind::Symlink
+                    } else {
+                        Kind::File
+                    },
                 })
                 .collect()),
         }
     }
 
-    /// `stat`: what the path names.
+    /// `stat`: what the path names (a symbolic link's target).
     pub fn metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
+        self.metadata_as(path.as_ref(), true)
+    }
+
+    /// `lstat`: what the path names, a symbolic link itself where it names one.
+    /// (A trailing `/` follows it, as on Linux.)
+    pub fn symlink_metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
         let path = path.as_ref();
+        self.metadata_as(path, path.ends_with(b"/"))
+    }
+
+    fn metadata_as(&self, path: &[u8], follow: bool) -> Result<Metadata> {
         let meta = self.mount.meta();
-        let walk = meta.ns.walk(path).map_err(|r| refused("stat", path, r))?;
+        let walk = meta.ns.walk(path, follow).map_err(|r| refused("stat", path, r))?;
         match walk.found {
             None => Err(file_error("stat", path, libc::ENOENT, "no such file or directory")),
             Some(c) if c.dir => Ok(meta.dir_metadata(c.slot)),
@@ -787,18 +1025,24 @@ impl FileSystem {
 
     /// `chmod`: sets the permission bits (the low 12 bits of `mode`).
     pub fn set_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<()> {
-        self.change_inode(path.as_ref(), "chmod", |i| i.mode = (i.mode & libc::S_IFMT) | (mode & 0o7777))
+        self.change_inode(path.as_ref(), "chmod", true, |i| i.mode = (i.mode & libc::S_IFMT) | (mode & 0o7777))
     }
 
     /// `utimes`: sets the modification time (ns since the Unix epoch).
     pub fn set_mtime(&self, path: impl AsRef<[u8]>, mtime_ns: u64) -> Result<()> {
-        self.change_inode(path.as_ref(), "utimes", |i| i.mtime_ns = mtime_ns)
+        self.change_inode(path.as_ref(), "utimes", true, |i| i.mtime_ns = mtime_ns)
     }
 
-    fn change_inode(&self, path: &[u8], op: &'static str, change: impl FnOnce(&mut Inode)) -> Result<()> {
+    /// `utimensat(AT_SYMLINK_NOFOLLOW)`: as [`FileSystem::set_mtime`], on a
+    /// symbolic link itself where the path names one.
+    pub fn set_symlink_mtime(&self, path: impl AsRef<[u8]>, mtime_ns: u64) -> Result<()> {
+        self.change_inode(path.as_ref(), "utimes", false, |i| i.mtime_ns = mtime_ns)
+    }
+
+    fn change_inode(&self, path: &[u8], op: &'static str, follow: bool, change: impl FnOnce(&mut Inode)) -> Result<()> {
         let fs = &self.mount;
         fs.check_writable(op, path)?;
-        let found = self.walk(op, path)?.found;
+        let found = fs.meta().ns.walk(path, follow).map_err(|r| refused(op, path, r))?.found;
         match found {
             None => Err(file_error(op, path, libc::ENOENT, "no such file or directory")),
             Some(c) if c.slot == ROOT => {
@@ -815,7 +1059,12 @@ impl FileSystem {
                     i.ctime_ns = now;
                 })
             }
-            Some(_) => self.open(path)?.change_inode(op, change),
+            Some(c) => {
+                // Counted under the metadata lock, as every open: an unlink sees it.
+                let file = fs.meta().file(c.slot).map(|node| self.handle(Arc::clone(node), false));
+                let Some(file) = file else { return Err(file_error(op, path, libc::ENOENT, "removed meanwhile")) };
+                file.change_inode(op, change)
+            }
         }
     }
 
@@ -922,8 +1171,8 @@ impl RenamePlan {
 /// `None` when there is nothing to do (both names lead to the same inode).
 fn plan_rename(meta: &Meta, from: &[u8], to: &[u8], how: Rename) -> Result<Option<RenamePlan>> {
     let (from_dir, to_dir) = (from.ends_with(b"/"), to.ends_with(b"/"));
-    let src = meta.ns.walk(trim_trailing_slashes(from)).map_err(|r| refused("rename", from, r))?;
-    let dst = meta.ns.walk(trim_trailing_slashes(to)).map_err(|r| refused("rename", to, r))?;
+    let src = meta.ns.walk(trim_trailing_slashes(from), false).map_err(|r| refused("rename", from, r))?;
+    let dst = meta.ns.walk(trim_trailing_slashes(to), false).map_err(|r| refused("rename", to, r))?;
     let Some(from_name) = src.name else {
         return Err(file_error("rename", from, libc::EBUSY, "'/', '.' and '..' cannot be renamed"));
     };
@@ -1046,7 +1295,7 @@ mod tests {
     fn paths_resolve_with_dots_slashes_and_the_errno_posix_gives() {
         // /a (dir 0), /a/b (dir 1), /a/b/f (file 2), /g (file 3)
         let ix = index(&[(ROOT, "a", 0, true), (0, "b", 1, true), (1, "f", 2, false), (ROOT, "g", 3, false)]);
-        let found = |p: &str| ix.walk(p.as_bytes()).map(|w| w.found.map(|c| c.slot));
+        let found = |p: &str| ix.walk(p.as_bytes(), true).map(|w| w.found.map(|c| c.slot));
         assert_eq!(found("a/b/f"), Ok(Some(2)));
         assert_eq!(found("/a//b/./f"), Ok(Some(2)));
         assert_eq!(found("a/b/../b/f"), Ok(Some(2)));
@@ -1054,7 +1303,7 @@ mod tests {
         assert_eq!(found("/"), Ok(Some(ROOT)));
         assert_eq!(found("a/b/.."), Ok(Some(0)));
         assert_eq!(found("a/new"), Ok(None));
-        let errno = |p: &[u8]| ix.walk(p).unwrap_err().0;
+        let errno = |p: &[u8]| ix.walk(p, true).unwrap_err().0;
         assert_eq!(errno(b""), libc::ENOENT);
         assert_eq!(errno(b"nope/f"), libc::ENOENT);
         assert_eq!(errno(b"g/x"), libc::ENOTDIR);
@@ -1062,9 +1311,9 @@ mod tests {
         assert_eq!(errno(b"g/.."), libc::ENOTDIR);
         assert_eq!(errno(&[b'n'; 256]), libc::ENAMETOOLONG);
         assert_eq!(errno(&[b'a'; MAX_PATH + 1]), libc::ENAMETOOLONG);
-        let w = ix.walk(b"a/b/").unwrap();
+        let w = ix.walk(b"a/b/", true).unwrap();
         assert!(w.name.as_deref() == Some(&b"b"[..]) && w.parent == 0);
-        let dot = ix.walk(b"a/.").unwrap();
+        let dot = ix.walk(b"a/.", true).unwrap();
         assert_eq!((dot.name, dot.found.map(|c| c.slot), dot.parent), (None, Some(0), ROOT));
     }
 
