@@ -367,12 +367,66 @@ static void other_nodes(void) {
     ERRNO_IS(readlink(at("plain"), buf, sizeof buf), EINVAL);
     ERRNO_IS(readlink(at("none"), buf, sizeof buf), ENOENT);
     if (iopath_mode) {
-        ERRNO_IS(symlink("plain", at("sl")), EPERM);
         ERRNO_IS(link(at("plain"), at("hl")), EPERM);
         ERRNO_IS(mkfifo(at("fifo"), 0644), EPERM);
         ERRNO_IS(link(at("plain"), "/tmp/iopath-mount-test-cross-link"), EXDEV);
     }
     CHECK(unlink(at("plain")) == 0, "unlink");
+}
+
+static void symlinks(void) {
+    char buf[256];
+    struct stat st;
+    CHECK(mkdir(at("ld"), 0755) == 0, "mkdir");
+    int fd = open(at("ld/t"), O_CREAT | O_WRONLY, 0644);
+    CHECK(fd >= 0 && write(fd, "target", 6) == 6 && close(fd) == 0, "a target");
+    CHECK(symlink("ld/t", at("l")) == 0 && symlink("ld", at("l2d")) == 0, "symlink");
+    ERRNO_IS(symlink("x", at("l")), EEXIST);
+    CHECK(readlink(at("l"), buf, sizeof buf) == 4 && !memcmp(buf, "ld/t", 4), "readlink");
+    CHECK(readlink(at("l"), buf, 2) == 2 && !memcmp(buf, "ld", 2), "readlink cut to the buffer");
+    CHECK(lstat(at("l"), &st) == 0 && S_ISLNK(st.st_mode) && st.st_size == 4, "lstat sees the link");
+    CHECK(stat(at("l"), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 6, "stat follows it");
+    CHECK(fstatat(AT_FDCWD, at("l"), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode), "fstatat nofollow");
+    fd = open(at("l"), O_RDONLY);
+    CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 6 && !memcmp(buf, "target", 6) && close(fd) == 0, "read through");
+    CHECK(stat(at("l2d/t"), &st) == 0 && st.st_size == 6, "a directory through a link");
+    ERRNO_IS(open(at("l"), O_RDONLY | O_NOFOLLOW), ELOOP);
+    ERRNO_IS(open(at("l"), O_CREAT | O_EXCL | O_WRONLY, 0644), EEXIST);
+    ERRNO_IS(rmdir(at("l2d")), ENOTDIR);
+    CHECK(symlink("ld/made", at("dangling")) == 0, "a dangling link");
+    ERRNO_IS(stat(at("dangling"), &st), ENOENT);
+    fd = open(at("dangling"), O_CREAT | O_WRONLY, 0644);
+    CHECK(fd >= 0 && close(fd) == 0 && stat(at("ld/made"), &st) == 0, "O_CREAT through a dangling link makes its target");
+    CHECK(symlink("loop", at("loop")) == 0, "a loop");
+    ERRNO_IS(stat(at("loop"), &st), ELOOP);
+    /* Out of DIR and back in: "../NAME/ld/t", NAME being DIR's own name. */
+    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    char up[2100];
+    snprintf(up, sizeof up, "../%s/ld/t", name);
+    CHECK(symlink(up, at("up")) == 0 && stat(at("up"), &st) == 0 && st.st_size == 6, "a link that climbs out and back");
+    /* A link to a file outside DIR, by its absolute path. */
+    fd = open("/tmp/iopath-mount-test-outside", O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    CHECK(fd >= 0 && write(fd, "outside!", 8) == 8 && close(fd) == 0, "a file outside");
+    CHECK(symlink("/tmp/iopath-mount-test-outside", at("out")) == 0, "a link out");
+    fd = open(at("out"), O_RDONLY);
+    CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 8 && !memcmp(buf, "outside!", 8) && close(fd) == 0,
+          "read through a link out");
+    CHECK(unlink("/tmp/iopath-mount-test-outside") == 0, "clean up outside");
+    struct timespec times[2] = {{0, UTIME_OMIT}, {1000000, 0}};
+    CHECK(utimensat(AT_FDCWD, at("l"), times, AT_SYMLINK_NOFOLLOW) == 0 && lstat(at("l"), &st) == 0 &&
+              st.st_mtime == 1000000 && stat(at("l"), &st) == 0 && st.st_mtime != 1000000,
+          "utimensat nofollow sets the link's time");
+    int links = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        links += e->d_type == DT_LNK;
+    CHECK(d && closedir(d) == 0 && links == 6, "readdir says DT_LNK (%d)", links);
+    CHECK(rename(at("l"), at("l3")) == 0 && readlink(at("l3"), buf, sizeof buf) == 4, "rename a link");
+    CHECK(unlink(at("l3")) == 0 && stat(at("ld/t"), &st) == 0, "unlink a link, not its target");
+    CHECK(unlink(at("l2d")) == 0 && unlink(at("dangling")) == 0 && unlink(at("loop")) == 0 && unlink(at("up")) == 0 &&
+              unlink(at("out")) == 0 && unlink(at("ld/t")) == 0 && unlink(at("ld/made")) == 0 && rmdir(at("ld")) == 0,
+          "clean up");
 }
 
 static void working_directory(void) {
@@ -427,6 +481,7 @@ int main(int argc, char **argv) {
     stdio_and_metadata();
     working_directory();
     copies();
+    symlinks();
     other_nodes();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

@@ -54,7 +54,11 @@ fn snapshot(fd: c_int) -> Result<Vec<(Vec<u8>, u64, u8)>, c_int> {
     let parent = fs.metadata(&parent_path).map(|m| m.ino).unwrap_or(own.ino);
     let mut entries = vec![(b".".to_vec(), own.ino, libc::DT_DIR), (b"..".to_vec(), parent, libc::DT_DIR)];
     for e in fs.read_dir(&d.path).map_err(|e| super::errno_of(&e))? {
-        let kind = if e.kind == Kind::Dir { libc::DT_DIR } else { libc::DT_REG };
+        let kind = match e.kind {
+            Kind::Dir => libc::DT_DIR,
+            Kind::Symlink => libc::DT_LNK,
+            Kind::File => libc::DT_REG,
+        };
         entries.push((e.name, e.ino, kind));
     }
     Ok(entries)

@@ -1,18 +1,37 @@
 //! Metadata: the stat family (stat, lstat, fstat, fstatat and their `64`
-//! names, statx, and the `__xstat` forms older binaries call). A mount
-//! has no symbolic links, so lstat is stat there. Files belong to the
-//! calling process's user; the access time reads as the modification time.
+//! names, statx, and the `__xstat` forms older binaries call), chmod,
+//! utimes, chown and statfs. The calls that do not follow a last symbolic
+//! link (lstat, `AT_SYMLINK_NOFOLLOW`, lchown) see the link itself. Files
+//! belong to the calling process's user; the access time reads as the
+//! modification time.
 
-use super::{errno_of, fail, on_fd, on_path};
+use super::{errno_of, fail, on_fd, on_path, on_path_nofollow};
 use crate::mount::{Description, Inside, Mount, Node};
 use crate::real;
 use iopath::fs::{Kind, Metadata};
 use libc::{c_char, c_int, c_uint};
 
-/// What `stat` says of `path` inside a mount.
+/// What `stat` says of `path` inside a mount: its links are resolved (by
+/// [`on_path`]; a last one is there only where the call does not follow it,
+/// and then it is the link that is described).
 fn metadata_inside(inside: &Inside) -> Result<Metadata, c_int> {
     let fs = inside.mount.fs()?;
-    fs.metadata(&inside.path).map_err(|e| errno_of(&e))
+    fs.symlink_metadata(&inside.path).map_err(|e| errno_of(&e))
+}
+
+/// [`on_path`], or [`on_path_nofollow`] where `flags` hold `AT_SYMLINK_NOFOLLOW`.
+fn on_path_flags<R>(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(Inside) -> R,
+) -> Option<R> {
+    if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+        on_path_nofollow(dirfd, path, failed, serve)
+    } else {
+        on_path(dirfd, path, failed, serve)
+    }
 }
 
 /// What `fstat` says of a mounted description.
@@ -74,24 +93,25 @@ fn fstatat_any(dirfd: c_int, path: *const c_char, out: *mut libc::stat, flags: c
     if empty && flags & libc::AT_EMPTY_PATH != 0 {
         return on_fd(dirfd, fail, |d| fstat_mounted(d, out));
     }
-    on_path(dirfd, path, fail, |inside| stat_inside(inside, out))
+    on_path_flags(dirfd, path, flags, fail, |inside| stat_inside(inside, out))
 }
 
 macro_rules! hook_stat {
-    ($($name:ident: $ty:ty),*) => {$(
+    ($($name:ident: $ty:ty, $on_path:ident);*) => {$(
         /// `stat`/`lstat`: a mounted path's, or the C library's.
         ///
         /// # Safety
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, out: *mut $ty) -> c_int {
-            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| stat_inside(inside, out.cast()));
+            let mounted = $on_path(libc::AT_FDCWD, path, fail, |inside| stat_inside(inside, out.cast()));
             // SAFETY: passed on.
             mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), out) })
         }
     )*};
 }
-hook_stat!(stat: libc::stat, lstat: libc::stat, stat64: libc::stat64, lstat64: libc::stat64);
+hook_stat!(stat: libc::stat, on_path; lstat: libc::stat, on_path_nofollow;
+    stat64: libc::stat64, on_path; lstat64: libc::stat64, on_path_nofollow);
 
 macro_rules! hook_fstat {
     ($($name:ident: $ty:ty),*) => {$(
@@ -124,20 +144,21 @@ macro_rules! hook_fstatat {
 hook_fstatat!(fstatat: libc::stat, fstatat64: libc::stat64);
 
 macro_rules! hook_xstat {
-    ($($name:ident: $ty:ty),*) => {$(
+    ($($name:ident: $ty:ty, $on_path:ident);*) => {$(
         /// The `__xstat` form of stat/lstat that binaries built against glibc before 2.33 call.
         ///
         /// # Safety
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(version: c_int, path: *const c_char, out: *mut $ty) -> c_int {
-            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| stat_inside(inside, out.cast()));
+            let mounted = $on_path(libc::AT_FDCWD, path, fail, |inside| stat_inside(inside, out.cast()));
             // SAFETY: passed on.
             mounted.unwrap_or_else(|| unsafe { real::$name(version, super::kernel(libc::AT_FDCWD, path).ptr(), out) })
         }
     )*};
 }
-hook_xstat!(__xstat: libc::stat, __lxstat: libc::stat, __xstat64: libc::stat64, __lxstat64: libc::stat64);
+hook_xstat!(__xstat: libc::stat, on_path; __lxstat: libc::stat, on_path_nofollow;
+    __xstat64: libc::stat64, on_path; __lxstat64: libc::stat64, on_path_nofollow);
 
 macro_rules! hook_fxstat {
     ($($name:ident: $ty:ty),*) => {$(
@@ -226,7 +247,7 @@ pub unsafe extern "C" fn statx(
             Err(e) => fail(e),
         })
     } else {
-        on_path(dirfd, path, fail, |inside| match metadata_inside(&inside) {
+        on_path_flags(dirfd, path, flags, fail, |inside| match metadata_inside(&inside) {
             Ok(m) => fill_statx(&m, inside.mount, out),
             Err(e) => fail(e),
         })
@@ -280,7 +301,11 @@ pub unsafe extern "C" fn chmod(path: *const c_char, mode: libc::mode_t) -> c_int
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fchmodat(dirfd: c_int, path: *const c_char, mode: libc::mode_t, flags: c_int) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| chmod_inside(inside, mode));
+    let mounted = on_path_flags(dirfd, path, flags, fail, |inside| match metadata_inside(&inside) {
+        // As Linux: the mode of a link cannot be changed.
+        Ok(m) if m.kind == Kind::Symlink => fail(libc::EOPNOTSUPP),
+        _ => chmod_inside(inside, mode),
+    });
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::fchmodat(dirfd, super::kernel(dirfd, path).ptr(), mode, flags) })
 }
@@ -312,6 +337,8 @@ fn mtime_of(times: *const libc::timespec) -> Result<Option<u64>, c_int> {
     }
 }
 
+/// utimensat in a mount (a last link in the path is one the call does not
+/// follow: its own time is set).
 fn utimes_inside(inside: Inside, times: *const libc::timespec) -> c_int {
     let fs = match inside.mount.fs() {
         Ok(fs) => fs,
@@ -319,8 +346,8 @@ fn utimes_inside(inside: Inside, times: *const libc::timespec) -> c_int {
     };
     match mtime_of(times) {
         Err(e) => fail(e),
-        Ok(None) => result(fs.metadata(&inside.path).map(drop)),
-        Ok(Some(ns)) => result(fs.set_mtime(&inside.path, ns)),
+        Ok(None) => result(fs.symlink_metadata(&inside.path).map(drop)),
+        Ok(Some(ns)) => result(fs.set_symlink_mtime(&inside.path, ns)),
     }
 }
 
@@ -339,7 +366,7 @@ pub unsafe extern "C" fn utimensat(
         // Linux's utimensat(fd, NULL, ...) is futimens.
         on_fd(dirfd, fail, |d| futimens_mounted(d, times))
     } else {
-        on_path(dirfd, path, fail, |inside| utimes_inside(inside, times))
+        on_path_flags(dirfd, path, flags, fail, |inside| utimes_inside(inside, times))
     };
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::utimensat(dirfd, super::kernel(dirfd, path).ptr(), times, flags) })
@@ -414,14 +441,14 @@ fn exists(inside: &Inside) -> c_int {
 }
 
 macro_rules! hook_chown {
-    ($($name:ident),*) => {$(
+    ($($name:ident, $on_path:ident);*) => {$(
         /// `chown`/`lchown`: see `chown_mounted`.
         ///
         /// # Safety
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| match exists(&inside) {
+            let mounted = $on_path(libc::AT_FDCWD, path, fail, |inside| match exists(&inside) {
                 0 => chown_mounted(uid, gid),
                 e => e,
             });
@@ -430,7 +457,7 @@ macro_rules! hook_chown {
         }
     )*};
 }
-hook_chown!(chown, lchown);
+hook_chown!(chown, on_path; lchown, on_path_nofollow);
 
 /// `fchown`.
 ///
@@ -454,7 +481,7 @@ pub unsafe extern "C" fn fchownat(
     gid: libc::gid_t,
     flags: c_int,
 ) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| match exists(&inside) {
+    let mounted = on_path_flags(dirfd, path, flags, fail, |inside| match exists(&inside) {
         0 => chown_mounted(uid, gid),
         e => e,
     });

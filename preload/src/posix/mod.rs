@@ -9,7 +9,14 @@
 //!
 //! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
-//!   and the nodes a mount cannot hold (symlink, link, mknod, mkfifo: EPERM; readlink: EINVAL)
+//!   symlink and readlink, and the nodes a mount cannot hold (link, mknod, mkfifo: EPERM)
+//!
+//! Symbolic links are followed here, before a call is served (`on_path`;
+//! `on_path_nofollow` for the calls that act on a last link itself): a
+//! link's absolute target is a path of the process, a relative one that
+//! climbs above a mount's root leaves through the mount's directory, and
+//! either may lead into another mount or out of all of them, where the
+//! kernel gets the path the links led to (`kernel`).
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl, and
 //!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
 //!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the
@@ -102,22 +109,119 @@ pub(crate) fn path_bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
 }
 
 /// What a call on `path` (relative to `dirfd`) does: `None` if it is
-/// outside every mount, else the result of `serve` on where it leads.
+/// outside every mount, else the result of `serve` on where it leads. The
+/// symbolic links on the way are followed, the last component's too (as
+/// `stat` and `open` do); [`on_path_nofollow`] leaves a last link as it is.
 pub(crate) fn on_path<R>(
     dirfd: c_int,
     path: *const c_char,
     failed: impl FnOnce(c_int) -> R,
     serve: impl FnOnce(mount::Inside) -> R,
 ) -> Option<R> {
+    on_path_as(dirfd, path, true, failed, serve)
+}
+
+/// [`on_path`] for calls that act on a link itself (`lstat`, `unlink`,
+/// `rename`, `readlink`, `mkdir`, `symlink`, `O_NOFOLLOW`).
+pub(crate) fn on_path_nofollow<R>(
+    dirfd: c_int,
+    path: *const c_char,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(mount::Inside) -> R,
+) -> Option<R> {
+    on_path_as(dirfd, path, false, failed, serve)
+}
+
+fn on_path_as<R>(
+    dirfd: c_int,
+    path: *const c_char,
+    follow: bool,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(mount::Inside) -> R,
+) -> Option<R> {
     if !mounting() {
         return None;
     }
-    let inside = mount::resolve(dirfd, path_bytes(path)?)?;
+    let bytes = path_bytes(path)?;
+    forget_redirect(path);
+    let inside = mount::resolve(dirfd, bytes)?;
     if forked() {
         return Some(failed(libc::EPERM));
     }
     let _inside = crate::Inside::enter();
-    Some(serve(inside))
+    match follow_links(inside, follow) {
+        Ok(Some(inside)) => Some(serve(inside)),
+        Ok(None) => None,
+        Err(Redirect::Outside(to)) => {
+            // A link led out of every mount: the kernel gets the path it leads to.
+            redirect(path, to);
+            None
+        }
+        Err(Redirect::Failed(errno)) => Some(failed(errno)),
+    }
+}
+
+/// Why a path's links did not end inside a mount.
+enum Redirect {
+    /// They lead to this path, outside every mount.
+    Outside(Vec<u8>),
+    /// Resolving them failed (ELOOP, ENOENT on the way, ...).
+    Failed(c_int),
+}
+
+/// Follows the symbolic links of a path inside a mount, across mounts and
+/// out of them (a link's absolute target is the process's path, not the
+/// mount's; a relative one that climbs above the mount's root leaves it
+/// through its directory). `Ok(None)`: the mount could not be mounted
+/// (the caller's serve reports that).
+fn follow_links(mut inside: mount::Inside, follow: bool) -> Result<Option<mount::Inside>, Redirect> {
+    use iopath::fs::Resolved;
+    for _ in 0..=40 {
+        let Ok(fs) = inside.mount.fs() else { return Ok(Some(inside)) };
+        let next = match fs.resolve(&inside.path, follow) {
+            Ok(Resolved::Inside(path)) => return Ok(Some(mount::Inside { mount: inside.mount, path })),
+            Ok(Resolved::Absolute(path)) => path,
+            Ok(Resolved::Above(rel)) => mount::normalize(&inside.mount.dir, &rel),
+            Err(e) => return Err(Redirect::Failed(errno_of(&e))),
+        };
+        match mount::resolve(libc::AT_FDCWD, &next) {
+            Some(further) => inside = further,
+            None => return Err(Redirect::Outside(next)),
+        }
+    }
+    Err(Redirect::Failed(libc::ELOOP))
+}
+
+thread_local! {
+    /// Paths a mount's links sent out of every mount, by the caller's pointer:
+    /// the kernel call that follows ([`kernel`]) takes the path from here.
+    static REDIRECTS: std::cell::RefCell<Vec<(usize, std::ffi::CString)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn forget_redirect(path: *const c_char) {
+    let _ = REDIRECTS.try_with(|r| r.borrow_mut().retain(|(p, _)| *p != path as usize));
+}
+
+fn redirect(path: *const c_char, to: Vec<u8>) {
+    let Ok(to) = std::ffi::CString::new(to) else { return };
+    let _ = REDIRECTS.try_with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() >= 4 {
+            r.clear(); // (a hook that never made its kernel call: never more than a few)
+        }
+        r.push((path as usize, to));
+    });
+}
+
+fn take_redirect(path: *const c_char) -> Option<std::ffi::CString> {
+    REDIRECTS
+        .try_with(|r| {
+            let mut r = r.borrow_mut();
+            let at = r.iter().position(|(p, _)| *p == path as usize)?;
+            Some(r.swap_remove(at).1)
+        })
+        .ok()
+        .flatten()
 }
 
 /// -1 as an `ssize_t` with `errno` set.
@@ -140,10 +244,11 @@ impl KernelPath {
     }
 }
 
-/// What the kernel should get for `path` relative to `dirfd`.
+/// What the kernel should get for `path` relative to `dirfd` (where a
+/// mount's symbolic link led it out, the path it leads to).
 pub(crate) fn kernel(dirfd: c_int, path: *const c_char) -> KernelPath {
     let rewritten = if MOUNTING.load(Ordering::Relaxed) {
-        path_bytes(path).and_then(|p| mount::kernel_path(dirfd, p))
+        take_redirect(path).or_else(|| path_bytes(path).and_then(|p| mount::kernel_path(dirfd, p)))
     } else {
         None
     };

@@ -1,7 +1,8 @@
 //! Paths: open (and open64, openat, creat, the `__open_2` checked forms),
-//! unlink, rename, mkdir, rmdir, access, truncate and umask.
+//! unlink, rename, mkdir, rmdir, access, truncate, umask, chdir and getcwd,
+//! symlink and readlink, and the nodes a mount cannot hold.
 
-use super::{errno_of, fail, on_path};
+use super::{errno_of, fail, on_path, on_path_nofollow};
 use crate::mount::{self, Description, Inside, Node};
 use crate::real;
 use crate::route::created;
@@ -66,7 +67,11 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
     if access == libc::O_ACCMODE {
         return fail(libc::EINVAL);
     }
-    let node = match fs.metadata(path) {
+    // (The last component is a link only where the caller did not follow it.)
+    let node = match fs.symlink_metadata(path) {
+        Ok(m) if m.kind == Kind::Symlink => {
+            return fail(if create && exclusive { libc::EEXIST } else { libc::ELOOP });
+        }
         Ok(m) if m.kind == Kind::Dir => {
             if create && exclusive {
                 return fail(libc::EEXIST);
@@ -133,6 +138,20 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
     fd
 }
 
+/// open(2) on a path: `None` if it is outside every mount. `O_NOFOLLOW`
+/// and `O_CREAT | O_EXCL` act on a last symbolic link itself (ELOOP and
+/// EEXIST); otherwise the link is followed (and `O_CREAT` makes a missing
+/// target, as the kernel does).
+fn open_on_path(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> Option<c_int> {
+    let serve = |inside| open_inside(inside, flags, mode);
+    let exclusive = flags & (libc::O_CREAT | libc::O_EXCL) == libc::O_CREAT | libc::O_EXCL;
+    if flags & libc::O_NOFOLLOW != 0 || exclusive {
+        on_path_nofollow(dirfd, path, fail, serve)
+    } else {
+        on_path(dirfd, path, fail, serve)
+    }
+}
+
 macro_rules! hook_open {
     ($($name:ident),*) => {$(
         /// `open`: in a mount, iopath's file; otherwise passed through (a
@@ -142,7 +161,7 @@ macro_rules! hook_open {
         /// As the C function (`mode` is read only with O_CREAT or O_TMPFILE, as there).
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-            if let Some(fd) = on_path(libc::AT_FDCWD, path, fail, |inside| open_inside(inside, flags, mode)) {
+            if let Some(fd) = open_on_path(libc::AT_FDCWD, path, flags, mode) {
                 return fd;
             }
             // SAFETY: passed on.
@@ -158,7 +177,7 @@ macro_rules! hook_openat {
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-            if let Some(fd) = on_path(dirfd, path, fail, |inside| open_inside(inside, flags, mode)) {
+            if let Some(fd) = open_on_path(dirfd, path, flags, mode) {
                 return fd;
             }
             // SAFETY: passed on.
@@ -175,7 +194,7 @@ macro_rules! hook_creat {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: mode_t) -> c_int {
             let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
-            if let Some(fd) = on_path(libc::AT_FDCWD, path, fail, |inside| open_inside(inside, flags, mode)) {
+            if let Some(fd) = open_on_path(libc::AT_FDCWD, path, flags, mode) {
                 return fd;
             }
             // SAFETY: passed on.
@@ -191,7 +210,7 @@ macro_rules! hook_open_2 {
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int) -> c_int {
-            if let Some(fd) = on_path(libc::AT_FDCWD, path, fail, |inside| open_inside(inside, flags, 0)) {
+            if let Some(fd) = open_on_path(libc::AT_FDCWD, path, flags, 0) {
                 return fd;
             }
             // SAFETY: passed on.
@@ -207,7 +226,7 @@ macro_rules! hook_openat_2 {
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-            if let Some(fd) = on_path(dirfd, path, fail, |inside| open_inside(inside, flags, 0)) {
+            if let Some(fd) = open_on_path(dirfd, path, flags, 0) {
                 return fd;
             }
             // SAFETY: passed on.
@@ -242,7 +261,7 @@ fn with_fs(inside: &Inside, f: impl FnOnce(&iopath::fs::FileSystem) -> iopath::R
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
-    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.unlink(&inside.path)));
+    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.unlink(&inside.path)));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::unlink(super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
@@ -253,7 +272,7 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| {
+    let mounted = on_path_nofollow(dirfd, path, fail, |inside| {
         if flags & !libc::AT_REMOVEDIR != 0 {
             return fail(libc::EINVAL);
         }
@@ -273,7 +292,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
-    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.rmdir(&inside.path)));
+    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| with_fs(&inside, |fs| fs.rmdir(&inside.path)));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::rmdir(super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
@@ -290,7 +309,7 @@ fn mkdir_inside(inside: Inside, mode: mode_t) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
     // SAFETY: passed on.
-    on_path(libc::AT_FDCWD, path, fail, |inside| mkdir_inside(inside, mode))
+    on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mkdir_inside(inside, mode))
         .unwrap_or_else(|| unsafe { real::mkdir(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
 }
 
@@ -300,7 +319,7 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| mkdir_inside(inside, mode));
+    let mounted = on_path_nofollow(dirfd, path, fail, |inside| mkdir_inside(inside, mode));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::mkdirat(dirfd, super::kernel(dirfd, path).ptr(), mode) })
 }
@@ -315,8 +334,8 @@ fn rename_any(
     new: *const c_char,
     flags: c_uint,
 ) -> Option<c_int> {
-    let from = on_path(olddirfd, old, Err, Ok);
-    let to = on_path(newdirfd, new, Err, Ok);
+    let from = on_path_nofollow(olddirfd, old, Err, Ok);
+    let to = on_path_nofollow(newdirfd, new, Err, Ok);
     let (from, to) = match (from, to) {
         (None, None) => return None,
         (Some(Err(e)), _) | (_, Some(Err(e))) => return Some(fail(e)),
@@ -422,7 +441,12 @@ pub unsafe extern "C" fn access(path: *const c_char, how: c_int) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn faccessat(dirfd: c_int, path: *const c_char, how: c_int, flags: c_int) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| access_inside(inside, how));
+    let serve = |inside| access_inside(inside, how);
+    let mounted = if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+        on_path_nofollow(dirfd, path, fail, serve)
+    } else {
+        on_path(dirfd, path, fail, serve)
+    };
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::faccessat(dirfd, super::kernel(dirfd, path).ptr(), how, flags) })
 }
@@ -572,24 +596,30 @@ fn unsupported_node(what: &str, inside: &Inside) -> c_int {
     fail(libc::EPERM)
 }
 
-/// `symlink`: a mount holds no symbolic links (EPERM).
+/// `symlinkat` in a mount: a link to `target`, kept as the bytes given.
+fn symlink_inside(target: *const c_char, inside: Inside) -> c_int {
+    let Some(target) = super::path_bytes(target) else { return fail(libc::EFAULT) };
+    with_fs(&inside, |fs| fs.symlink(target, &inside.path))
+}
+
+/// `symlink`.
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> c_int {
-    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a symbolic link", &inside));
+    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| symlink_inside(target, inside));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::symlink(target, super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
 
-/// `symlinkat`: as [`symlink`].
+/// `symlinkat`.
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| unsupported_node("a symbolic link", &inside));
+    let mounted = on_path_nofollow(dirfd, path, fail, |inside| symlink_inside(target, inside));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::symlinkat(target, dirfd, super::kernel(dirfd, path).ptr()) })
 }
@@ -597,8 +627,8 @@ pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *c
 /// A hard link with either name in a mount: EPERM within one (no hard
 /// links), EXDEV across its edge. `None`: both outside.
 fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> Option<c_int> {
-    let from = on_path(olddirfd, old, Err, Ok);
-    let to = on_path(newdirfd, new, Err, Ok);
+    let from = on_path_nofollow(olddirfd, old, Err, Ok);
+    let to = on_path_nofollow(newdirfd, new, Err, Ok);
     match (from, to) {
         (None, None) => None,
         (Some(Err(e)), _) | (_, Some(Err(e))) => Some(fail(e)),
@@ -647,12 +677,20 @@ pub unsafe extern "C" fn linkat(
     })
 }
 
-/// readlink in a mount: nothing there is a link (EINVAL), or the path's own errno.
-fn readlink_inside(inside: Inside) -> libc::ssize_t {
-    match inside.mount.fs().map(|fs| fs.metadata(&inside.path)) {
+/// readlink in a mount: the link's target, cut to `size` bytes (no NUL added, as the kernel's).
+fn readlink_inside(inside: Inside, buf: *mut c_char, size: libc::size_t) -> libc::ssize_t {
+    if size == 0 {
+        return fail(libc::EINVAL) as libc::ssize_t;
+    }
+    match inside.mount.fs().map(|fs| fs.read_link(&inside.path)) {
         Err(e) => fail(e) as libc::ssize_t,
         Ok(Err(e)) => fail(errno_of(&e)) as libc::ssize_t,
-        Ok(Ok(_)) => fail(libc::EINVAL) as libc::ssize_t,
+        Ok(Ok(target)) => {
+            let n = target.len().min(size);
+            // SAFETY: the caller's buffer holds `size` bytes (the C contract).
+            unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
+            n as libc::ssize_t
+        }
     }
 }
 
@@ -662,7 +700,8 @@ fn readlink_inside(inside: Inside) -> libc::ssize_t {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: libc::size_t) -> libc::ssize_t {
-    let mounted = on_path(libc::AT_FDCWD, path, |e| fail(e) as libc::ssize_t, readlink_inside);
+    let mounted =
+        on_path_nofollow(libc::AT_FDCWD, path, |e| fail(e) as libc::ssize_t, |i| readlink_inside(i, buf, size));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::readlink(super::kernel(libc::AT_FDCWD, path).ptr(), buf, size) })
 }
@@ -678,7 +717,7 @@ pub unsafe extern "C" fn readlinkat(
     buf: *mut c_char,
     size: libc::size_t,
 ) -> libc::ssize_t {
-    let mounted = on_path(dirfd, path, |e| fail(e) as libc::ssize_t, readlink_inside);
+    let mounted = on_path_nofollow(dirfd, path, |e| fail(e) as libc::ssize_t, |i| readlink_inside(i, buf, size));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::readlinkat(dirfd, super::kernel(dirfd, path).ptr(), buf, size) })
 }
@@ -689,7 +728,8 @@ pub unsafe extern "C" fn readlinkat(
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
-    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
+    let mounted =
+        on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::mknod(super::kernel(libc::AT_FDCWD, path).ptr(), mode, dev) })
 }
@@ -700,7 +740,7 @@ pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
-    let mounted = on_path(dirfd, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
+    let mounted = on_path_nofollow(dirfd, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::mknodat(dirfd, super::kernel(dirfd, path).ptr(), mode, dev) })
 }
@@ -711,7 +751,7 @@ pub unsafe extern "C" fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
-    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a FIFO", &inside));
+    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a FIFO", &inside));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::mkfifo(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
 }
