@@ -1137,7 +1137,9 @@ impl Inner {
     fn load_whole_files(&self, nodes: &[Arc<Node>]) {
         for node in nodes {
             let Ok(state) = node.state.try_read() else { continue };
-            let (size, cache_id) = (state.inode.size, state.cache_id);
+            // (A symbolic link's size is its target's length: it has no blocks to load.)
+            let size = if state.inode.is_link() { 0 } else { state.inode.size };
+            let cache_id = state.cache_id;
             // A file the carried cache holds is lent in place when it is read: handed
             // to the read-ahead thread, it cost a wake-up of that thread, on the other
             // CPU, per file (`tar c` of a carried tree: 4% of its samples waking it).
