@@ -50,13 +50,20 @@ const ROOT_CHILD: Child = Child { slot: ROOT, dir: true };
 /// inodes under the metadata lock.
 #[derive(Debug, Default)]
 pub(super) struct Index {
-    /// `(parent, name) -> child`.
-    entries: BTreeMap<(u32, Vec<u8>), Child>,
+    /// `parent -> name -> child`: a directory's entries by name (looked up
+    /// by a borrowed name, with no copy of it).
+    entries: HashMap<u32, BTreeMap<Vec<u8>, Child>>,
+    /// Number of names.
+    names: usize,
     /// `child -> (parent, name)` for every linked slot (an orphan has none).
     links: HashMap<u32, (u32, Vec<u8>)>,
     /// Each symbolic link's target, by slot.
     targets: HashMap<u32, Vec<u8>>,
 }
+
+/// What [`Index::walk_plain`] gives back where a link is to be followed
+/// (no errno is 0: matched as `Err((0, _))`).
+const FOLLOW: Refusal = (0, "a symbolic link to follow");
 
 /// Most symbolic links one path resolution follows (Linux's `MAXSYMLINKS`).
 const MAX_LINKS_FOLLOWED: usize = 40;
@@ -97,10 +104,11 @@ impl Index {
     /// Adds an entry; false if the name is taken.
     pub fn insert(&mut self, parent: u32, name: Vec<u8>, child: Child) -> bool {
         use std::collections::btree_map::Entry;
-        match self.entries.entry((parent, name.clone())) {
+        match self.entries.entry(parent).or_default().entry(name.clone()) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
                 v.insert(child);
+                self.names += 1;
                 let old = self.links.insert(child.slot, (parent, name));
                 debug_assert!(old.is_none(), "slot {} linked twice", child.slot);
                 true
@@ -126,15 +134,19 @@ impl Index {
     /// Removes the entry of `slot` (nothing if it has none).
     pub fn remove_slot(&mut self, slot: u32) {
         if let Some((parent, name)) = self.links.remove(&slot) {
-            let gone = self.entries.remove(&(parent, name));
+            let dir = self.entries.get_mut(&parent).expect("a linked slot's directory has entries");
+            let gone = dir.remove(&name);
             debug_assert_eq!(gone.map(|c| c.slot), Some(slot));
+            if dir.is_empty() {
+                self.entries.remove(&parent);
+            }
+            self.names -= 1;
         }
     }
 
     /// The entry `name` of directory `parent`.
     pub fn get(&self, parent: u32, name: &[u8]) -> Option<Child> {
-        // A borrowed key of a tuple needs an owned probe; names are short.
-        self.entries.get(&(parent, name.to_vec())).copied()
+        self.entries.get(&parent)?.get(name).copied()
     }
 
     /// Where `slot` is linked.
@@ -144,27 +156,21 @@ impl Index {
 
     /// The entries of directory `dir`, by name.
     pub fn children(&self, dir: u32) -> impl Iterator<Item = (&[u8], Child)> {
-        self.entries.range((dir, Vec::new())..).take_while(move |((p, _), _)| *p == dir).map(|((_, n), c)| (&n[..], *c))
+        self.entries.get(&dir).into_iter().flatten().map(|(n, c)| (&n[..], *c))
     }
 
     /// Up to `n` entries of `dir` before `name`, nearest first (`readdir`'s order, backwards).
     pub fn before(&self, dir: u32, name: &[u8], n: usize) -> impl Iterator<Item = &[u8]> {
-        self.entries
-            .range(..(dir, name.to_vec()))
-            .rev()
-            .take_while(move |((p, _), _)| *p == dir)
-            .take(n)
-            .map(|((_, n), _)| &n[..])
+        use std::ops::Bound::{Excluded, Unbounded};
+        let range = self.entries.get(&dir).map(|e| e.range::<[u8], _>((Unbounded, Excluded(name))));
+        range.into_iter().flatten().rev().take(n).map(|(n, _)| &n[..])
     }
 
     /// Up to `n` entries of `dir` after `name`, in `readdir`'s order.
     pub fn after(&self, dir: u32, name: &[u8], n: usize) -> impl Iterator<Item = Child> + '_ {
         use std::ops::Bound::{Excluded, Unbounded};
-        self.entries
-            .range((Excluded((dir, name.to_vec())), Unbounded))
-            .take_while(move |((p, _), _)| *p == dir)
-            .take(n)
-            .map(|(_, c)| *c)
+        let range = self.entries.get(&dir).map(|e| e.range::<[u8], _>((Excluded(name), Unbounded)));
+        range.into_iter().flatten().take(n).map(|(_, c)| *c)
     }
 
     /// Whether directory `dir` has no entries.
@@ -193,7 +199,7 @@ impl Index {
 
     /// Number of names.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.names
     }
 
     /// The path of `slot` from the root, without a leading `/`; `None` for an orphan.
@@ -252,11 +258,12 @@ impl Index {
     /// leads out of the file system is refused with `EXDEV` (the interposer
     /// asks [`Index::resolve`] first and routes such paths itself).
     pub fn walk(&self, path: &[u8], follow: bool) -> std::result::Result<Walk, Refusal> {
-        if self.targets.is_empty() {
-            return self.walk_plain(path);
+        match self.walk_plain(path, Some(follow)) {
+            Err((0, _)) => {}
+            done => return done,
         }
         match self.resolve(path, follow)? {
-            Resolved::Inside(inside) => self.walk_plain(&inside),
+            Resolved::Inside(inside) => self.walk_plain(&inside, None),
             Resolved::Absolute(_) | Resolved::Above(_) => {
                 Err((libc::EXDEV, "a symbolic link on the way leads out of the file system"))
             }
@@ -272,7 +279,8 @@ impl Index {
         if path.len() > MAX_PATH {
             return Err((libc::ENAMETOOLONG, "a path is at most 4095 bytes"));
         }
-        if self.targets.is_empty() {
+        if !matches!(self.walk_plain(path, Some(follow)), Err((0, _))) {
+            // No link on the way to follow: what the path names (or why not) is the caller's walk's.
             return Ok(Resolved::Inside(path.to_vec()));
         }
         let dir_only = path.ends_with(b"/");
@@ -361,9 +369,11 @@ impl Index {
         Ok(Resolved::Inside(out))
     }
 
-    /// Resolves `path`, whose components are all names, `.` or `..` (no
-    /// symbolic link on the way but the last; see the module's documentation).
-    fn walk_plain(&self, path: &[u8]) -> std::result::Result<Walk, Refusal> {
+    /// Resolves `path` by its names, `.` and `..` (see the module's
+    /// documentation). With `links` (`Some(follow)`) it gives up with
+    /// [`FOLLOW`] where a symbolic link would be followed; with `None` a
+    /// link is a name like a file's (the caller resolved the path's links).
+    fn walk_plain(&self, path: &[u8], links: Option<bool>) -> std::result::Result<Walk, Refusal> {
         if path.is_empty() {
             return Err((libc::ENOENT, "an empty path names nothing"));
         }
@@ -373,11 +383,12 @@ impl Index {
         if path.contains(&0) {
             return Err((libc::EINVAL, "a path holds no NUL byte"));
         }
-        let parts: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+        let links = links.filter(|_| !self.targets.is_empty());
+        let mut parts = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).peekable();
         let dir_only = path.ends_with(b"/");
         let mut dir = ROOT;
-        for (i, &part) in parts.iter().enumerate() {
-            let last = i + 1 == parts.len();
+        while let Some(part) = parts.next() {
+            let last = parts.peek().is_none();
             if part.len() > MAX_NAME {
                 return Err((libc::ENAMETOOLONG, "a name is at most 255 bytes"));
             }
@@ -392,6 +403,12 @@ impl Index {
                 continue;
             }
             let found = self.get(dir, part);
+            if let Some(follow) = links
+                && (!last || follow)
+                && found.is_some_and(|c| self.targets.contains_key(&c.slot))
+            {
+                return Err(FOLLOW);
+            }
             if last {
                 if dir_only && found.is_some_and(|c| !c.dir) {
                     return Err((libc::ENOTDIR, "a path that ends in '/' names a directory, and this is a file"));
