@@ -5,8 +5,8 @@
 //! There are no directory blocks. Every inode holds its own name and its
 //! parent directory's slot (format version 3, [`super::format`]); the root
 //! has no inode. At mount the namespace is indexed in memory (`Index`:
-//! `(parent, name) -> child`, ordered, so a directory's entries are one
-//! range), and checked: every parent is a directory, no name is taken
+//! per directory, an ordered map of its names, looked up by a borrowed
+//! name), and checked: every parent is a directory, no name is taken
 //! twice, every directory reaches the root. So a rename, even of a
 //! directory across directories, rewrites one inode (two for an exchange,
 //! plus the parents' times), in one journal transaction: atomic by
@@ -17,6 +17,10 @@
 //! root's `..` is the root), a trailing `/` demands a directory. Errors carry
 //! the errno POSIX gives for the same call (ENOENT, ENOTDIR, EISDIR,
 //! ENOTEMPTY, EEXIST, EINVAL, EBUSY, ENAMETOOLONG).
+//!
+//! Symbolic links (format 7) keep their target in their inode; the index
+//! holds every target, and a path is walked by name until it meets a link
+//! it must follow, then resolved (`Index::resolve`) as the kernel does.
 //!
 //! A file unlinked (or replaced by a rename) while open keeps its data for
 //! its open handles, as POSIX says: it becomes an orphan (flagged in its
