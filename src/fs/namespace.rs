@@ -258,7 +258,7 @@ impl Index {
     }
 
     /// Resolves `path`, following the symbolic links on the way, and the
-    /// last component's if `follow` (or the path ends in `/`). A link that
+    /// last name's if `follow` (or `.` or `..` come after it). A link that
     /// leads out of the file system is refused with `EXDEV` (the interposer
     /// asks [`Index::resolve`] first and routes such paths itself).
     pub fn walk(&self, path: &[u8], follow: bool) -> std::result::Result<Walk, Refusal> {
@@ -274,8 +274,8 @@ impl Index {
         }
     }
 
-    /// Follows the symbolic links of `path` (the last component's too if
-    /// `follow` or the path ends in `/`), resolving `.` and `..` on the way
+    /// Follows the symbolic links of `path` (the last name's too if
+    /// `follow`, or `.` or `..` come after it), resolving `.` and `..` on the way
     /// as the kernel does (`..` of a link's target directory is that
     /// directory's parent). The root's `..` is the root, except in a link's
     /// target, where it leads above the file system ([`Resolved::Above`]).

@@ -410,7 +410,8 @@ fn access_inside(inside: Inside, how: c_int) -> c_int {
         Ok(fs) => fs,
         Err(e) => return fail(e),
     };
-    let m = match fs.metadata(&inside.path) {
+    // (A last link is there only with AT_SYMLINK_NOFOLLOW: the link is asked about.)
+    let m = match fs.symlink_metadata(&inside.path) {
         Ok(m) => m,
         Err(e) => return fail(errno_of(&e)),
     };
