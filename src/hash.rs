@@ -8,6 +8,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// A `HashMap` hashed with [`IntHasher`].
 pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
+/// A `HashSet` hashed with [`IntHasher`].
+pub type IntSet<K> = std::collections::HashSet<K, BuildHasherDefault<IntHasher>>;
+
 /// Mixes each 64-bit word of a key with a rotate, an xor and a multiplication.
 #[derive(Default)]
 pub struct IntHasher(u64);
@@ -23,6 +26,10 @@ impl Hasher for IntHasher {
             word[..chunk.len()].copy_from_slice(chunk);
             self.write_u64(u64::from_le_bytes(word));
         }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
     }
 
     fn write_u64(&mut self, v: u64) {

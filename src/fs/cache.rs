@@ -24,7 +24,7 @@
 use super::format::BLOCK;
 use crate::IoBuf;
 use crate::hash::IntMap;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
@@ -147,7 +147,7 @@ struct Fifo {
     small: VecDeque<Arc<Page>>,
     main: VecDeque<Arc<Page>>,
     ghost: VecDeque<Key>,
-    ghosts: HashSet<Key>,
+    ghosts: crate::hash::IntSet<Key>,
 }
 
 /// The page cache of one mounted file system.
@@ -185,7 +185,7 @@ impl PageCache {
                 small: VecDeque::new(),
                 main: VecDeque::new(),
                 ghost: VecDeque::new(),
-                ghosts: HashSet::new(),
+                ghosts: crate::hash::IntSet::default(),
             }),
             capacity: capacity.max(MIN_PAGES),
             resident: AtomicUsize::new(0),
@@ -488,7 +488,7 @@ mod tests {
     /// Hit ratio of a plain FIFO (what CLOCK degenerates to when a scan sweeps it).
     fn fifo(capacity: usize, trace: &[u64]) -> f64 {
         let mut resident = VecDeque::new();
-        let mut set = HashSet::new();
+        let mut set = std::collections::HashSet::new();
         let mut hits = 0;
         for &b in trace {
             if set.contains(&b) {

@@ -348,7 +348,7 @@ struct Inner {
     /// Loads handed to the read-ahead thread since mount.
     readahead_posts: AtomicU64,
     /// The last file opened in each directory ([`Inner::walk_ahead`]).
-    walks: Mutex<HashMap<u32, (Vec<u8>, u32)>>,
+    walks: Mutex<crate::hash::IntMap<u32, (Vec<u8>, u32)>>,
     meta: Mutex<Meta>,
     journal: Mutex<Journal>,
     /// Highest transaction id known durable.
@@ -818,7 +818,7 @@ impl FileSystem {
             readahead_jobs: Mutex::new(None),
             readahead_pending: AtomicU64::new(0),
             readahead_posts: AtomicU64::new(0),
-            walks: Mutex::new(HashMap::new()),
+            walks: Mutex::new(crate::hash::IntMap::default()),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
             committed: AtomicU64::new(0),

@@ -32,6 +32,7 @@ use super::check::Problems;
 use super::format::{BLOCK_U64, Inode, MAX_NAME, MAX_PATH, ROOT, check_name};
 use super::{File, FileSystem, Meta, Node, NodeState, Slot, file_error, now_ns};
 use crate::error::{Error, Result};
+use crate::hash::IntMap;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard};
@@ -56,13 +57,13 @@ const ROOT_CHILD: Child = Child { slot: ROOT, dir: true };
 pub(super) struct Index {
     /// `parent -> name -> child`: a directory's entries by name (looked up
     /// by a borrowed name, with no copy of it).
-    entries: HashMap<u32, BTreeMap<Vec<u8>, Child>>,
+    entries: IntMap<u32, BTreeMap<Vec<u8>, Child>>,
     /// Number of names.
     names: usize,
     /// `child -> (parent, name)` for every linked slot (an orphan has none).
-    links: HashMap<u32, (u32, Vec<u8>)>,
+    links: IntMap<u32, (u32, Vec<u8>)>,
     /// Each symbolic link's target, by slot.
-    targets: HashMap<u32, Vec<u8>>,
+    targets: IntMap<u32, Vec<u8>>,
 }
 
 /// What [`Index::walk_plain`] gives back where a link is to be followed
