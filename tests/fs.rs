@@ -303,10 +303,12 @@ fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
     assert!(kinds.contains(&(b"to-d".to_vec(), Kind::Symlink)), "{kinds:?}");
 
     // Out of the file system: said, for the interposer to route; refused by the library.
-    assert_eq!(fs.resolve("abs", true).unwrap(), Resolved::Absolute(b"/etc/hostname".to_vec()));
-    assert_eq!(fs.resolve("to-d/above/y", true).unwrap(), Resolved::Above(b"../x/y".to_vec()));
-    assert_eq!(fs.resolve("to-d/to-f", true).unwrap(), Resolved::Inside(b"/d/f".to_vec()));
-    assert_eq!(fs.resolve("to-d/to-f", false).unwrap(), Resolved::Inside(b"/d/to-f".to_vec()));
+    assert_eq!(fs.resolve("abs", true).unwrap(), Some(Resolved::Absolute(b"/etc/hostname".to_vec())));
+    assert_eq!(fs.resolve("to-d/above/y", true).unwrap(), Some(Resolved::Above(b"../x/y".to_vec())));
+    assert_eq!(fs.resolve("to-d/to-f", true).unwrap(), Some(Resolved::Inside(b"/d/f".to_vec())));
+    assert_eq!(fs.resolve("to-d/to-f", false).unwrap(), Some(Resolved::Inside(b"/d/to-f".to_vec())));
+    assert_eq!(fs.resolve("d/to-f", false).unwrap(), None, "no link on the way to follow");
+    assert_eq!(fs.resolve("d/missing/x", true).unwrap(), None, "the next call says what is missing");
     assert_eq!(errno(fs.open("abs").unwrap_err()), libc::EXDEV);
     assert_eq!(errno(fs.open("loop").unwrap_err()), libc::ELOOP);
     assert_eq!(errno(fs.open("dangling").unwrap_err()), libc::ENOENT);

@@ -322,21 +322,21 @@ pub fn kernel_path(dirfd: c_int, path: &[u8]) -> Option<std::ffi::CString> {
 /// `path` made absolute against `base` (absolute), with `.`, `..` and
 /// repeated slashes resolved by name; no trailing slash (but `/`).
 pub fn normalize(base: &[u8], path: &[u8]) -> Vec<u8> {
-    let mut parts: Vec<&[u8]> = Vec::new();
     let start = if path.starts_with(b"/") { &b""[..] } else { base };
+    // Built in place (one allocation: this runs for every path a program names).
+    let mut out = Vec::with_capacity(path.len() + start.len() + 1);
     for part in start.split(|&b| b == b'/').chain(path.split(|&b| b == b'/')) {
         match part {
             b"" | b"." => {}
             b".." => {
-                parts.pop();
+                let cut = out.iter().rposition(|&b| b == b'/').unwrap_or(0);
+                out.truncate(cut);
             }
-            p => parts.push(p),
+            p => {
+                out.push(b'/');
+                out.extend_from_slice(p);
+            }
         }
-    }
-    let mut out = Vec::with_capacity(path.len() + base.len());
-    for p in parts {
-        out.push(b'/');
-        out.extend_from_slice(p);
     }
     if out.is_empty() {
         out.push(b'/');
@@ -371,10 +371,11 @@ pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
     } else {
         return None; // a real directory descriptor: the kernel resolves it
     };
-    let full = normalize(&base, path);
+    let mut full = normalize(&base, path);
     let mount =
         mounts.iter().find(|m| full.starts_with(&m.dir) && matches!(full.get(m.dir.len()), None | Some(b'/')))?;
-    let mut inner = full[mount.dir.len()..].to_vec();
+    full.drain(..mount.dir.len());
+    let mut inner = full;
     if inner.is_empty() {
         inner.push(b'/');
     }

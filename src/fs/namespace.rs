@@ -275,6 +275,12 @@ impl Index {
         }
     }
 
+    /// Whether walking `path` meets a symbolic link it must follow (the
+    /// last name's only if `follow`, or `.` or `..` come after it).
+    pub fn follows_a_link(&self, path: &[u8], follow: bool) -> bool {
+        matches!(self.walk_plain(path, Some(follow)), Err((0, _)))
+    }
+
     /// Follows the symbolic links of `path` (the last name's too if
     /// `follow`, or `.` or `..` come after it), resolving `.` and `..` on the way
     /// as the kernel does (`..` of a link's target directory is that
@@ -284,8 +290,8 @@ impl Index {
         if path.len() > MAX_PATH {
             return Err((libc::ENAMETOOLONG, "a path is at most 4095 bytes"));
         }
-        if !matches!(self.walk_plain(path, Some(follow)), Err((0, _))) {
-            // No link on the way to follow: what the path names (or why not) is the caller's walk's.
+        if !self.follows_a_link(path, follow) {
+            // What the path names (or why not) is the caller's walk's to say.
             return Ok(Resolved::Inside(path.to_vec()));
         }
         let dir_only = path.ends_with(b"/");
@@ -779,10 +785,16 @@ impl FileSystem {
 
     /// Where `path` leads once its symbolic links are followed (the last
     /// component's too if `follow`): inside, or out of the file system
-    /// through a link (see [`Resolved`]).
-    pub fn resolve(&self, path: impl AsRef<[u8]>, follow: bool) -> Result<Resolved> {
+    /// through a link (see [`Resolved`]). `None`: there is no link on the
+    /// way to follow, and the path stands as it is (what it names, or why
+    /// it names nothing, is the next call's to say).
+    pub fn resolve(&self, path: impl AsRef<[u8]>, follow: bool) -> Result<Option<Resolved>> {
         let path = path.as_ref();
-        self.mount.meta().ns.resolve(path, follow).map_err(|r| refused("resolve", path, r))
+        let meta = self.mount.meta();
+        if !meta.ns.follows_a_link(path, follow) {
+            return Ok(None);
+        }
+        meta.ns.resolve(path, follow).map(Some).map_err(|r| refused("resolve", path, r))
     }
 
     /// Makes a new file or symbolic link (`mode`'s type) named by `path`;

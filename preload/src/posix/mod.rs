@@ -179,9 +179,10 @@ fn follow_links(mut inside: mount::Inside, follow: bool) -> Result<Option<mount:
     for _ in 0..=40 {
         let Ok(fs) = inside.mount.fs() else { return Ok(Some(inside)) };
         let next = match fs.resolve(&inside.path, follow) {
-            Ok(Resolved::Inside(path)) => return Ok(Some(mount::Inside { mount: inside.mount, path })),
-            Ok(Resolved::Absolute(path)) => path,
-            Ok(Resolved::Above(rel)) => mount::normalize(&inside.mount.dir, &rel),
+            Ok(None) => return Ok(Some(inside)),
+            Ok(Some(Resolved::Inside(path))) => return Ok(Some(mount::Inside { mount: inside.mount, path })),
+            Ok(Some(Resolved::Absolute(path))) => path,
+            Ok(Some(Resolved::Above(rel))) => mount::normalize(&inside.mount.dir, &rel),
             Err(e) => return Err(Redirect::Failed(errno_of(&e))),
         };
         match mount::resolve(libc::AT_FDCWD, &next) {
