@@ -225,15 +225,16 @@ pub fn mounts() -> &'static [Mount] {
 
 /// The kernel's working directory as last read: the hooks of chdir and
 /// fchdir forget it, so resolving a relative path costs no system call.
-static KERNEL_CWD: RwLock<Option<Vec<u8>>> = RwLock::new(None);
+/// (Shared, so a path's resolution takes it without a copy.)
+static KERNEL_CWD: RwLock<Option<Arc<[u8]>>> = RwLock::new(None);
 
 /// The kernel's working directory (cached; see [`forget_kernel_cwd`]).
-pub fn kernel_cwd() -> Option<Vec<u8>> {
+pub fn kernel_cwd() -> Option<Arc<[u8]>> {
     if let Some(dir) = KERNEL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone() {
         return Some(dir);
     }
-    let dir = real_cwd()?;
-    *KERNEL_CWD.write().unwrap_or_else(|e| e.into_inner()) = Some(dir.clone());
+    let dir: Arc<[u8]> = real_cwd()?.into();
+    *KERNEL_CWD.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&dir));
     Some(dir)
 }
 
@@ -257,11 +258,11 @@ pub fn real_cwd() -> Option<Vec<u8>> {
 
 /// The working directory when it is inside a mount (the kernel's cannot
 /// be: the mount's directories are not the kernel's), as an absolute path.
-static VIRTUAL_CWD: RwLock<Option<Vec<u8>>> = RwLock::new(None);
+static VIRTUAL_CWD: RwLock<Option<Arc<[u8]>>> = RwLock::new(None);
 static VIRTUAL_SET: AtomicBool = AtomicBool::new(false);
 
 /// The working directory: a mount's if `chdir` went into one, else the kernel's.
-pub fn cwd() -> Option<Vec<u8>> {
+pub fn cwd() -> Option<Arc<[u8]>> {
     if VIRTUAL_SET.load(Ordering::Acquire)
         && let Some(dir) = VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()
     {
@@ -288,14 +289,14 @@ pub fn virtual_cwd() -> Option<Vec<u8>> {
     if !VIRTUAL_SET.load(Ordering::Acquire) {
         return None;
     }
-    VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()
+    VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).as_deref().map(<[u8]>::to_vec)
 }
 
 /// Sets (or with `None`, clears) the working directory inside a mount.
 pub fn set_virtual_cwd(dir: Option<Vec<u8>>) {
     let mut cwd = VIRTUAL_CWD.write().unwrap_or_else(|e| e.into_inner());
     VIRTUAL_SET.store(dir.is_some(), Ordering::Release);
-    *cwd = dir;
+    *cwd = dir.map(Arc::from);
 }
 
 /// The path the kernel should get for `path` relative to `dirfd`, when it
@@ -309,7 +310,7 @@ pub fn kernel_path(dirfd: c_int, path: &[u8]) -> Option<std::ffi::CString> {
         if !VIRTUAL_SET.load(Ordering::Acquire) {
             return None;
         }
-        VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()?
+        VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).as_deref()?.to_vec()
     } else {
         let d = lookup(dirfd)?;
         let mut b = d.mount.dir.clone();
@@ -360,18 +361,21 @@ pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
     if mounts.is_empty() || path.is_empty() {
         return None;
     }
-    let base = if path.starts_with(b"/") {
-        Vec::new()
+    let (shared, joined);
+    let base: &[u8] = if path.starts_with(b"/") {
+        b""
     } else if dirfd == libc::AT_FDCWD {
-        cwd()?
+        shared = cwd()?;
+        &shared
     } else if let Some(d) = lookup(dirfd) {
         let mut b = d.mount.dir.clone();
         b.extend_from_slice(&d.path);
-        b
+        joined = b;
+        &joined
     } else {
         return None; // a real directory descriptor: the kernel resolves it
     };
-    let mut full = normalize(&base, path);
+    let mut full = normalize(base, path);
     let mount =
         mounts.iter().find(|m| full.starts_with(&m.dir) && matches!(full.get(m.dir.len()), None | Some(b'/')))?;
     full.drain(..mount.dir.len());

@@ -33,6 +33,7 @@ use super::format::{BLOCK_U64, Inode, MAX_NAME, MAX_PATH, ROOT, check_name};
 use super::{File, FileSystem, Meta, Node, NodeState, Slot, file_error, now_ns};
 use crate::error::{Error, Result};
 use crate::hash::IntMap;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard};
@@ -92,12 +93,14 @@ pub enum Resolved {
 
 /// Where a path leads.
 #[derive(Debug, Clone)]
-pub(super) struct Walk {
+pub(super) struct Walk<'a> {
     /// The directory the last component is looked up in.
     pub parent: u32,
     /// The last component; `None` when the path names a directory by `/`,
     /// `.` or `..` (a name that cannot be created, removed or renamed).
-    pub name: Option<Vec<u8>>,
+    /// Borrowed from the path where no link was followed: a walk copies
+    /// nothing (a `tar c` walks five times per file).
+    pub name: Option<Cow<'a, [u8]>>,
     /// What the path names now (a directory if the path ends in `/`).
     pub found: Option<Child>,
 }
@@ -262,13 +265,16 @@ impl Index {
     /// last name's if `follow` (or `.` or `..` come after it). A link that
     /// leads out of the file system is refused with `EXDEV` (the interposer
     /// asks [`Index::resolve`] first and routes such paths itself).
-    pub fn walk(&self, path: &[u8], follow: bool) -> std::result::Result<Walk, Refusal> {
+    pub fn walk<'a>(&self, path: &'a [u8], follow: bool) -> std::result::Result<Walk<'a>, Refusal> {
         match self.walk_plain(path, Some(follow)) {
             Err((0, _)) => {}
             done => return done,
         }
         match self.resolve(path, follow)? {
-            Resolved::Inside(inside) => self.walk_plain(&inside, None),
+            Resolved::Inside(inside) => {
+                let walk = self.walk_plain(&inside, None)?;
+                Ok(Walk { name: walk.name.map(|n| Cow::Owned(n.into_owned())), ..walk })
+            }
             Resolved::Absolute(_) | Resolved::Above(_) => {
                 Err((libc::EXDEV, "a symbolic link on the way leads out of the file system"))
             }
@@ -384,7 +390,7 @@ impl Index {
     /// documentation). With `links` (`Some(follow)`) it gives up with
     /// [`FOLLOW`] where a symbolic link would be followed; with `None` a
     /// link is a name like a file's (the caller resolved the path's links).
-    fn walk_plain(&self, path: &[u8], links: Option<bool>) -> std::result::Result<Walk, Refusal> {
+    fn walk_plain<'a>(&self, path: &'a [u8], links: Option<bool>) -> std::result::Result<Walk<'a>, Refusal> {
         if path.is_empty() {
             return Err((libc::ENOENT, "an empty path names nothing"));
         }
@@ -424,7 +430,7 @@ impl Index {
                 if dir_only && found.is_some_and(|c| !c.dir) {
                     return Err((libc::ENOTDIR, "a path that ends in '/' names a directory, and this is a file"));
                 }
-                return Ok(Walk { parent: dir, name: Some(part.to_vec()), found });
+                return Ok(Walk { parent: dir, name: Some(Cow::Borrowed(part)), found });
             }
             match found {
                 None => return Err((libc::ENOENT, "a directory on the way does not exist")),
@@ -816,7 +822,7 @@ impl FileSystem {
             };
             return Err(file_error(op, path, errno, why));
         }
-        let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
+        let Some(name) = walk.name.filter(|_| walk.found.is_none()).map(Cow::into_owned) else {
             return Err(file_error(op, path, libc::EEXIST, "that name exists; open it or unlink it first"));
         };
         let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, (mode, target), op)?;
@@ -903,7 +909,7 @@ impl FileSystem {
         // Trailing slashes are allowed on a new directory, and whatever the
         // name holds makes it EEXIST (as Linux, even for a file).
         let walk = meta.ns.walk(trim_trailing_slashes(path), false).map_err(|r| refused("mkdir", path, r))?;
-        let Some(name) = walk.name.filter(|_| walk.found.is_none()) else {
+        let Some(name) = walk.name.filter(|_| walk.found.is_none()).map(Cow::into_owned) else {
             return Err(file_error("mkdir", path, libc::EEXIST, "that name exists"));
         };
         let (slot, inode) =
@@ -1207,10 +1213,10 @@ fn plan_rename(meta: &Meta, from: &[u8], to: &[u8], how: Rename) -> Result<Optio
     let (from_dir, to_dir) = (from.ends_with(b"/"), to.ends_with(b"/"));
     let src = meta.ns.walk(trim_trailing_slashes(from), false).map_err(|r| refused("rename", from, r))?;
     let dst = meta.ns.walk(trim_trailing_slashes(to), false).map_err(|r| refused("rename", to, r))?;
-    let Some(from_name) = src.name else {
+    let Some(from_name) = src.name.map(Cow::into_owned) else {
         return Err(file_error("rename", from, libc::EBUSY, "'/', '.' and '..' cannot be renamed"));
     };
-    let Some(to_name) = dst.name else {
+    let Some(to_name) = dst.name.map(Cow::into_owned) else {
         let errno = if how == Rename::NoReplace { libc::EEXIST } else { libc::EBUSY };
         return Err(file_error("rename", to, errno, "'/', '.' and '..' cannot be replaced"));
     };
