@@ -616,6 +616,7 @@ fn report_json(r: &Report) -> serde_json::Value {
         "replayed": r.replayed,
         "files": r.files,
         "dirs": r.dirs,
+        "links": r.links,
         "orphans": r.orphans,
         "inodes": r.inodes,
         "blocks": r.blocks,
@@ -641,10 +642,11 @@ pub fn run_fsck(args: FsckArgs) -> Result<()> {
             println!("  replayed {} journal transaction(s) left by an unclean stop", r.replayed);
         }
         println!(
-            "  {} file(s), {} directory(ies), {} of {} inodes in use",
+            "  {} file(s), {} directory(ies), {} symbolic link(s), {} of {} inodes in use",
             r.files,
             r.dirs,
-            r.files + r.dirs,
+            r.links,
+            r.files + r.dirs + r.links,
             r.inodes
         );
         println!(

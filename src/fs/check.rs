@@ -242,6 +242,8 @@ pub struct Report {
     pub files: usize,
     /// See `files`.
     pub dirs: usize,
+    /// Symbolic links.
+    pub links: usize,
     /// Files unlinked while open when the file system stopped: the next mount frees them.
     pub orphans: usize,
     /// Inode slots in the table.
@@ -298,7 +300,8 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     Ok(Report {
         version: sb.version,
         replayed: journal.stats().replayed + journal.stats().from_log,
-        files: scan.inodes.iter().filter(|(_, i)| !i.is_dir()).count(),
+        files: scan.inodes.iter().filter(|(_, i)| !i.is_dir() && !i.is_link()).count(),
+        links: scan.inodes.iter().filter(|(_, i)| i.is_link()).count(),
         dirs: scan.inodes.iter().filter(|(_, i)| i.is_dir()).count(),
         orphans: scan.inodes.iter().filter(|(_, i)| i.orphan).count(),
         inodes: sb.inodes(),
