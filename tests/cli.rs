@@ -668,6 +668,7 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
     std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
     std::fs::write(src.join("a.txt"), "hello\n").unwrap();
     std::fs::write(src.join("sub/with space"), "x").unwrap();
+    std::os::unix::fs::symlink("../a.txt", src.join("sub/to-a")).unwrap();
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 4096) as u8).collect();
     std::fs::write(src.join("sub/deeper/big"), &big).unwrap();
     let src_s = src.to_str().unwrap();
@@ -676,7 +677,7 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
     succeeds(&["cp", img, "-r", src_s, "::/"]);
     let out = succeeds(&["ls", "-lR", img]);
     assert!(out.contains("/src/sub/deeper:") && out.contains("3000000") && out.contains("with space"), "{out}");
-    assert!(out.contains("3 file(s), 3 directory(ies)"), "{out}");
+    assert!(out.contains("4 file(s), 3 directory(ies)") && out.contains("to-a -> ../a.txt"), "{out}");
     assert_eq!(succeeds(&["ls", img, "/src"]), "a.txt\nsub\n");
     assert_eq!(succeeds(&["cat", img, "/src/a.txt", "src/sub/with space"]), "hello\nx");
     // Out again, byte for byte.
@@ -684,6 +685,11 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
     succeeds(&["cp", img, "-r", "::/src", back.to_str().unwrap()]);
     assert_eq!(std::fs::read(back.join("sub/deeper/big")).unwrap(), big);
     assert_eq!(std::fs::read(back.join("a.txt")).unwrap(), b"hello\n");
+    assert_eq!(
+        std::fs::read_link(back.join("sub/to-a")).unwrap(),
+        std::path::Path::new("../a.txt"),
+        "a link stays one"
+    );
     // Within the file system, into a directory made with -p.
     succeeds(&["mkdir", "-p", img, "/x/y/z"]);
     succeeds(&["cp", img, "::/src/a.txt", "::/src/sub/with space", "::/x/y/z"]);

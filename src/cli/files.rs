@@ -14,7 +14,7 @@ use iopath::fs::{FileSystem, Kind, Metadata};
 use iopath::units::{format_size, utc_date};
 use iopath::{Error, Result};
 use std::io::{Read, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 /// Bytes `cat` and `cp` move per call.
@@ -78,7 +78,7 @@ pub struct CpArgs {
     /// Sources, then the destination; '::PATH' is inside the file system.
     #[arg(required = true, num_args = 2..)]
     paths: Vec<String>,
-    /// Copy directories with everything in them.
+    /// Copy directories with everything in them (symbolic links stay links).
     #[arg(short = 'r', long)]
     recursive: bool,
 }
@@ -471,7 +471,37 @@ fn copy_file(fs: &FileSystem, from: &Loc, to: &Loc, mode: u32) -> Result<()> {
     Ok(())
 }
 
+/// The target of the symbolic link `loc` names, if it names one.
+fn link_target(fs: &FileSystem, loc: &Loc) -> Result<Option<Vec<u8>>> {
+    match loc {
+        Loc::Host(p) => match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(p).map_err(|e| host_error("read the link", p, e))?;
+                Ok(Some(target.into_os_string().into_vec()))
+            }
+            _ => Ok(None),
+        },
+        Loc::Image(p) => match fs.symlink_metadata(p) {
+            Ok(m) if m.kind == Kind::Symlink => fs.read_link(p).map(Some),
+            _ => Ok(None),
+        },
+    }
+}
+
+/// Makes a symbolic link at `loc` to `target`.
+fn make_link(fs: &FileSystem, loc: &Loc, target: &[u8]) -> Result<()> {
+    match loc {
+        Loc::Host(p) => std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), p)
+            .map_err(|e| host_error("make a link", p, e)),
+        Loc::Image(p) => fs.symlink(target, p),
+    }
+}
+
 fn copy(fs: &FileSystem, from: &Loc, to: &Loc, recursive: bool) -> Result<()> {
+    // Recursive copies keep links as links (as `cp -r`); a single file is copied through one.
+    if recursive && let Some(target) = link_target(fs, from)? {
+        return make_link(fs, to, &target);
+    }
     let Some((kind, mode)) = kind_of(fs, from)? else {
         return Err(Error::spec("source", from.show(), "no such file or directory"));
     };
