@@ -270,7 +270,7 @@ impl Index {
             Err((0, _)) => {}
             done => return done,
         }
-        match self.resolve(path, follow)? {
+        match self.follow_links(path, follow)? {
             Resolved::Inside(inside) => {
                 let walk = self.walk_plain(&inside, None)?;
                 Ok(Walk { name: walk.name.map(|n| Cow::Owned(n.into_owned())), ..walk })
@@ -281,25 +281,23 @@ impl Index {
         }
     }
 
-    /// Whether walking `path` meets a symbolic link it must follow (the
-    /// last name's only if `follow`, or `.` or `..` come after it).
-    pub fn follows_a_link(&self, path: &[u8], follow: bool) -> bool {
-        matches!(self.walk_plain(path, Some(follow)), Err((0, _)))
+    /// Where `path` leads once its symbolic links are followed (the last
+    /// name's too if `follow`, or `.` or `..` come after it); `None` when
+    /// walking it meets no link to follow (what the path names, or why it
+    /// names nothing, is the caller's walk's to say).
+    pub fn resolve(&self, path: &[u8], follow: bool) -> std::result::Result<Option<Resolved>, Refusal> {
+        match self.walk_plain(path, Some(follow)) {
+            Err((0, _)) => self.follow_links(path, follow).map(Some),
+            _ => Ok(None),
+        }
     }
 
-    /// Follows the symbolic links of `path` (the last name's too if
-    /// `follow`, or `.` or `..` come after it), resolving `.` and `..` on the way
-    /// as the kernel does (`..` of a link's target directory is that
-    /// directory's parent). The root's `..` is the root, except in a link's
-    /// target, where it leads above the file system ([`Resolved::Above`]).
-    pub fn resolve(&self, path: &[u8], follow: bool) -> std::result::Result<Resolved, Refusal> {
-        if path.len() > MAX_PATH {
-            return Err((libc::ENAMETOOLONG, "a path is at most 4095 bytes"));
-        }
-        if !self.follows_a_link(path, follow) {
-            // What the path names (or why not) is the caller's walk's to say.
-            return Ok(Resolved::Inside(path.to_vec()));
-        }
+    /// Follows the symbolic links of `path` (see [`Index::resolve`]),
+    /// resolving `.` and `..` on the way as the kernel does (`..` of a
+    /// link's target directory is that directory's parent). The root's `..`
+    /// is the root, except in a link's target, where it leads above the file
+    /// system ([`Resolved::Above`]).
+    fn follow_links(&self, path: &[u8], follow: bool) -> std::result::Result<Resolved, Refusal> {
         let dir_only = path.ends_with(b"/");
         // Trailing `.` and `..` stay as they are (what they name decides what
         // `rmdir` and `create` may do); what comes before them is followed.
@@ -796,11 +794,7 @@ impl FileSystem {
     /// it names nothing, is the next call's to say).
     pub fn resolve(&self, path: impl AsRef<[u8]>, follow: bool) -> Result<Option<Resolved>> {
         let path = path.as_ref();
-        let meta = self.mount.meta();
-        if !meta.ns.follows_a_link(path, follow) {
-            return Ok(None);
-        }
-        meta.ns.resolve(path, follow).map(Some).map_err(|r| refused("resolve", path, r))
+        self.mount.meta().ns.resolve(path, follow).map_err(|r| refused("resolve", path, r))
     }
 
     /// Makes a new file or symbolic link (`mode`'s type) named by `path`;
