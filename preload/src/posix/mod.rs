@@ -10,13 +10,6 @@
 //! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
 //!   symlink and readlink, and the nodes a mount cannot hold (link, mknod, mkfifo: EPERM)
-//!
-//! Symbolic links are followed here, before a call is served (`on_path`;
-//! `on_path_nofollow` for the calls that act on a last link itself): a
-//! link's absolute target is a path of the process, a relative one that
-//! climbs above a mount's root leaves through the mount's directory, and
-//! either may lead into another mount or out of all of them, where the
-//! kernel gets the path the links led to (`kernel`).
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl, and
 //!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
 //!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the
@@ -29,6 +22,13 @@
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
 //! - `locks.rs`: fcntl record locks and flock on mounted files
 //! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`)
+//!
+//! Symbolic links are followed here, before a call is served (`on_path`;
+//! `on_path_nofollow` for the calls that act on a last link itself): a
+//! link's absolute target is a path of the process, a relative one that
+//! climbs above a mount's root leaves through the mount's directory, and
+//! either may lead into another mount or out of all of them, where the
+//! kernel gets the path the links led to (`kernel`).
 //!
 //! In a child after `fork` of a parent that held a mount, the mount is not
 //! there (its engine's threads are not): calls on inherited mounted
