@@ -340,6 +340,89 @@ fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }
 
+/// A hard link is another name of one file: one inode number, `nlink`
+/// counting the names, data written through either seen through both. The
+/// file outlives any of its names but the last, keeps its inode number when
+/// its first name goes, and all of it survives a remount and a power cut.
+#[test]
+fn hard_links_name_one_file_until_the_last_name_goes_across_remounts_and_power_cuts() {
+    use iopath::fs::Kind;
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    fs.mkdir("e", 0o755).unwrap();
+    fs.create("d/f").unwrap().write_at(b"one file", 0).unwrap();
+    fs.hard_link("d/f", "e/g").unwrap();
+    fs.hard_link("e/g", "h").unwrap();
+    let (f, g) = (fs.metadata("d/f").unwrap(), fs.metadata("e/g").unwrap());
+    assert_eq!((f.ino, f.nlink, g.nlink), (g.ino, 3, 3));
+    fs.open("h").unwrap().write_at(b"ONE", 0).unwrap();
+    assert_eq!(read_all(&fs, "d/f"), b"ONE file");
+    let ino = |fs: &FileSystem, dir: &str, name: &[u8]| {
+        fs.read_dir(dir).unwrap().into_iter().find(|e| e.name == name).map(|e| (e.ino, e.kind))
+    };
+    assert_eq!(ino(&fs, "e", b"g"), Some((f.ino, Kind::File)));
+    // A link to a symbolic link is one too; never to a directory; never over a name.
+    fs.symlink("d/f", "sym").unwrap();
+    fs.hard_link("sym", "sym2").unwrap();
+    assert_eq!(fs.read_link("sym2").unwrap(), b"d/f");
+    assert_eq!(fs.symlink_metadata("sym2").unwrap().nlink, 2);
+    assert_eq!(errno(fs.hard_link("d", "d2").unwrap_err()), libc::EPERM);
+    assert_eq!(errno(fs.hard_link("d/f", "h").unwrap_err()), libc::EEXIST);
+    assert_eq!(errno(fs.hard_link("nothing", "x").unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.hard_link("d/f", "new/").unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.hard_link("d/f", "missing/x").unwrap_err()), libc::ENOENT);
+    // A directory holding a link is not empty; a rename onto another name of the same file does nothing.
+    assert_eq!(errno(fs.rmdir("e").unwrap_err()), libc::ENOTEMPTY);
+    fs.rename("h", "d/f").unwrap();
+    assert_eq!(fs.metadata("h").unwrap().nlink, 3, "rename between two names of one file does nothing");
+
+    // The first name goes: the file keeps its inode number under the others.
+    let open = fs.open("h").unwrap();
+    fs.unlink("d/f").unwrap();
+    assert_eq!(fs.metadata("e/g").unwrap().ino, f.ino);
+    assert_eq!(fs.metadata("h").unwrap().nlink, 2);
+    assert_eq!(open.metadata().nlink, 2);
+    // A name renamed, then another replaced by a rename: the names move, the file stays.
+    fs.rename("e/g", "d/g").unwrap();
+    fs.create("other").unwrap().write_at(b"other", 0).unwrap();
+    fs.rename("other", "h").unwrap();
+    assert_eq!((read_all(&fs, "h"), fs.metadata("d/g").unwrap().nlink), (b"other".to_vec(), 1));
+    assert_eq!(read_all(&fs, "d/g"), b"ONE file");
+    fs.hard_link("d/g", "e/back").unwrap();
+
+    let after = tree(&fs);
+    drop(open);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(tree(&fs), after, "a remount keeps every name");
+    assert_eq!(fs.metadata("e/back").unwrap().nlink, 2);
+    assert_eq!(fs.metadata("e/back").unwrap().ino, f.ino);
+    // Its last name goes while open: an orphan, freed at the last close.
+    let open = fs.open("d/g").unwrap();
+    fs.unlink("d/g").unwrap();
+    fs.unlink("e/back").unwrap();
+    assert_eq!(open.metadata().nlink, 0);
+    let mut buf = [0u8; 8];
+    assert_eq!(open.read_at(&mut buf, 0).unwrap(), 8);
+    drop(open);
+    // Links made and not synced: a power cut keeps each whole or not at all.
+    fs.create("p").unwrap().write_at(b"p", 0).unwrap();
+    fs.hard_link("p", "q").unwrap();
+    fs.sync().unwrap();
+    fs.hard_link("p", "r").unwrap();
+    fs.unlink("p").unwrap();
+    let fs = cut_and_remount(&dev, fs);
+    let (q, r) = (fs.metadata("q").unwrap(), fs.metadata("r"));
+    match (r, fs.metadata("p")) {
+        (Ok(r), Err(_)) => assert_eq!((q.nlink, r.nlink, r.ino), (2, 2, q.ino)),
+        (Err(_), Ok(p)) => assert_eq!((q.nlink, p.nlink, p.ino), (2, 2, q.ino)),
+        other => panic!("a power cut kept part of the changes: {other:?}"),
+    }
+    drop(fs);
+    let report = check::check(engine(&dev, "sync-path")).unwrap();
+    assert!(report.is_clean() && report.hard_links >= 1, "{report:?}");
+}
+
 /// Small files written one after another lie one after another (each gives
 /// the rest of its append's preallocation back at close, and the next one
 /// starts there), and a writeback of many files sends runs that cross from
@@ -1907,7 +1990,9 @@ enum NsOp {
     Rename(String, String, iopath::fs::Rename),
     /// `symlink(target, path)`.
     Symlink(String, String),
-    /// `stat`: the kind it finds, or its errno.
+    /// `link(existing, new)`: a hard link.
+    Link(String, String),
+    /// `stat`: the kind and link count it finds, or its errno.
     Stat(String),
     /// `lstat`.
     Lstat(String),
@@ -1955,6 +2040,7 @@ fn ns_op() -> impl proptest::strategy::Strategy<Value = NsOp> {
         3 => (ns_path(), ns_path(), how).prop_map(|(a, b, h)| NsOp::Rename(a, b, h)),
         // Targets lead down, so no `..` after a link climbs out (the kernel's side would leave its directory).
         2 => ("[abc](/[abc]){0,2}|a/\\.", ns_path()).prop_map(|(t, p)| NsOp::Symlink(t, p)),
+        2 => (ns_path(), ns_path()).prop_map(|(a, b)| NsOp::Link(a, b)),
         2 => ns_path().prop_map(NsOp::Stat),
         1 => ns_path().prop_map(NsOp::Lstat),
     ]
@@ -1970,8 +2056,8 @@ fn kind_letter(mode: u32) -> u8 {
 }
 
 /// The same operation on the kernel's file system under `root`: `Ok` (with
-/// the kind `stat` found) or its errno.
-fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<u8, i32> {
+/// the kind and link count `stat` found) or its errno.
+fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<(u8, u64), i32> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &str| CString::new(root.join(p).as_os_str().as_bytes()).unwrap();
@@ -1983,23 +2069,25 @@ fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<u8, i32> {
             NsOp::Create(p) => {
                 let fd = libc::open(c(p).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
                 check(fd)?;
-                check(libc::close(fd)).map(|()| 0)
+                check(libc::close(fd)).map(|()| (0, 0))
             }
-            NsOp::Mkdir(p) => check(libc::mkdir(c(p).as_ptr(), 0o755)).map(|()| 0),
-            NsOp::Rmdir(p) => check(libc::rmdir(c(p).as_ptr())).map(|()| 0),
-            NsOp::Unlink(p) => check(libc::unlink(c(p).as_ptr())).map(|()| 0),
+            NsOp::Mkdir(p) => check(libc::mkdir(c(p).as_ptr(), 0o755)).map(|()| (0, 0)),
+            NsOp::Rmdir(p) => check(libc::rmdir(c(p).as_ptr())).map(|()| (0, 0)),
+            NsOp::Unlink(p) => check(libc::unlink(c(p).as_ptr())).map(|()| (0, 0)),
             NsOp::Rename(a, b, how) => {
                 let flags = match how {
                     iopath::fs::Rename::Replace => 0,
                     iopath::fs::Rename::NoReplace => libc::RENAME_NOREPLACE,
                     iopath::fs::Rename::Exchange => libc::RENAME_EXCHANGE,
                 };
-                check(libc::renameat2(libc::AT_FDCWD, c(a).as_ptr(), libc::AT_FDCWD, c(b).as_ptr(), flags)).map(|()| 0)
+                check(libc::renameat2(libc::AT_FDCWD, c(a).as_ptr(), libc::AT_FDCWD, c(b).as_ptr(), flags))
+                    .map(|()| (0, 0))
             }
             NsOp::Symlink(t, p) => {
                 let t = CString::new(t.as_bytes()).unwrap();
-                check(libc::symlink(t.as_ptr(), c(p).as_ptr())).map(|()| 0)
+                check(libc::symlink(t.as_ptr(), c(p).as_ptr())).map(|()| (0, 0))
             }
+            NsOp::Link(a, b) => check(libc::link(c(a).as_ptr(), c(b).as_ptr())).map(|()| (0, 0)),
             NsOp::Stat(p) | NsOp::Lstat(p) => {
                 let mut st: libc::stat = std::mem::zeroed();
                 let rc = if matches!(op, NsOp::Stat(_)) {
@@ -2007,23 +2095,24 @@ fn kernel_op(root: &std::path::Path, op: &NsOp) -> Result<u8, i32> {
                 } else {
                     libc::lstat(c(p).as_ptr(), &mut st)
                 };
-                check(rc).map(|()| kind_letter(st.st_mode))
+                check(rc).map(|()| (kind_letter(st.st_mode), st.st_nlink))
             }
         }
     }
 }
 
-fn iopath_op(fs: &FileSystem, op: &NsOp) -> Result<u8, i32> {
-    let done = |r: iopath::Result<()>| r.map(|()| 0);
+fn iopath_op(fs: &FileSystem, op: &NsOp) -> Result<(u8, u64), i32> {
+    let done = |r: iopath::Result<()>| r.map(|()| (0, 0));
     let r = match op {
-        NsOp::Create(p) => fs.create(p).map(|_| 0),
+        NsOp::Create(p) => fs.create(p).map(|_| (0, 0)),
         NsOp::Mkdir(p) => done(fs.mkdir(p, 0o755)),
         NsOp::Rmdir(p) => done(fs.rmdir(p)),
         NsOp::Unlink(p) => done(fs.unlink(p)),
         NsOp::Rename(a, b, how) => done(fs.rename_with(a, b, *how)),
         NsOp::Symlink(t, p) => done(fs.symlink(t, p)),
-        NsOp::Stat(p) => fs.metadata(p).map(|m| kind_letter(m.mode)),
-        NsOp::Lstat(p) => fs.symlink_metadata(p).map(|m| kind_letter(m.mode)),
+        NsOp::Link(a, b) => done(fs.hard_link(a, b)),
+        NsOp::Stat(p) => fs.metadata(p).map(|m| (kind_letter(m.mode), m.nlink as u64)),
+        NsOp::Lstat(p) => fs.symlink_metadata(p).map(|m| (kind_letter(m.mode), m.nlink as u64)),
     };
     r.map_err(errno)
 }
@@ -2055,8 +2144,8 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
 
     /// Random sequences of create, mkdir, rmdir, unlink, rename, symlink,
-    /// stat and lstat (with dots, trailing slashes, renameat2's flags and
-    /// paths through links), valid or not, give the
+    /// link, stat and lstat (with dots, trailing slashes, renameat2's flags
+    /// and paths through links), valid or not, give the
     /// same result and errno as the kernel's file system under a temporary
     /// directory, and leave the same tree.
     #[test]
@@ -2087,7 +2176,7 @@ fn threads_renaming_unlinking_and_reading_across_directories_never_deadlock_or_t
                     for i in 0..400u64 {
                         let f = files[rng.usize(..files.len())];
                         let d = dirs[rng.usize(..dirs.len())];
-                        match rng.u8(..9) {
+                        match rng.u8(..10) {
                             0 => {
                                 // Every file holds one tag, written whole before it gets its name.
                                 let tmp = format!("tmp-{t}");
@@ -2102,6 +2191,7 @@ fn threads_renaming_unlinking_and_reading_across_directories_never_deadlock_or_t
                             3 => drop(fs.mkdir(d, 0o755)),
                             4 => drop(fs.rmdir(d)),
                             5 => drop(fs.rename(d, dirs[rng.usize(..dirs.len())])),
+                            9 => drop(fs.hard_link(f, files[rng.usize(..files.len())])),
                             6 => {
                                 if let Ok(h) = fs.open(f) {
                                     held.push(h);
@@ -2139,6 +2229,9 @@ fn threads_renaming_unlinking_and_reading_across_directories_never_deadlock_or_t
         assert_eq!(mounted.orphans_reclaimed, 0, "every orphan was freed at its last close");
         assert_eq!(tree(&fs), before);
         assert_eq!(fs.stats().free_blocks, free);
+        fs.unmount().unwrap();
+        let report = check::check(engine(&dev, "sync-path")).unwrap();
+        assert!(report.is_clean(), "{report:?}");
     });
 }
 

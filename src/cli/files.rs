@@ -647,6 +647,7 @@ fn report_json(r: &Report) -> serde_json::Value {
         "files": r.files,
         "dirs": r.dirs,
         "links": r.links,
+        "hard_links": r.hard_links,
         "orphans": r.orphans,
         "inodes": r.inodes,
         "blocks": r.blocks,
@@ -672,11 +673,12 @@ pub fn run_fsck(args: FsckArgs) -> Result<()> {
             println!("  replayed {} journal transaction(s) left by an unclean stop", r.replayed);
         }
         println!(
-            "  {} file(s), {} directory(ies), {} symbolic link(s), {} of {} inodes in use",
+            "  {} file(s), {} directory(ies), {} symbolic link(s), {} hard link(s), {} of {} inodes in use",
             r.files,
             r.dirs,
             r.links,
-            r.files + r.dirs + r.links,
+            r.hard_links,
+            r.files + r.dirs + r.links + r.hard_links,
             r.inodes
         );
         println!(

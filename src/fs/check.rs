@@ -244,6 +244,8 @@ pub struct Report {
     pub dirs: usize,
     /// Symbolic links.
     pub links: usize,
+    /// Hard links: names beyond a file's first (format 8).
+    pub hard_links: usize,
     /// Files unlinked while open when the file system stopped: the next mount frees them.
     pub orphans: usize,
     /// Inode slots in the table.
@@ -300,8 +302,9 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     Ok(Report {
         version: sb.version,
         replayed: journal.stats().replayed + journal.stats().from_log,
-        files: scan.inodes.iter().filter(|(_, i)| !i.is_dir() && !i.is_link()).count(),
-        links: scan.inodes.iter().filter(|(_, i)| i.is_link()).count(),
+        files: scan.inodes.iter().filter(|(_, i)| !i.is_dir() && !i.is_link() && i.alias_of.is_none()).count(),
+        links: scan.inodes.iter().filter(|(_, i)| i.is_link() && i.alias_of.is_none()).count(),
+        hard_links: scan.inodes.iter().filter(|(_, i)| i.alias_of.is_some()).count(),
         dirs: scan.inodes.iter().filter(|(_, i)| i.is_dir()).count(),
         orphans: scan.inodes.iter().filter(|(_, i)| i.orphan).count(),
         inodes: sb.inodes(),

@@ -76,9 +76,9 @@ const DESC_MAGIC: &[u8; 8] = b"IOPJDESC";
 const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
 /// Format version `mkfs` writes (5: the superblock keeps the inode mark;
-/// 6: and the carried cache's stamp; 7: symbolic links, which an older
-/// iopath would take for damage).
-pub const VERSION: u32 = 7;
+/// 6: and the carried cache's stamp; 7: symbolic links; 8: hard links,
+/// second names of a file. An older iopath would take either for damage).
+pub const VERSION: u32 = 8;
 /// Longest symbolic link target, in bytes: it is kept in the inode, where a
 /// file keeps its extents (Linux allows 4095; every link under /usr and
 /// /etc of these machines is under 100).
@@ -460,10 +460,18 @@ pub struct Inode {
     /// A symbolic link's target (1 to [`MAX_LINK_TARGET`] bytes, no NUL;
     /// `size` is its length); empty for anything else.
     pub target: Vec<u8>,
+    /// A hard link (format 8): this inode is only another name (`name` in
+    /// `parent`) of the file in this slot, which holds everything else;
+    /// `mode` is the file's type and the other fields are zero.
+    pub alias_of: Option<u32>,
 }
 
 const INODE_IN_USE: u32 = 1;
 const INODE_ORPHAN: u32 = 2;
+/// The inode is a second name of another ([`Inode::alias_of`]).
+const INODE_ALIAS: u32 = 4;
+/// Where an alias keeps the slot of the file it names (plus one).
+const AT_ALIAS_OF: usize = 52;
 /// Permission bits of a regular file an older format made (its inode has no mode).
 const OLD_FILE_MODE: u32 = libc::S_IFREG | 0o644;
 
@@ -481,6 +489,7 @@ impl Default for Inode {
             extents: Vec::new(),
             overflow: Vec::new(),
             target: Vec::new(),
+            alias_of: None,
         }
     }
 }
@@ -496,6 +505,12 @@ impl Inode {
         self.mode & libc::S_IFMT == libc::S_IFLNK
     }
 
+    /// A hard link: another name, `name` in `parent`, of the file in slot
+    /// `file` (whose type `mode` gives).
+    pub fn alias(name: Vec<u8>, parent: u32, file: u32, mode: u32) -> Inode {
+        Inode { name, parent, mode: mode & libc::S_IFMT, alias_of: Some(file), ..Inode::default() }
+    }
+
     /// Overflow blocks needed for `extents` extents.
     pub fn overflow_needed(extents: usize) -> usize {
         extents.saturating_sub(INLINE_EXTENTS).div_ceil(OVERFLOW_EXTENTS)
@@ -506,7 +521,8 @@ impl Inode {
     pub fn encode(&self, slot: &mut [u8], overflow: &mut [Block]) {
         debug_assert_eq!(overflow.len(), Inode::overflow_needed(self.extents.len()));
         slot.fill(0);
-        put_u32(slot, 0, INODE_IN_USE | if self.orphan { INODE_ORPHAN } else { 0 });
+        let alias = if self.alias_of.is_some() { INODE_ALIAS } else { 0 };
+        put_u32(slot, 0, INODE_IN_USE | alias | if self.orphan { INODE_ORPHAN } else { 0 });
         put_u16(slot, 4, self.name.len() as u16);
         let inline = self.extents.len().min(INLINE_EXTENTS);
         put_u16(slot, 6, inline as u16);
@@ -517,6 +533,7 @@ impl Inode {
         put_u32(slot, 40, self.extents.len() as u32);
         put_u32(slot, 44, if self.parent == ROOT { 0 } else { self.parent + 1 });
         put_u32(slot, 48, self.mode);
+        put_u32(slot, AT_ALIAS_OF, self.alias_of.map_or(0, |f| f + 1));
         put_u64(slot, 56, self.ctime_ns);
         slot[64..64 + self.name.len()].copy_from_slice(&self.name);
         for (i, e) in self.extents[..inline].iter().enumerate() {
@@ -560,7 +577,7 @@ impl Inode {
             return Err(bad("checksum mismatch"));
         }
         let flags = get_u32(slot, 0);
-        if flags & INODE_IN_USE == 0 || flags & !(INODE_IN_USE | INODE_ORPHAN) != 0 {
+        if flags & INODE_IN_USE == 0 || flags & !(INODE_IN_USE | INODE_ORPHAN | INODE_ALIAS) != 0 {
             return Err(bad(&format!("unknown flags {flags:#x}")));
         }
         let name_len = get_u16(slot, 4) as usize;
@@ -598,7 +615,17 @@ impl Inode {
             extents: (0..inline).map(|i| Extent::decode(&slot[320 + 16 * i..336 + 16 * i])).collect(),
             overflow: Vec::new(),
             target: Vec::new(),
+            alias_of: None,
         };
+        if flags & INODE_ALIAS != 0 {
+            let file = get_u32(slot, AT_ALIAS_OF);
+            let plain = total == 0 && inode.size == 0 && !inode.orphan && !inode.is_dir() && inode.mode & 0o7777 == 0;
+            if file == 0 || file as u64 > sb.inodes() || file as u64 - 1 == index || !plain {
+                return Err(bad("a hard link that names no other inode, or holds more than a name"));
+            }
+            inode.alias_of = Some(file - 1);
+            return Ok(Some(inode));
+        }
         if inode.is_link() {
             let len = inode.size as usize;
             if total != 0 || inode.orphan || !(1..=MAX_LINK_TARGET).contains(&len) {
@@ -819,6 +846,7 @@ mod tests {
             extents,
             overflow: vec![s.data_start, s.data_start + 1],
             target: Vec::new(),
+            alias_of: None,
         };
         let mut slot = [0u8; INODE_SIZE];
         let mut blocks = vec![zero_block(), zero_block()];
@@ -829,6 +857,27 @@ mod tests {
         slot[100] ^= 1;
         assert!(Inode::decode(&slot, 0, |_| Ok(zero_block()), &s).is_err());
         assert_eq!(Inode::decode(&[0u8; INODE_SIZE], 0, |_| Ok(zero_block()), &s).unwrap(), None);
+    }
+
+    #[test]
+    fn a_hard_link_is_a_name_and_the_slot_it_names() {
+        let s = sb();
+        let decode = |inode: &Inode, index: u64| {
+            let mut slot = [0u8; INODE_SIZE];
+            inode.encode(&mut slot, &mut Vec::new());
+            Inode::decode(&slot, index, |_| Ok(zero_block()), &s)
+        };
+        let alias = Inode::alias(b"second".to_vec(), 3, 9, libc::S_IFREG | 0o640);
+        assert_eq!((alias.mode, alias.alias_of), (libc::S_IFREG, Some(9)));
+        assert_eq!(decode(&alias, 4).unwrap(), Some(alias.clone()));
+        let to_link = Inode::alias(b"l".to_vec(), ROOT, 0, libc::S_IFLNK | 0o777);
+        assert_eq!(decode(&to_link, 4).unwrap(), Some(to_link));
+        // Naming itself, or a slot past the table, or holding data: damage.
+        let e = decode(&alias, 9).unwrap_err().to_string();
+        assert!(e.contains("hard link"), "{e}");
+        assert!(decode(&Inode { alias_of: Some(s.inodes() as u32), ..alias.clone() }, 4).is_err());
+        assert!(decode(&Inode { size: 1, ..alias.clone() }, 4).is_err());
+        assert!(decode(&Inode { mode: libc::S_IFDIR, ..alias }, 4).is_err());
     }
 
     #[test]

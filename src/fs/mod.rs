@@ -411,6 +411,8 @@ enum Slot {
     File(Arc<Node>),
     /// A directory: only its inode (its entries are in the namespace index).
     Dir(Box<Inode>),
+    /// A hard link: another name of the file in the slot its inode names.
+    Alias(Box<Inode>),
 }
 
 struct NodeState {
@@ -429,6 +431,8 @@ struct NodeState {
     dirty: BTreeMap<u64, Arc<Page>>,
     /// False once unlinked or replaced.
     live: bool,
+    /// Its names while it has any (`st_nlink`): its own and its hard links'.
+    nlink: u32,
     /// Last transaction that changed this file's inode.
     meta_tid: u64,
     /// Last transaction that changed its size or block map (what `fdatasync` needs).
@@ -572,12 +576,10 @@ impl Meta {
         for b in std::mem::take(&mut state.inode.overflow) {
             self.free_meta(sb, b);
         }
-        let index = slot as usize % INODES_PER_BLOCK;
-        Inode::encode_free(&mut self.table_block(slot)[index * INODE_SIZE..(index + 1) * INODE_SIZE]);
-        self.dirty.insert(self.inode_block(sb, slot));
+        debug_assert!(self.ns.aliases(slot).is_empty(), "a file with hard links keeps its slot");
         self.ns.remove_slot(slot);
         self.ns.forget_target(slot);
-        self.slots[slot as usize] = Slot::Free;
+        self.clear_slot(sb, slot);
         let dirty = std::mem::take(&mut state.dirty);
         for page in dirty.values() {
             page.data.write().expect("page lock poisoned").dirty = false;
@@ -586,6 +588,14 @@ impl Meta {
         state.meta_tid = self.tid;
         state.layout_tid = self.tid;
         dirty.len()
+    }
+
+    /// Frees inode `slot` (already out of the index): zeros in the running transaction.
+    fn clear_slot(&mut self, sb: &Superblock, slot: u32) {
+        let index = slot as usize % INODES_PER_BLOCK;
+        Inode::encode_free(&mut self.table_block(slot)[index * INODE_SIZE..(index + 1) * INODE_SIZE]);
+        self.dirty.insert(self.inode_block(sb, slot));
+        self.slots[slot as usize] = Slot::Free;
     }
 
     /// The inode-table block that holds `slot`, made (zeros) if it held nothing.
@@ -782,6 +792,10 @@ impl FileSystem {
                 meta.slots[slot as usize] = Slot::Dir(Box::new(inode));
                 continue;
             }
+            if inode.alias_of.is_some() {
+                meta.slots[slot as usize] = Slot::Alias(Box::new(inode));
+                continue;
+            }
             if inode.orphan {
                 orphans.push(slot);
             }
@@ -792,6 +806,7 @@ impl FileSystem {
                 cache_id: slot as u64 + 1,
                 dirty: BTreeMap::new(),
                 live: true,
+                nlink: 1 + meta.ns.aliases(slot).len() as u32,
                 meta_tid: 0,
                 layout_tid: 0,
                 mtime_unstored: false,

@@ -61,15 +61,24 @@ pub(super) struct Index {
     entries: IntMap<u32, BTreeMap<Vec<u8>, Child>>,
     /// Number of names.
     names: usize,
-    /// `child -> (parent, name)` for every linked slot (an orphan has none).
+    /// `slot -> (parent, name)` for every inode that holds a name: a linked
+    /// file or directory, or a hard link's alias (an orphan has none).
     links: IntMap<u32, (u32, Vec<u8>)>,
     /// Each symbolic link's target, by slot.
     targets: IntMap<u32, Vec<u8>>,
+    /// The alias slots holding a file's other names (hard links), by the
+    /// file's slot; the file's own inode holds one name while it has any.
+    aliases: IntMap<u32, Vec<u32>>,
+    /// The file each alias slot names.
+    alias_of: IntMap<u32, u32>,
 }
 
 /// What [`Index::walk_plain`] gives back where a link is to be followed
 /// (no errno is 0: matched as `Err((0, _))`).
 const FOLLOW: Refusal = (0, "a symbolic link to follow");
+
+/// Most names one file has (its own and its hard links'): ext4's `EXT4_LINK_MAX`.
+pub const MAX_HARD_LINKS: u32 = 65000;
 
 /// Most symbolic links one path resolution follows (Linux's `MAXSYMLINKS`).
 const MAX_LINKS_FOLLOWED: usize = 40;
@@ -124,6 +133,40 @@ impl Index {
         }
     }
 
+    /// Adds another name of file `file`, held by inode `alias`; false if the
+    /// name is taken.
+    pub fn insert_alias(&mut self, parent: u32, name: Vec<u8>, alias: u32, file: u32) -> bool {
+        use std::collections::btree_map::Entry;
+        match self.entries.entry(parent).or_default().entry(name.clone()) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(v) => {
+                v.insert(Child { slot: file, dir: false });
+                self.names += 1;
+                let old = self.links.insert(alias, (parent, name));
+                debug_assert!(old.is_none(), "slot {alias} linked twice");
+                self.aliases.entry(file).or_default().push(alias);
+                self.alias_of.insert(alias, file);
+                true
+            }
+        }
+    }
+
+    /// The inode slot that holds entry `name` of `parent`: the slot it leads
+    /// to, or the alias of it that carries this name (a hard link).
+    pub fn holder(&self, parent: u32, name: &[u8]) -> Option<u32> {
+        let child = self.get(parent, name)?;
+        let holds = |slot: &u32| self.links.get(slot).is_some_and(|(p, n)| *p == parent && n[..] == *name);
+        if holds(&child.slot) {
+            return Some(child.slot);
+        }
+        self.aliases.get(&child.slot)?.iter().copied().find(holds)
+    }
+
+    /// The alias slots holding file `file`'s other names (hard links).
+    pub fn aliases(&self, file: u32) -> &[u32] {
+        self.aliases.get(&file).map_or(&[], |a| &a[..])
+    }
+
     /// Records that `slot` is a symbolic link to `target`.
     pub fn set_target(&mut self, slot: u32, target: Vec<u8>) {
         self.targets.insert(slot, target);
@@ -139,12 +182,24 @@ impl Index {
         self.targets.get(&slot).map(|t| &t[..])
     }
 
-    /// Removes the entry of `slot` (nothing if it has none).
+    /// Removes the entry `slot` holds (nothing if it has none); an alias
+    /// is forgotten with it.
     pub fn remove_slot(&mut self, slot: u32) {
         if let Some((parent, name)) = self.links.remove(&slot) {
+            let file = match self.alias_of.remove(&slot) {
+                Some(file) => {
+                    let aliases = self.aliases.get_mut(&file).expect("an alias's file has aliases");
+                    aliases.retain(|&a| a != slot);
+                    if aliases.is_empty() {
+                        self.aliases.remove(&file);
+                    }
+                    file
+                }
+                None => slot,
+            };
             let dir = self.entries.get_mut(&parent).expect("a linked slot's directory has entries");
             let gone = dir.remove(&name);
-            debug_assert_eq!(gone.map(|c| c.slot), Some(slot));
+            debug_assert_eq!(gone.map(|c| c.slot), Some(file));
             if dir.is_empty() {
                 self.entries.remove(&parent);
             }
@@ -522,13 +577,16 @@ fn blocks_512(inode: &Inode) -> u64 {
 
 /// Indexes the names of `inodes` (linked ones: orphans have none), checking
 /// the tree: each parent is a directory, no name is taken twice, every
-/// directory reaches the root. An entry that breaks a rule is reported to
-/// `problems` and left out.
+/// directory reaches the root, every hard link names a linked file of its
+/// type. An entry that breaks a rule is reported to `problems` and left out.
 pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems: &mut dyn Problems) -> Result<Index> {
     let inodes: Vec<&(u32, Inode)> = inodes.collect();
     let dirs: HashSet<u32> = inodes.iter().filter(|(_, i)| i.is_dir()).map(|(s, _)| *s).collect();
     let mut ns = Index::default();
-    for (slot, inode) in inodes {
+    // Files first, then the aliases that name them.
+    let (aliases, others): (Vec<_>, Vec<_>) = inodes.into_iter().partition(|(_, i)| i.alias_of.is_some());
+    let mut types: IntMap<u32, u32> = IntMap::default();
+    for (slot, inode) in others.into_iter().chain(aliases) {
         let (slot, parent) = (*slot, inode.parent);
         if parent != ROOT && !dirs.contains(&parent) {
             problems.found(format!(
@@ -537,16 +595,29 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
             ))?;
             continue;
         }
-        if ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() }) {
-            if inode.is_link() {
-                ns.set_target(slot, inode.target.clone());
+        let kind = inode.mode & libc::S_IFMT;
+        let inserted = match inode.alias_of {
+            Some(file) if types.get(&file) != Some(&kind) => {
+                problems.found(format!(
+                    "inode {slot} ('{}') is a hard link to inode {file}, which is not a named file of its type",
+                    lossy(&inode.name)
+                ))?;
+                continue;
             }
-        } else {
+            Some(file) => ns.insert_alias(parent, inode.name.clone(), slot, file),
+            None => ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() }),
+        };
+        if !inserted {
             problems.found(format!(
                 "two entries of directory {} are named '{}' (inode {slot} is the second)",
                 ns.path_of(parent).map_or_else(|| format!("inode {parent}"), |p| format!("'/{}'", lossy(&p))),
                 lossy(&inode.name)
             ))?;
+        } else if inode.alias_of.is_none() && !inode.is_dir() {
+            types.insert(slot, kind);
+            if inode.is_link() {
+                ns.set_target(slot, inode.target.clone());
+            }
         }
     }
     let mut lost = ns.not_reaching_root();
@@ -669,10 +740,44 @@ impl Meta {
     /// Frees directory `slot` (empty, and already unlinked from the index).
     fn drop_dir(&mut self, sb: &super::Superblock, slot: u32) {
         debug_assert!(self.ns.is_empty_dir(slot));
-        let index = slot as usize % super::INODES_PER_BLOCK;
-        Inode::encode_free(&mut self.table_block(slot)[index * super::INODE_SIZE..(index + 1) * super::INODE_SIZE]);
-        self.dirty.insert(self.inode_block(sb, slot));
-        self.slots[slot as usize] = Slot::Free;
+        self.clear_slot(sb, slot);
+    }
+
+    /// Removes entry `name` of `parent`, a name of file `node` (locked as
+    /// `state`). A hard link's alias is freed; the file's own name, while it
+    /// has others, is replaced by one of them (the file keeps its slot, so
+    /// its inode number); its last name goes as [`Meta::unlink_file`] says.
+    fn unlink_name(
+        &mut self,
+        fs: &super::Inner,
+        (node, state): (&Node, &mut NodeState),
+        parent: u32,
+        name: &[u8],
+        now: u64,
+    ) -> Result<()> {
+        let holder = self.ns.holder(parent, name).expect("the entry names the file");
+        if holder != node.slot {
+            self.ns.remove_slot(holder);
+            self.clear_slot(&fs.sb, holder);
+        } else if let Some(&alias) = self.ns.aliases(node.slot).first() {
+            // The file takes over its alias's name, in one transaction with the alias's removal.
+            let (alias_parent, alias_name) = self.ns.link_of(alias).cloned().expect("an alias holds a name");
+            self.ns.remove_slot(alias);
+            self.ns.remove_slot(node.slot);
+            self.clear_slot(&fs.sb, alias);
+            let inserted = self.ns.insert(alias_parent, alias_name.clone(), Child { slot: node.slot, dir: false });
+            debug_assert!(inserted, "the alias's name was just freed");
+            state.inode.parent = alias_parent;
+            state.inode.name = alias_name;
+        } else {
+            return self.unlink_file(fs, node, state, now);
+        }
+        state.nlink -= 1;
+        debug_assert_eq!(state.nlink as usize, 1 + self.ns.aliases(node.slot).len());
+        state.inode.ctime_ns = now;
+        state.store(fs, self)?;
+        state.meta_tid = self.tid;
+        self.touch_dir(&fs.sb, parent, now)
     }
 
     /// `stat` of a directory slot (or the root).
@@ -701,7 +806,7 @@ fn file_metadata(state: &NodeState) -> Metadata {
         ino: ino(state.slot),
         kind: if state.inode.is_link() { Kind::Symlink } else { Kind::File },
         mode: state.inode.mode,
-        nlink: if state.inode.orphan || !state.live { 0 } else { 1 },
+        nlink: if state.inode.orphan || !state.live { 0 } else { state.nlink },
         size: state.inode.size,
         blocks: blocks_512(&state.inode),
         mtime_ns: state.inode.mtime_ns,
@@ -772,6 +877,63 @@ impl FileSystem {
         self.create_node("symlink", path, (libc::S_IFLNK | 0o777, target)).map(drop)
     }
 
+    /// `link(2)`: gives the file (or symbolic link) `existing` names another
+    /// name, `new`: a hard link. `existing` is not followed if it is a link
+    /// (as Linux's `link`). Both names lead to one file, with one inode
+    /// number and `nlink` counting its names, until the last is removed.
+    /// `EPERM` for a directory, `EEXIST` if `new` is taken, `EMLINK` past
+    /// [`MAX_HARD_LINKS`] names.
+    pub fn hard_link(&self, existing: impl AsRef<[u8]>, new: impl AsRef<[u8]>) -> Result<()> {
+        let (from, to) = (existing.as_ref(), new.as_ref());
+        let fs = &self.mount;
+        fs.check_writable("link", to)?;
+        // A trailing '/' follows a link there (and then demands a directory).
+        let follow = from.ends_with(b"/");
+        loop {
+            // As Linux checks: the existing name, then the new one, then what the first names.
+            let node = {
+                let meta = fs.meta();
+                let walk = meta.ns.walk(from, follow).map_err(|r| refused("link", from, r))?;
+                let Some(found) = walk.found else {
+                    return Err(file_error("link", from, libc::ENOENT, "no such file"));
+                };
+                new_link_name(&meta, to)?;
+                if found.dir {
+                    return Err(file_error("link", from, libc::EPERM, "a directory cannot have hard links"));
+                }
+                Arc::clone(meta.file(found.slot).expect("a file's slot holds its node"))
+            };
+            let mut state = node.state.write().expect("file lock poisoned");
+            let mut meta = fs.meta();
+            if meta.ns.walk(from, follow).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
+                continue; // renamed or replaced meanwhile: look again
+            }
+            let (parent, name) = new_link_name(&meta, to)?;
+            if state.nlink >= MAX_HARD_LINKS {
+                let why = format!("a file has at most {MAX_HARD_LINKS} names in an iopath file system");
+                return Err(file_error("link", from, libc::EMLINK, why));
+            }
+            let count = meta.slots.len();
+            let Some(slot) = meta.free_slot(&fs.sb) else {
+                let why = format!("all {count} inodes are in use (a hard link takes one); remove files first");
+                return Err(file_error("link", to, libc::ENOSPC, why));
+            };
+            let now = now_ns();
+            let mut alias = Inode::alias(name.clone(), parent, node.slot, state.inode.mode);
+            meta.store_inode(&fs.sb, slot, &mut alias)?;
+            meta.slots[slot as usize] = Slot::Alias(Box::new(alias));
+            let inserted = meta.ns.insert_alias(parent, name, slot, node.slot);
+            debug_assert!(inserted, "the name is free");
+            state.nlink += 1;
+            state.inode.ctime_ns = now;
+            state.store(fs, &mut meta)?;
+            state.meta_tid = meta.tid;
+            meta.touch_dir(&fs.sb, parent, now)?;
+            drop(state);
+            return fs.namespace_changed(meta);
+        }
+    }
+
     /// `readlink`: the target of the symbolic link `path` names (`EINVAL`
     /// if it names something else).
     pub fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
@@ -828,6 +990,7 @@ impl FileSystem {
             cache_id: fs.new_cache_id(),
             dirty: BTreeMap::new(),
             live: true,
+            nlink: 1,
             meta_tid: tid,
             layout_tid: tid,
             mtime_unstored: false,
@@ -962,10 +1125,11 @@ impl FileSystem {
             };
             let mut state = node.state.write().expect("file lock poisoned");
             let mut meta = fs.meta();
-            if meta.ns.walk(path, false).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
+            let walk = meta.ns.walk(path, false).ok().filter(|w| w.found.map(|c| c.slot) == Some(node.slot));
+            let Some((parent, name)) = walk.and_then(|w| Some((w.parent, w.name?.into_owned()))) else {
                 continue; // renamed or replaced meanwhile: look again
-            }
-            meta.unlink_file(fs, &node, &mut state, now_ns())?;
+            };
+            meta.unlink_name(fs, (&node, &mut state), parent, &name, now_ns())?;
             drop(state);
             return fs.namespace_changed(meta);
         }
@@ -1253,16 +1417,51 @@ fn plan_rename(meta: &Meta, from: &[u8], to: &[u8], how: Rename) -> Result<Optio
     Ok(Some(RenamePlan { src: s, from_parent: src.parent, from_name, to_parent: dst.parent, to_name, dst: dst.found }))
 }
 
-/// Gives inode `child` the name `name` in `parent`, in memory and in the running transaction.
+/// Where `link(2)` would make the new name `to`: its directory and name, or
+/// the errno Linux gives (a name that ends in `/` is taken, EEXIST, or
+/// cannot be made, ENOENT; `.`, `..` and `/` exist).
+fn new_link_name(meta: &Meta, to: &[u8]) -> Result<(u32, Vec<u8>)> {
+    let trimmed = trim_trailing_slashes(to);
+    let walk = meta.ns.walk(trimmed, false).map_err(|r| refused("link", to, r))?;
+    if walk.name.is_some() && walk.found.is_none() && trimmed.len() < to.len() {
+        return Err(file_error("link", to, libc::ENOENT, "a new name cannot end in '/'"));
+    }
+    match walk.name.filter(|_| walk.found.is_none()) {
+        Some(name) => {
+            check_name(&name)?;
+            Ok((walk.parent, name.into_owned()))
+        }
+        None => Err(file_error("link", to, libc::EEXIST, "that name exists")),
+    }
+}
+
+/// Gives the name `name` in `parent` to inode `holder`, which held a name
+/// of `child` (itself, or a hard link's alias), in memory and in the
+/// running transaction.
 fn rename_inode(
     fs: &super::Inner,
     meta: &mut Meta,
     locked: &mut Locked<'_>,
-    child: Child,
+    (child, holder): (Child, u32),
     parent: u32,
     name: &[u8],
     now: u64,
 ) -> Result<()> {
+    if holder != child.slot {
+        let inserted = meta.ns.insert_alias(parent, name.to_vec(), holder, child.slot);
+        debug_assert!(inserted, "the new name is free");
+        let Slot::Alias(alias) = &mut meta.slots[holder as usize] else { unreachable!("slot {holder} is an alias") };
+        alias.parent = parent;
+        alias.name = name.to_vec();
+        let mut copy = (**alias).clone();
+        meta.store_inode(&fs.sb, holder, &mut copy)?;
+        // The file's inode changed as POSIX sees it (one inode, many names): its ctime.
+        let state = locked.get(child.slot);
+        state.inode.ctime_ns = now;
+        state.store(fs, meta)?;
+        state.meta_tid = meta.tid;
+        return Ok(());
+    }
     let inserted = meta.ns.insert(parent, name.to_vec(), child);
     debug_assert!(inserted, "the new name is free");
     if child.dir {
@@ -1289,11 +1488,15 @@ fn apply_rename(
     how: Rename,
 ) -> Result<()> {
     let now = now_ns();
-    meta.ns.remove_slot(plan.src.slot);
+    // The inodes that hold the two names: the files' own, or hard links' aliases.
+    let holder = |meta: &Meta, parent: u32, name: &[u8]| meta.ns.holder(parent, name).expect("the entry exists");
+    let src_holder = holder(meta, plan.from_parent, &plan.from_name);
+    meta.ns.remove_slot(src_holder);
     match (how, plan.dst) {
         (Rename::Exchange, Some(d)) => {
-            meta.ns.remove_slot(d.slot);
-            rename_inode(fs, meta, locked, d, plan.from_parent, &plan.from_name, now)?;
+            let dst_holder = holder(meta, plan.to_parent, &plan.to_name);
+            meta.ns.remove_slot(dst_holder);
+            rename_inode(fs, meta, locked, (d, dst_holder), plan.from_parent, &plan.from_name, now)?;
         }
         (_, Some(d)) if d.dir => {
             meta.ns.remove_slot(d.slot);
@@ -1301,11 +1504,11 @@ fn apply_rename(
         }
         (_, Some(d)) => {
             let node = Arc::clone(meta.file(d.slot).expect("file"));
-            meta.unlink_file(fs, &node, locked.get(d.slot), now)?;
+            meta.unlink_name(fs, (&node, locked.get(d.slot)), plan.to_parent, &plan.to_name, now)?;
         }
         (_, None) => {}
     }
-    rename_inode(fs, meta, locked, plan.src, plan.to_parent, &plan.to_name, now)?;
+    rename_inode(fs, meta, locked, (plan.src, src_holder), plan.to_parent, &plan.to_name, now)?;
     meta.touch_dir(&fs.sb, plan.from_parent, now)?;
     if plan.to_parent != plan.from_parent {
         meta.touch_dir(&fs.sb, plan.to_parent, now)?;
@@ -1323,6 +1526,32 @@ mod tests {
             assert!(ix.insert(parent, name.as_bytes().to_vec(), Child { slot, dir }));
         }
         ix
+    }
+
+    #[test]
+    fn a_hard_link_names_a_named_file_of_its_type_or_is_reported() {
+        let file = |name: &str, mode: u32| Inode { name: name.as_bytes().to_vec(), mode, ..Inode::default() };
+        let alias = |name: &str, file: u32, mode: u32| Inode::alias(name.as_bytes().to_vec(), ROOT, file, mode);
+        let inodes = [
+            (0, file("f", libc::S_IFREG | 0o644)),
+            (1, alias("g", 0, libc::S_IFREG)),
+            (2, alias("h", 0, libc::S_IFLNK)),
+            (3, alias("i", 1, libc::S_IFREG)),
+            (4, alias("j", 9, libc::S_IFREG)),
+            (5, alias("f", 0, libc::S_IFREG)),
+            (6, alias("k", 0, libc::S_IFREG)),
+        ];
+        let mut problems = super::super::check::AllProblems::default();
+        let ns = super::index(inodes.iter(), &mut problems).unwrap();
+        // Of another type, of an alias, of nothing, and a name taken: four problems.
+        assert_eq!(problems.0.len(), 4, "{:?}", problems.0);
+        assert!(problems.0[0].contains("inode 2 ('h') is a hard link to inode 0"), "{:?}", problems.0);
+        assert_eq!(ns.aliases(0), &[1, 6]);
+        assert_eq!(ns.get(ROOT, b"g"), Some(Child { slot: 0, dir: false }));
+        assert_eq!((ns.holder(ROOT, b"g"), ns.holder(ROOT, b"f"), ns.holder(ROOT, b"x")), (Some(1), Some(0), None));
+        let mut ns = ns;
+        ns.remove_slot(1);
+        assert_eq!((ns.aliases(0), ns.get(ROOT, b"g"), ns.len()), (&[6][..], None, 2));
     }
 
     #[test]
