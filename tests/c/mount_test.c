@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <sys/vfs.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -367,7 +368,6 @@ static void other_nodes(void) {
     ERRNO_IS(readlink(at("plain"), buf, sizeof buf), EINVAL);
     ERRNO_IS(readlink(at("none"), buf, sizeof buf), ENOENT);
     if (iopath_mode) {
-        ERRNO_IS(link(at("plain"), at("hl")), EPERM);
         ERRNO_IS(mkfifo(at("fifo"), 0644), EPERM);
         ERRNO_IS(link(at("plain"), "/tmp/iopath-mount-test-cross-link"), EXDEV);
     }
@@ -395,6 +395,8 @@ static void symlinks(void) {
     ERRNO_IS(rmdir(at("l2d")), ENOTDIR);
     CHECK(symlink("ld/made", at("dangling")) == 0, "a dangling link");
     ERRNO_IS(stat(at("dangling"), &st), ENOENT);
+    CHECK(llistxattr(at("dangling"), buf, sizeof buf) >= 0, "llistxattr asks the link itself");
+    ERRNO_IS(listxattr(at("dangling"), buf, sizeof buf), ENOENT);
     fd = open(at("dangling"), O_CREAT | O_WRONLY, 0644);
     CHECK(fd >= 0 && close(fd) == 0 && stat(at("ld/made"), &st) == 0, "O_CREAT through a dangling link makes its target");
     CHECK(symlink("loop", at("loop")) == 0, "a loop");
@@ -426,6 +428,60 @@ static void symlinks(void) {
     CHECK(unlink(at("l3")) == 0 && stat(at("ld/t"), &st) == 0, "unlink a link, not its target");
     CHECK(unlink(at("l2d")) == 0 && unlink(at("dangling")) == 0 && unlink(at("loop")) == 0 && unlink(at("up")) == 0 &&
               unlink(at("out")) == 0 && unlink(at("ld/t")) == 0 && unlink(at("ld/made")) == 0 && rmdir(at("ld")) == 0,
+          "clean up");
+}
+
+static void hard_links(void) {
+    struct stat a, b;
+    char buf[64];
+    CHECK(mkdir(at("hd"), 0755) == 0, "mkdir");
+    int fd = open(at("hd/f"), O_CREAT | O_RDWR, 0644);
+    CHECK(fd >= 0 && write(fd, "first", 5) == 5, "a file");
+    CHECK(link(at("hd/f"), at("g")) == 0, "link");
+    CHECK(stat(at("hd/f"), &a) == 0 && stat(at("g"), &b) == 0 && a.st_ino == b.st_ino && a.st_nlink == 2 &&
+              b.st_nlink == 2,
+          "one inode, two names");
+    CHECK(fstat(fd, &a) == 0 && a.st_nlink == 2, "fstat counts the names");
+    ERRNO_IS(link(at("hd/f"), at("g")), EEXIST);
+    ERRNO_IS(link(at("hd"), at("hd2")), EPERM);
+    ERRNO_IS(link(at("none"), at("x")), ENOENT);
+    ERRNO_IS(link(at("hd/f"), at("none/x")), ENOENT);
+    CHECK(pwrite(fd, "FIRST", 5, 0) == 5 && close(fd) == 0, "write through one name");
+    fd = open(at("g"), O_RDONLY);
+    CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 5 && !memcmp(buf, "FIRST", 5), "read through the other");
+    CHECK(unlink(at("hd/f")) == 0 && fstat(fd, &a) == 0 && a.st_nlink == 1 && stat(at("g"), &b) == 0 &&
+              b.st_ino == a.st_ino,
+          "the first name goes, the file stays, its inode number too");
+    CHECK(close(fd) == 0, "close");
+    CHECK(symlink("g", at("sl")) == 0, "symlink");
+    CHECK(linkat(AT_FDCWD, at("sl"), AT_FDCWD, at("sl-itself"), 0) == 0 && lstat(at("sl-itself"), &a) == 0 &&
+              S_ISLNK(a.st_mode) && a.st_nlink == 2,
+          "linkat links a symbolic link itself");
+    CHECK(linkat(AT_FDCWD, at("sl"), AT_FDCWD, at("sl-target"), AT_SYMLINK_FOLLOW) == 0 &&
+              lstat(at("sl-target"), &a) == 0 && S_ISREG(a.st_mode) && a.st_ino == b.st_ino && a.st_nlink == 2,
+          "linkat AT_SYMLINK_FOLLOW links its target");
+    int dfd = open(at("hd"), O_RDONLY | O_DIRECTORY);
+    CHECK(dfd >= 0 && linkat(AT_FDCWD, at("g"), dfd, "via-dirfd", 0) == 0 && stat(at("hd/via-dirfd"), &a) == 0 &&
+              a.st_nlink == 3 && close(dfd) == 0,
+          "linkat relative to a directory descriptor");
+    ERRNO_IS(linkat(AT_FDCWD, at("g"), AT_FDCWD, at("bad-flag"), 0x4000000), EINVAL);
+    CHECK(rename(at("g"), at("sl-target")) == 0 && stat(at("g"), &a) == 0 && a.st_nlink == 3,
+          "rename between two names of one file does nothing");
+    ino_t g = 0, t = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, "g"))
+            g = e->d_ino;
+        if (!strcmp(e->d_name, "sl-target"))
+            t = e->d_ino;
+    }
+    CHECK(d && closedir(d) == 0 && g != 0 && g == t && g == b.st_ino, "readdir gives both names one inode number");
+    CHECK(unlink(at("g")) == 0 && unlink(at("sl-target")) == 0 && stat(at("hd/via-dirfd"), &a) == 0 &&
+              a.st_nlink == 1,
+          "names go one by one");
+    CHECK(unlink(at("hd/via-dirfd")) == 0 && unlink(at("sl")) == 0 && unlink(at("sl-itself")) == 0 &&
+              rmdir(at("hd")) == 0,
           "clean up");
 }
 
@@ -482,6 +538,7 @@ int main(int argc, char **argv) {
     working_directory();
     copies();
     symlinks();
+    hard_links();
     other_nodes();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

@@ -575,14 +575,15 @@ enum XattrOp {
 }
 
 macro_rules! hook_xattr_path {
-    ($op:expr, $ret:ty, $($name:ident ( $($arg:ident: $ty:ty),* )),*) => {$(
-        /// An extended-attribute call on a path: see `xattr_result`.
+    ($op:expr, $ret:ty, $($name:ident, $on_path:ident ( $($arg:ident: $ty:ty),* )),*) => {$(
+        /// An extended-attribute call on a path (the `l` forms on a
+        /// symbolic link itself): see `xattr_result`.
         ///
         /// # Safety
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, $($arg: $ty),*) -> $ret {
-            let mounted = on_path(libc::AT_FDCWD, path, |e| fail(e) as $ret, |inside| xattr_result(exists(&inside), $op) as $ret);
+            let mounted = $on_path(libc::AT_FDCWD, path, |e| fail(e) as $ret, |inside| xattr_result(exists(&inside), $op) as $ret);
             // SAFETY: passed on.
             mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), $($arg),*) })
         }
@@ -602,15 +603,17 @@ macro_rules! hook_xattr_fd {
     )*};
 }
 hook_xattr_path!(XattrOp::Get, libc::ssize_t,
-    getxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t),
-    lgetxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
+    getxattr, on_path(name: *const c_char, value: *mut libc::c_void, size: libc::size_t),
+    lgetxattr, on_path_nofollow(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
 hook_xattr_path!(XattrOp::List, libc::ssize_t,
-    listxattr(list: *mut c_char, size: libc::size_t),
-    llistxattr(list: *mut c_char, size: libc::size_t));
+    listxattr, on_path(list: *mut c_char, size: libc::size_t),
+    llistxattr, on_path_nofollow(list: *mut c_char, size: libc::size_t));
 hook_xattr_path!(XattrOp::Set, c_int,
-    setxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int),
-    lsetxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));
-hook_xattr_path!(XattrOp::Remove, c_int, removexattr(name: *const c_char), lremovexattr(name: *const c_char));
+    setxattr, on_path(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int),
+    lsetxattr, on_path_nofollow(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));
+hook_xattr_path!(XattrOp::Remove, c_int,
+    removexattr, on_path(name: *const c_char),
+    lremovexattr, on_path_nofollow(name: *const c_char));
 hook_xattr_fd!(XattrOp::Get, libc::ssize_t, fgetxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
 hook_xattr_fd!(XattrOp::List, libc::ssize_t, flistxattr(list: *mut c_char, size: libc::size_t));
 hook_xattr_fd!(XattrOp::Set, c_int, fsetxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));

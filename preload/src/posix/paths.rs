@@ -625,19 +625,33 @@ pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *c
     mounted.unwrap_or_else(|| unsafe { real::symlinkat(target, dirfd, super::kernel(dirfd, path).ptr()) })
 }
 
-/// A hard link with either name in a mount: EPERM within one (no hard
-/// links), EXDEV across its edge. `None`: both outside.
-fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> Option<c_int> {
-    let from = on_path_nofollow(olddirfd, old, Err, Ok);
+/// A hard link with either name in a mount: the file system's within one
+/// mount, EXDEV across its edge (as between two file systems). The old
+/// name's last link is followed only with AT_SYMLINK_FOLLOW, as Linux's
+/// `linkat`; AT_EMPTY_PATH (a descriptor's own file) is not served in a
+/// mount (ENOENT, said with `IOPATH_LOG`). `None`: both names are outside.
+fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char, flags: c_int) -> Option<c_int> {
+    let from = if flags & libc::AT_SYMLINK_FOLLOW != 0 {
+        on_path(olddirfd, old, Err, Ok)
+    } else {
+        on_path_nofollow(olddirfd, old, Err, Ok)
+    };
     let to = on_path_nofollow(newdirfd, new, Err, Ok);
-    match (from, to) {
-        (None, None) => None,
-        (Some(Err(e)), _) | (_, Some(Err(e))) => Some(fail(e)),
-        (Some(Ok(from)), Some(Ok(to))) if std::ptr::eq(from.mount, to.mount) => {
-            Some(unsupported_node("a hard link", &to))
-        }
-        _ => Some(fail(libc::EXDEV)),
+    let (from, to) = match (from, to) {
+        (None, None) => return None,
+        (Some(Err(e)), _) | (_, Some(Err(e))) => return Some(fail(e)),
+        (Some(Ok(from)), Some(Ok(to))) if std::ptr::eq(from.mount, to.mount) => (from, to),
+        _ => return Some(fail(libc::EXDEV)),
+    };
+    if flags & !(libc::AT_SYMLINK_FOLLOW | libc::AT_EMPTY_PATH) != 0 {
+        return Some(fail(libc::EINVAL));
     }
+    if flags & libc::AT_EMPTY_PATH != 0 && from.path.is_empty() {
+        crate::log("linkat(AT_EMPTY_PATH) of a mounted descriptor is not supported: ENOENT");
+        return Some(fail(libc::ENOENT));
+    }
+    let _inside = crate::Inside::enter();
+    Some(with_fs(&from, |fs| fs.hard_link(&from.path, &to.path)))
 }
 
 /// `link`.
@@ -646,7 +660,7 @@ fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
-    link_any(libc::AT_FDCWD, old, libc::AT_FDCWD, new).unwrap_or_else(|| {
+    link_any(libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0).unwrap_or_else(|| {
         // SAFETY: passed on.
         unsafe { real::link(super::kernel(libc::AT_FDCWD, old).ptr(), super::kernel(libc::AT_FDCWD, new).ptr()) }
     })
@@ -664,7 +678,7 @@ pub unsafe extern "C" fn linkat(
     new: *const c_char,
     flags: c_int,
 ) -> c_int {
-    link_any(olddirfd, old, newdirfd, new).unwrap_or_else(|| {
+    link_any(olddirfd, old, newdirfd, new, flags).unwrap_or_else(|| {
         // SAFETY: passed on.
         unsafe {
             real::linkat(
