@@ -494,6 +494,46 @@ fn a_directory_fsync_writes_only_what_is_not_durable_yet() {
     assert!(fs.open("k").is_err());
 }
 
+/// fsync of a file with nothing pending flushes the device's cache (its
+/// data may be there), unless no write was sent since a flush that covered
+/// every write: then there is nothing to flush, and none is sent. A power
+/// cut right after such an fsync loses nothing it vouched for.
+#[test]
+fn an_fsync_with_nothing_new_to_flush_sends_no_flush_and_loses_nothing() {
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());
+    let files: Vec<_> = (0..16).map(|i| fs.create(format!("f{i}")).unwrap()).collect();
+    for (i, f) in files.iter().enumerate() {
+        f.write_at(&bytes(i as u64, 4096), 0).unwrap();
+        f.fsync().unwrap();
+    }
+    // As `sysbench fileio --file-fsync-freq=1`: write one file, then fsync them all.
+    for round in 0..8u64 {
+        let before = fs.stats();
+        let i = (round * 5 % 16) as usize;
+        files[i].write_at(&bytes(100 + round, 4096), 0).unwrap();
+        for f in &files {
+            f.fsync().unwrap();
+        }
+        let after = fs.stats();
+        assert_eq!(after.device_flushes_skipped - before.device_flushes_skipped, 15, "{}", after.summary());
+        assert!(after.device_flushes - before.device_flushes <= 2, "{}", after.summary());
+    }
+    // A write sent since the last flush: the next fsync of even a clean file flushes.
+    files[0].write_at(b"direct?", 8192).unwrap();
+    fs.sync_namespace().unwrap_or(());
+    let before = fs.stats().device_flushes;
+    files[1].fsync().unwrap();
+    files[0].fsync().unwrap();
+    assert!(fs.stats().device_flushes > before);
+    drop(files);
+    let fs = cut_and_remount(&dev, fs);
+    for i in 0..16u64 {
+        let last = (0..8u64).filter(|r| (r * 5 % 16) == i).max().map_or(i, |r| 100 + r);
+        assert_eq!(read_all(&fs, &format!("f{i}"))[..4096], bytes(last, 4096)[..], "f{i}");
+    }
+    assert_eq!(&read_all(&fs, "f0")[8192..], b"direct?");
+}
+
 #[test]
 fn a_killed_process_keeps_its_namespace_changes_unless_told_to_defer_them() {
     for (commit, kept) in [(NamespaceCommit::Written, true), (NamespaceCommit::Deferred, false)] {

@@ -243,6 +243,8 @@ pub struct FsStats {
     pub device_writes: u64,
     /// See `device_reads`.
     pub device_flushes: u64,
+    /// Flushes not sent: no write since one that covered every write (see [`disk::Disk`]).
+    pub device_flushes_skipped: u64,
     /// Bytes the file layer read from the device.
     pub device_read_bytes: u64,
     /// Bytes the file layer wrote to the device.
@@ -268,7 +270,8 @@ impl FsStats {
         format!(
             "{} commits ({} sent without waiting), {} kept in the shared-memory log, {} checkpoints; {} syncs \
              ({} shared, {} a flush only); cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
-             ({:.1} MiB), {} writes ({:.1} MiB), {} flushes; {} blocks read from the carried cache",
+             ({:.1} MiB), {} writes ({:.1} MiB), {} flushes ({} more with nothing new to flush); {} blocks read from \
+             the carried cache",
             j.commits,
             j.sent,
             j.logged,
@@ -286,6 +289,7 @@ impl FsStats {
             self.device_writes,
             mib(self.device_written_bytes),
             self.device_flushes,
+            self.device_flushes_skipped,
             self.carried_reads
         )
     }
@@ -943,6 +947,7 @@ impl FileSystem {
             device_reads: c.reads.load(Ordering::Relaxed),
             device_writes: c.writes.load(Ordering::Relaxed),
             device_flushes: c.flushes.load(Ordering::Relaxed),
+            device_flushes_skipped: c.flushes_skipped.load(Ordering::Relaxed),
             device_read_bytes: c.read_bytes.load(Ordering::Relaxed),
             device_written_bytes: c.written_bytes.load(Ordering::Relaxed),
             free_blocks: fs.meta().alloc.free_blocks(),
