@@ -13,9 +13,9 @@
 //!   kernel issues the write when the flush is done). Two round trips.
 //! - `journaled`: the data (up to [`JOURNALED_DATA_BLOCKS`] blocks) goes
 //!   into the transaction as images as well as home, and data, journal and
-//!   commit block are sent together, the journal blocks with forced unit
-//!   access. One round trip, where the others wait for the data before the
-//!   commit.
+//!   commit block are sent together, the journal blocks and commit block as
+//!   one write with forced unit access where the ring allows. One round
+//!   trip, where the others wait for the data before the commit.
 //!
 //! All are crash-consistent: the commit block of `conventional` and `aios`
 //! reaches the device only after everything it vouches for is durable, and
@@ -376,10 +376,18 @@ fn journaled(fs: &Inner, journal: &mut Journal, data: Option<(&Writeback, &mut N
         // Without an ordering point the journal blocks go with forced unit access:
         // durable when they complete, with no flush after (the home writes need
         // none: replay repairs them, and a checkpoint flushes before it lets the
-        // journal go).
-        journal.submit_body(&mut batch, &p, !in_place)?;
-        if !in_place {
-            journal.submit_commit(&mut batch, &p, true)?;
+        // journal go). Body and commit block are one command where the ring
+        // allows: replay checks the commit's CRC over the body, so a torn one is
+        // never applied (SQLite in WAL mode, a frame and an fdatasync per
+        // transaction: three device commands where there were four).
+        match journal.whole_run(&p).filter(|_| !in_place) {
+            Some((first, whole)) => batch.write_fua(first, whole)?,
+            None => {
+                journal.submit_body(&mut batch, &p, !in_place)?;
+                if !in_place {
+                    journal.submit_commit(&mut batch, &p, true)?;
+                }
+            }
         }
         batch.wait()?;
     }
