@@ -323,6 +323,22 @@ pub fn kernel_path(dirfd: c_int, path: &[u8]) -> Option<std::ffi::CString> {
 /// `path` made absolute against `base` (absolute), with `.`, `..` and
 /// repeated slashes resolved by name; no trailing slash (but `/`).
 pub fn normalize(base: &[u8], path: &[u8]) -> Vec<u8> {
+    normalize_with(base, path, |_| None)
+}
+
+/// As [`normalize`], but a `..` right after a symbolic link inside a mount
+/// climbs from where the link leads, as the kernel resolves it (`link/..`
+/// is the parent of the link's target, not the directory holding the
+/// link). Links outside every mount are taken by name, as [`normalize`]
+/// takes them (the kernel follows them when it serves the path; a link
+/// outside that leads into a mount and is followed by `..` is not seen).
+pub fn normalize_through_links(base: &[u8], path: &[u8]) -> Vec<u8> {
+    normalize_with(base, path, link_target_in_mount)
+}
+
+/// [`normalize`], where `before_climbing` may replace the path so far
+/// before a `..` takes its last name off.
+fn normalize_with(base: &[u8], path: &[u8], before_climbing: impl Fn(&[u8]) -> Option<Vec<u8>>) -> Vec<u8> {
     let start = if path.starts_with(b"/") { &b""[..] } else { base };
     // Built in place (one allocation: this runs for every path a program names).
     let mut out = Vec::with_capacity(path.len() + start.len() + 1);
@@ -330,6 +346,9 @@ pub fn normalize(base: &[u8], path: &[u8]) -> Vec<u8> {
         match part {
             b"" | b"." => {}
             b".." => {
+                if let Some(replaced) = before_climbing(&out) {
+                    out = replaced;
+                }
                 let cut = out.iter().rposition(|&b| b == b'/').unwrap_or(0);
                 out.truncate(cut);
             }
@@ -343,6 +362,25 @@ pub fn normalize(base: &[u8], path: &[u8]) -> Vec<u8> {
         out.push(b'/');
     }
     out
+}
+
+/// Where `path` (absolute, normalized) leads once the symbolic links on it
+/// inside a mount are followed, the last one too; `None` where there is no
+/// link on it in a mount (or the mount cannot be asked).
+fn link_target_in_mount(path: &[u8]) -> Option<Vec<u8>> {
+    use iopath::fs::Resolved;
+    let mount = mounts().iter().find(|m| path.starts_with(&m.dir) && path.get(m.dir.len()) == Some(&b'/'))?;
+    let fs = mount.fs().ok()?;
+    Some(match fs.resolve(&path[mount.dir.len()..], true).ok()?? {
+        Resolved::Inside(inner) => {
+            let mut out = mount.dir.clone();
+            out.extend_from_slice(inner.strip_suffix(b"/").unwrap_or(&inner));
+            out
+        }
+        // Out of the mount: by name from there on (the kernel's business).
+        Resolved::Absolute(target) => normalize(b"/", &target),
+        Resolved::Above(rel) => normalize(&mount.dir, &rel),
+    })
 }
 
 /// A path inside a mount: the mount and the path from its root (`/...`,
@@ -375,7 +413,9 @@ pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
     } else {
         return None; // a real directory descriptor: the kernel resolves it
     };
-    let mut full = normalize(base, path);
+    // A `..` may follow a link: only such paths pay for looking (a lookup per `..`).
+    let climbs = path.split(|&b| b == b'/').any(|p| p == b"..");
+    let mut full = if climbs { normalize_through_links(base, path) } else { normalize(base, path) };
     let mount =
         mounts.iter().find(|m| full.starts_with(&m.dir) && matches!(full.get(m.dir.len()), None | Some(b'/')))?;
     full.drain(..mount.dir.len());

@@ -390,6 +390,10 @@ static void symlinks(void) {
     fd = open(at("l"), O_RDONLY);
     CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 6 && !memcmp(buf, "target", 6) && close(fd) == 0, "read through");
     CHECK(stat(at("l2d/t"), &st) == 0 && st.st_size == 6, "a directory through a link");
+    CHECK(mkdir(at("ld/sub"), 0755) == 0 && symlink("ld/sub", at("lsub")) == 0, "a link to a subdirectory");
+    CHECK(stat(at("lsub/../t"), &st) == 0 && st.st_size == 6, "link/.. is the parent of the link's target");
+    CHECK(stat(at("lsub/../../l"), &st) == 0 && st.st_size == 6, "and climbs on from there");
+    CHECK(unlink(at("lsub")) == 0 && rmdir(at("ld/sub")) == 0, "clean up the link to a subdirectory");
     ERRNO_IS(open(at("l"), O_RDONLY | O_NOFOLLOW), ELOOP);
     ERRNO_IS(open(at("l"), O_CREAT | O_EXCL | O_WRONLY, 0644), EEXIST);
     ERRNO_IS(rmdir(at("l2d")), ENOTDIR);
