@@ -178,8 +178,10 @@ pub fn step_aside(fd: libc::c_int, last: libc::c_uint) -> bool {
 
 /// A new piece of [`PIECE`] bytes of frame memory (contents left by whoever
 /// had it before), or `None` when frames are off, the bound is reached or
-/// the file cannot grow: the caller maps anonymous memory then.
-pub(crate) fn piece() -> Option<NonNull<u8>> {
+/// the file cannot grow: the caller maps anonymous memory then. With
+/// `populate`, its pages are mapped in one call (for a piece that will be
+/// used whole: page frames); without, each is faulted in when first touched.
+pub(crate) fn piece(populate: bool) -> Option<NonNull<u8>> {
     // Never wait for these locks: in a child after fork, a thread of the parent
     // that held one is not there to let it go. Busy: anonymous memory this time.
     let (dir, bound) = try_lock(&CONFIG)?.clone()?;
@@ -223,9 +225,12 @@ pub(crate) fn piece() -> Option<NonNull<u8>> {
         return None;
     }
     // Mapped in one call rather than faulted in a page at a time as the blocks
-    // are first written (the pages are there: fallocate made them).
-    // SAFETY: advice on the piece just mapped; a failure leaves it to the faults.
-    unsafe { libc::madvise(at, PIECE, libc::MADV_POPULATE_WRITE) };
+    // are first written (the pages are there: fallocate made them), where the
+    // caller will use it whole.
+    if populate {
+        // SAFETY: advice on the piece just mapped; a failure leaves it to the faults.
+        unsafe { libc::madvise(at, PIECE, libc::MADV_POPULATE_WRITE) };
+    }
     // Published before any block of the piece is handed out: a fork from now on
     // makes the child's view of it private.
     MAPPED.store(mapped + PIECE, Ordering::Release);

@@ -34,6 +34,27 @@ fn bit(images: &[Block], n: u64) -> bool {
     images[block][i / 8] & (1 << (i % 8)) != 0
 }
 
+/// Blocks in `[from, to)` marked in use: whole bytes counted at once (a
+/// mount of a 3 GiB device counted its 786,432 bits one by one: a tenth of
+/// a short program's time on a mount).
+fn marked_in(images: &[Block], from: u64, to: u64) -> u64 {
+    let mut n = from;
+    let mut marked = 0;
+    while n < to {
+        let (block, i) = ((n / BITS_PER_BITMAP_BLOCK) as usize, (n % BITS_PER_BITMAP_BLOCK) as usize);
+        if i % 8 == 0 && to - n >= 8 {
+            // Whole bytes to the end of this bitmap block or of the range.
+            let bytes = ((BITS_PER_BITMAP_BLOCK as usize - i) / 8).min(((to - n) / 8) as usize);
+            marked += images[block][i / 8..i / 8 + bytes].iter().map(|b| b.count_ones() as u64).sum::<u64>();
+            n += bytes as u64 * 8;
+        } else {
+            marked += u64::from(bit(images, n));
+            n += 1;
+        }
+    }
+    marked
+}
+
 fn set_bit(images: &mut [Block], n: u64, on: bool) {
     let block = (n / BITS_PER_BITMAP_BLOCK) as usize;
     let i = (n % BITS_PER_BITMAP_BLOCK) as usize;
@@ -58,7 +79,7 @@ impl Allocator {
 
     /// The allocator over bitmap images read from the device.
     pub fn from_images(images: Vec<Block>, blocks: u64, data_start: u64) -> Allocator {
-        let free = (data_start..blocks).filter(|&n| !bit(&images, n)).count() as u64;
+        let free = (blocks - data_start) - marked_in(&images, data_start, blocks);
         Allocator {
             images,
             held: vec![0; blocks.div_ceil(64) as usize],
@@ -266,6 +287,23 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_marked_in_use_are_counted_whatever_the_range() {
+        let mut images = vec![crate::fs::format::zero_block(), crate::fs::format::zero_block()];
+        let total = 2 * BITS_PER_BITMAP_BLOCK;
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..5000 {
+            set_bit(&mut images, rng.u64(..total), true);
+        }
+        for _ in 0..300 {
+            let from = rng.u64(..total);
+            let to = rng.u64(from..=total);
+            let want = (from..to).filter(|&n| bit(&images, n)).count() as u64;
+            assert_eq!(marked_in(&images, from, to), want, "[{from}, {to})");
+        }
+        assert_eq!(marked_in(&images, 0, total), (0..total).filter(|&n| bit(&images, n)).count() as u64);
+    }
 
     #[test]
     fn freed_blocks_wait_for_their_commit_before_reuse() {
