@@ -1106,7 +1106,15 @@ impl Inner {
             if let Some(carry) = self.disk.carry().filter(|_| stage) {
                 carry.forget_dead(|block| meta.alloc.in_use(block));
             }
-            meta.files().collect()
+            // Only files with pages to write back, and those locked now (a writeback
+            // under way there is waited for, as before): walking every file took
+            // 5% of a `stat`'s time on a mount of 26K names.
+            let needs = |node: &Node| node.state.try_read().map_or(true, |s| s.live && !s.dirty.is_empty());
+            let wanted = |s: &Slot| match s {
+                Slot::File(n) if needs(n) => Some(Arc::clone(n)),
+                _ => None,
+            };
+            meta.slots.iter().filter_map(wanted).collect()
         };
         writeback::write_back_all(self, nodes, stage)?;
         self.sync_metadata()

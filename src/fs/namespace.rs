@@ -34,7 +34,7 @@ use super::{File, FileSystem, Meta, Node, NodeState, Slot, file_error, now_ns};
 use crate::error::{Error, Result};
 use crate::hash::IntMap;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard};
 
@@ -289,7 +289,7 @@ impl Index {
     /// takes its verdict (a mount of 8,759 files spent 7% of its time
     /// building each one's whole path to learn this).
     fn not_reaching_root(&self) -> Vec<u32> {
-        let mut reaches: HashMap<u32, bool> = HashMap::with_capacity(self.links.len() + 1);
+        let mut reaches: IntMap<u32, bool> = IntMap::with_capacity_and_hasher(self.links.len() + 1, Default::default());
         reaches.insert(ROOT, true);
         let mut lost = Vec::new();
         let mut chain = Vec::new();
