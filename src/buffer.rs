@@ -229,7 +229,8 @@ impl IoBuf {
 
     /// A buffer holding a copy of `data`.
     pub fn from_slice(data: &[u8]) -> IoBuf {
-        let mut buf = IoBuf::new(data.len());
+        // Every byte is written below: no zeroing first.
+        let mut buf = IoBuf::for_overwrite(data.len());
         buf.copy_from_slice(data);
         buf
     }

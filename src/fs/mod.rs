@@ -452,7 +452,7 @@ struct NodeState {
 /// All metadata, in memory, as the next commit will write it.
 struct Meta {
     /// Inode-table block images; `None` for a block of free slots (all zeros).
-    table: Vec<Option<Block>>,
+    table: Vec<Option<IoBuf>>,
     /// What each inode slot holds.
     slots: Vec<Slot>,
     /// Every name, indexed.
@@ -603,8 +603,8 @@ impl Meta {
     }
 
     /// The inode-table block that holds `slot`, made (zeros) if it held nothing.
-    fn table_block(&mut self, slot: u32) -> &mut Block {
-        self.table[slot as usize / INODES_PER_BLOCK].get_or_insert_with(zero_block)
+    fn table_block(&mut self, slot: u32) -> &mut [u8] {
+        self.table[slot as usize / INODES_PER_BLOCK].get_or_insert_with(|| IoBuf::new(BLOCK))
     }
 
     /// Takes the running transaction: its images, and the runs it freed.
@@ -616,7 +616,11 @@ impl Meta {
                 // The inode mark rose in this transaction.
                 Superblock { inode_mark: self.inode_mark, ..*sb }.encode()
             } else if b >= sb.inode_start && b < sb.bitmap_start {
-                self.table[(b - sb.inode_start) as usize].clone().unwrap_or_else(zero_block)
+                let mut image = zero_block();
+                if let Some(table) = &self.table[(b - sb.inode_start) as usize] {
+                    image.copy_from_slice(table);
+                }
+                image
             } else if b >= sb.bitmap_start && b < sb.journal_start {
                 let mut image = zero_block();
                 image.copy_from_slice(self.alloc.image(b - sb.bitmap_start));
