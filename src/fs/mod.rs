@@ -466,6 +466,9 @@ struct Meta {
     dirty: BTreeSet<u64>,
     /// Data runs freed in the running transaction (allocatable after it commits).
     freed: Vec<(u64, u64)>,
+    /// Data blocks were freed since mount: the carried cache may hold some no
+    /// file holds any more ([`carry::CarriedCache::forget_dead`] looks for them).
+    freed_since_mount: bool,
     /// Metadata blocks freed in the running transaction (allocatable after a checkpoint).
     freed_meta: Vec<(u64, u64)>,
     /// Id of the running transaction.
@@ -518,6 +521,7 @@ impl Meta {
         });
         debug_assert!(ok, "freeing blocks {start}+{len} that are not in use");
         self.freed.push((start, len));
+        self.freed_since_mount = true;
     }
 
     /// Frees data blocks that never held data, allocatable again at once ([`Allocator::free_now`]).
@@ -786,6 +790,7 @@ impl FileSystem {
             overflow: scan.overflow,
             dirty: BTreeSet::new(),
             freed: Vec::new(),
+            freed_since_mount: false,
             freed_meta: Vec::new(),
             tid: 1,
             slot_hint: 0,
@@ -1107,7 +1112,8 @@ impl Inner {
     fn write_back_and_commit(&self, stage: bool) -> Result<()> {
         let nodes: Vec<Arc<Node>> = {
             let meta = self.meta();
-            if let Some(carry) = self.disk.carry().filter(|_| stage) {
+            // Blocks freed before this mount were looked for at the last exit.
+            if let Some(carry) = self.disk.carry().filter(|_| stage && meta.freed_since_mount) {
                 carry.forget_dead(|block| meta.alloc.in_use(block));
             }
             // Only files with pages to write back, and those locked now (a writeback
@@ -1211,10 +1217,19 @@ impl Inner {
         if self.aborted.load(Ordering::Acquire) {
             return Ok(0);
         }
+        // The cached pages first (a process that read and wrote nothing has none, and
+        // needs no map of every file: 3% of a `stat` on a mount of 26K names). Taken
+        // before any file's lock: a reader holds its file's lock while it takes a shard's.
+        let mut cached: Vec<Arc<Page>> = Vec::new();
+        self.cache.for_each(|page| cached.push(Arc::clone(page)));
+        let mark = self.meta().inode_mark;
+        if cached.is_empty() {
+            return self.save_carried(carry, mark, std::iter::empty());
+        }
         // Each live file's pages by cache id, with the device block of each. The files
         // are taken under the metadata lock and their own locks after it is let go: a
         // writer holds its file's lock while it takes the metadata lock.
-        let (nodes, mark) = {
+        let nodes = {
             let meta = self.meta();
             let nodes: Vec<Arc<Node>> = meta
                 .slots
@@ -1223,8 +1238,8 @@ impl Inner {
                     Slot::File(node) => Some(Arc::clone(node)),
                     _ => None,
                 })
-                .collect();
-            (nodes, meta.inode_mark)
+                .collect::<Vec<Arc<Node>>>();
+            nodes
         };
         let files: crate::hash::IntMap<u64, Arc<Node>> = nodes
             .into_iter()
@@ -1235,14 +1250,6 @@ impl Inner {
                 Some((cache_id, node))
             })
             .collect();
-        let mut cached: Vec<Arc<Page>> = Vec::new();
-        // Collected first, the files' locks taken after: a reader holds its file's lock
-        // while it takes a shard's.
-        self.cache.for_each(|page| {
-            if files.contains_key(&page.key.0) {
-                cached.push(Arc::clone(page));
-            }
-        });
         let mut pages: Vec<(u64, Arc<Page>)> = Vec::with_capacity(cached.len());
         for page in cached {
             let Some(node) = files.get(&page.key.0) else { continue };
@@ -1261,11 +1268,24 @@ impl Inner {
         // back (which sets the carried cache aside) only after it is stamped.
         let guards: Vec<_> = pages.iter().map(|(_, p)| p.data.read().expect("page lock poisoned")).collect();
         let clean = pages.iter().zip(&guards).filter(|(_, g)| !g.dirty).map(|((b, _), g)| (*b, &g.buf[..]));
+        let held = self.save_carried(carry, mark, clean);
+        drop(guards);
+        held
+    }
+
+    /// Saves `clean` (device block, its bytes) with what the carried cache
+    /// holds, then stamps it and the superblock alike (inode mark `mark`);
+    /// returns the blocks it holds.
+    fn save_carried<'a>(
+        &self,
+        carry: &carry::CarriedCache,
+        mark: u64,
+        clean: impl Iterator<Item = (u64, &'a [u8])>,
+    ) -> Result<u64> {
         let stamp = fastrand::u64(1..);
         let held = carry.save(self.sb.volume_id, stamp, clean)?;
         let sb = Superblock { inode_mark: mark, carry_stamp: stamp, ..self.sb };
         self.disk.write_stamp(&IoBuf::from_slice(&sb.encode()[..]))?;
-        drop(guards);
         Ok(held)
     }
 
