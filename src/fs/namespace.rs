@@ -630,9 +630,9 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
 
 impl Meta {
     /// Every file node (linked or orphan).
-    pub(super) fn files(&self) -> impl Iterator<Item = Arc<Node>> + '_ {
+    pub(super) fn files(&self) -> impl Iterator<Item = &Arc<Node>> + '_ {
         self.slots.iter().filter_map(|s| match s {
-            Slot::File(n) => Some(Arc::clone(n)),
+            Slot::File(n) => Some(n),
             _ => None,
         })
     }
@@ -1126,7 +1126,7 @@ impl FileSystem {
             let mut state = node.state.write().expect("file lock poisoned");
             let mut meta = fs.meta();
             let walk = meta.ns.walk(path, false).ok().filter(|w| w.found.map(|c| c.slot) == Some(node.slot));
-            let Some((parent, name)) = walk.and_then(|w| Some((w.parent, w.name?.into_owned()))) else {
+            let Some((parent, name)) = walk.and_then(|w| Some((w.parent, w.name?))) else {
                 continue; // renamed or replaced meanwhile: look again
             };
             meta.unlink_name(fs, (&node, &mut state), parent, &name, now_ns())?;
@@ -1270,7 +1270,7 @@ impl FileSystem {
     pub fn list(&self) -> Vec<super::Entry> {
         let meta = self.mount.meta();
         let files: Vec<(Vec<u8>, Arc<Node>)> =
-            meta.files().filter_map(|n| Some((meta.ns.path_of(n.slot)?, n))).collect();
+            meta.files().filter_map(|n| Some((meta.ns.path_of(n.slot)?, Arc::clone(n)))).collect();
         drop(meta);
         let mut out: Vec<super::Entry> = files
             .into_iter()
