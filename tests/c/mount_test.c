@@ -364,14 +364,14 @@ static void other_nodes(void) {
        on ext4 the same calls succeed, so only the refusal of the mount is checked there. */
     char buf[64];
     int fd = open(at("plain"), O_CREAT | O_WRONLY, 0644);
-    close(fd);
     ERRNO_IS(readlink(at("plain"), buf, sizeof buf), EINVAL);
     ERRNO_IS(readlink(at("none"), buf, sizeof buf), ENOENT);
     if (iopath_mode) {
+        ERRNO_IS(linkat(fd, "", AT_FDCWD, at("by-fd"), AT_EMPTY_PATH), ENOENT);
         ERRNO_IS(mkfifo(at("fifo"), 0644), EPERM);
         ERRNO_IS(link(at("plain"), "/tmp/iopath-mount-test-cross-link"), EXDEV);
     }
-    CHECK(unlink(at("plain")) == 0, "unlink");
+    CHECK(close(fd) == 0 && unlink(at("plain")) == 0, "unlink");
 }
 
 static void symlinks(void) {

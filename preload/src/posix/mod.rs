@@ -9,7 +9,7 @@
 //!
 //! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
-//!   symlink and readlink, and the nodes a mount cannot hold (link, mknod, mkfifo: EPERM)
+//!   symlink, readlink, link and linkat, and the nodes a mount cannot hold (mknod, mkfifo: EPERM)
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl, and
 //!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
 //!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the

@@ -631,6 +631,11 @@ pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *c
 /// `linkat`; AT_EMPTY_PATH (a descriptor's own file) is not served in a
 /// mount (ENOENT, said with `IOPATH_LOG`). `None`: both names are outside.
 fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char, flags: c_int) -> Option<c_int> {
+    let empty = super::path_bytes(old).is_some_and(<[u8]>::is_empty);
+    if flags & libc::AT_EMPTY_PATH != 0 && empty && mount::lookup(olddirfd).is_some() {
+        crate::log("linkat(AT_EMPTY_PATH) of a mounted descriptor is not supported: ENOENT");
+        return Some(fail(libc::ENOENT));
+    }
     let from = if flags & libc::AT_SYMLINK_FOLLOW != 0 {
         on_path(olddirfd, old, Err, Ok)
     } else {
@@ -645,10 +650,6 @@ fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_
     };
     if flags & !(libc::AT_SYMLINK_FOLLOW | libc::AT_EMPTY_PATH) != 0 {
         return Some(fail(libc::EINVAL));
-    }
-    if flags & libc::AT_EMPTY_PATH != 0 && from.path.is_empty() {
-        crate::log("linkat(AT_EMPTY_PATH) of a mounted descriptor is not supported: ENOENT");
-        return Some(fail(libc::ENOENT));
     }
     let _inside = crate::Inside::enter();
     Some(with_fs(&from, |fs| fs.hard_link(&from.path, &to.path)))
