@@ -223,7 +223,8 @@ pub(crate) fn commit_mounts_now() {
     }
     // On a thread of its own: this one's thread-local storage (the engine's per-thread
     // handles among it) may be torn down by now.
-    let committed = std::thread::Builder::new().name("iopath-exit".into()).spawn(|| {
+    let named = std::thread::Builder::new().name("iopath-exit".into());
+    let committed = iopath::sys::spawn_without_signals(named, || {
         let _inside = Inside::enter();
         mount::sync_all();
     });

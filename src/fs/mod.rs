@@ -869,9 +869,8 @@ impl FileSystem {
             let rx = Arc::new(Mutex::new(rx));
             for i in 0..READAHEAD_THREADS {
                 let (weak, rx) = (Arc::downgrade(&inner), Arc::clone(&rx));
-                std::thread::Builder::new()
-                    .name(format!("iopath-readahead-{i}"))
-                    .spawn(move || readahead_thread(weak, rx))
+                let named = std::thread::Builder::new().name(format!("iopath-readahead-{i}"));
+                crate::sys::spawn_without_signals(named, move || readahead_thread(weak, rx))
                     .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
             }
         }

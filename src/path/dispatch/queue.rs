@@ -113,39 +113,38 @@ impl QueueDispatch {
         let thread_shared = Arc::clone(&shared);
         #[cfg(test)]
         let clock = crate::clock::sim::current();
-        let thread = std::thread::Builder::new()
-            .name(format!("iopath-{name}"))
-            .spawn(move || {
-                #[cfg(test)]
-                crate::clock::sim::inherit(clock);
-                thread_shared.tid.store(crate::sys::gettid(), Ordering::Relaxed);
-                // The queue is opened on this thread: io_uring's SINGLE_ISSUER needs that.
-                let caps = device.capabilities();
-                let depth = (super::serve::queue_depth_for(config.pipeline) as u32).min(caps.queue_depth);
-                let channel = device
-                    .open_queue(&DeviceQueueConfig {
-                        polled: completion != CompletionKind::Interrupt,
-                        ..DeviceQueueConfig::depth(depth)
-                    })
-                    .map(|queue| Channel::new(queue, completion, 0, depth as usize, timeout_ns));
-                match channel {
-                    Ok(mut channel) => {
-                        let _ = ready_tx.send(Ok(()));
-                        let mut server =
-                            Server::new(config.merge, config.max_segments, channel.queue_depth().saturating_sub(1));
-                        let run = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                            dispatcher(&thread_shared, &mut channel, &mut server)
-                        }));
-                        if run.is_err() {
-                            after_panic(&thread_shared, &mut channel, &mut server);
-                        }
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
+        let named = std::thread::Builder::new().name(format!("iopath-{name}"));
+        let thread = crate::sys::spawn_without_signals(named, move || {
+            #[cfg(test)]
+            crate::clock::sim::inherit(clock);
+            thread_shared.tid.store(crate::sys::gettid(), Ordering::Relaxed);
+            // The queue is opened on this thread: io_uring's SINGLE_ISSUER needs that.
+            let caps = device.capabilities();
+            let depth = (super::serve::queue_depth_for(config.pipeline) as u32).min(caps.queue_depth);
+            let channel = device
+                .open_queue(&DeviceQueueConfig {
+                    polled: completion != CompletionKind::Interrupt,
+                    ..DeviceQueueConfig::depth(depth)
+                })
+                .map(|queue| Channel::new(queue, completion, 0, depth as usize, timeout_ns));
+            match channel {
+                Ok(mut channel) => {
+                    let _ = ready_tx.send(Ok(()));
+                    let mut server =
+                        Server::new(config.merge, config.max_segments, channel.queue_depth().saturating_sub(1));
+                    let run = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        dispatcher(&thread_shared, &mut channel, &mut server)
+                    }));
+                    if run.is_err() {
+                        after_panic(&thread_shared, &mut channel, &mut server);
                     }
                 }
-            })
-            .map_err(|source| Error::Os { context: "cannot start the dispatcher thread".into(), source })?;
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|source| Error::Os { context: "cannot start the dispatcher thread".into(), source })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(QueueDispatch { shared, thread: Some(thread) }),
             Ok(Err(e)) => {
