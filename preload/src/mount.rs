@@ -25,7 +25,7 @@ use iopath::fs::lock::MountLock;
 use iopath::fs::{File, FileSystem, MountOptions};
 use libc::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// One mount: a directory and the device whose file system serves it.
@@ -410,6 +410,9 @@ pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
         b.extend_from_slice(&d.path);
         joined = b;
         &joined
+    } else if let Some(above) = kernel_dir_above(dirfd) {
+        joined = above;
+        &joined
     } else {
         return None; // a real directory descriptor: the kernel resolves it
     };
@@ -427,6 +430,77 @@ pub fn resolve(dirfd: c_int, path: &[u8]) -> Option<Inside> {
         inner.push(b'/');
     }
     Some(Inside { mount, path: inner })
+}
+
+/// The kernel's descriptors of directories above a mount (`/mnt` of a
+/// mount on `/mnt/i`), with their paths. A path relative to one may lead
+/// into the mount (`openat(fd, "i/x")`: MariaDB opens each of its files a
+/// component at a time from `/`), where the kernel would find only the
+/// empty directory under it. A process holds few; none costs a load.
+static KERNEL_DIRS: Mutex<Vec<(c_int, Vec<u8>)>> = Mutex::new(Vec::new());
+static KERNEL_DIR_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// The path of kernel descriptor `fd` if it is a directory above a mount.
+fn kernel_dir_above(fd: c_int) -> Option<Vec<u8>> {
+    if KERNEL_DIR_COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let dirs = KERNEL_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.iter().find(|(f, _)| *f == fd).map(|(_, p)| p.clone())
+}
+
+fn set_kernel_dir(fd: c_int, path: Option<Vec<u8>>) {
+    let mut dirs = KERNEL_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.retain(|(f, _)| *f != fd);
+    if let Some(path) = path {
+        dirs.push((fd, path));
+    }
+    KERNEL_DIR_COUNT.store(dirs.len(), Ordering::Release);
+}
+
+/// The kernel opened `path` (relative to `dirfd`) as `fd`, a directory (or
+/// an `O_PATH` descriptor): noted if it lies above a mount ([`resolve`]
+/// then takes paths relative to it into the mount).
+pub fn kernel_dir_opened(dirfd: c_int, path: &[u8], fd: c_int) {
+    let mounts = mounts();
+    if fd < 0 || mounts.is_empty() || path.is_empty() {
+        return;
+    }
+    let base: Vec<u8> = if path.starts_with(b"/") {
+        Vec::new()
+    } else if dirfd == libc::AT_FDCWD {
+        match cwd() {
+            Some(c) => c.to_vec(),
+            None => return,
+        }
+    } else {
+        match kernel_dir_above(dirfd) {
+            Some(p) => p,
+            None => return,
+        }
+    };
+    let full = normalize(&base, path);
+    let above =
+        |m: &Mount| m.dir.len() > full.len() && m.dir.starts_with(&full) && (full == b"/" || m.dir[full.len()] == b'/');
+    if mounts.iter().any(above) {
+        set_kernel_dir(fd, Some(full));
+    } else if KERNEL_DIR_COUNT.load(Ordering::Acquire) != 0 {
+        set_kernel_dir(fd, None); // a number used again
+    }
+}
+
+/// Kernel descriptor `fd` was closed (or replaced).
+pub fn kernel_dir_closed(fd: c_int) {
+    if KERNEL_DIR_COUNT.load(Ordering::Acquire) != 0 {
+        set_kernel_dir(fd, None);
+    }
+}
+
+/// The kernel made `to` a duplicate of `from`.
+pub fn kernel_dir_duplicated(from: c_int, to: c_int) {
+    if to >= 0 && KERNEL_DIR_COUNT.load(Ordering::Acquire) != 0 {
+        set_kernel_dir(to, kernel_dir_above(from));
+    }
 }
 
 /// What an open descriptor of a mount stands for.

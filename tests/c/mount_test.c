@@ -12,6 +12,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <glob.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <sys/vfs.h>
 #include <sys/uio.h>
@@ -524,6 +529,146 @@ static void relative(void) {
     CHECK(chdir(old) == 0, "chdir back");
 }
 
+/* The C library's own walkers of paths and directories (realpath, mkstemp,
+ * scandir, nftw, glob, statvfs, pathconf): glibc calls the kernel from
+ * inside them, not through the functions a program calls. */
+static int walked, walked_dirs_after, walked_links;
+static int on_walk(const char *path, const struct stat *st, int kind, struct FTW *ftw) {
+    (void)path, (void)st;
+    walked++;
+    if (kind == FTW_DP && ftw->level == 0) walked_dirs_after = walked;
+    if (kind == FTW_SL) walked_links++;
+    return 0;
+}
+static int on_ftw(const char *path, const struct stat *st, int kind) {
+    (void)path, (void)st, (void)kind;
+    walked++;
+    return 0;
+}
+static int not_dot(const struct dirent *e) { return e->d_name[0] != '.'; }
+
+static void library_walkers(void) {
+    CHECK(mkdir(at("walk"), 0755) == 0 && mkdir(at("walk/sub"), 0755) == 0, "mkdir");
+    int fd = open(at("walk/f"), O_CREAT | O_WRONLY, 0644);
+    CHECK(fd >= 0 && write(fd, "walk", 4) == 4 && close(fd) == 0, "a file");
+    CHECK(symlink("sub", at("walk/link")) == 0, "a link");
+
+    /* realpath and its relatives */
+    char *base = realpath(dir, NULL);
+    CHECK(base != NULL, "realpath of DIR");
+    char want[4200], got[PATH_MAX];
+    snprintf(want, sizeof want, "%s/walk/sub", base ? base : "");
+    CHECK(realpath(at("walk/link"), got) && !strcmp(got, want), "realpath through a link: '%s'", got);
+    snprintf(want, sizeof want, "%s/walk/f", base ? base : "");
+    CHECK(realpath(at("walk/sub/../link/..//f"), got) && !strcmp(got, want), "realpath with .. after a link: '%s'", got);
+    char *c = canonicalize_file_name(at("walk/./f"));
+    CHECK(c && !strcmp(c, want), "canonicalize_file_name '%s'", c ? c : "(null)");
+    free(c);
+    CHECK(realpath(at("walk/missing"), got) == NULL && errno == ENOENT, "realpath of nothing");
+    CHECK(realpath(at("walk/f/"), got) == NULL && errno == ENOTDIR, "realpath of a file with a slash");
+    CHECK(euidaccess(at("walk/f"), R_OK | W_OK) == 0 && eaccess(at("walk/missing"), F_OK) < 0 && errno == ENOENT,
+          "euidaccess");
+    free(base);
+
+    /* temporary files and directories */
+    char tmpl[4200];
+    snprintf(tmpl, sizeof tmpl, "%s", at("walk/tmpXXXXXX"));
+    fd = mkstemp(tmpl);
+    struct stat st;
+    CHECK(fd >= 0 && strstr(tmpl, "XXXXXX") == NULL && fstat(fd, &st) == 0 && (st.st_mode & 0777) == 0600,
+          "mkstemp '%s' mode %o", tmpl, st.st_mode);
+    CHECK(write(fd, "t", 1) == 1 && close(fd) == 0 && stat(tmpl, &st) == 0 && st.st_size == 1 && unlink(tmpl) == 0,
+          "mkstemp's file is there");
+    snprintf(tmpl, sizeof tmpl, "%s", at("walk/tmpXXXXXX.log"));
+    fd = mkostemps(tmpl, 4, O_CLOEXEC);
+    CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC) && strstr(tmpl, ".log") && close(fd) == 0 && unlink(tmpl) == 0,
+          "mkostemps '%s'", tmpl);
+    snprintf(tmpl, sizeof tmpl, "%s", at("walk/tmpXXXXX"));
+    ERRNO_IS(mkstemp(tmpl), EINVAL);
+    snprintf(tmpl, sizeof tmpl, "%s", at("walk/dXXXXXX"));
+    CHECK(mkdtemp(tmpl) == tmpl && stat(tmpl, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700 &&
+              rmdir(tmpl) == 0,
+          "mkdtemp '%s'", tmpl);
+
+    /* space and limits */
+    struct statvfs v;
+    CHECK(statvfs(at("walk"), &v) == 0 && v.f_bsize > 0 && v.f_blocks > 0 && v.f_namemax == 255, "statvfs");
+    fd = open(at("walk/f"), O_RDONLY);
+    CHECK(fd >= 0 && fstatvfs(fd, &v) == 0 && v.f_namemax == 255, "fstatvfs");
+    CHECK(fpathconf(fd, _PC_NAME_MAX) == 255 && close(fd) == 0, "fpathconf");
+    CHECK(pathconf(at("walk"), _PC_NAME_MAX) == 255 && pathconf(at("walk"), _PC_PATH_MAX) == 4096, "pathconf");
+    ERRNO_IS(pathconf(at("walk/missing"), _PC_NAME_MAX), ENOENT);
+
+    /* directory walkers */
+    struct dirent **list = NULL;
+    int n = scandir(at("walk"), &list, not_dot, alphasort);
+    CHECK(n == 3 && !strcmp(list[0]->d_name, "f") && !strcmp(list[1]->d_name, "link") &&
+              !strcmp(list[2]->d_name, "sub"),
+          "scandir %d", n);
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+    ERRNO_IS(scandir(at("walk/missing"), &list, NULL, NULL), ENOENT);
+    walked = walked_dirs_after = walked_links = 0;
+    CHECK(nftw(at("walk"), on_walk, 8, FTW_PHYS | FTW_DEPTH) == 0 && walked == 4 && walked_dirs_after == 4 &&
+              walked_links == 1,
+          "nftw: %d visits, the root's at %d, %d links", walked, walked_dirs_after, walked_links);
+    walked = 0;
+    /* (Without FTW_PHYS the link is followed to sub, which was seen already.) */
+    CHECK(ftw(at("walk"), on_ftw, 8) == 0 && walked >= 3, "ftw: %d visits", walked);
+    ERRNO_IS(nftw(at("walk/missing"), on_walk, 8, 0), ENOENT);
+    glob_t g;
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s/*", at("walk"));
+    CHECK(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 3, "glob");
+    globfree(&g);
+    snprintf(pattern, sizeof pattern, "%s/s?b/", at("walk"));
+    CHECK(glob(pattern, GLOB_MARK, NULL, &g) == 0 && g.gl_pathc == 1, "glob of a directory");
+    globfree(&g);
+    snprintf(pattern, sizeof pattern, "%s/z*", at("walk"));
+    CHECK(glob(pattern, 0, NULL, &g) == GLOB_NOMATCH, "glob with no match");
+
+    /* A path opened one component at a time from "/" (as MariaDB opens its files). */
+    int dfd = open("/", O_PATH | O_DIRECTORY);
+    char comps[4200];
+    snprintf(comps, sizeof comps, "%s", at("walk/f"));
+    char *save = NULL, *part = strtok_r(comps + 1, "/", &save), *next;
+    while (dfd >= 0 && part && (next = strtok_r(NULL, "/", &save))) {
+        int sub = openat(dfd, part, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        close(dfd);
+        dfd = sub;
+        part = next;
+    }
+    fd = dfd >= 0 && part ? openat(dfd, part, O_RDONLY | O_NOFOLLOW) : -1;
+    char buf[8] = {0};
+    CHECK(fd >= 0 && read(fd, buf, 8) == 4 && !strcmp(buf, "walk"), "openat a component at a time");
+    if (fd >= 0) close(fd);
+    if (dfd >= 0) close(dfd);
+
+    /* freopen: the kernel's turns a stream into another file's; a mount's file refuses it. */
+    FILE *f = fopen("/dev/null", "r");
+    f = freopen(at("walk/f"), "r", f);
+    if (iopath_mode) {
+        CHECK(f == NULL && errno == EOPNOTSUPP, "freopen onto a mounted file is refused");
+    } else {
+        CHECK(f && fgets(buf, sizeof buf, f) && !strcmp(buf, "walk") && fclose(f) == 0, "freopen");
+    }
+    CHECK(unlink(at("walk/f")) == 0 && unlink(at("walk/link")) == 0 && rmdir(at("walk/sub")) == 0 &&
+              rmdir(at("walk")) == 0,
+          "clean up");
+}
+
+/* A signal sent to the process reaches the thread that waits for it, not a
+ * thread of iopath's (which would die of SIGUSR1's default action). */
+static void signals(void) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGUSR1);
+    CHECK(pthread_sigmask(SIG_BLOCK, &s, NULL) == 0, "block SIGUSR1");
+    CHECK(kill(getpid(), SIGUSR1) == 0, "kill");
+    struct timespec wait = {5, 0};
+    CHECK(sigtimedwait(&s, NULL, &wait) == SIGUSR1, "the waiting thread got it");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s DIR kernel|iopath\n", argv[0]);
@@ -544,6 +689,8 @@ int main(int argc, char **argv) {
     symlinks();
     hard_links();
     other_nodes();
+    library_walkers();
+    signals();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -37,6 +37,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if mount::is_mounted(fd) {
         drop_mounted(fd);
     }
+    mount::kernel_dir_closed(fd);
     if ROUTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
         fds::forget(fd);
     }
@@ -63,6 +64,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
             if mount::is_mounted(fd as c_int) {
                 drop_mounted(fd as c_int);
             }
+            mount::kernel_dir_closed(fd as c_int);
         }
         if ROUTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
             fds::forget_range(first, last);
@@ -91,6 +93,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     // SAFETY: passed on.
     let new = unsafe { real::dup(fd) };
+    mount::kernel_dir_duplicated(fd, new);
     if description.is_some() { duplicated(new, description) } else { created(new) }
 }
 
@@ -101,6 +104,8 @@ fn dup_to(fd: c_int, to: c_int, call: impl FnOnce() -> c_int) -> c_int {
         if mount::is_mounted(to) {
             drop_mounted(to); // the kernel closed what `to` was
         }
+        mount::kernel_dir_closed(to);
+        mount::kernel_dir_duplicated(fd, r);
         if description.is_some() {
             return duplicated(r, description);
         }
@@ -193,7 +198,11 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
             _ => r,
         };
     }
-    after_fcntl(fd, cmd, call())
+    let r = after_fcntl(fd, cmd, call());
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        mount::kernel_dir_duplicated(fd, r);
+    }
+    r
 }
 
 /// `fcntl`: a mounted descriptor's flags, duplicates and locks; otherwise

@@ -1,6 +1,6 @@
 //! Metadata: the stat family (stat, lstat, fstat, fstatat and their `64`
 //! names, statx, and the `__xstat` forms older binaries call), chmod,
-//! utimes, chown and statfs. The calls that do not follow a last symbolic
+//! utimes, chown, statfs and statvfs, and pathconf. The calls that do not follow a last symbolic
 //! link (lstat, `AT_SYMLINK_NOFOLLOW`, lchown) see the link itself. Files
 //! belong to the calling process's user; the access time reads as the
 //! modification time.
@@ -551,6 +551,118 @@ macro_rules! hook_fstatfs {
     )*};
 }
 hook_fstatfs!(fstatfs: libc::statfs, fstatfs64: libc::statfs64);
+
+/// Fills a `struct statvfs` (the same layout as `statvfs64` on 64-bit Linux)
+/// from what `statfs` says of the mount.
+fn fill_statvfs(mount: &Mount, out: *mut libc::statvfs) -> c_int {
+    if out.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: all-zero is a valid struct statfs.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if fill_statfs(mount, &mut fs) != 0 {
+        return -1;
+    }
+    // SAFETY: all-zero is a valid struct statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    st.f_bsize = fs.f_bsize as libc::c_ulong;
+    st.f_frsize = fs.f_frsize as libc::c_ulong;
+    st.f_blocks = fs.f_blocks;
+    st.f_bfree = fs.f_bfree;
+    st.f_bavail = fs.f_bavail;
+    st.f_files = fs.f_files;
+    st.f_ffree = fs.f_ffree;
+    st.f_favail = fs.f_ffree;
+    st.f_namemax = fs.f_namelen as libc::c_ulong;
+    // SAFETY: the caller's buffer holds a struct statvfs.
+    unsafe { out.write(st) };
+    0
+}
+
+macro_rules! hook_statvfs {
+    ($($name:ident: $ty:ty),*) => {$(
+        /// `statvfs`: a mount's space and inodes (the C library's own asks
+        /// the kernel directly, which knows nothing of the mount).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, out: *mut $ty) -> c_int {
+            let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| match exists(&inside) {
+                0 => fill_statvfs(inside.mount, out.cast()),
+                e => e,
+            });
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), out) })
+        }
+    )*};
+}
+hook_statvfs!(statvfs: libc::statvfs, statvfs64: libc::statvfs64);
+
+macro_rules! hook_fstatvfs {
+    ($($name:ident: $ty:ty),*) => {$(
+        /// `fstatvfs`: a mount's space and inodes.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, out: *mut $ty) -> c_int {
+            // SAFETY: passed on.
+            on_fd(fd, fail, |d| fill_statvfs(d.mount, out.cast())).unwrap_or_else(|| unsafe { real::$name(fd, out) })
+        }
+    )*};
+}
+hook_fstatvfs!(fstatvfs: libc::statvfs, fstatvfs64: libc::statvfs64);
+
+/// What `pathconf` says of any file in a mount: Linux's answers for a
+/// local file system, with a mount's own limits (hard links, link targets).
+fn mount_conf(name: c_int) -> libc::c_long {
+    match name {
+        libc::_PC_LINK_MAX => libc::c_long::from(iopath::fs::namespace::MAX_HARD_LINKS),
+        libc::_PC_MAX_CANON | libc::_PC_MAX_INPUT | libc::_PC_NAME_MAX => 255,
+        libc::_PC_PATH_MAX => libc::PATH_MAX.into(),
+        libc::_PC_PIPE_BUF => libc::PIPE_BUF as libc::c_long,
+        libc::_PC_CHOWN_RESTRICTED | libc::_PC_NO_TRUNC | libc::_PC_SYNC_IO | libc::_PC_ASYNC_IO => 1,
+        libc::_PC_2_SYMLINKS => 1,
+        libc::_PC_VDISABLE => 0,
+        libc::_PC_FILESIZEBITS => 64,
+        libc::_PC_SYMLINK_MAX => iopath::fs::format::MAX_LINK_TARGET as libc::c_long,
+        libc::_PC_REC_MIN_XFER_SIZE | libc::_PC_REC_XFER_ALIGN | libc::_PC_ALLOC_SIZE_MIN => 4096,
+        // No limit, and errno left as it was (as the C library answers).
+        libc::_PC_PRIO_IO | libc::_PC_REC_INCR_XFER_SIZE | libc::_PC_REC_MAX_XFER_SIZE => -1,
+        _ => fail(libc::EINVAL).into(),
+    }
+}
+
+/// `pathconf`: a mount's limits (the C library's own asks the kernel's
+/// `statfs` directly).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pathconf(path: *const c_char, name: c_int) -> libc::c_long {
+    let mounted = on_path(
+        libc::AT_FDCWD,
+        path,
+        |e| fail(e).into(),
+        |inside| match exists(&inside) {
+            0 => mount_conf(name),
+            e => e.into(),
+        },
+    );
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::pathconf(super::kernel(libc::AT_FDCWD, path).ptr(), name) })
+}
+
+/// `fpathconf`: as [`pathconf`], of a mounted descriptor.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fpathconf(fd: c_int, name: c_int) -> libc::c_long {
+    // SAFETY: passed on.
+    on_fd(fd, |e| fail(e).into(), |_| mount_conf(name)).unwrap_or_else(|| unsafe { real::fpathconf(fd, name) })
+}
 
 /// Extended attributes: a mount keeps none. Reading one is ENODATA (so a
 /// program asking for an ACL or an SELinux label learns there is none),

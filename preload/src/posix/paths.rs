@@ -152,6 +152,20 @@ fn open_on_path(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -
     }
 }
 
+/// After the kernel opened `path` (relative to `dirfd`) as `fd`: a
+/// directory above a mount is noted ([`mount::kernel_dir_opened`]).
+fn kernel_opened(dirfd: c_int, path: *const c_char, flags: c_int, fd: c_int) -> c_int {
+    if fd >= 0
+        && flags & (libc::O_DIRECTORY | libc::O_PATH) != 0
+        && super::mounting()
+        && let Some(bytes) = super::path_bytes(path)
+    {
+        let _inside = crate::Inside::enter();
+        mount::kernel_dir_opened(dirfd, bytes, fd);
+    }
+    fd
+}
+
 macro_rules! hook_open {
     ($($name:ident),*) => {$(
         /// `open`: in a mount, iopath's file; otherwise passed through (a
@@ -165,7 +179,8 @@ macro_rules! hook_open {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) })
+            let fd = created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) });
+            kernel_opened(libc::AT_FDCWD, path, flags, fd)
         }
     )*};
 }
@@ -181,7 +196,8 @@ macro_rules! hook_openat {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) })
+            let fd = created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) });
+            kernel_opened(dirfd, path, flags, fd)
         }
     )*};
 }
@@ -214,7 +230,8 @@ macro_rules! hook_open_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) })
+            let fd = created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) });
+            kernel_opened(libc::AT_FDCWD, path, flags, fd)
         }
     )*};
 }
@@ -230,7 +247,8 @@ macro_rules! hook_openat_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) })
+            let fd = created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) });
+            kernel_opened(dirfd, path, flags, fd)
         }
     )*};
 }
@@ -770,4 +788,277 @@ pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
     let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a FIFO", &inside));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::mkfifo(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+}
+
+/// What a path's component is, for [`canonical`]'s walk.
+enum Component {
+    Dir,
+    Link(Vec<u8>),
+    Other,
+}
+
+/// What absolute, normalized `path` names: looked up in a mount's file
+/// system if it lies in one, else by the kernel (its link not followed).
+fn component(path: &[u8]) -> Result<Component, c_int> {
+    if let Some(inside) = mount::resolve(libc::AT_FDCWD, path) {
+        if super::forked() {
+            return Err(libc::EPERM);
+        }
+        let _inside = crate::Inside::enter();
+        let fs = inside.mount.fs()?;
+        let m = fs.symlink_metadata(&inside.path).map_err(|e| errno_of(&e))?;
+        return Ok(match m.kind {
+            Kind::Symlink => Component::Link(fs.read_link(&inside.path).map_err(|e| errno_of(&e))?),
+            Kind::Dir => Component::Dir,
+            _ => Component::Other,
+        });
+    }
+    let c = std::ffi::CString::new(path).map_err(|_| libc::EINVAL)?;
+    // SAFETY: all-zero is a valid struct stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a buffer of ours.
+    if unsafe { real::lstat(c.as_ptr(), &mut st) } != 0 {
+        return Err(errno_of_last());
+    }
+    Ok(match st.st_mode & libc::S_IFMT {
+        libc::S_IFLNK => {
+            let mut buf = vec![0u8; libc::PATH_MAX as usize];
+            // SAFETY: the buffer holds PATH_MAX bytes.
+            let n = unsafe { real::readlink(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                return Err(errno_of_last());
+            }
+            buf.truncate(n as usize);
+            Component::Link(buf)
+        }
+        libc::S_IFDIR => Component::Dir,
+        _ => Component::Other,
+    })
+}
+
+fn errno_of_last() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// realpath's answer for `path`: absolute, with every symbolic link on the
+/// way followed and no `.`, `..` or repeated `/`; each component must exist
+/// (a mount's in its file system, the others in the kernel's), and every
+/// one followed by more (or by a trailing `/`) must be a directory.
+fn canonical(path: &[u8]) -> Result<Vec<u8>, c_int> {
+    if path.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    let mut out: Vec<u8> = if path.starts_with(b"/") { Vec::new() } else { mount::cwd().ok_or(libc::ENOENT)?.to_vec() };
+    // The components still to walk, the next one last (empty ones stand for
+    // repeated or trailing slashes: a name before one must be a directory).
+    let mut todo: Vec<Vec<u8>> = path.split(|&b| b == b'/').rev().map(<[u8]>::to_vec).collect();
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        match &name[..] {
+            b"" | b"." => continue,
+            b".." => {
+                let cut = out.iter().rposition(|&b| b == b'/').unwrap_or(0);
+                out.truncate(cut);
+                continue;
+            }
+            _ => {}
+        }
+        let parent = out.len();
+        out.push(b'/');
+        out.extend_from_slice(&name);
+        match component(&out)? {
+            Component::Dir => {}
+            Component::Other if todo.is_empty() => {}
+            Component::Other => return Err(libc::ENOTDIR),
+            Component::Link(target) => {
+                links += 1;
+                if links > 40 {
+                    return Err(libc::ELOOP);
+                }
+                out.truncate(if target.starts_with(b"/") { 0 } else { parent });
+                todo.extend(target.split(|&b| b == b'/').rev().map(<[u8]>::to_vec));
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    Ok(out)
+}
+
+/// `realpath`: a path in a mount is resolved there (glibc's own walk calls
+/// the kernel directly, which knows nothing of the mount); so is one the
+/// kernel could not resolve, as a link of the kernel's may lead into a mount.
+///
+/// # Safety
+/// As the C function (`resolved`, if not NULL, holds PATH_MAX bytes).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    let Some(bytes) = super::path_bytes(path).filter(|_| super::mounting()) else {
+        // SAFETY: passed on.
+        return unsafe { real::realpath(path, resolved) };
+    };
+    if mount::resolve(libc::AT_FDCWD, bytes).is_none() {
+        // SAFETY: passed on.
+        let found = unsafe { real::realpath(path, resolved) };
+        if !found.is_null() || !matches!(errno_of_last(), libc::ENOENT | libc::ENOTDIR) {
+            return found;
+        }
+    }
+    match canonical(bytes) {
+        Err(e) => {
+            crate::set_errno(e);
+            std::ptr::null_mut()
+        }
+        Ok(out) if out.len() >= libc::PATH_MAX as usize => {
+            crate::set_errno(libc::ENAMETOOLONG);
+            std::ptr::null_mut()
+        }
+        Ok(out) => {
+            let dst = if resolved.is_null() {
+                // SAFETY: malloc of a size; the caller frees it (glibc's contract).
+                let p = unsafe { libc::malloc(out.len() + 1) }.cast::<c_char>();
+                if p.is_null() {
+                    crate::set_errno(libc::ENOMEM);
+                    return p;
+                }
+                p
+            } else {
+                resolved
+            };
+            // SAFETY: `dst` holds at least out.len() + 1 bytes (PATH_MAX, or our allocation).
+            unsafe {
+                std::ptr::copy_nonoverlapping(out.as_ptr().cast::<c_char>(), dst, out.len());
+                *dst.add(out.len()) = 0;
+            }
+            dst
+        }
+    }
+}
+
+/// `canonicalize_file_name`: `realpath(path, NULL)`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
+    // SAFETY: as the caller's.
+    unsafe { realpath(path, std::ptr::null_mut()) }
+}
+
+/// `__realpath_chk`: what `realpath` compiles to with `_FORTIFY_SOURCE`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __realpath_chk(path: *const c_char, resolved: *mut c_char, size: libc::size_t) -> *mut c_char {
+    if size < libc::PATH_MAX as usize {
+        // SAFETY: passed on (the C library reports the overflow and stops the program).
+        return unsafe { real::__realpath_chk(path, resolved, size) };
+    }
+    // SAFETY: as the caller's.
+    unsafe { realpath(path, resolved) }
+}
+
+/// `euidaccess`: `faccessat(AT_FDCWD, path, how, AT_EACCESS)`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn euidaccess(path: *const c_char, how: c_int) -> c_int {
+    // SAFETY: as the caller's.
+    unsafe { faccessat(libc::AT_FDCWD, path, how, libc::AT_EACCESS) }
+}
+
+/// `eaccess`: as [`euidaccess`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn eaccess(path: *const c_char, how: c_int) -> c_int {
+    // SAFETY: as the caller's.
+    unsafe { faccessat(libc::AT_FDCWD, path, how, libc::AT_EACCESS) }
+}
+
+/// Names a temporary file or directory may take: what glibc's tries.
+const TEMP_TRIES: usize = 62 * 62 * 62;
+
+/// Makes a temporary file or directory in a mount from `template` (its six
+/// `X` before the last `suffix` bytes replaced in place, as glibc does),
+/// with `make` (the new path) giving a descriptor, 0, or -1 with errno.
+/// `None`: the template is not in a mount (the C library's own, which
+/// calls the kernel directly, makes it).
+fn make_temp(template: *mut c_char, suffix: c_int, make: impl Fn(*const c_char) -> c_int) -> Option<c_int> {
+    let bytes = super::path_bytes(template).filter(|_| super::mounting())?;
+    mount::resolve(libc::AT_FDCWD, bytes)?;
+    let len = bytes.len();
+    let suffix = usize::try_from(suffix).ok().filter(|&s| s <= len.saturating_sub(6));
+    let Some(at) = suffix.map(|s| len - s - 6).filter(|&at| bytes[at..at + 6] == *b"XXXXXX") else {
+        return Some(fail(libc::EINVAL));
+    };
+    const LETTERS: &[u8; 62] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut state = iopath::clock::now_ns() ^ (u64::from(std::process::id()) << 32) ^ (template as u64);
+    for _ in 0..TEMP_TRIES {
+        // splitmix64: a new six letters each try.
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut v = (state ^ (state >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        v = (v ^ (v >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        for i in 0..6 {
+            // SAFETY: `at + i` lies inside the caller's NUL-terminated template.
+            unsafe { *template.add(at + i) = LETTERS[(v % 62) as usize] as c_char };
+            v /= 62;
+        }
+        let made = make(template);
+        if made >= 0 || errno_of_last() != libc::EEXIST {
+            return Some(made);
+        }
+    }
+    Some(fail(libc::EEXIST))
+}
+
+macro_rules! hook_mkstemp {
+    ($($name:ident($($arg:ident: $ty:ty),*) => ($suffix:expr, $flags:expr);)*) => {$(
+        /// `mkstemp` and its variants: in a mount, the file is made there
+        /// (the C library's own opens it through the kernel directly).
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(template: *mut c_char $(, $arg: $ty)*) -> c_int {
+            let open_flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | ($flags & !libc::O_ACCMODE);
+            let made = make_temp(template, $suffix, |path| {
+                open_on_path(libc::AT_FDCWD, path, open_flags, 0o600).unwrap_or_else(|| fail(libc::ENOENT))
+            });
+            // SAFETY: passed on.
+            made.unwrap_or_else(|| unsafe { real::$name(template $(, $arg)*) })
+        }
+    )*};
+}
+hook_mkstemp! {
+    mkstemp() => (0, 0);
+    mkstemp64() => (0, 0);
+    mkostemp(flags: c_int) => (0, flags);
+    mkostemp64(flags: c_int) => (0, flags);
+    mkstemps(suffix: c_int) => (suffix, 0);
+    mkstemps64(suffix: c_int) => (suffix, 0);
+    mkostemps(suffix: c_int, flags: c_int) => (suffix, flags);
+    mkostemps64(suffix: c_int, flags: c_int) => (suffix, flags);
+}
+
+/// `mkdtemp`: in a mount, the directory is made there (mode 0700).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdtemp(template: *mut c_char) -> *mut c_char {
+    let made = make_temp(template, 0, |path| {
+        on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mkdir_inside(inside, 0o700))
+            .unwrap_or_else(|| fail(libc::ENOENT))
+    });
+    match made {
+        // SAFETY: passed on.
+        None => unsafe { real::mkdtemp(template) },
+        Some(0) => template,
+        Some(_) => std::ptr::null_mut(),
+    }
 }

@@ -4,7 +4,8 @@
 //! would meet only the reserved `O_PATH` descriptor. `fileno` of such a
 //! stream gives its mounted descriptor, so `fsync(fileno(f))` works.
 //! Everything else about the stream (buffering, `fgets`, `fprintf`,
-//! `fflush`, `fclose`) is glibc's own.
+//! `fflush`, `fclose`) is glibc's own. `freopen` onto a mounted file is
+//! refused (EOPNOTSUPP, logged): the stream it keeps is glibc's own.
 
 use super::{on_fd, on_path};
 use crate::real;
@@ -194,6 +195,39 @@ pub unsafe extern "C" fn fileno_unlocked(file: *mut libc::FILE) -> c_int {
     // SAFETY: passed on.
     ours(file).unwrap_or_else(|| unsafe { real::fileno_unlocked(file) })
 }
+
+macro_rules! hook_freopen {
+    ($($name:ident),*) => {$(
+        /// `freopen`: the C library's, unless the new file is in a mount or
+        /// the stream is one of ours. A stream keeps its `FILE`, whose I/O
+        /// the C library does through the kernel directly, so it cannot be
+        /// turned into a mounted file's: refused with EOPNOTSUPP and a log
+        /// line (`fopen` gives a stream on a mounted file), the stream
+        /// closed, as a failed `freopen` leaves it.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char, file: *mut libc::FILE) -> *mut libc::FILE {
+            let refused = |what: &str| {
+                crate::log(&format!("freopen of {what} is not supported (EOPNOTSUPP): use fopen"));
+                // SAFETY: the caller's open stream.
+                unsafe { libc::fclose(file) };
+                null_with(libc::EOPNOTSUPP)
+            };
+            if path.is_null() {
+                if ours(file).is_some() {
+                    return refused("a stream on a mounted file");
+                }
+            } else if on_path(libc::AT_FDCWD, path, |_| (), |_| ()).is_some() {
+                return refused("a stream onto a mounted file");
+            }
+            // SAFETY: passed on.
+            unsafe { real::$name(if path.is_null() { path } else { super::kernel(libc::AT_FDCWD, path).ptr() }, mode, file) }
+        }
+    )*};
+}
+hook_freopen!(freopen, freopen64);
 
 #[cfg(test)]
 mod tests {
