@@ -657,6 +657,26 @@ impl File {
         let mut state = self.state_write();
         self.live(&state, op)?;
         fs.check_writable(op, &state.inode.name)?;
+        if data_only && overwrites_only(fs, &state) {
+            // What the kernel's file systems do for an fdatasync of overwrites: the data
+            // with forced unit access, and no journal commit (nothing the data needs is
+            // pending). A database's log, rewritten in place and synced per commit,
+            // journaled every sync's blocks and wrote them home again at checkpoints.
+            let wb = Writeback::take(fs, &mut state);
+            fs.syncs.fetch_add(1, Ordering::Relaxed);
+            fs.overwrite_syncs.fetch_add(1, Ordering::Relaxed);
+            return match wb.write_durable(&fs.disk) {
+                // Durable already: the transaction has nothing to order behind it.
+                Ok(()) => {
+                    wb.finish(fs, &mut state, false);
+                    Ok(())
+                }
+                Err(e) => {
+                    wb.restore(fs, &mut state);
+                    Err(e)
+                }
+            };
+        }
         let wb = Writeback::take(fs, &mut state);
         let mut journal = match fs.journal.try_lock() {
             Ok(journal) => journal,
@@ -669,6 +689,29 @@ impl File {
         fs.end_commit();
         result.inspect_err(|_| wb.restore(fs, &mut state))
     }
+}
+
+/// Whether every dirty page of the file overwrites a block the device holds
+/// as the file's (mapped and written, not preallocated), while the file's
+/// size and block map are committed already and no such block has an image
+/// in the journal (which replay would put back over it): an `fdatasync`
+/// then needs the pages durable and nothing else.
+fn overwrites_only(fs: &Inner, state: &NodeState) -> bool {
+    if state.dirty.is_empty()
+        || state.disk_size != state.inode.size
+        || fs.committed.load(Ordering::Acquire) < state.layout_tid
+    {
+        return false;
+    }
+    let mut blocks = Vec::with_capacity(state.dirty.len());
+    for &block in state.dirty.keys() {
+        match extents::locate(&state.inode.extents, block) {
+            Some((physical, false)) => blocks.push(physical),
+            _ => return false,
+        }
+    }
+    let meta = fs.meta();
+    meta.journaled.is_empty() || !blocks.iter().any(|b| meta.journaled.contains(b))
 }
 
 /// An fsync that found another thread committing: rather than wait for the

@@ -237,6 +237,9 @@ pub struct FsStats {
     pub shared_commits: u64,
     /// Syncs that needed no commit, only a flush.
     pub flush_only: u64,
+    /// `fdatasync`s of pages that only overwrote written blocks: the pages
+    /// written with forced unit access, no commit.
+    pub overwrite_syncs: u64,
     /// Device reads, writes and flushes the file layer issued.
     pub device_reads: u64,
     /// See `device_reads`.
@@ -269,7 +272,7 @@ impl FsStats {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         format!(
             "{} commits ({} sent without waiting), {} kept in the shared-memory log, {} checkpoints; {} syncs \
-             ({} shared, {} a flush only); cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
+             ({} shared, {} a flush only, {} overwrites written durable); cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
              ({:.1} MiB), {} writes ({:.1} MiB), {} flushes ({} more with nothing new to flush); {} blocks read from \
              the carried cache",
             j.commits,
@@ -279,6 +282,7 @@ impl FsStats {
             self.syncs,
             self.shared_commits,
             self.flush_only,
+            self.overwrite_syncs,
             c.hits,
             c.misses,
             c.writebacks,
@@ -374,6 +378,7 @@ struct Inner {
     syncs: AtomicU64,
     shared_commits: AtomicU64,
     flush_only: AtomicU64,
+    overwrite_syncs: AtomicU64,
 }
 
 /// How far a commit goes.
@@ -859,6 +864,7 @@ impl FileSystem {
             syncs: AtomicU64::new(0),
             shared_commits: AtomicU64::new(0),
             flush_only: AtomicU64::new(0),
+            overwrite_syncs: AtomicU64::new(0),
         };
         let inner = Arc::new(inner);
         if options.readahead_bytes >= BLOCK_U64 {
@@ -952,6 +958,7 @@ impl FileSystem {
             syncs: fs.syncs.load(Ordering::Relaxed),
             shared_commits: fs.shared_commits.load(Ordering::Relaxed),
             flush_only: fs.flush_only.load(Ordering::Relaxed),
+            overwrite_syncs: fs.overwrite_syncs.load(Ordering::Relaxed),
             device_reads: c.reads.load(Ordering::Relaxed),
             device_writes: c.writes.load(Ordering::Relaxed),
             device_flushes: c.flushes.load(Ordering::Relaxed),

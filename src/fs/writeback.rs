@@ -150,6 +150,20 @@ impl Writeback {
         batch.wait()
     }
 
+    /// Writes everything with forced unit access, all in flight together,
+    /// and waits: the data is durable when this returns (no flush of the
+    /// rest of the device's cache, no commit).
+    pub(super) fn write_durable(&self, disk: &Disk) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let mut batch = disk.batch()?;
+        for (physical, buf) in &self.runs {
+            batch.write_fua(*physical, buf)?;
+        }
+        batch.wait()
+    }
+
     /// The device blocks written, in file-block order.
     pub(super) fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
         self.physical.iter().copied()
@@ -203,7 +217,12 @@ impl Writeback {
         // Marking can only shrink the map (neighbours merge): this cannot run out of space.
         if (changed || state.mtime_unstored) && state.store(fs, &mut meta).is_ok() {
             state.meta_tid = meta.tid;
-            state.layout_tid = meta.tid;
+            // A new modification time alone is not what fdatasync waits for: a file
+            // rewritten in place and synced so (a database's log) would commit at
+            // every sync for the time of the write before.
+            if changed {
+                state.layout_tid = meta.tid;
+            }
         }
         fs.cache.count_writeback(self.pages.len() as u64);
     }
