@@ -568,28 +568,41 @@ pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: libc::size_t) -> *mut c_
         // SAFETY: passed on.
         return unsafe { real::getcwd(buf, size) };
     };
-    let need = dir.len() + 1;
-    let out = if buf.is_null() {
-        // SAFETY: malloc of a size; the caller frees it (glibc's contract).
-        let p = unsafe { libc::malloc(need.max(size)) }.cast::<c_char>();
-        if p.is_null() {
-            crate::set_errno(libc::ENOMEM);
-            return p;
-        }
-        p
-    } else if size == 0 {
+    if buf.is_null() {
+        return c_string_out(&dir, None, size);
+    }
+    if size == 0 {
         crate::set_errno(libc::EINVAL);
         return std::ptr::null_mut();
-    } else if size < need {
+    }
+    if size < dir.len() + 1 {
         crate::set_errno(libc::ERANGE);
         return std::ptr::null_mut();
-    } else {
-        buf
+    }
+    c_string_out(&dir, Some(buf), size)
+}
+
+/// `bytes` as a C string: into the caller's `buf` (which holds more than
+/// `bytes.len()`), or with `None` into memory from `malloc` (at least
+/// `size` bytes), for the caller to `free`, as glibc's `getcwd(NULL)` and
+/// `realpath(path, NULL)` give it. NULL with ENOMEM if that fails.
+fn c_string_out(bytes: &[u8], buf: Option<*mut c_char>, size: usize) -> *mut c_char {
+    let out = match buf {
+        Some(buf) => buf,
+        None => {
+            // SAFETY: malloc of a size.
+            let p = unsafe { libc::malloc((bytes.len() + 1).max(size)) }.cast::<c_char>();
+            if p.is_null() {
+                crate::set_errno(libc::ENOMEM);
+                return p;
+            }
+            p
+        }
     };
-    // SAFETY: `out` holds at least `need` bytes.
+    // SAFETY: `out` holds more than bytes.len() bytes (the caller's word, or our allocation).
     unsafe {
-        std::ptr::copy_nonoverlapping(dir.as_ptr().cast::<c_char>(), out, dir.len());
-        *out.add(dir.len()) = 0;
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), out, bytes.len());
+        *out.add(bytes.len()) = 0;
     }
     out
 }
@@ -914,25 +927,8 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
             crate::set_errno(libc::ENAMETOOLONG);
             std::ptr::null_mut()
         }
-        Ok(out) => {
-            let dst = if resolved.is_null() {
-                // SAFETY: malloc of a size; the caller frees it (glibc's contract).
-                let p = unsafe { libc::malloc(out.len() + 1) }.cast::<c_char>();
-                if p.is_null() {
-                    crate::set_errno(libc::ENOMEM);
-                    return p;
-                }
-                p
-            } else {
-                resolved
-            };
-            // SAFETY: `dst` holds at least out.len() + 1 bytes (PATH_MAX, or our allocation).
-            unsafe {
-                std::ptr::copy_nonoverlapping(out.as_ptr().cast::<c_char>(), dst, out.len());
-                *dst.add(out.len()) = 0;
-            }
-            dst
-        }
+        // A caller's buffer holds PATH_MAX bytes (the C contract).
+        Ok(out) => c_string_out(&out, (!resolved.is_null()).then_some(resolved), 0),
     }
 }
 
