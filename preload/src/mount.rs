@@ -503,6 +503,63 @@ pub fn kernel_dir_duplicated(from: c_int, to: c_int) {
     }
 }
 
+/// The kernel's (device, inode) of each mount's directory, read once
+/// (`None` where it is not there).
+fn mount_dir_ids() -> &'static [Option<(u64, u64)>] {
+    static IDS: OnceLock<Vec<Option<(u64, u64)>>> = OnceLock::new();
+    IDS.get_or_init(|| {
+        mounts()
+            .iter()
+            .map(|m| {
+                let dir = std::ffi::CString::new(m.dir.clone()).ok()?;
+                // SAFETY: all-zero is a valid struct stat.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: a NUL-terminated path and a buffer of ours.
+                (unsafe { crate::real::stat(dir.as_ptr(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+            })
+            .collect()
+    })
+}
+
+/// The mount whose directory the kernel's (device, inode) `id` is: a path
+/// the kernel resolved there went through a symbolic link of the kernel's
+/// into the mount, and finds only the empty directory under it.
+pub fn mount_of_kernel_dir(id: (u64, u64)) -> Option<&'static Mount> {
+    let at = mount_dir_ids().iter().position(|m| *m == Some(id))?;
+    mounts().get(at)
+}
+
+/// Where a name (`path`, relative to `dirfd`, outside every mount by its
+/// path) is if the directory it is in is a mount's own, reached through a
+/// symbolic link of the kernel's (`/tmp/to-mount/new` with `/tmp/to-mount
+/// -> /mnt/i`): in the mount, where the kernel would make it in the empty
+/// directory under it. One `stat` of the parent; `None` otherwise.
+pub fn named_through_kernel_link(dirfd: c_int, path: &[u8]) -> Option<Inside> {
+    if mounts().is_empty() {
+        return None;
+    }
+    let trimmed = &path[..path.iter().rposition(|&b| b != b'/')? + 1];
+    let (parent, name) = match trimmed.iter().rposition(|&b| b == b'/') {
+        Some(0) => (&b"/"[..], &trimmed[1..]),
+        Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+        None => (&b"."[..], trimmed),
+    };
+    if name == b"." || name == b".." {
+        return None;
+    }
+    let parent = std::ffi::CString::new(parent).ok()?;
+    // SAFETY: all-zero is a valid struct stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a buffer of ours; the links on the way are followed.
+    if unsafe { crate::real::fstatat(dirfd, parent.as_ptr(), &mut st, 0) } != 0 {
+        return None;
+    }
+    let mount = mount_of_kernel_dir((st.st_dev, st.st_ino))?;
+    let mut inner = vec![b'/'];
+    inner.extend_from_slice(name);
+    Some(Inside { mount, path: inner })
+}
+
 /// What an open descriptor of a mount stands for.
 pub enum Node {
     /// A file.

@@ -657,6 +657,41 @@ static void library_walkers(void) {
           "clean up");
 }
 
+/* A symbolic link of the kernel's (outside DIR) that leads to DIR: what is
+ * made, listed or opened through it is DIR's, not the directory a mount
+ * sits on. */
+static void kernel_links(void) {
+    char link[64], p[4200];
+    snprintf(link, sizeof link, "/tmp/iopath-mount-test-link-%d", (int)getpid());
+    unlink(link);
+    CHECK(symlink(dir, link) == 0, "a kernel link to DIR");
+    snprintf(p, sizeof p, "%s/made-via-link", link);
+    int fd = open(p, O_CREAT | O_WRONLY, 0644);
+    CHECK(fd >= 0 && write(fd, "v", 1) == 1 && close(fd) == 0, "create through a kernel link");
+    struct stat st;
+    CHECK(stat(at("made-via-link"), &st) == 0 && st.st_size == 1, "it is in DIR");
+    snprintf(p, sizeof p, "%s/dir-via-link", link);
+    CHECK(mkdir(p, 0755) == 0 && stat(at("dir-via-link"), &st) == 0 && S_ISDIR(st.st_mode),
+          "mkdir through a kernel link");
+    char listed[4096];
+    listing(link, listed, sizeof listed);
+    CHECK(strstr(listed, "made-via-link") && strstr(listed, "dir-via-link"), "opendir through a kernel link: %s",
+          listed);
+    int dfd = open(link, O_RDONLY | O_DIRECTORY);
+    CHECK(dfd >= 0 && faccessat(dfd, "made-via-link", F_OK, 0) == 0 && close(dfd) == 0,
+          "a directory opened through a kernel link");
+    char q[4200];
+    snprintf(p, sizeof p, "%s/sym-via-link", link);
+    snprintf(q, sizeof q, "%s/renamed-via-link", link);
+    CHECK(symlink("made-via-link", p) == 0 && lstat(at("sym-via-link"), &st) == 0 && S_ISLNK(st.st_mode),
+          "symlink through a kernel link");
+    CHECK(rename(p, q) == 0 && lstat(at("renamed-via-link"), &st) == 0 && S_ISLNK(st.st_mode),
+          "rename through a kernel link");
+    CHECK(unlink(at("made-via-link")) == 0 && unlink(at("renamed-via-link")) == 0 && rmdir(at("dir-via-link")) == 0 &&
+              unlink(link) == 0,
+          "clean up");
+}
+
 /* A signal sent to the process reaches the thread that waits for it, not a
  * thread of iopath's (which would die of SIGUSR1's default action). */
 static void signals(void) {
@@ -690,6 +725,7 @@ int main(int argc, char **argv) {
     hard_links();
     other_nodes();
     library_walkers();
+    kernel_links();
     signals();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

@@ -102,11 +102,20 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut c_void {
         let dir = unsafe { real::opendir(super::kernel(libc::AT_FDCWD, path).ptr()) };
         if !dir.is_null()
             && super::mounting()
+            && !super::forked()
             && let Some(bytes) = super::path_bytes(path)
         {
             let _inside = crate::Inside::enter();
             // SAFETY: the stream just opened.
-            mount::kernel_dir_opened(libc::AT_FDCWD, bytes, unsafe { real::dirfd(dir) });
+            let fd = unsafe { real::dirfd(dir) };
+            if let Some(mount) = super::paths::mount_dir_behind(fd) {
+                // The mount's own directory through a kernel link: the mount's root, not
+                // the empty directory under it.
+                // SAFETY: the stream just opened, closed once.
+                unsafe { real::closedir(dir) };
+                return open_inside(mount::Inside { mount, path: b"/".to_vec() });
+            }
+            mount::kernel_dir_opened(libc::AT_FDCWD, bytes, fd);
         }
         dir
     })

@@ -145,25 +145,60 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
 fn open_on_path(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> Option<c_int> {
     let serve = |inside| open_inside(inside, flags, mode);
     let exclusive = flags & (libc::O_CREAT | libc::O_EXCL) == libc::O_CREAT | libc::O_EXCL;
-    if flags & libc::O_NOFOLLOW != 0 || exclusive {
+    let served = if flags & libc::O_NOFOLLOW != 0 || exclusive {
         on_path_nofollow(dirfd, path, fail, serve)
     } else {
         on_path(dirfd, path, fail, serve)
+    };
+    if served.is_some() || flags & libc::O_CREAT == 0 {
+        return served;
     }
+    named_through_kernel_link(dirfd, path).map(|inside| open_inside(inside, flags, mode))
 }
 
-/// After the kernel opened `path` (relative to `dirfd`) as `fd`: a
-/// directory above a mount is noted ([`mount::kernel_dir_opened`]).
-fn kernel_opened(dirfd: c_int, path: *const c_char, flags: c_int, fd: c_int) -> c_int {
-    if fd >= 0
-        && flags & (libc::O_DIRECTORY | libc::O_PATH) != 0
-        && super::mounting()
-        && let Some(bytes) = super::path_bytes(path)
-    {
-        let _inside = crate::Inside::enter();
-        mount::kernel_dir_opened(dirfd, bytes, fd);
+/// A name outside every mount by its path (`path`, relative to `dirfd`)
+/// whose directory is a mount's own, reached through a kernel symbolic
+/// link: the mount's ([`mount::named_through_kernel_link`]). Asked by the
+/// calls that make or move a name, before the kernel would make it in the
+/// empty directory under the mount, unseen.
+fn named_through_kernel_link(dirfd: c_int, path: *const c_char) -> Option<Inside> {
+    if !super::mounting() || super::forked() {
+        return None;
     }
+    let bytes = super::path_bytes(path)?;
+    let _inside = crate::Inside::enter();
+    mount::named_through_kernel_link(dirfd, bytes)
+}
+
+/// After the kernel opened `path` (relative to `dirfd`) as `fd`, a
+/// directory or `O_PATH` descriptor: one above a mount is noted
+/// ([`mount::kernel_dir_opened`]); the mount's own directory, reached
+/// through a symbolic link of the kernel's, is given back for the mount's
+/// root (the kernel's is the empty directory under it).
+fn kernel_opened(dirfd: c_int, path: *const c_char, flags: c_int, fd: c_int) -> c_int {
+    if fd < 0 || flags & (libc::O_DIRECTORY | libc::O_PATH) == 0 || !super::mounting() || super::forked() {
+        return fd;
+    }
+    let Some(bytes) = super::path_bytes(path) else { return fd };
+    let _inside = crate::Inside::enter();
+    if let Some(mount) = mount_dir_behind(fd) {
+        // SAFETY: the descriptor the kernel just gave us.
+        unsafe { real::close(fd) };
+        return open_inside(Inside { mount, path: b"/".to_vec() }, flags, 0);
+    }
+    mount::kernel_dir_opened(dirfd, bytes, fd);
     fd
+}
+
+/// The mount whose own directory kernel descriptor `fd` is open on (one `fstat`).
+pub(crate) fn mount_dir_behind(fd: c_int) -> Option<&'static mount::Mount> {
+    // SAFETY: all-zero is a valid struct stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a buffer of ours.
+    if unsafe { real::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return None;
+    }
+    mount::mount_of_kernel_dir((st.st_dev, st.st_ino))
 }
 
 macro_rules! hook_open {
@@ -326,8 +361,9 @@ fn mkdir_inside(inside: Inside, mode: mode_t) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: passed on.
     on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mkdir_inside(inside, mode))
+        .or_else(|| named_through_kernel_link(libc::AT_FDCWD, path).map(|inside| mkdir_inside(inside, mode)))
+        // SAFETY: passed on.
         .unwrap_or_else(|| unsafe { real::mkdir(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
 }
 
@@ -337,9 +373,10 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-    let mounted = on_path_nofollow(dirfd, path, fail, |inside| mkdir_inside(inside, mode));
-    // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::mkdirat(dirfd, super::kernel(dirfd, path).ptr(), mode) })
+    on_path_nofollow(dirfd, path, fail, |inside| mkdir_inside(inside, mode))
+        .or_else(|| named_through_kernel_link(dirfd, path).map(|inside| mkdir_inside(inside, mode)))
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::mkdirat(dirfd, super::kernel(dirfd, path).ptr(), mode) })
 }
 
 /// A rename with one or both names in a mount: within one mount it is the
@@ -352,8 +389,8 @@ fn rename_any(
     new: *const c_char,
     flags: c_uint,
 ) -> Option<c_int> {
-    let from = on_path_nofollow(olddirfd, old, Err, Ok);
-    let to = on_path_nofollow(newdirfd, new, Err, Ok);
+    let from = on_path_nofollow(olddirfd, old, Err, Ok).or_else(|| named_through_kernel_link(olddirfd, old).map(Ok));
+    let to = on_path_nofollow(newdirfd, new, Err, Ok).or_else(|| named_through_kernel_link(newdirfd, new).map(Ok));
     let (from, to) = match (from, to) {
         (None, None) => return None,
         (Some(Err(e)), _) | (_, Some(Err(e))) => return Some(fail(e)),
@@ -640,7 +677,8 @@ fn symlink_inside(target: *const c_char, inside: Inside) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> c_int {
-    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| symlink_inside(target, inside));
+    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| symlink_inside(target, inside))
+        .or_else(|| named_through_kernel_link(libc::AT_FDCWD, path).map(|inside| symlink_inside(target, inside)));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::symlink(target, super::kernel(libc::AT_FDCWD, path).ptr()) })
 }
@@ -651,7 +689,8 @@ pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> 
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
-    let mounted = on_path_nofollow(dirfd, path, fail, |inside| symlink_inside(target, inside));
+    let mounted = on_path_nofollow(dirfd, path, fail, |inside| symlink_inside(target, inside))
+        .or_else(|| named_through_kernel_link(dirfd, path).map(|inside| symlink_inside(target, inside)));
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::symlinkat(target, dirfd, super::kernel(dirfd, path).ptr()) })
 }
@@ -672,7 +711,8 @@ fn link_any(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_
     } else {
         on_path_nofollow(olddirfd, old, Err, Ok)
     };
-    let to = on_path_nofollow(newdirfd, new, Err, Ok);
+    let from = from.or_else(|| named_through_kernel_link(olddirfd, old).map(Ok));
+    let to = on_path_nofollow(newdirfd, new, Err, Ok).or_else(|| named_through_kernel_link(newdirfd, new).map(Ok));
     let (from, to) = match (from, to) {
         (None, None) => return None,
         (Some(Err(e)), _) | (_, Some(Err(e))) => return Some(fail(e)),
