@@ -182,8 +182,9 @@ fn kernel_opened(dirfd: c_int, path: *const c_char, flags: c_int, fd: c_int) -> 
     let Some(bytes) = super::path_bytes(path) else { return fd };
     let _inside = crate::Inside::enter();
     if let Some(mount) = mount_dir_behind(fd) {
-        // SAFETY: the descriptor the kernel just gave us.
-        unsafe { real::close(fd) };
+        // SAFETY: the descriptor the kernel just gave us (closed through this library's
+        // own close, which forgets what it knew of the number).
+        unsafe { super::descriptors::close(fd) };
         return open_inside(Inside { mount, path: b"/".to_vec() }, flags, 0);
     }
     mount::kernel_dir_opened(dirfd, bytes, fd);
