@@ -122,13 +122,29 @@ static void files(void) {
     ERRNO_IS(write(ro, "x", 1), EBADF);
     ERRNO_IS(ftruncate(ro, 0), EINVAL);
 
-    /* mmap: the kernel maps; an iopath mount refuses with ENODEV. */
+    /* mmap: the kernel maps; an iopath mount refuses a shared map with ENODEV,
+     * and a private one is a copy of the file's bytes (zeros past the end). */
     void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, ro, 0);
     if (iopath_mode)
-        CHECK(m == MAP_FAILED && errno == ENODEV, "mmap refused");
+        CHECK(m == MAP_FAILED && errno == ENODEV, "shared mmap refused");
     else
         CHECK(m != MAP_FAILED && munmap(m, 4096) == 0, "mmap");
-    CHECK(close(ro) == 0 && close(fd) == 0, "close");
+    char want_map[8192];
+    CHECK(pread(ro, want_map, 6000, 0) == 6000, "pread for the map");
+    memset(want_map + 6000, 0, sizeof want_map - 6000);
+    char *pm = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE, ro, 0);
+    CHECK(pm != MAP_FAILED && !memcmp(pm, want_map, 8192) && munmap(pm, 8192) == 0, "private mmap, past the end");
+    pm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE, ro, 4096);
+    CHECK(pm != MAP_FAILED && !memcmp(pm, want_map + 4096, 4096), "private mmap at an offset");
+    if (pm != MAP_FAILED) {
+        pm[0] = 'Z';
+        CHECK(pread(ro, buf, 1, 4096) == 1 && buf[0] == want_map[4096] && munmap(pm, 4096) == 0,
+              "a private map's writes stay in it");
+    }
+    ERRNO_IS((long)mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, ro, 100), EINVAL);
+    int wo = open(at("f"), O_WRONLY);
+    ERRNO_IS((long)mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, wo, 0), EACCES);
+    CHECK(close(wo) == 0 && close(ro) == 0 && close(fd) == 0, "close");
 
     /* O_TRUNC and creat. */
     fd = open(at("f"), O_WRONLY | O_TRUNC);
