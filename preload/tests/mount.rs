@@ -55,6 +55,29 @@ fn a_program_sees_posix_semantics_on_an_iopath_mount_as_on_the_kernels_file_syst
     let _ = std::fs::remove_file(program);
 }
 
+/// A forked child of a process that holds a mount is told once that it
+/// cannot use the mount, when it tries to; a child that only makes and
+/// lists files of the kernel's (a subshell's redirection) is told nothing.
+#[test]
+fn a_forked_child_using_only_kernel_files_is_not_warned() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let outside = scratch.path().join("outside");
+    let script = format!(
+        "exec 3> {m}/held; ( : > {o}; ls {s} > /dev/null ); exec 3>&-; test -e {o}",
+        m = mount_dir.display(),
+        o = outside.display(),
+        s = scratch.path().display()
+    );
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(&script);
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("forked child"), "{stderr}");
+}
+
 /// With `IOPATH_LOG`, a process says at exit what its mount did, even when it
 /// closed its stderr on the way (GNU programs do, in their atexit handler).
 #[test]

@@ -162,7 +162,9 @@ fn open_on_path(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -
 /// calls that make or move a name, before the kernel would make it in the
 /// empty directory under the mount, unseen.
 fn named_through_kernel_link(dirfd: c_int, path: *const c_char) -> Option<Inside> {
-    if !super::mounting() || super::forked() {
+    // (FORKED read, not `forked()`: a forked child making a file of the kernel's is no
+    // use of the mount to warn about.)
+    if !super::mounting() || crate::FORKED.load(Ordering::Relaxed) {
         return None;
     }
     let bytes = super::path_bytes(path)?;
@@ -176,7 +178,8 @@ fn named_through_kernel_link(dirfd: c_int, path: *const c_char) -> Option<Inside
 /// through a symbolic link of the kernel's, is given back for the mount's
 /// root (the kernel's is the empty directory under it).
 fn kernel_opened(dirfd: c_int, path: *const c_char, flags: c_int, fd: c_int) -> c_int {
-    if fd < 0 || flags & (libc::O_DIRECTORY | libc::O_PATH) == 0 || !super::mounting() || super::forked() {
+    let forked = crate::FORKED.load(Ordering::Relaxed); // (as above: no warning for a kernel open)
+    if fd < 0 || flags & (libc::O_DIRECTORY | libc::O_PATH) == 0 || !super::mounting() || forked {
         return fd;
     }
     let Some(bytes) = super::path_bytes(path) else { return fd };
