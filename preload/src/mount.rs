@@ -668,7 +668,7 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
         // SAFETY: as above.
         fd = unsafe { real::open(c"/".as_ptr(), flags, 0) };
     }
-    if fd < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE)) } else { Ok(fd) }
+    if fd < 0 { Err(crate::posix::last_errno()) } else { Ok(fd) }
 }
 
 /// Commits every mounted file system (at exit).

@@ -813,11 +813,7 @@ fn send_through(
         }
         total += sent;
         if sent < n as usize {
-            return if total > 0 {
-                total as ssize_t
-            } else {
-                fail_size(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
-            };
+            return if total > 0 { total as ssize_t } else { fail_size(super::last_errno()) };
         }
         if (n as usize) < want {
             break;
@@ -856,7 +852,7 @@ fn map_private(
     // SAFETY: an anonymous mapping where the caller asked for one.
     let p = unsafe { real::mmap(addr, len, libc::PROT_READ | libc::PROT_WRITE, anonymous, -1, 0) };
     if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+        return Err(super::last_errno());
     }
     // SAFETY: the mapping just made: `len` writable bytes of ours.
     let buf = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
@@ -874,7 +870,7 @@ fn map_private(
     }
     // SAFETY: the mapping made above.
     if prot != libc::PROT_READ | libc::PROT_WRITE && unsafe { libc::mprotect(p, len, prot) } != 0 {
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        let errno = super::last_errno();
         // SAFETY: as above.
         unsafe { libc::munmap(p, len) };
         return Err(errno);

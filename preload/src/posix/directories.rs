@@ -129,7 +129,7 @@ fn open_inside(inside: mount::Inside) -> *mut c_void {
     }
     let stream = open_stream(fd);
     if stream.is_null() {
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let errno = super::last_errno();
         // SAFETY: our own descriptor.
         unsafe { super::descriptors::close(fd) };
         crate::set_errno(errno);
@@ -280,7 +280,7 @@ pub unsafe extern "C" fn closedir(dir: *mut c_void) -> c_int {
     let stream = unsafe { Box::from_raw(dir.cast::<DirStream>()) };
     // SAFETY: the stream's own descriptor.
     let r = unsafe { super::descriptors::close(stream.fd) };
-    if r < 0 { fail(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) } else { 0 }
+    if r < 0 { fail(super::last_errno()) } else { 0 }
 }
 
 fn null_with(errno: c_int) -> *mut c_void {

@@ -875,7 +875,7 @@ fn component(path: &[u8]) -> Result<Component, c_int> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a buffer of ours.
     if unsafe { real::lstat(c.as_ptr(), &mut st) } != 0 {
-        return Err(errno_of_last());
+        return Err(super::last_errno());
     }
     Ok(match st.st_mode & libc::S_IFMT {
         libc::S_IFLNK => {
@@ -883,7 +883,7 @@ fn component(path: &[u8]) -> Result<Component, c_int> {
             // SAFETY: the buffer holds PATH_MAX bytes.
             let n = unsafe { real::readlink(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
             if n < 0 {
-                return Err(errno_of_last());
+                return Err(super::last_errno());
             }
             buf.truncate(n as usize);
             Component::Link(buf)
@@ -891,10 +891,6 @@ fn component(path: &[u8]) -> Result<Component, c_int> {
         libc::S_IFDIR => Component::Dir,
         _ => Component::Other,
     })
-}
-
-fn errno_of_last() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// realpath's answer for `path`: absolute, with every symbolic link on the
@@ -958,7 +954,7 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
     if mount::resolve(libc::AT_FDCWD, bytes).is_none() {
         // SAFETY: passed on.
         let found = unsafe { real::realpath(path, resolved) };
-        if !found.is_null() || !matches!(errno_of_last(), libc::ENOENT | libc::ENOTDIR) {
+        if !found.is_null() || !matches!(super::last_errno(), libc::ENOENT | libc::ENOTDIR) {
             return found;
         }
     }
@@ -1049,7 +1045,7 @@ fn make_temp(template: *mut c_char, suffix: c_int, make: impl Fn(*const c_char) 
             v /= 62;
         }
         let made = make(template);
-        if made >= 0 || errno_of_last() != libc::EEXIST {
+        if made >= 0 || super::last_errno() != libc::EEXIST {
             return Some(made);
         }
     }

@@ -123,7 +123,7 @@ fn fopen_any(path: *const c_char, mode: *const c_char) -> Option<*mut libc::FILE
         }
         let file = stream(fd, mode);
         if file.is_null() {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM);
+            let errno = super::last_errno();
             // SAFETY: our own descriptor.
             unsafe { super::descriptors::close(fd) };
             crate::set_errno(errno);
