@@ -703,15 +703,11 @@ fn overwrites_only(fs: &Inner, state: &NodeState) -> bool {
     {
         return false;
     }
-    let mut blocks = Vec::with_capacity(state.dirty.len());
-    for &block in state.dirty.keys() {
-        match extents::locate(&state.inode.extents, block) {
-            Some((physical, false)) => blocks.push(physical),
-            _ => return false,
-        }
-    }
     let meta = fs.meta();
-    meta.journaled.is_empty() || !blocks.iter().any(|b| meta.journaled.contains(b))
+    state.dirty.keys().all(|&block| match extents::locate(&state.inode.extents, block) {
+        Some((physical, false)) => !meta.journaled.contains(&physical),
+        _ => false,
+    })
 }
 
 /// An fsync that found another thread committing: rather than wait for the
