@@ -46,10 +46,6 @@ pub const PIECE: usize = 2 << 20;
 /// Files a process tries before it gives up (processes running at once).
 const CLAIMS: usize = 16;
 
-/// The claimed file's descriptor is moved to the lowest free number from here
-/// (as the interposer moves its own).
-const HIGH_FDS_FROM: libc::c_int = 1000;
-
 /// Where the frames come from, once set ([`enable`]).
 static CONFIG: Mutex<Option<(PathBuf, usize)>> = Mutex::new(None);
 
@@ -165,13 +161,9 @@ pub fn step_aside(fd: libc::c_int, last: libc::c_uint) -> bool {
     if fd < 0 || FD.load(Ordering::Acquire) != fd || own_fd() != Some(fd) {
         return true;
     }
-    let floor = (last as i64 + 1).max(HIGH_FDS_FROM as i64);
-    let Ok(floor) = libc::c_int::try_from(floor) else { return false };
-    // SAFETY: duplicates our own descriptor; the program's call closes the old number.
-    let moved = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
-    if moved < 0 {
-        return false;
-    }
+    let Ok(floor) = libc::c_int::try_from(last as i64 + 1) else { return false };
+    // (The program's call closes the old number.)
+    let Some(moved) = crate::sys::copy_high(fd, floor) else { return false };
     FD.store(moved, Ordering::Release);
     true
 }
@@ -312,13 +304,10 @@ fn open_locked(path: &Path) -> Option<(i32, usize)> {
     }
     // Out of the program's way: programs count on the lowest free numbers
     // (the lock belongs to the open file, which the copy shares).
-    // SAFETY: duplicating and closing our own descriptor.
-    unsafe {
-        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH_FDS_FROM);
-        if high >= 0 {
-            libc::close(fd);
-            return Some((high, allocated));
-        }
+    if let Some(high) = crate::sys::copy_high(fd, 0) {
+        // SAFETY: closing our own descriptor, copied above.
+        unsafe { libc::close(fd) };
+        return Some((high, allocated));
     }
     Some((fd, allocated))
 }

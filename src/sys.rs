@@ -21,6 +21,22 @@ fn c_path(path: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte in it"))
 }
 
+// ---- descriptors ----
+
+/// Lowest number iopath moves its own long-lived descriptors to: programs
+/// count on the low numbers being theirs (a shell's `exec 3>file` replaces
+/// whatever is on 3), and an interposed program must never have one of
+/// iopath's replaced under it.
+pub const HIGH_FDS_FROM: libc::c_int = 1000;
+
+/// A close-on-exec copy of `fd` on the lowest free number from `floor`
+/// (at least [`HIGH_FDS_FROM`]), or `None` (no free number that high).
+pub fn copy_high(fd: libc::c_int, floor: libc::c_int) -> Option<libc::c_int> {
+    // SAFETY: F_DUPFD_CLOEXEC only makes a new descriptor; `fd` is left as it was.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor.max(HIGH_FDS_FROM)) };
+    (high >= 0).then_some(high)
+}
+
 // ---- time ----
 
 /// Reads a clock (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, ...) in nanoseconds.

@@ -138,3 +138,23 @@ fn the_next_process_reads_what_the_last_one_left_in_the_carried_cache() {
     let report = iopath::fs::check::check(engine(&image)).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// A program's low descriptor numbers are its own: a shell's `exec 3> f`
+/// replaces whatever is on 3, and the mount's io_uring descriptor, which
+/// the kernel had put on the lowest free number, was there (every later
+/// call on the mount then waited for ever).
+#[test]
+fn a_programs_low_descriptor_numbers_never_reach_iopaths_own() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let script = "exec 3> \"$D/a\"; echo one >&3; exec 4> \"$D/b\" 5>&3; echo two >&4; echo three >&5; \
+                  exec 3>&- 4>&- 5>&-; cat \"$D/a\" \"$D/b\"";
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(script).env("D", &mount_dir);
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout == "one\nthree\ntwo\n", "{stdout}{stderr}");
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

@@ -409,7 +409,7 @@ impl UringQueue {
         if iopoll {
             builder.setup_iopoll();
         }
-        let ring = builder.build(SQ_ENTRIES).map_err(|e| os_err("io_uring setup", e))?;
+        let ring = out_of_the_way(builder.build(SQ_ENTRIES).map_err(|e| os_err("io_uring setup", e))?);
         let fd = shared.target.file.as_raw_fd();
         let fixed_file = shared.config.fixed_files && ring.submitter().register_files(&[fd]).is_ok();
         let mut registered = None;
@@ -936,5 +936,23 @@ impl Drop for UringQueue {
             }
             sink.clear();
         }
+    }
+}
+/// `ring` on a descriptor number from [`crate::sys::HIGH_FDS_FROM`] up:
+/// io_uring_setup takes the lowest free number, which a program counts on
+/// being its own (with the interposer, a shell's `exec 3>file` replaced a
+/// mount's ring on 3, and every later command failed with EBADF). The
+/// descriptor is copied up and the ring mapped again from the copy; the
+/// low number and the first mapping go with `ring`.
+fn out_of_the_way(ring: IoUring) -> IoUring {
+    if ring.as_raw_fd() >= crate::sys::HIGH_FDS_FROM {
+        return ring;
+    }
+    let Some(high) = crate::sys::copy_high(ring.as_raw_fd(), 0) else { return ring };
+    // SAFETY: `high` is a descriptor of this same ring, owned from here on,
+    // and the parameters are the ones the kernel filled in when it was set up.
+    match unsafe { IoUring::from_fd(high, ring.params().clone()) } {
+        Ok(moved) => moved,
+        Err(_) => ring, // (from_fd closed `high`)
     }
 }

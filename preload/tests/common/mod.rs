@@ -58,3 +58,28 @@ pub fn mounted(command: &mut Command, mnt: &Path, image: &Path) {
         .env("IOPATH_MOUNT", format!("{}={}", mnt.display(), image.display()))
         .env("IOPATH_MOUNT_WAIT", "5");
 }
+
+/// Runs `command` to its end, as `output()` does, but kills it and fails
+/// after `limit` (a hang is a failure here, not a stuck test run).
+pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::process::Output {
+    use std::process::Stdio;
+    let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let (done, waited) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = child.wait_with_output();
+        let _ = done.send(());
+        out
+    });
+    if waited.recv_timeout(limit).is_err() {
+        // SAFETY: kill has no memory preconditions; the pid is our child's, not yet reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let out = waiter.join().unwrap().unwrap();
+        panic!(
+            "still running after {limit:?}, killed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    waiter.join().unwrap().unwrap()
+}
