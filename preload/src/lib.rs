@@ -11,7 +11,9 @@
 //!   by iopath's file system on DEVICE ([`mount`]): open, read, write,
 //!   fsync, rename, directories, stat, locks and the rest of the POSIX
 //!   surface a program uses, one file per family of calls in `posix/`, with
-//!   the errno the kernel would give. Nothing outside the mounts changes.
+//!   the errno the kernel would give; a mounted file on a standard stream
+//!   (`prog > /mnt/i/out`) through a pipe and a thread (`bridge.rs`).
+//!   Nothing outside the mounts changes.
 //! - **Routing** (`IOPATH_FILES`): an O_DIRECT file or block device the
 //!   program names keeps the kernel's file system, but its reads, writes
 //!   and flushes go through one iopath engine per file (`route.rs`).
@@ -41,6 +43,7 @@
 //! call fails as the kernel's would: -1 with the device's errno. It never
 //! fails with EINTR (the kernel does not interrupt disk reads either).
 
+mod bridge;
 pub mod config;
 mod fds;
 mod files;
@@ -148,6 +151,7 @@ extern "C" fn in_child_after_fork() {
     if files::any_engine_across_fork() || mount::any_held_across_fork() {
         FORKED.store(true, Ordering::SeqCst);
     }
+    bridge::in_child_after_fork();
 }
 
 extern "C" fn on_load() {
@@ -173,6 +177,7 @@ extern "C" fn on_load() {
         let mounts = mount::mounts();
         MOUNTING.store(!mounts.is_empty(), Ordering::SeqCst);
         mount::adopt_inherited_cwd();
+        bridge::adopt();
         for m in mounts {
             log(&format!("{} serves {} (mounted at first use)", m.device, String::from_utf8_lossy(&m.dir)));
         }
@@ -190,18 +195,21 @@ extern "C" fn on_load() {
 }
 
 extern "C" fn on_unload() {
-    at_exit();
+    at_exit(true);
 }
 
 /// What the process does as it ends, however it ends (`exit`'s handlers or
-/// `_exit`), once: commits the mounts, and with `IOPATH_LOG` says where the
-/// waiting time went and how many calls were routed. Nothing in a forked
-/// child that has its parent's engines and mounts (they are not here).
-pub(crate) fn at_exit() {
+/// `_exit`), once: writes what its standard streams on mounted files hold
+/// into them (after flushing stdio, for `exit`: `flush_stdio`), commits the
+/// mounts, and with `IOPATH_LOG` says where the waiting time went and how
+/// many calls were routed. Nothing in a forked child that has its parent's
+/// engines and mounts (they are not here).
+pub(crate) fn at_exit(flush_stdio: bool) {
     static DONE: AtomicBool = AtomicBool::new(false);
     if FORKED.load(Ordering::Relaxed) || DONE.swap(true, Ordering::AcqRel) {
         return;
     }
+    bridge::finish(flush_stdio);
     commit_mounts_now();
     if let Some(waits) = iopath::path::completion::explain::summary() {
         log(&waits);

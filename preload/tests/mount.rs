@@ -158,3 +158,80 @@ fn a_programs_low_descriptor_numbers_never_reach_iopaths_own() {
     let report = check::check(engine(&image)).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// A shell's redirections to and from mounted files (`bridge.rs`): programs
+/// that write their standard output through stdio, read their standard
+/// input, share one file on 1 and 2, append, hand the streams on through
+/// further execs, and a failed exec that leaves the shell writing; the same
+/// script on a kernel directory and on a mount leaves the same files, byte
+/// for byte. `exec 3>` also checks that the program's low descriptor
+/// numbers do not reach iopath's own (its io_uring descriptor was on 3).
+#[test]
+fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
+    let script = r#"set -e
+        seq 1 50000 > "$D/numbers"
+        wc -l < "$D/numbers" > "$D/count"
+        echo appended >> "$D/numbers"
+        ( echo sub; ls -d / ) > "$D/both" 2>&1
+        sort -r -o "$D/sorted" "$D/numbers"
+        while read -r l; do echo "[$l]"; done < "$D/both" > "$D/bracketed"
+        exec 3> "$D/three"; echo three >&3; exec 3>&-
+        nice env sh -c 'cat; echo tail' < "$D/numbers" > "$D/copy"
+        gzip -nc < "$D/numbers" > "$D/numbers.gz"; gunzip -c < "$D/numbers.gz" > "$D/unzipped"
+        head -c 10 < "$D/numbers" > "$D/head"
+        ls "$D" > "$D/names"
+        set +e; shopt -s execfail; exec > "$D/failed"; echo before; exec /nonexistent/program; echo after"#;
+    let names = [
+        "both",
+        "bracketed",
+        "copy",
+        "count",
+        "failed",
+        "head",
+        "names",
+        "numbers",
+        "numbers.gz",
+        "sorted",
+        "three",
+        "unzipped",
+    ];
+    let scratch = tempfile::tempdir().unwrap();
+    let kernel_dir = scratch.path().join("kernel");
+    std::fs::create_dir(&kernel_dir).unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let run = |dir: &Path, mount: bool| {
+        let mut command = Command::new("bash");
+        command.arg("-c").arg(script).env("D", dir);
+        if mount {
+            common::mounted(&mut command, dir, &image);
+        }
+        let out = common::output_within(&mut command, std::time::Duration::from_secs(120));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{}: {stderr}", dir.display());
+        stderr
+    };
+    let kernel_stderr = run(&kernel_dir, false);
+    let mount_stderr = run(&mount_dir, true);
+    assert_eq!(mount_stderr, kernel_stderr);
+    assert_eq!(std::fs::read_dir(&mount_dir).unwrap().count(), 0, "nothing reached the host directory");
+
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    for name in names {
+        let expected = std::fs::read(kernel_dir.join(name)).unwrap();
+        let file = fs.open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = vec![0u8; file.len() as usize];
+        assert_eq!(file.read_at(&mut got, 0).unwrap(), got.len());
+        let differs = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(got.len().min(expected.len()));
+        assert!(
+            got == expected,
+            "{name}: {} bytes against {}, first difference at {differs}: {:?}",
+            got.len(),
+            expected.len(),
+            String::from_utf8_lossy(&got[differs.min(got.len())..got.len().min(differs + 80)])
+        );
+    }
+    assert_eq!(std::fs::read_to_string(kernel_dir.join("failed")).unwrap(), "before\nafter\n");
+    assert_eq!(std::fs::read_to_string(kernel_dir.join("copy")).unwrap().lines().last(), Some("tail"));
+}

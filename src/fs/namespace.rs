@@ -1300,6 +1300,16 @@ impl File {
         }
     }
 
+    /// The file's path from the root now (`/dir/name`), or `None` once its
+    /// last name is gone (unlinked while open).
+    pub fn path(&self) -> Option<Vec<u8>> {
+        let inner = self.fs.meta().ns.path_of(self.node.slot)?;
+        let mut path = Vec::with_capacity(inner.len() + 1);
+        path.push(b'/');
+        path.extend_from_slice(&inner);
+        Some(path)
+    }
+
     /// `fstat`.
     pub fn metadata(&self) -> Metadata {
         file_metadata(&self.node.state.read().expect("file lock poisoned"))

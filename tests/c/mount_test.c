@@ -720,6 +720,101 @@ static void signals(void) {
     CHECK(sigtimedwait(&s, NULL, &wait) == SIGUSR1, "the waiting thread got it");
 }
 
+/* The whole of a small file, NUL-terminated (empty on error). */
+static const char *contents(const char *path) {
+    static char buf[256];
+    buf[0] = 0;
+    int fd = open(path, O_RDONLY);
+    ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    buf[n > 0 ? n : 0] = 0;
+    if (fd >= 0) close(fd);
+    return buf;
+}
+
+/* A child that runs `argv` with standard input and output as they are. */
+static int run_child(char *const argv[]) {
+    pid_t child = fork();
+    if (child == 0) {
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int status = 0;
+    return waitpid(child, &status, 0) == child && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Standard streams on mounted files, as a shell's redirections make them:
+ * dup2 of a file onto 0, 1 and 2, then stdio (which calls the kernel
+ * directly) and a child program on them; freopen of stderr (as servers do
+ * for their logs); an open that gets number 1. */
+static void standard_streams(void) {
+    fflush(stdout);
+    int saved_out = dup(1), saved_err = dup(2), saved_in = dup(0);
+    int fd = open(at("out"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(dup2(fd, 1) == 1 && close(fd) == 0, "dup2 onto 1");
+    printf("printf %d\n", 1);
+    fflush(stdout);
+    CHECK(dup2(1, 2) == 2, "2>&1");
+    fprintf(stderr, "stderr\n");
+    dup2(saved_err, 2); /* (a child's own stderr, where the interposer logs, stays out) */
+    char *echo[] = {"echo", "child", NULL};
+    int child = run_child(echo);
+    CHECK(write(1, "write\n", 6) == 6, "write(1)");
+    dup2(saved_out, 1);
+    CHECK(child == 0, "a child writing to the file as its standard output: %d", child);
+    CHECK(!strcmp(contents(at("out")), "printf 1\nstderr\nchild\nwrite\n"), "what stdio, a child and write left: %s",
+          contents(at("out")));
+
+    fd = open(at("out"), O_WRONLY | O_APPEND);
+    CHECK(dup2(fd, 1) == 1 && close(fd) == 0, "dup2 of an O_APPEND file onto 1");
+    printf("appended\n");
+    fflush(stdout);
+    dup2(saved_out, 1);
+    CHECK(!strcmp(contents(at("out")), "printf 1\nstderr\nchild\nwrite\nappended\n"), ">>: %s", contents(at("out")));
+
+    fd = open(at("in"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(write(fd, "alpha\nbeta\n", 11) == 11 && close(fd) == 0, "write the input");
+    fd = open(at("in"), O_RDONLY);
+    CHECK(dup2(fd, 0) == 0 && close(fd) == 0, "dup2 onto 0");
+    int counted[2];
+    CHECK(pipe(counted) == 0, "pipe");
+    CHECK(dup2(counted[1], 1) == 1 && close(counted[1]) == 0, "a kernel pipe onto 1");
+    char *wc[] = {"wc", "-c", NULL};
+    child = run_child(wc);
+    dup2(saved_out, 1);
+    char got[32] = {0};
+    CHECK(read(counted[0], got, sizeof got - 1) > 0 && atoi(got) == 11 && child == 0,
+          "a child reading the file as its standard input: %s", got);
+    close(counted[0]);
+    dup2(saved_in, 0);
+    fd = open(at("in"), O_RDONLY);
+    CHECK(dup2(fd, 0) == 0 && close(fd) == 0, "dup2 onto 0 again");
+    clearerr(stdin);
+    char line[32];
+    CHECK(fgets(line, sizeof line, stdin) && !strcmp(line, "alpha\n") && fgets(line, sizeof line, stdin) &&
+              !strcmp(line, "beta\n") && !fgets(line, sizeof line, stdin),
+          "stdio reading the file: %s", line);
+    dup2(saved_in, 0);
+    clearerr(stdin);
+
+    CHECK(freopen(at("log"), "w", stderr) == stderr && fileno(stderr) == 2, "freopen of stderr onto a file");
+    fprintf(stderr, "to the log\n");
+    fflush(stderr); /* (a freopen'd stream is buffered as a file's) */
+    dup2(saved_err, 2);
+    CHECK(!strcmp(contents(at("log")), "to the log\n"), "a freopen'd stderr: %s", contents(at("log")));
+
+    close(1);
+    fd = open(at("low"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd == 1, "open takes the lowest free number: %d", fd);
+    printf("low\n");
+    fflush(stdout);
+    dup2(saved_out, 1);
+    CHECK(!strcmp(contents(at("low")), "low\n"), "an open that got 1: %s", contents(at("low")));
+    close(saved_out);
+    close(saved_err);
+    close(saved_in);
+    CHECK(unlink(at("out")) == 0 && unlink(at("in")) == 0 && unlink(at("low")) == 0 && unlink(at("log")) == 0, "unlink");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s DIR kernel|iopath\n", argv[0]);
@@ -742,6 +837,7 @@ int main(int argc, char **argv) {
     other_nodes();
     library_walkers();
     kernel_links();
+    standard_streams();
     signals();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

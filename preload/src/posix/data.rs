@@ -12,7 +12,7 @@ use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
 use std::sync::Arc;
 
 /// Reads into `buf` at `offset` (the description's position if `None`, moved after).
-fn read_mounted(d: &Description, buf: &mut [u8], offset: Option<off_t>) -> ssize_t {
+pub(crate) fn read_mounted(d: &Description, buf: &mut [u8], offset: Option<off_t>) -> ssize_t {
     if !d.readable() {
         return fail_size(libc::EBADF);
     }
@@ -41,7 +41,7 @@ fn read_mounted(d: &Description, buf: &mut [u8], offset: Option<off_t>) -> ssize
 }
 
 /// Writes `data` at `offset` (the position if `None`, moved after; the end with O_APPEND).
-fn write_mounted(d: &Description, data: &[u8], offset: Option<off_t>) -> ssize_t {
+pub(crate) fn write_mounted(d: &Description, data: &[u8], offset: Option<off_t>) -> ssize_t {
     if !d.writable() {
         return fail_size(libc::EBADF);
     }

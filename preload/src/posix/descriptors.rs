@@ -6,8 +6,9 @@
 use super::{fail, locks, mounting};
 use crate::mount::{self, Description};
 use crate::route::{after_fcntl, created};
-use crate::{FORKED, ROUTING, fds, real};
+use crate::{FORKED, ROUTING, bridge, fds, real};
 use libc::{c_int, c_uint, c_ulong};
+use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -42,7 +43,29 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         fds::forget(fd);
     }
     // SAFETY: passed on.
-    unsafe { real::close(fd) }
+    let r = unsafe { real::close(fd) };
+    if r == 0 {
+        let _errno = KeepErrno::new();
+        bridge::closed(fd);
+    }
+    r
+}
+
+/// Keeps the calling thread's errno as it was when made, until dropped
+/// (this library's work after a call must not change what the call left).
+struct KeepErrno(c_int);
+
+impl KeepErrno {
+    fn new() -> KeepErrno {
+        // SAFETY: the calling thread's errno.
+        KeepErrno(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl Drop for KeepErrno {
+    fn drop(&mut self) {
+        crate::set_errno(self.0);
+    }
 }
 
 /// `close_range`: forgets the mounted and routed descriptors it closes.
@@ -71,14 +94,25 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         }
     }
     // SAFETY: passed on.
-    unsafe { real::close_range(first, last, flags) }
+    let r = unsafe { real::close_range(first, last, flags) };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        let _errno = KeepErrno::new();
+        bridge::closed_range(first.min(c_int::MAX as c_uint) as c_int, last.min(c_int::MAX as c_uint) as c_int);
+    }
+    r
 }
 
-/// After the kernel made `new` a duplicate of mounted `old`: `new` shares its description.
-fn duplicated(new: c_int, description: Option<Arc<Description>>) -> c_int {
+/// After the kernel made `new` a duplicate of mounted `old`: `new` shares
+/// its description, or, on a standard stream (0, 1, 2: the C library's stdio
+/// calls the kernel on those), becomes a pipe a bridge keeps (`bridge.rs`).
+fn duplicated(new: c_int, description: Option<Arc<Description>>, cloexec: bool) -> c_int {
     if new >= 0
         && let Some(d) = description
     {
+        if bridge::wanted(&d, new) && !FORKED.load(Ordering::Relaxed) {
+            let _inside = crate::Inside::enter();
+            return bridge::onto(&d, new, cloexec);
+        }
         mount::install(new, d);
     }
     new
@@ -94,10 +128,14 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: passed on.
     let new = unsafe { real::dup(fd) };
     mount::kernel_dir_duplicated(fd, new);
-    if description.is_some() { duplicated(new, description) } else { created(new) }
+    if description.is_some() {
+        return duplicated(new, description, false);
+    }
+    bridge::duplicated(fd, new);
+    created(new)
 }
 
-fn dup_to(fd: c_int, to: c_int, call: impl FnOnce() -> c_int) -> c_int {
+fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     let r = call();
     if r >= 0 && fd != to {
@@ -106,9 +144,14 @@ fn dup_to(fd: c_int, to: c_int, call: impl FnOnce() -> c_int) -> c_int {
         }
         mount::kernel_dir_closed(to);
         mount::kernel_dir_duplicated(fd, r);
-        if description.is_some() {
-            return duplicated(r, description);
+        {
+            let _errno = KeepErrno::new();
+            bridge::closed(to); // (if `to` was on a bridge)
         }
+        if description.is_some() {
+            return duplicated(r, description, cloexec);
+        }
+        bridge::duplicated(fd, to);
         created(r);
     }
     r
@@ -125,7 +168,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
         return -1;
     }
     // SAFETY: passed on.
-    dup_to(fd, to, || unsafe { real::dup2(fd, to) })
+    dup_to(fd, to, false, || unsafe { real::dup2(fd, to) })
 }
 
 /// `dup3`: as `dup2`, with O_CLOEXEC.
@@ -139,7 +182,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
         return -1;
     }
     // SAFETY: passed on.
-    dup_to(fd, to, || unsafe { real::dup3(fd, to, flags) })
+    dup_to(fd, to, flags & libc::O_CLOEXEC != 0, || unsafe { real::dup3(fd, to, flags) })
 }
 
 /// fcntl's write-lifetime hint commands (linux/fcntl.h; not in the libc crate).
@@ -194,13 +237,14 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
         }
         let r = call();
         return match cmd {
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(r, description),
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(r, description, cmd == libc::F_DUPFD_CLOEXEC),
             _ => r,
         };
     }
     let r = after_fcntl(fd, cmd, call());
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
         mount::kernel_dir_duplicated(fd, r);
+        bridge::duplicated(fd, r);
     }
     r
 }
@@ -296,7 +340,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    crate::at_exit();
+    crate::at_exit(false);
     // SAFETY: passed on.
     unsafe { real::_exit(status) }
 }
@@ -308,7 +352,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 #[unsafe(no_mangle)]
 #[allow(non_snake_case)]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    crate::at_exit();
+    crate::at_exit(false);
     // SAFETY: _Exit is _exit (C99's name for it).
     unsafe { real::_exit(status) }
 }
@@ -351,8 +395,8 @@ unsafe fn spawn(
     envp: *const *mut libc::c_char,
 ) -> c_int {
     crate::release_mounts_before_fork();
-    let mut keep = Vec::new();
-    let env = with_cwd(envp.cast(), &mut keep);
+    let entries = passed_entries(&bridge::HandOver::default());
+    let env = with_entries(envp.cast(), &entries);
     // SAFETY: passed on, with an environment array that outlives the call.
     unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) }
 }
@@ -391,63 +435,78 @@ pub unsafe extern "C" fn posix_spawnp(
     unsafe { spawn(real::posix_spawnp, pid, file, actions, attr, argv, envp) }
 }
 
-/// Before an exec: commit every mount (the process image that holds it is
-/// about to go, and exec runs no exit handlers), give back those nothing
-/// holds open, and tell the new program where in a mount its working
-/// directory is (`IOPATH_CWD`: the kernel's is the mount's own directory).
-/// If the exec fails, the next call mounts again.
-fn before_exec() {
+/// Before an exec: hand the standard streams on mounted files on (they
+/// become pipes the next program's interposer keeps: `bridge.rs`), commit
+/// every mount (the process image that holds it is about to go, and exec
+/// runs no exit handlers), give back those nothing holds open, and tell the
+/// new program where in a mount its working directory is (`IOPATH_CWD`:
+/// the kernel's is the mount's own directory). If the exec fails,
+/// [`after_failed_exec`] puts the streams back, and the next call mounts
+/// again.
+fn before_exec() -> bridge::HandOver {
+    let handed = bridge::hand_over();
     crate::commit_mounts_now();
     crate::release_mounts_before_fork();
+    handed
 }
 
-/// The `IOPATH_CWD=...` entry a new program gets, if the working directory is in a mount.
-fn cwd_entry() -> Option<std::ffi::CString> {
-    let dir = if super::mounting() { crate::mount::virtual_cwd()? } else { return None };
-    let mut entry = b"IOPATH_CWD=".to_vec();
-    entry.extend_from_slice(&dir);
-    std::ffi::CString::new(entry).ok()
+/// The exec failed (errno kept): this program goes on as before it.
+fn after_failed_exec(handed: bridge::HandOver) {
+    let errno = super::last_errno();
+    handed.undo();
+    crate::set_errno(errno);
 }
 
-/// `envp` without any `IOPATH_CWD`, plus this process's if it has one.
-fn with_cwd(envp: *const *const libc::c_char, keep: &mut Vec<std::ffi::CString>) -> Vec<*const libc::c_char> {
+/// The environment entries this library passes to an executed program.
+const PASSED: [&[u8]; 2] = [b"IOPATH_CWD=", b"IOPATH_STDIO="];
+
+/// The entries a new program gets: the working directory if it is in a
+/// mount, the standard streams handed on.
+fn passed_entries(handed: &bridge::HandOver) -> Vec<CString> {
+    let cwd = if super::mounting() { crate::mount::virtual_cwd() } else { None };
+    let cwd = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], &dir].concat()).ok());
+    cwd.into_iter().chain(handed.entry()).collect()
+}
+
+/// `envp` without this library's entries, plus `entries`.
+fn with_entries(envp: *const *const libc::c_char, entries: &[CString]) -> Vec<*const libc::c_char> {
     let mut out = Vec::new();
     let mut at = envp;
     // SAFETY: envp is a NULL-terminated array of NUL-terminated strings (the C contract).
     unsafe {
         while !at.is_null() && !(*at).is_null() {
-            if !std::ffi::CStr::from_ptr(*at).to_bytes().starts_with(b"IOPATH_CWD=") {
+            let entry = std::ffi::CStr::from_ptr(*at).to_bytes();
+            if !PASSED.iter().any(|p| entry.starts_with(p)) {
                 out.push(*at);
             }
             at = at.add(1);
         }
     }
-    if let Some(entry) = cwd_entry() {
-        keep.push(entry);
-        out.push(keep.last().expect("just pushed").as_ptr());
-    }
+    out.extend(entries.iter().map(|e| e.as_ptr()));
     out.push(std::ptr::null());
     out
 }
 
-/// Sets or clears `IOPATH_CWD` in this process's environment (for the exec
-/// forms that pass it on implicitly).
-fn export_cwd() {
-    match cwd_entry() {
-        // SAFETY: setenv/unsetenv with NUL-terminated strings; the process is about to exec.
-        Some(entry) => unsafe {
-            let value = &entry.as_bytes()[b"IOPATH_CWD=".len()..];
-            let value = std::ffi::CString::new(value).expect("no NUL");
-            libc::setenv(c"IOPATH_CWD".as_ptr(), value.as_ptr(), 1);
-        },
-        // SAFETY: as above.
-        None => unsafe {
-            libc::unsetenv(c"IOPATH_CWD".as_ptr());
-        },
+/// Sets this library's entries in this process's environment, as
+/// `entries` has them (for the exec forms that pass it on implicitly).
+fn export(entries: &[CString]) {
+    for name in PASSED {
+        let value = entries.iter().find_map(|e| e.as_bytes().strip_prefix(name));
+        let name = CString::new(&name[..name.len() - 1]).expect("no NUL");
+        match value.map(CString::new) {
+            // SAFETY: setenv/unsetenv with NUL-terminated strings; the process is about to exec.
+            Some(Ok(value)) => unsafe {
+                libc::setenv(name.as_ptr(), value.as_ptr(), 1);
+            },
+            // SAFETY: as above.
+            _ => unsafe {
+                libc::unsetenv(name.as_ptr());
+            },
+        }
     }
 }
 
-/// `execve`: commits the mounts first, and passes the working directory on.
+/// `execve`: hands the mounts and standard streams on first (`before_exec`).
 ///
 /// # Safety
 /// As the C function.
@@ -457,38 +516,46 @@ pub unsafe extern "C" fn execve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    let mut keep = Vec::new();
-    let env = with_cwd(envp, &mut keep);
+    let handed = before_exec();
+    let entries = passed_entries(&handed);
+    let env = with_entries(envp, &entries);
     // SAFETY: passed on, with an environment array that outlives the call.
-    unsafe { real::execve(super::kernel(libc::AT_FDCWD, path).ptr(), argv, env.as_ptr()) }
+    let failed = unsafe { real::execve(super::kernel(libc::AT_FDCWD, path).ptr(), argv, env.as_ptr()) };
+    after_failed_exec(handed);
+    failed
 }
 
-/// `execv`: commits the mounts first, and passes the working directory on.
+/// `execv`: hands the mounts and standard streams on first (`before_exec`).
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    before_exec();
-    export_cwd();
+    let handed = before_exec();
+    export(&passed_entries(&handed));
     // SAFETY: passed on.
-    unsafe { real::execv(super::kernel(libc::AT_FDCWD, path).ptr(), argv) }
+    let failed = unsafe { real::execv(super::kernel(libc::AT_FDCWD, path).ptr(), argv) };
+    after_failed_exec(handed);
+    export(&passed_entries(&bridge::HandOver::default()));
+    failed
 }
 
-/// `execvp`: commits the mounts first, and passes the working directory on.
+/// `execvp`: hands the mounts and standard streams on first (`before_exec`).
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    before_exec();
-    export_cwd();
+    let handed = before_exec();
+    export(&passed_entries(&handed));
     // SAFETY: passed on.
-    unsafe { real::execvp(file, argv) }
+    let failed = unsafe { real::execvp(file, argv) };
+    after_failed_exec(handed);
+    export(&passed_entries(&bridge::HandOver::default()));
+    failed
 }
 
-/// `execvpe`: commits the mounts first, and passes the working directory on.
+/// `execvpe`: hands the mounts and standard streams on first (`before_exec`).
 ///
 /// # Safety
 /// As the C function.
@@ -498,9 +565,11 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    let mut keep = Vec::new();
-    let env = with_cwd(envp, &mut keep);
+    let handed = before_exec();
+    let entries = passed_entries(&handed);
+    let env = with_entries(envp, &entries);
     // SAFETY: passed on, with an environment array that outlives the call.
-    unsafe { real::execvpe(file, argv, env.as_ptr()) }
+    let failed = unsafe { real::execvpe(file, argv, env.as_ptr()) };
+    after_failed_exec(handed);
+    failed
 }

@@ -13,7 +13,9 @@
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl, and
 //!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
 //!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the
-//!   exec family (which commits the mounts first: exec runs no exit handlers)
+//!   exec family (which commits the mounts first: exec runs no exit handlers, and hands the
+//!   standard streams on mounted files to the next program: `bridge.rs`); a mounted file put
+//!   on descriptor 0, 1 or 2 becomes a bridge's pipe
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, copy_file_range,
 //!   sendfile, fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate,
 //!   fadvise, readahead, mmap
@@ -21,7 +23,8 @@
 //! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
 //! - `locks.rs`: fcntl record locks and flock on mounted files
-//! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`)
+//! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`), freopen
+//!   of a standard stream onto one (a bridge)
 //!
 //! Symbolic links are followed here, before a call is served (`on_path`;
 //! `on_path_nofollow` for the calls that act on a last link itself): a

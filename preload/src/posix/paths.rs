@@ -127,14 +127,18 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
         Ok(fd) => fd,
         Err(e) => return fail(e),
     };
-    let description = Description {
+    let description = Arc::new(Description {
         mount: inside.mount,
         path: inside.path,
         node,
         flags: AtomicI32::new(flags & KEPT),
         position: Mutex::new(0),
-    };
-    mount::install(fd, Arc::new(description));
+    });
+    if crate::bridge::wanted(&description, fd) {
+        // A standard stream (the program had closed it): a pipe a bridge keeps.
+        return crate::bridge::onto(&description, fd, flags & libc::O_CLOEXEC != 0);
+    }
+    mount::install(fd, description);
     fd
 }
 
@@ -142,7 +146,7 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
 /// and `O_CREAT | O_EXCL` act on a last symbolic link itself (ELOOP and
 /// EEXIST); otherwise the link is followed (and `O_CREAT` makes a missing
 /// target, as the kernel does).
-fn open_on_path(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> Option<c_int> {
+pub(crate) fn open_on_path(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> Option<c_int> {
     let serve = |inside| open_inside(inside, flags, mode);
     let exclusive = flags & (libc::O_CREAT | libc::O_EXCL) == libc::O_CREAT | libc::O_EXCL;
     let served = if flags & libc::O_NOFOLLOW != 0 || exclusive {

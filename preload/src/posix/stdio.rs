@@ -4,8 +4,10 @@
 //! would meet only the reserved `O_PATH` descriptor. `fileno` of such a
 //! stream gives its mounted descriptor, so `fsync(fileno(f))` works.
 //! Everything else about the stream (buffering, `fgets`, `fprintf`,
-//! `fflush`, `fclose`) is glibc's own. `freopen` onto a mounted file is
-//! refused (EOPNOTSUPP, logged): the stream it keeps is glibc's own.
+//! `fflush`, `fclose`) is glibc's own. `freopen` of a standard stream onto
+//! a mounted file puts the file on its descriptor through a bridge
+//! (`bridge.rs`); of any other stream it is refused (EOPNOTSUPP, logged):
+//! the stream it keeps is glibc's own.
 
 use super::{on_fd, on_path};
 use crate::real;
@@ -199,11 +201,13 @@ pub unsafe extern "C" fn fileno_unlocked(file: *mut libc::FILE) -> c_int {
 macro_rules! hook_freopen {
     ($($name:ident),*) => {$(
         /// `freopen`: the C library's, unless the new file is in a mount or
-        /// the stream is one of ours. A stream keeps its `FILE`, whose I/O
-        /// the C library does through the kernel directly, so it cannot be
-        /// turned into a mounted file's: refused with EOPNOTSUPP and a log
-        /// line (`fopen` gives a stream on a mounted file), the stream
-        /// closed, as a failed `freopen` leaves it.
+        /// the stream is one of ours. A standard stream (on descriptor 0, 1
+        /// or 2: `freopen(log, "a", stderr)`, as servers do) gets the mounted
+        /// file through a bridge (`bridge.rs`), the stream kept. Any other
+        /// stream keeps its `FILE`, whose I/O the C library does through the
+        /// kernel directly, so it cannot be turned into a mounted file's:
+        /// refused with EOPNOTSUPP and a log line (`fopen` gives a stream on
+        /// a mounted file), the stream closed, as a failed `freopen` leaves it.
         ///
         /// # Safety
         /// As the C function.
@@ -220,12 +224,60 @@ macro_rules! hook_freopen {
                     return refused("a stream on a mounted file");
                 }
             } else if on_path(libc::AT_FDCWD, path, |_| (), |_| ()).is_some() {
+                // SAFETY: the caller's open stream.
+                let fd = unsafe { real::fileno(file) };
+                if ours(file).is_none() && (0..=2).contains(&fd) {
+                    // SAFETY: the caller's stream, its path and mode (the C contract).
+                    return unsafe { onto_standard_stream(path, mode, file, fd) };
+                }
                 return refused("a stream onto a mounted file");
             }
             // SAFETY: passed on.
             unsafe { real::$name(if path.is_null() { path } else { super::kernel(libc::AT_FDCWD, path).ptr() }, mode, file) }
         }
     )*};
+}
+
+/// `freopen(path, mode, stream)` of standard stream `file` (on `fd`, 0-2)
+/// onto mounted `path`: the stream is flushed, the file opened and put on
+/// `fd` by `dup2` (a bridge), and the stream's buffer and flags reset.
+///
+/// # Safety
+/// `file` is an open stream on `fd`; `path` and `mode` are C strings.
+unsafe fn onto_standard_stream(
+    path: *const c_char,
+    mode: *const c_char,
+    file: *mut libc::FILE,
+    fd: c_int,
+) -> *mut libc::FILE {
+    unsafe extern "C" {
+        fn __fpurge(stream: *mut libc::FILE);
+    }
+    let Some(flags) = super::path_bytes(mode).and_then(flags_of) else { return null_with(libc::EINVAL) };
+    // SAFETY: the caller's stream.
+    unsafe { libc::fflush(file) };
+    let opened = super::paths::open_on_path(libc::AT_FDCWD, path, flags | libc::O_CLOEXEC, 0o666);
+    let Some(new) = opened.filter(|&new| new >= 0) else {
+        let errno = super::last_errno();
+        // SAFETY: a failed freopen closes the stream.
+        unsafe { libc::fclose(file) };
+        return null_with(errno);
+    };
+    // SAFETY: this library's own dup2 and close (the bridge goes on `fd`); the stream's buffer is dropped.
+    unsafe {
+        let placed = if new == fd { new } else { super::descriptors::dup2(new, fd) };
+        let errno = super::last_errno();
+        if new != fd {
+            super::descriptors::close(new);
+        }
+        if placed != fd {
+            libc::fclose(file);
+            return null_with(errno);
+        }
+        __fpurge(file);
+        libc::clearerr(file);
+    }
+    file
 }
 hook_freopen!(freopen, freopen64);
 

@@ -1,0 +1,660 @@
+//! Standard streams on mounted files: `prog > /mnt/i/out`, `echo x >>
+//! /mnt/i/log 2>&1`, `prog < /mnt/i/in`, `sort -o /mnt/i/sorted`.
+//!
+//! Programs read and write descriptors 0, 1 and 2 through the C library's
+//! stdio, which calls the kernel directly, and a mounted file is not the
+//! kernel's; a shell opens a redirection's file and then executes a program
+//! that knows nothing of it. So a mounted file never sits on 0, 1 or 2
+//! itself: when a program puts one there (`dup2`, as a shell does for a
+//! redirection), the descriptor becomes one end of a pipe, and a thread of
+//! this library (a *bridge*) keeps the other: for a file opened for writing
+//! it writes what arrives at the open file's position (at its end with
+//! `O_APPEND`), for one opened for reading it feeds the file's bytes from
+//! the position on and closes its end at the end of the file. Duplicates
+//! (`2>&1`) share the pipe. When the program closes or replaces the last of
+//! its descriptors on a bridge, the bridge writes what the pipe still holds
+//! and ends, before the call returns (a shell's next command finds the
+//! file complete); at exit the same, after stdio is flushed.
+//!
+//! Across `exec` a bridge is handed on: the executing program stops it and
+//! passes the pipe's end, the file and the position in `IOPATH_STDIO`, and
+//! the new program's interposer starts it again (mounting the file system
+//! first). Processes the program forks write into the same pipe while it
+//! runs. An `open` in a mount that gets number 0, 1 or 2 (the program had
+//! closed it) makes a bridge too.
+//!
+//! What this gives up, against the kernel's file: the program sees a pipe
+//! (`fstat` says FIFO, `lseek` fails with ESPIPE); a reader's position runs
+//! ahead of what it consumed by what the pipe holds; a process that outlives
+//! the program and still writes to the pipe writes to nothing (EPIPE).
+
+use crate::mount::{self, Description, Node};
+use crate::posix::data::{read_mounted, write_mounted};
+use crate::{Inside, real};
+use libc::c_int;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The environment variable that hands bridges to the next program.
+const VARIABLE: &str = "IOPATH_STDIO";
+
+/// Lowest descriptor number a bridge's own end of its pipe takes (out of
+/// the way of the numbers programs expect to be theirs).
+const END_FLOOR: c_int = 400;
+
+/// Bytes a pipe holds (asked for; the kernel may give less): fewer wake-ups
+/// of the bridge for a program that writes much.
+const PIPE_BYTES: c_int = 1 << 20;
+
+/// One bridge, as handed from one program to the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Spec {
+    /// The program's descriptors on the pipe (one or more of 0, 1 and 2).
+    fds: Vec<c_int>,
+    /// The program writes the file (else it reads it).
+    writes_file: bool,
+    /// The bridge's end of the pipe.
+    end: c_int,
+    /// Index of the mount in `IOPATH_MOUNT`.
+    mount: usize,
+    /// The file's inode number (checked when it is opened again by path).
+    ino: u64,
+    /// The open file's status flags.
+    flags: c_int,
+    /// The open file's position.
+    position: u64,
+    /// The file's path from the mount's root.
+    path: Vec<u8>,
+}
+
+impl Spec {
+    /// `fds|w|end|mount|ino|flags|position|hexpath`.
+    fn encode(&self) -> String {
+        let fds: Vec<String> = self.fds.iter().map(c_int::to_string).collect();
+        let path: String = self.path.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = if self.writes_file { 'w' } else { 'r' };
+        format!(
+            "{}|{dir}|{}|{}|{}|{}|{}|{path}",
+            fds.join(","),
+            self.end,
+            self.mount,
+            self.ino,
+            self.flags,
+            self.position
+        )
+    }
+
+    fn decode(text: &str) -> Option<Spec> {
+        let parts: Vec<&str> = text.split('|').collect();
+        let [fds, dir, end, mount, ino, flags, position, path] = parts[..] else { return None };
+        let fds = fds.split(',').map(|f| f.parse().ok().filter(|f| (0..=2).contains(f))).collect::<Option<Vec<_>>>()?;
+        let hex = path.as_bytes();
+        if hex.len() % 2 != 0 || fds.is_empty() {
+            return None;
+        }
+        let path = hex
+            .chunks(2)
+            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(Spec {
+            fds,
+            writes_file: match dir {
+                "w" => true,
+                "r" => false,
+                _ => return None,
+            },
+            end: end.parse().ok()?,
+            mount: mount.parse().ok()?,
+            ino: ino.parse().ok()?,
+            flags: flags.parse().ok()?,
+            position: position.parse().ok()?,
+            path,
+        })
+    }
+
+    fn shown(&self) -> String {
+        let mount = mount::mounts().get(self.mount).map_or(&b""[..], |m| &m.dir[..]);
+        describe(&self.fds, self.writes_file, mount, &self.path)
+    }
+}
+
+/// "descriptor 1,2 into /mnt/i/log": a bridge, for messages.
+fn describe(fds: &[c_int], writes_file: bool, mount: &[u8], path: &[u8]) -> String {
+    let fds: Vec<String> = fds.iter().map(c_int::to_string).collect();
+    format!(
+        "descriptor {} {} {}{}",
+        fds.join(","),
+        if writes_file { "into" } else { "from" },
+        String::from_utf8_lossy(mount),
+        String::from_utf8_lossy(path)
+    )
+}
+
+/// Where a bridge's open file comes from.
+enum Source {
+    /// Handed over by the program that executed this one: opened again.
+    Handed(Spec),
+    /// This program's own open file, shared (one position).
+    Here(Arc<Description>),
+}
+
+/// A bridge whose thread runs.
+struct Running {
+    /// The program's descriptors on the pipe.
+    fds: Vec<c_int>,
+    /// An eventfd that tells the thread to stop.
+    stop: c_int,
+    thread: std::thread::JoinHandle<Option<Spec>>,
+}
+
+static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
+/// How many bridges run: a call on any descriptor costs one load while none does.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn running() -> std::sync::MutexGuard<'static, Vec<Running>> {
+    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every running bridge's descriptors (its pipe end and its eventfd): a
+/// forked child closes them (the thread is not there, and a child holding a
+/// feeding end would keep its reader from ever seeing the end of the file).
+static OWN_FDS: [AtomicI32; 16] = [const { AtomicI32::new(-1) }; 16];
+
+fn note_own(fd: c_int) {
+    let _ = OWN_FDS.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok());
+}
+
+fn forget_own(fd: c_int) {
+    for slot in &OWN_FDS {
+        let _ = slot.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// In a child just forked: closes the bridges' own descriptors (their
+/// threads stay with the parent; the child's writes reach them through the pipe).
+pub fn in_child_after_fork() {
+    for slot in &OWN_FDS {
+        let fd = slot.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            // SAFETY: a descriptor this library opened; the child has no thread using it.
+            unsafe { real::close(fd) };
+        }
+    }
+    // The parent's threads are not here: nothing to stop or join.
+    if let Ok(mut running) = RUNNING.try_lock() {
+        std::mem::forget(std::mem::take(&mut *running));
+    }
+    COUNT.store(0, Ordering::Release);
+}
+
+/// Takes the bridges a parent handed over (`IOPATH_STDIO`) and starts them;
+/// the variable is removed, so this program's children do not take them too.
+pub fn adopt() {
+    let Some(value) = std::env::var_os(VARIABLE) else { return };
+    // SAFETY: at load, before the program's main: no other thread reads the environment.
+    unsafe { libc::unsetenv(c"IOPATH_STDIO".as_ptr()) };
+    for text in value.to_string_lossy().split(';').filter(|t| !t.is_empty()) {
+        match Spec::decode(text) {
+            Some(spec) => {
+                crate::log(&format!("bridging {} (handed over at exec)", spec.shown()));
+                let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
+                launch(fds, end, writes_file, Source::Handed(spec));
+            }
+            None => crate::say(&format!("{VARIABLE}: cannot read \"{text}\"; standard streams on mounted files lost")),
+        }
+    }
+}
+
+/// Whether mounted descriptor `d` put on descriptor `to` becomes a bridge:
+/// a file, on 0, 1 or 2.
+pub fn wanted(d: &Description, to: c_int) -> bool {
+    (0..=2).contains(&to) && matches!(d.node, Node::File(_))
+}
+
+/// `dup2(fd, to)` of mounted `d` onto a standard stream: `to` becomes a
+/// pipe that a bridge keeps, sharing `d` (its position). `to` or -1 with errno.
+pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
+    let writes_file = d.writable() && !(to == 0 && d.readable());
+    let (theirs, end) = match pipe(writes_file) {
+        Ok(pair) => pair,
+        Err(errno) => return crate::posix::fail(errno),
+    };
+    // SAFETY: dup3 of our pipe end onto the program's `to` (replaced on purpose), then ours closed.
+    let placed = unsafe {
+        let placed = real::dup3(theirs, to, if cloexec { libc::O_CLOEXEC } else { 0 });
+        let errno = crate::posix::last_errno();
+        real::close(theirs);
+        if placed < 0 {
+            real::close(end);
+            return crate::posix::fail(errno);
+        }
+        placed
+    };
+    closed(to); // (a bridge `to` was on lost it)
+    crate::log(&format!(
+        "bridging {} (a pipe: the C library's stdio calls the kernel)",
+        describe(&[to], writes_file, &d.mount.dir, &d.path)
+    ));
+    launch(vec![to], end, writes_file, Source::Here(Arc::clone(d)));
+    placed
+}
+
+/// A new pipe: the program's end and this library's (at [`END_FLOOR`] or
+/// above), both close-on-exec; or errno.
+fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
+    let mut pipe = [-1; 2];
+    // SAFETY: pipe2 fills two descriptors.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(crate::posix::last_errno());
+    }
+    let (theirs, ours) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
+    // SAFETY: fcntl on the pipe's descriptors, ours closed once moved up.
+    unsafe {
+        real::fcntl(ours, libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_ulong);
+        let end = real::fcntl(ours, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong);
+        let errno = crate::posix::last_errno();
+        real::close(ours);
+        if end < 0 {
+            real::close(theirs);
+            return Err(errno);
+        }
+        Ok((theirs, end))
+    }
+}
+
+/// Starts a bridge's thread on `end` (made close-on-exec).
+fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
+    // SAFETY: F_SETFD on a descriptor of this library's.
+    unsafe { real::fcntl(end, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
+    // SAFETY: eventfd has no preconditions; the copy up and the close are of our own descriptor.
+    let stop = unsafe {
+        let low = libc::eventfd(0, libc::EFD_CLOEXEC);
+        let stop = if low < 0 { low } else { real::fcntl(low, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong) };
+        if low >= 0 {
+            real::close(low);
+        }
+        stop
+    };
+    if stop < 0 {
+        crate::say(&format!(
+            "cannot keep a standard stream on a mounted file: eventfd: {}",
+            std::io::Error::last_os_error()
+        ));
+        // SAFETY: our end; closing it tells the program (EPIPE, or the end of its input).
+        unsafe { real::close(end) };
+        return;
+    }
+    let named = std::thread::Builder::new().name("iopath-stdio".into());
+    let bridge_fds = fds.clone();
+    match iopath::sys::spawn_without_signals(named, move || run(source, bridge_fds, end, writes_file, stop)) {
+        Ok(thread) => {
+            note_own(end);
+            note_own(stop);
+            let mut running = running();
+            running.push(Running { fds, stop, thread });
+            COUNT.store(running.len(), Ordering::Release);
+        }
+        Err(e) => {
+            crate::say(&format!("cannot start a thread for a standard stream on a mounted file: {e}"));
+            // SAFETY: descriptors of ours, used by nothing else.
+            unsafe {
+                real::close(end);
+                real::close(stop);
+            }
+        }
+    }
+}
+
+/// Stops a bridge and waits for it: it writes what its pipe holds into its
+/// file and gives back where it stands (`None` if it had ended: its file
+/// fed to the end, every writer gone, or failed and said why). Its end of
+/// the pipe stays open (an exec hands it on).
+fn stop(bridge: Running) -> Option<Spec> {
+    let one: u64 = 1;
+    // SAFETY: an eventfd of ours; writes 8 bytes from a local.
+    unsafe { real::write(bridge.stop, (&raw const one).cast(), 8) };
+    let spec = bridge.thread.join().ok().flatten();
+    forget_own(bridge.stop);
+    // SAFETY: the eventfd is ours and its thread is gone.
+    unsafe { real::close(bridge.stop) };
+    spec.map(|spec| Spec { fds: bridge.fds, ..spec })
+}
+
+fn close_end(spec: &Spec) {
+    forget_own(spec.end);
+    // SAFETY: the bridge's end; its thread is gone.
+    unsafe { real::close(spec.end) };
+}
+
+/// Stops every bridge (see [`stop`]).
+fn stop_all() -> Vec<Spec> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
+    let all = std::mem::take(&mut *running());
+    COUNT.store(0, Ordering::Release);
+    all.into_iter().filter_map(stop).collect()
+}
+
+/// The program closed descriptor `fd` (or the kernel replaced it): if it
+/// was the last of a bridge's, the bridge writes what is left and ends now.
+pub fn closed(fd: c_int) {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let ended = {
+        let mut running = running();
+        let Some(at) = running.iter().position(|b| b.fds.contains(&fd)) else { return };
+        running[at].fds.retain(|&f| f != fd);
+        if !running[at].fds.is_empty() {
+            return;
+        }
+        let ended = running.swap_remove(at);
+        COUNT.store(running.len(), Ordering::Release);
+        ended
+    };
+    if let Some(spec) = stop(ended) {
+        close_end(&spec);
+    }
+}
+
+/// The program closed descriptors `first..=last`: as [`closed`] for each.
+pub fn closed_range(first: c_int, last: c_int) {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut on_bridges: Vec<c_int> = running().iter().flat_map(|b| b.fds.clone()).collect();
+    on_bridges.retain(|fd| (first..=last).contains(fd));
+    for fd in on_bridges {
+        closed(fd);
+    }
+}
+
+/// The kernel made `to` a duplicate of `from`: if `from` is a bridge's, so is `to`.
+pub fn duplicated(from: c_int, to: c_int) {
+    if COUNT.load(Ordering::Acquire) == 0 || to < 0 || from == to {
+        return;
+    }
+    let mut running = running();
+    if let Some(bridge) = running.iter_mut().find(|b| b.fds.contains(&from))
+        && !bridge.fds.contains(&to)
+    {
+        bridge.fds.push(to);
+    }
+}
+
+/// At exit: what the program wrote is written into the files (its stdio
+/// buffers flushed first, when `flush_stdio`: `exit` flushes them only
+/// after this library's exit handler has run), and the bridges end.
+pub fn finish(flush_stdio: bool) {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    if flush_stdio {
+        // SAFETY: fflush(NULL) flushes every output stream; the program is exiting.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+    }
+    for spec in stop_all() {
+        close_end(&spec);
+    }
+}
+
+/// What an exec hands on: this program's bridges, stopped (to put in the
+/// new program's environment, or to start again if the exec fails).
+#[derive(Default)]
+pub struct HandOver(Vec<Spec>);
+
+impl HandOver {
+    /// The `IOPATH_STDIO=...` entry, if there is anything to hand on.
+    pub fn entry(&self) -> Option<CString> {
+        let specs: Vec<String> = self.0.iter().map(Spec::encode).collect();
+        if specs.is_empty() {
+            return None;
+        }
+        CString::new(format!("{VARIABLE}={}", specs.join(";"))).ok()
+    }
+
+    /// The exec failed and this program goes on: its bridges run again
+    /// (their files opened again by path).
+    pub fn undo(self) {
+        for spec in self.0 {
+            // SAFETY: F_SETFD on the bridge's end, which no exec took after all.
+            unsafe { real::fcntl(spec.end, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
+            let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
+            launch(fds, end, writes_file, Source::Handed(spec));
+        }
+    }
+}
+
+/// Before an exec: stops this program's bridges (their files get what the
+/// pipes held) and leaves their ends open across the exec, for the next
+/// program to keep. (A forked child of a holder has none: its parent's
+/// bridges are its parent's, and it writes into their pipes.)
+pub fn hand_over() -> HandOver {
+    let mut handed = Vec::new();
+    for mut spec in stop_all() {
+        // Only the descriptors the exec keeps are the next program's.
+        // SAFETY: F_GETFD on the program's descriptors.
+        spec.fds.retain(|&fd| unsafe { real::fcntl(fd, libc::F_GETFD, 0) } == 0);
+        if spec.fds.is_empty() {
+            close_end(&spec);
+        } else {
+            // SAFETY: F_SETFD on a bridge's end: the next program takes it.
+            unsafe { real::fcntl(spec.end, libc::F_SETFD, 0) };
+            handed.push(spec);
+        }
+    }
+    HandOver(handed)
+}
+
+/// The spec of a bridge on `d` (`None` if its file has no name any more:
+/// the next program could not open it).
+fn spec_of(d: &Description, fds: Vec<c_int>, end: c_int, writes_file: bool, unsent: u64) -> Option<Spec> {
+    let file = d.file().ok()?;
+    Some(Spec {
+        fds,
+        writes_file,
+        end,
+        mount: mount::mounts().iter().position(|m| std::ptr::eq(m, d.mount))?,
+        ino: file.metadata().ino,
+        flags: d.flags.load(Ordering::Relaxed) & !libc::O_DIRECT,
+        position: d.position.lock().unwrap_or_else(|e| e.into_inner()).saturating_sub(unsent),
+        path: file.path()?,
+    })
+}
+
+/// How a bridge's loop ended.
+enum Ended {
+    /// Told to stop; this many bytes it had read from the file were not
+    /// yet in the pipe (a feeding bridge's position goes back by them).
+    Stopped { unsent: u64 },
+    /// For good: the file fed to its end, every writer gone, or an error (said).
+    Done,
+}
+
+/// A bridge's thread: moves bytes until it ends or is stopped; if stopped,
+/// gives back where it stands (to be handed on at an exec).
+fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, stop: c_int) -> Option<Spec> {
+    let _inside = Inside::enter();
+    let shown = || match &source {
+        Source::Handed(spec) => spec.shown(),
+        Source::Here(d) => describe(&fds, writes_file, &d.mount.dir, &d.path),
+    };
+    let d = match &source {
+        Source::Handed(spec) => open(spec).map(Arc::new),
+        Source::Here(d) => Ok(Arc::clone(d)),
+    };
+    let ended = match &d {
+        Ok(d) if writes_file => drain_into(d, end, stop, &shown),
+        Ok(d) => feed_from(d, end, stop, &shown),
+        Err(why) => {
+            crate::say(&format!("cannot keep {}: {why}", shown()));
+            Ended::Done
+        }
+    };
+    match (ended, d) {
+        (Ended::Stopped { unsent }, Ok(d)) => {
+            let spec = spec_of(&d, fds.clone(), end, writes_file, unsent);
+            if spec.is_none() {
+                crate::say(&format!("{}: the file was unlinked; the next program cannot be given it", shown()));
+            }
+            spec
+        }
+        _ => {
+            forget_own(end);
+            // SAFETY: the bridge's end: closing it tells the program (EPIPE, or the end of its input).
+            unsafe { real::close(end) };
+            None
+        }
+    }
+}
+
+/// The open file a spec names, opened again by its path (and checked to be
+/// the same file).
+fn open(spec: &Spec) -> Result<Description, String> {
+    let m = mount::mounts().get(spec.mount).ok_or("no such mount here")?;
+    let fs = m.fs().map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string())?;
+    let file = fs.open(&spec.path).map_err(|e| e.to_string())?;
+    if file.metadata().ino != spec.ino {
+        return Err("the file was renamed or replaced meanwhile".into());
+    }
+    Ok(Description {
+        mount: m,
+        path: spec.path.clone(),
+        node: Node::File(file),
+        flags: AtomicI32::new(spec.flags),
+        position: Mutex::new(spec.position),
+    })
+}
+
+fn set_nonblocking(fd: c_int) {
+    // SAFETY: fcntl on a descriptor of ours (a pipe end only this bridge holds).
+    unsafe {
+        let flags = real::fcntl(fd, libc::F_GETFL, 0);
+        real::fcntl(fd, libc::F_SETFL, (flags | libc::O_NONBLOCK) as libc::c_ulong);
+    }
+}
+
+/// Waits until `end` has `events` or `stop` is signalled; whether stopped.
+fn wait(end: c_int, events: i16, stop: c_int) -> bool {
+    let mut fds =
+        [libc::pollfd { fd: end, events, revents: 0 }, libc::pollfd { fd: stop, events: libc::POLLIN, revents: 0 }];
+    // SAFETY: two pollfds of ours; EINTR just comes back here.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    fds[1].revents & libc::POLLIN != 0
+}
+
+/// A writing program's bridge: what arrives is written into the file. If
+/// a write fails (ENOSPC, EIO), what arrives from then on is read and
+/// dropped, and said on stderr, then and when the bridge ends: closing the
+/// pipe instead would kill most writers with SIGPIPE, and a killed process
+/// loses everything it had not synced on the mount, not just this stream.
+fn drain_into(d: &Description, end: c_int, stop: c_int, shown: &dyn Fn() -> String) -> Ended {
+    set_nonblocking(end);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut lost: Option<(c_int, u64)> = None;
+    let ended = 'bridge: loop {
+        let stopping = wait(end, libc::POLLIN, stop);
+        loop {
+            // SAFETY: reads into a buffer we own.
+            let n = unsafe { real::read(end, buf.as_mut_ptr().cast(), buf.len()) };
+            if n == 0 {
+                break 'bridge Ended::Done; // every writer has closed the pipe
+            }
+            if n < 0 {
+                match crate::posix::last_errno() {
+                    libc::EAGAIN => break,
+                    libc::EINTR => continue,
+                    errno => {
+                        crate::say(&format!("{}: reading the pipe: {}", shown(), os_error(errno)));
+                        break 'bridge Ended::Done;
+                    }
+                }
+            }
+            let n = n as usize;
+            if let Some((_, bytes)) = &mut lost {
+                *bytes += n as u64;
+            } else if write_mounted(d, &buf[..n], None) < 0 {
+                let errno = crate::posix::last_errno();
+                crate::say(&format!(
+                    "{}: {}; what the program writes there from now on is lost",
+                    shown(),
+                    os_error(errno)
+                ));
+                lost = Some((errno, n as u64));
+            }
+        }
+        if stopping {
+            break Ended::Stopped { unsent: 0 };
+        }
+    };
+    if let Some((errno, bytes)) = lost {
+        crate::say(&format!("{}: {bytes} bytes the program wrote were lost ({})", shown(), os_error(errno)));
+    }
+    ended
+}
+
+/// A reading program's bridge: the file's bytes are fed into the pipe.
+fn feed_from(d: &Description, end: c_int, stop: c_int, shown: &dyn Fn() -> String) -> Ended {
+    set_nonblocking(end);
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut at, mut len) = (0usize, 0usize);
+    loop {
+        if at == len {
+            let n = read_mounted(d, &mut buf, None);
+            if n < 0 {
+                crate::say(&format!("{}: {}", shown(), os_error(crate::posix::last_errno())));
+                return Ended::Done;
+            }
+            if n == 0 {
+                return Ended::Done; // the end of the file: the reader sees it
+            }
+            (at, len) = (0, n as usize);
+        }
+        if wait(end, libc::POLLOUT, stop) {
+            return Ended::Stopped { unsent: (len - at) as u64 };
+        }
+        // SAFETY: writes from a buffer we own.
+        let n = unsafe { real::write(end, buf[at..len].as_ptr().cast(), len - at) };
+        if n > 0 {
+            at += n as usize;
+        } else if n < 0 && !matches!(crate::posix::last_errno(), libc::EAGAIN | libc::EINTR) {
+            return Ended::Done; // the reader is gone (EPIPE)
+        }
+    }
+}
+
+fn os_error(errno: c_int) -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_survives_its_encoding_whatever_bytes_its_path_holds() {
+        let spec = Spec {
+            fds: vec![1, 2],
+            writes_file: true,
+            end: 401,
+            mount: 1,
+            ino: 77,
+            flags: libc::O_WRONLY | libc::O_APPEND,
+            position: 1 << 40,
+            path: b"/d;ir|x/\xff name=1".to_vec(),
+        };
+        assert_eq!(Spec::decode(&spec.encode()), Some(spec.clone()));
+        let reader = Spec { fds: vec![0], writes_file: false, ..spec };
+        assert_eq!(Spec::decode(&reader.encode()), Some(reader));
+    }
+
+    #[test]
+    fn a_malformed_spec_is_refused() {
+        for bad in ["", "1|w|4", "3|w|400|0|1|1|0|2f", "1|x|400|0|1|1|0|2f", "1|w|400|0|1|1|0|2", "1|w|400|0|1|1|0|zz"]
+        {
+            assert_eq!(Spec::decode(bad), None, "{bad}");
+        }
+    }
+}
