@@ -54,7 +54,11 @@ fn from_pool(len: usize) -> Option<IoBuf> {
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let buf = pool.0.get_mut(class)?.pop()?;
     if class > 0 && !crate::frames::within(buf.ptr.as_ptr()) {
-        pool.1 -= len;
+        // (Saturating: in a forked child the parent's frames no longer count as
+        // frames, so a buffer pooled as one was never in this count. An overflow
+        // here panicked with the pool locked, and the unwinding drop of `buf`
+        // waited for the lock for ever.)
+        pool.1 = pool.1.saturating_sub(len);
     }
     Some(buf)
 }

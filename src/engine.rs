@@ -205,30 +205,51 @@ impl Engine {
 }
 
 /// Handles a thread keeps for the engines it uses (in thread-local storage),
-/// dropped once their engine is gone.
-pub(crate) struct ThreadHandles(Vec<(u64, Weak<()>, Handle)>);
+/// dropped once their engine is gone. Handles made before a fork are
+/// forgotten in the child, never dropped: their descriptors (a ring, the
+/// completion policy's /proc files) may have been closed there and their
+/// numbers given to other files, which a drop would then close (seen: a
+/// child of Python's subprocess closed its new mount's device this way).
+pub(crate) struct ThreadHandles {
+    handles: Vec<(u64, Weak<()>, Handle)>,
+    /// [`crate::sys::fork_generation`] when the handles were made.
+    forks: u64,
+}
 
 impl ThreadHandles {
     /// None kept yet.
     pub(crate) const fn new() -> ThreadHandles {
-        ThreadHandles(Vec::new())
+        ThreadHandles { handles: Vec::new(), forks: 0 }
+    }
+
+    /// Forgets the handles made in a parent process (see the type's doc).
+    fn forget_if_forked(&mut self) {
+        let forks = crate::sys::fork_generation();
+        if forks != self.forks {
+            for handle in self.handles.drain(..) {
+                std::mem::forget(handle);
+            }
+            self.forks = forks;
+        }
     }
 
     /// Drops the handles of engines that are gone.
     fn purge(&mut self) {
-        self.0.retain(|(_, alive, _)| alive.strong_count() > 0);
+        self.forget_if_forked();
+        self.handles.retain(|(_, alive, _)| alive.strong_count() > 0);
     }
 
     /// Where this engine's handle is, if the thread has one (no purge: this runs per I/O).
-    fn position(&self, engine: &Engine) -> Option<usize> {
-        self.0.iter().position(|(id, _, _)| *id == engine.shared.id)
+    fn position(&mut self, engine: &Engine) -> Option<usize> {
+        self.forget_if_forked();
+        self.handles.iter().position(|(id, _, _)| *id == engine.shared.id)
     }
 
     /// Takes this engine's handle out, if the thread has one. When it has none (it
     /// is about to open one), the handles of engines gone since are dropped.
     pub(crate) fn take(&mut self, engine: &Engine) -> Option<Handle> {
         match self.position(engine) {
-            Some(i) => Some(self.0.swap_remove(i).2),
+            Some(i) => Some(self.handles.swap_remove(i).2),
             None => {
                 self.purge();
                 None
@@ -238,12 +259,13 @@ impl ThreadHandles {
 
     /// Keeps `handle` for `engine`; returns where it is.
     pub(crate) fn put(&mut self, engine: &Engine, handle: Handle) -> usize {
-        self.0.push((engine.shared.id, engine.liveness(), handle));
-        self.0.len() - 1
+        self.forget_if_forked();
+        self.handles.push((engine.shared.id, engine.liveness(), handle));
+        self.handles.len() - 1
     }
 
     fn get(&mut self, index: usize) -> &mut Handle {
-        &mut self.0[index].2
+        &mut self.handles[index].2
     }
 }
 

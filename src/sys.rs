@@ -37,6 +37,30 @@ pub fn copy_high(fd: libc::c_int, floor: libc::c_int) -> Option<libc::c_int> {
     (high >= 0).then_some(high)
 }
 
+// ---- processes ----
+
+static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn count_fork() {
+    FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many forks lie between this process and the one that first asked
+/// (0 there, 1 in its child, ...): state kept per thread that holds
+/// descriptors compares it to know whether those descriptors are its own.
+/// In a child they are copies the child may already have closed, even by a
+/// raw system call no hook sees (Python's subprocess closes every
+/// descriptor above 2 with `close_range` before its exec), and their
+/// numbers may have been given to new files since. One atomic load.
+pub fn fork_generation() -> u64 {
+    static COUNTING: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a child handler that only does an atomic add.
+    COUNTING.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(count_fork));
+    });
+    FORKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 // ---- time ----
 
 /// Reads a clock (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, ...) in nanoseconds.

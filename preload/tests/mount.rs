@@ -235,3 +235,40 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
     assert_eq!(std::fs::read_to_string(kernel_dir.join("failed")).unwrap(), "before\nafter\n");
     assert_eq!(std::fs::read_to_string(kernel_dir.join("copy")).unwrap().lines().last(), Some("tail"));
 }
+
+/// A forked child that closes every descriptor above 2 with a raw
+/// `close_range` (no hook sees it: Python's subprocess does this before its
+/// exec) and then mounts keeps its own new descriptors: the per-thread
+/// engine handles it inherited are forgotten, never dropped (dropping them
+/// closed the numbers they had, which the child's mount had just been
+/// given: "device error on flush: Invalid argument" at its exit).
+#[test]
+fn a_child_that_closed_every_descriptor_by_a_raw_system_call_mounts_cleanly() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let script = r#"
+import ctypes, os, sys
+d = sys.argv[1]
+with open(d + "/parent", "w") as f:
+    f.write("parent")
+pid = os.fork()
+if pid == 0:
+    ctypes.CDLL(None, use_errno=True).syscall(436, 3, 0xFFFFFFFF, 0)  # close_range
+    fd = os.open(d + "/child", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"child")
+    os.fsync(fd)
+    os.close(fd)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(status, open(d + "/child").read())
+"#;
+    let mut command = Command::new("python3");
+    command.arg("-c").arg(script).arg(&mount_dir);
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout == "0 child\n", "{stdout}{stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

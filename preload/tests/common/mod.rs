@@ -62,8 +62,10 @@ pub fn mounted(command: &mut Command, mnt: &Path, image: &Path) {
 /// Runs `command` to its end, as `output()` does, but kills it and fails
 /// after `limit` (a hang is a failure here, not a stuck test run).
 pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
-    let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // In a process group of its own: a hang's children are killed too (they hold the pipes).
+    let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().unwrap();
     let pid = child.id();
     let (done, waited) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
@@ -72,8 +74,8 @@ pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::
         out
     });
     if waited.recv_timeout(limit).is_err() {
-        // SAFETY: kill has no memory preconditions; the pid is our child's, not yet reaped.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // SAFETY: kill has no memory preconditions; the group is our child's, not yet reaped.
+        unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
         let out = waiter.join().unwrap().unwrap();
         panic!(
             "still running after {limit:?}, killed: {}{}",
