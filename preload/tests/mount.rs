@@ -272,3 +272,45 @@ print(status, open(d + "/child").read())
     let report = check::check(engine(&image)).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// Programs stored on a mount run from there (the kernel cannot load what
+/// it cannot see): a program compiled into the mount (from a memfd), a
+/// script through its `#!` interpreter with its own path as `$0`, a
+/// script whose interpreter is a script on the mount, a file without `#!`
+/// (the shell runs it), a file without an execute bit (EACCES), the same
+/// through `env` (execvp), `os.posix_spawn` and Python's subprocess; the
+/// same script in a kernel directory prints the same.
+#[test]
+fn programs_stored_on_a_mount_run_as_from_the_kernels_file_system() {
+    let script = r#"cd "$D"
+        printf '#include <stdio.h>\nint main(int c, char **v) { printf("%%s %%d\\n", v[0], c); return 3; }\n' > h.c
+        cc -o h h.c
+        ./h a; echo "rc=$?"
+        "$D/h" | sed "s|$D|D|"
+        printf '#!/bin/sh\necho "script $0 $1"\n' > s; chmod +x s; ./s x
+        printf '#!%s/s\n' "$D" > nested; chmod +x nested; ./nested y | sed "s|$D|D|"
+        printf 'echo plain $0\n' > plain; chmod +x plain; ./plain
+        echo data > nx; ./nx 2> /dev/null; echo "nx=$?"
+        env ./s via-env
+        python3 -c 'import os; pid = os.posix_spawn("./h", ["./h", "spawned"], os.environ); print(os.waitpid(pid, 0)[1] >> 8)'
+        python3 -c 'import subprocess; print(subprocess.run(["./s", "sub"]).returncode)'"#;
+    let scratch = tempfile::tempdir().unwrap();
+    let kernel_dir = scratch.path().join("kernel");
+    std::fs::create_dir(&kernel_dir).unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let run = |dir: &Path, mount: bool| {
+        let mut command = Command::new("bash");
+        command.arg("-c").arg(script).env("D", dir);
+        if mount {
+            common::mounted(&mut command, dir, &image);
+        }
+        let out = common::output_within(&mut command, std::time::Duration::from_secs(120));
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stdout}{stderr}", dir.display());
+        stdout.into_owned()
+    };
+    let expected = run(&kernel_dir, false);
+    assert!(expected.starts_with("./h 2\nrc=3\nD/h 1\nscript ./s x\n"), "{expected}");
+    assert_eq!(run(&mount_dir, true), expected);
+    assert_eq!(std::fs::read_dir(&mount_dir).unwrap().count(), 0, "nothing reached the host directory");
+}

@@ -10,12 +10,12 @@
 //! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
 //!   symlink, readlink, link and linkat, and the nodes a mount cannot hold (mknod, mkfifo: EPERM)
-//! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl, and
-//!   `_exit`/`_Exit` (which commit the mounts first, as `exit` does), and `vfork`/`posix_spawn`
-//!   (which give idle mounts back first, as `fork` does, so a child can mount them), and the
-//!   exec family (which commits the mounts first: exec runs no exit handlers, and hands the
-//!   standard streams on mounted files to the next program: `bridge.rs`); a mounted file put
-//!   on descriptor 0, 1 or 2 becomes a bridge's pipe
+//! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl;
+//!   a mounted file put on descriptor 0, 1 or 2 becomes a bridge's pipe (`bridge.rs`)
+//! - `processes.rs`: `_exit`/`_Exit` (which commit the mounts first, as `exit` does),
+//!   `vfork`/`posix_spawn` (which give idle mounts back first, as `fork` does, so a child can
+//!   mount them), and the exec family (which commits the mounts first, hands the standard
+//!   streams on mounted files on, and runs programs stored on a mount)
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, copy_file_range,
 //!   sendfile, fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate,
 //!   fadvise, readahead, mmap
@@ -46,6 +46,7 @@ pub mod directories;
 pub mod locks;
 pub mod metadata;
 pub mod paths;
+pub mod processes;
 pub mod stdio;
 
 use crate::mount::{self, Description};

@@ -1,0 +1,426 @@
+//! Processes: `_exit`/`_Exit` (which commit the mounts first, as `exit`
+//! does), `vfork` and `posix_spawn` (which give idle mounts back first, as
+//! `fork` does, so a child can mount them), and the exec family, which
+//! commits the mounts first (exec runs no exit handlers), hands the
+//! standard streams on mounted files to the next program (`bridge.rs`),
+//! and runs a program stored on a mount: the kernel cannot load a file it
+//! cannot see, so an ELF program is copied into a memfd and executed from
+//! there, and a script's interpreter is executed with the script's path,
+//! as the kernel does (the interpreter reads the script through the
+//! interposer).
+
+use super::fail;
+use crate::{bridge, real};
+use libc::{c_char, c_int};
+use std::ffi::CString;
+
+/// `_exit`: commits the mounts first (a shell or a child ends this way, not
+/// through `exit`, and its files must be there as after any normal end),
+/// and says what was routed (fio's forked jobs end this way).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    crate::at_exit(false);
+    // SAFETY: passed on.
+    unsafe { real::_exit(status) }
+}
+
+/// `_Exit`: as [`_exit`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    crate::at_exit(false);
+    // SAFETY: _Exit is _exit (C99's name for it).
+    unsafe { real::_exit(status) }
+}
+
+/// `vfork`: a `fork` here. A wrapper cannot call the real `vfork` (the child
+/// would return through this function's frame on the parent's stack), and
+/// `fork` runs the handler that gives idle mounts back, which a shell's next
+/// command needs (dash starts simple commands with vfork).
+///
+/// # Safety
+/// As the C function: the child must only exec or `_exit` (as after vfork).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork has the C library's own preconditions only.
+    unsafe { libc::fork() }
+}
+
+type SpawnFn = unsafe fn(
+    *mut libc::pid_t,
+    *const libc::c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *mut libc::c_char,
+    *const *mut libc::c_char,
+) -> c_int;
+
+/// posix_spawn and posix_spawnp: give idle mounts back first (the child is
+/// started without `fork`'s handlers) and pass a working directory inside a
+/// mount on, as an exec does. A program stored on a mount (named with a
+/// slash) is spawned from a memfd (`/proc/self/fd/N`, which the kernel opens
+/// before the exec closes it), a script through its interpreter.
+///
+/// # Safety
+/// As the C functions.
+unsafe fn spawn(
+    real_spawn: SpawnFn,
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    let named_by_path = super::path_bytes(file).is_some_and(|f| f.contains(&b'/'));
+    let stored = if named_by_path { stored_on_mount(file) } else { None };
+    crate::release_mounts_before_fork();
+    let env = Environment::new(envp.cast(), &bridge::HandOver::default());
+    match stored {
+        // SAFETY: passed on, with an environment array that outlives the call.
+        None => unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) },
+        Some(Err(errno)) => errno,
+        Some(Ok(Stored::Binary(fd))) => {
+            let Ok(path) = CString::new(format!("/proc/self/fd/{fd}")) else { return libc::EINVAL };
+            // SAFETY: as above; the memfd is ours, closed once the child has it.
+            unsafe {
+                let spawned = real::posix_spawn(pid, path.as_ptr(), actions, attr, argv, env.as_ptr().cast());
+                real::close(fd);
+                spawned
+            }
+        }
+        Some(Ok(Stored::Script { interpreter, arg })) => {
+            let mut args: Vec<*const c_char> = vec![interpreter.as_ptr()];
+            args.extend(arg.as_ref().map(|a| a.as_ptr()));
+            args.push(file);
+            // SAFETY: argv is the caller's NULL-terminated array; the interpreter is spawned
+            // the same way (it may be on a mount too).
+            unsafe {
+                push_arguments_after_the_first(&mut args, argv.cast());
+                spawn(real::posix_spawn, pid, interpreter.as_ptr(), actions, attr, args.as_ptr().cast(), envp)
+            }
+        }
+    }
+}
+
+/// `posix_spawn`: see `spawn`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const libc::c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    // SAFETY: passed on.
+    unsafe { spawn(real::posix_spawn, pid, path, actions, attr, argv, envp) }
+}
+
+/// `posix_spawnp`: see `spawn`.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    // SAFETY: passed on.
+    unsafe { spawn(real::posix_spawnp, pid, file, actions, attr, argv, envp) }
+}
+
+/// Before an exec: hand the standard streams on mounted files on (they
+/// become pipes the next program's interposer keeps: `bridge.rs`), commit
+/// every mount (the process image that holds it is about to go, and exec
+/// runs no exit handlers), give back those nothing holds open, and tell the
+/// new program where in a mount its working directory is (`IOPATH_CWD`:
+/// the kernel's is the mount's own directory). If the exec fails,
+/// [`after_failed_exec`] puts the streams back, and the next call mounts
+/// again.
+fn before_exec() -> bridge::HandOver {
+    let handed = bridge::hand_over();
+    crate::commit_mounts_now();
+    crate::release_mounts_before_fork();
+    handed
+}
+
+/// The exec failed (errno kept): this program goes on as before it.
+fn after_failed_exec(handed: bridge::HandOver) {
+    let errno = super::last_errno();
+    handed.undo();
+    crate::set_errno(errno);
+}
+
+/// The environment entries this library passes to an executed program.
+const PASSED: [&[u8]; 2] = [b"IOPATH_CWD=", b"IOPATH_STDIO="];
+
+/// The entries a new program gets: the working directory if it is in a
+/// mount, the standard streams handed on.
+fn passed_entries(handed: &bridge::HandOver) -> Vec<CString> {
+    let cwd = if super::mounting() { crate::mount::virtual_cwd() } else { None };
+    let cwd = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], &dir].concat()).ok());
+    cwd.into_iter().chain(handed.entry()).collect()
+}
+
+/// The environment an executed program gets: `envp` without this
+/// library's entries, plus this process's ([`passed_entries`]). It owns
+/// what it adds, so its pointers live as long as it does.
+struct Environment {
+    _added: Vec<CString>,
+    pointers: Vec<*const c_char>,
+}
+
+impl Environment {
+    fn new(envp: *const *const c_char, handed: &bridge::HandOver) -> Environment {
+        let added = passed_entries(handed);
+        let mut pointers = Vec::new();
+        let mut at = envp;
+        // SAFETY: envp is a NULL-terminated array of NUL-terminated strings (the C contract).
+        unsafe {
+            while !at.is_null() && !(*at).is_null() {
+                let entry = std::ffi::CStr::from_ptr(*at).to_bytes();
+                if !PASSED.iter().any(|p| entry.starts_with(p)) {
+                    pointers.push(*at);
+                }
+                at = at.add(1);
+            }
+        }
+        // (A CString's bytes stay where they are when the Vec holding it moves.)
+        pointers.extend(added.iter().map(|e| e.as_ptr()));
+        pointers.push(std::ptr::null());
+        Environment { _added: added, pointers }
+    }
+
+    /// The NULL-terminated array.
+    fn as_ptr(&self) -> *const *const c_char {
+        self.pointers.as_ptr()
+    }
+}
+
+/// A program stored on a mount, read before its exec.
+enum Stored {
+    /// A program the kernel loads: a memfd (close-on-exec) holding its bytes.
+    Binary(c_int),
+    /// A script: the interpreter and the optional argument of its `#!` line.
+    Script { interpreter: CString, arg: Option<CString> },
+}
+
+/// Reads the program at `path` if it is stored on a mount (`None` if not):
+/// a regular file with an execute bit (else EACCES, as the kernel says).
+fn stored_on_mount(path: *const c_char) -> Option<Result<Stored, c_int>> {
+    super::on_path(libc::AT_FDCWD, path, Err, |inside| {
+        let fs = inside.mount.fs()?;
+        let meta = fs.metadata(&inside.path).map_err(|e| super::errno_of(&e))?;
+        if meta.kind != iopath::fs::Kind::File || meta.mode & 0o111 == 0 {
+            return Err(libc::EACCES);
+        }
+        let file = fs.open(&inside.path).map_err(|e| super::errno_of(&e))?;
+        let mut head = [0u8; 256];
+        let n = file.read_at(&mut head, 0).map_err(|e| super::errno_of(&e))?;
+        if let Some(line) = head[..n].strip_prefix(b"#!") {
+            return shebang(line);
+        }
+        copy_into_memfd(&file).map(Stored::Binary)
+    })
+}
+
+/// The interpreter and argument of a `#!` line (what follows `#!`, up to
+/// the end of the line or of the kernel's 256 bytes), split as Linux
+/// splits it: the interpreter up to the first blank, the rest one argument.
+fn shebang(line: &[u8]) -> Result<Stored, c_int> {
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = line.iter().position(|b| !blank(b)).ok_or(libc::ENOEXEC)?;
+    let line = &line[start..];
+    let end = line.iter().rposition(|b| !blank(b)).map_or(0, |e| e + 1);
+    let line = &line[..end];
+    let (interpreter, rest) = match line.iter().position(blank) {
+        Some(at) => (&line[..at], &line[at..]),
+        None => (line, &b""[..]),
+    };
+    let rest = &rest[rest.iter().position(|b| !blank(b)).unwrap_or(rest.len())..];
+    Ok(Stored::Script {
+        interpreter: CString::new(interpreter).map_err(|_| libc::ENOEXEC)?,
+        arg: if rest.is_empty() { None } else { Some(CString::new(rest).map_err(|_| libc::ENOEXEC)?) },
+    })
+}
+
+/// A close-on-exec memfd holding `file`'s bytes.
+fn copy_into_memfd(file: &iopath::fs::File) -> Result<c_int, c_int> {
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"iopath-exec".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(super::last_errno());
+    }
+    let close = |errno| {
+        // SAFETY: our memfd.
+        unsafe { real::close(fd) };
+        Err(errno)
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = match file.read_at(&mut buf, at) {
+            Ok(0) => return Ok(fd),
+            Ok(n) => n,
+            Err(e) => return close(super::errno_of(&e)),
+        };
+        let mut done = 0;
+        while done < n {
+            // SAFETY: writes from our buffer into our memfd.
+            let w = unsafe { real::write(fd, buf[done..n].as_ptr().cast(), n - done) };
+            if w <= 0 {
+                return close(super::last_errno());
+            }
+            done += w as usize;
+        }
+        at += n as u64;
+    }
+}
+
+/// How many scripts deep an exec may go (a script whose interpreter is a
+/// script ...), as Linux allows.
+const SCRIPT_DEPTH: usize = 4;
+
+/// The exec family's one body: a program stored on a mount is run from a
+/// memfd, or its interpreter is run with the script's path (the kernel
+/// would find only the empty directory under the mount); any other goes to
+/// the kernel. The mounts and standard streams are handed on first.
+///
+/// # Safety
+/// `path` is a C string, `argv` and `envp` NULL-terminated arrays of them.
+unsafe fn execute(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, depth: usize) -> c_int {
+    match stored_on_mount(path) {
+        None => {
+            let handed = before_exec();
+            let env = Environment::new(envp, &handed);
+            // SAFETY: passed on, with an environment array that outlives the call.
+            let failed = unsafe { real::execve(super::kernel(libc::AT_FDCWD, path).ptr(), argv, env.as_ptr()) };
+            after_failed_exec(handed);
+            failed
+        }
+        Some(Err(errno)) => fail(errno),
+        Some(Ok(Stored::Binary(fd))) => {
+            let handed = before_exec();
+            let env = Environment::new(envp, &handed);
+            // SAFETY: our memfd, the caller's argv, an environment array that outlives the call.
+            let failed = unsafe { libc::fexecve(fd, argv.cast(), env.as_ptr().cast()) };
+            after_failed_exec(handed);
+            let _errno = super::descriptors::KeepErrno::new();
+            // SAFETY: our memfd.
+            unsafe { real::close(fd) };
+            failed
+        }
+        Some(Ok(Stored::Script { interpreter, arg })) => {
+            if depth >= SCRIPT_DEPTH {
+                return fail(libc::ELOOP);
+            }
+            // The kernel's argv for a script: interpreter [arg] path argv[1..].
+            let mut args: Vec<*const c_char> = vec![interpreter.as_ptr()];
+            args.extend(arg.as_ref().map(|a| a.as_ptr()));
+            args.push(path);
+            // SAFETY: argv is the caller's NULL-terminated array.
+            unsafe { push_arguments_after_the_first(&mut args, argv) };
+            // SAFETY: as the caller's; the interpreter may itself be on a mount.
+            unsafe { execute(interpreter.as_ptr(), args.as_ptr(), envp, depth + 1) }
+        }
+    }
+}
+
+/// Appends `argv[1..]` and the closing NULL to `args` (an interpreter's
+/// argv: its own name, its argument, the script, then the caller's).
+///
+/// # Safety
+/// `argv` is NULL or a NULL-terminated array of C strings.
+unsafe fn push_arguments_after_the_first(args: &mut Vec<*const c_char>, argv: *const *const c_char) {
+    // SAFETY: the caller's contract; argv[0] is skipped if there is one.
+    unsafe {
+        let mut at = if argv.is_null() || (*argv).is_null() { argv } else { argv.add(1) };
+        while !at.is_null() && !(*at).is_null() {
+            args.push(*at);
+            at = at.add(1);
+        }
+    }
+    args.push(std::ptr::null());
+}
+
+unsafe extern "C" {
+    /// The process's environment (what `execv` and `execvp` pass on).
+    static environ: *const *const c_char;
+}
+
+/// `execve`: hands the mounts and standard streams on first, and runs a
+/// program stored on a mount ([`execute`]).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    // SAFETY: passed on.
+    unsafe { execute(path, argv, envp, 0) }
+}
+
+/// `execv`: `execve` with this process's environment.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: passed on, with the process's environment (read now, as execv does).
+    unsafe { execute(path, argv, environ, 0) }
+}
+
+/// `execvp`: a file named with a slash is `execv`'s (it may be stored on a
+/// mount); a bare name is looked up in `PATH` by the C library (directories
+/// in a mount are not searched there: shells search `PATH` themselves, with
+/// `stat`, and execute what they found by its path).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: passed on, with the process's environment.
+    unsafe { execvpe(file, argv, environ) }
+}
+
+/// `execvpe`: as [`execvp`], with `envp`. A program named by path that the
+/// kernel cannot run (ENOEXEC: a script without `#!`) is run by `/bin/sh`,
+/// as the C library does.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    if super::path_bytes(file).is_some_and(|f| f.contains(&b'/')) {
+        // SAFETY: passed on.
+        let failed = unsafe { execute(file, argv, envp, 0) };
+        if super::last_errno() != libc::ENOEXEC {
+            return failed;
+        }
+        let mut args: Vec<*const c_char> = vec![c"/bin/sh".as_ptr(), file];
+        // SAFETY: argv is the caller's NULL-terminated array.
+        unsafe { push_arguments_after_the_first(&mut args, argv) };
+        // SAFETY: as above.
+        return unsafe { execute(c"/bin/sh".as_ptr(), args.as_ptr(), envp, 0) };
+    }
+    let handed = before_exec();
+    let env = Environment::new(envp, &handed);
+    // SAFETY: passed on, with an environment array that outlives the call.
+    let failed = unsafe { real::execvpe(file, argv, env.as_ptr()) };
+    after_failed_exec(handed);
+    failed
+}
