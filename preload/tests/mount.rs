@@ -139,6 +139,27 @@ fn the_next_process_reads_what_the_last_one_left_in_the_carried_cache() {
     assert!(report.is_clean(), "{report:?}");
 }
 
+/// A scratch directory holding an empty kernel directory, a mount
+/// directory and its formatted image: (scratch, kernel dir, mount dir, image).
+fn kernel_dir_and_mount() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let scratch = tempfile::tempdir().unwrap();
+    let kernel_dir = scratch.path().join("kernel");
+    std::fs::create_dir(&kernel_dir).unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    (scratch, kernel_dir, mount_dir, image)
+}
+
+/// `bash -c script` with `D` set to `dir`, served from `image` when given
+/// (`dir` is then its mount); killed and failed after 120 s.
+fn bash_in(script: &str, dir: &Path, image: Option<&Path>) -> std::process::Output {
+    let mut command = Command::new("bash");
+    command.arg("-c").arg(script).env("D", dir);
+    if let Some(image) = image {
+        common::mounted(&mut command, dir, image);
+    }
+    common::output_within(&mut command, std::time::Duration::from_secs(120))
+}
+
 /// A program's low descriptor numbers are its own: a shell's `exec 3> f`
 /// replaces whatever is on 3, and the mount's io_uring descriptor, which
 /// the kernel had put on the lowest free number, was there (every later
@@ -195,17 +216,9 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
         "three",
         "unzipped",
     ];
-    let scratch = tempfile::tempdir().unwrap();
-    let kernel_dir = scratch.path().join("kernel");
-    std::fs::create_dir(&kernel_dir).unwrap();
-    let (image, mount_dir) = formatted_image(scratch.path());
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
     let run = |dir: &Path, mount: bool| {
-        let mut command = Command::new("bash");
-        command.arg("-c").arg(script).env("D", dir);
-        if mount {
-            common::mounted(&mut command, dir, &image);
-        }
-        let out = common::output_within(&mut command, std::time::Duration::from_secs(120));
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{}: {stderr}", dir.display());
         stderr
@@ -294,17 +307,9 @@ fn programs_stored_on_a_mount_run_as_from_the_kernels_file_system() {
         env ./s via-env
         python3 -c 'import os; pid = os.posix_spawn("./h", ["./h", "spawned"], os.environ); print(os.waitpid(pid, 0)[1] >> 8)'
         python3 -c 'import subprocess; print(subprocess.run(["./s", "sub"]).returncode)'"#;
-    let scratch = tempfile::tempdir().unwrap();
-    let kernel_dir = scratch.path().join("kernel");
-    std::fs::create_dir(&kernel_dir).unwrap();
-    let (image, mount_dir) = formatted_image(scratch.path());
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
     let run = |dir: &Path, mount: bool| {
-        let mut command = Command::new("bash");
-        command.arg("-c").arg(script).env("D", dir);
-        if mount {
-            common::mounted(&mut command, dir, &image);
-        }
-        let out = common::output_within(&mut command, std::time::Duration::from_secs(120));
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success() && stderr.is_empty(), "{}: {stdout}{stderr}", dir.display());
         stdout.into_owned()
