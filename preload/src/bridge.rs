@@ -50,7 +50,7 @@ const PIPE_BYTES: c_int = 1 << 20;
 /// One bridge, as handed from one program to the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Spec {
-    /// The program's descriptors on the pipe (one or more of 0, 1 and 2).
+    /// The program's descriptors on the pipe (0, 1 or 2, and their duplicates).
     fds: Vec<c_int>,
     /// The program writes the file (else it reads it).
     writes_file: bool,
@@ -88,7 +88,7 @@ impl Spec {
     fn decode(text: &str) -> Option<Spec> {
         let parts: Vec<&str> = text.split('|').collect();
         let [fds, dir, end, mount, ino, flags, position, path] = parts[..] else { return None };
-        let fds = fds.split(',').map(|f| f.parse().ok().filter(|f| (0..=2).contains(f))).collect::<Option<Vec<_>>>()?;
+        let fds = fds.split(',').map(|f| f.parse().ok().filter(|f: &c_int| *f >= 0)).collect::<Option<Vec<_>>>()?;
         let hex = path.as_bytes();
         if hex.len() % 2 != 0 || fds.is_empty() {
             return None;
@@ -636,7 +636,7 @@ mod tests {
     #[test]
     fn a_spec_survives_its_encoding_whatever_bytes_its_path_holds() {
         let spec = Spec {
-            fds: vec![1, 2],
+            fds: vec![1, 2, 10],
             writes_file: true,
             end: 401,
             mount: 1,
@@ -652,7 +652,7 @@ mod tests {
 
     #[test]
     fn a_malformed_spec_is_refused() {
-        for bad in ["", "1|w|4", "3|w|400|0|1|1|0|2f", "1|x|400|0|1|1|0|2f", "1|w|400|0|1|1|0|2", "1|w|400|0|1|1|0|zz"]
+        for bad in ["", "1|w|4", "-1|w|400|0|1|1|0|2f", "1|x|400|0|1|1|0|2f", "1|w|400|0|1|1|0|2", "1|w|400|0|1|1|0|zz"]
         {
             assert_eq!(Spec::decode(bad), None, "{bad}");
         }

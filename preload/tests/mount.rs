@@ -200,6 +200,7 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
         nice env sh -c 'cat; echo tail' < "$D/numbers" > "$D/copy"
         gzip -nc < "$D/numbers" > "$D/numbers.gz"; gunzip -c < "$D/numbers.gz" > "$D/unzipped"
         head -c 10 < "$D/numbers" > "$D/head"
+        ( exec 4>&1; nice sh -c 'echo one; echo four >&4' ) > "$D/duplicated"
         ls "$D" > "$D/names"
         set +e; shopt -s execfail; exec > "$D/failed"; echo before; exec /nonexistent/program; echo after"#;
     let names = [
@@ -207,6 +208,7 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
         "bracketed",
         "copy",
         "count",
+        "duplicated",
         "failed",
         "head",
         "names",
