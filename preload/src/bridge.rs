@@ -398,6 +398,12 @@ pub fn finish(flush_stdio: bool) {
     for spec in stop_all() {
         close_end(&spec);
     }
+    // What is written to those pipes from here on (this library's exit log
+    // through its copy of stderr, a later destructor's output) has no reader:
+    // it fails with EPIPE rather than kill the exiting program with SIGPIPE
+    // (`ls > f 2>&1` with IOPATH_LOG exited 141).
+    // SAFETY: setting a signal's disposition to ignore; the process is exiting.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
 
 /// What an exec hands on: this program's bridges, stopped (to put in the

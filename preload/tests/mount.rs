@@ -251,6 +251,21 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
     assert_eq!(std::fs::read_to_string(kernel_dir.join("copy")).unwrap().lines().last(), Some("tail"));
 }
 
+/// A program whose stderr is a bridge into a mounted file exits with its
+/// own status: with `IOPATH_LOG`, the interposer's exit log goes to a copy
+/// of stderr, the bridge's pipe, which has no reader by then (it exited
+/// 141, killed by SIGPIPE).
+#[test]
+fn a_program_whose_log_goes_into_a_mounted_file_exits_with_its_own_status() {
+    let (_scratch, _, mount_dir, image) = kernel_dir_and_mount();
+    let mut command = Command::new("bash");
+    command.arg("-c").arg(r#"ls / > "$D/out" 2>&1; echo "rc=$?""#).env("D", &mount_dir).env("IOPATH_LOG", "1");
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout == "rc=0\n", "{stdout}{stderr}");
+}
+
 /// A forked child that closes every descriptor above 2 with a raw
 /// `close_range` (no hook sees it: Python's subprocess does this before its
 /// exec) and then mounts keeps its own new descriptors: the per-thread
