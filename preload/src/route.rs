@@ -187,8 +187,8 @@ pub(crate) fn created(fd: c_int) -> c_int {
     fd
 }
 
-/// Lowest number iopath moves its own descriptors to.
-const OWN_FDS_FROM: c_int = 1000;
+/// Lowest number iopath moves its own descriptors to (the library's own floor).
+const OWN_FDS_FROM: c_int = iopath::sys::HIGH_FDS_FROM;
 
 /// `fd` moved to the lowest free number from [`OWN_FDS_FROM`] (close-on-exec), or
 /// left where it is if that fails (a low descriptor limit).
