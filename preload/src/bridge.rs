@@ -354,6 +354,7 @@ pub fn closed(fd: c_int) {
         COUNT.store(running.len(), Ordering::Release);
         ended
     };
+    let _errno = crate::KeepErrno::new(); // (the caller's call already returned)
     if let Some(spec) = stop(ended) {
         close_end(&spec);
     }

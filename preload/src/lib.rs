@@ -131,6 +131,23 @@ pub(crate) fn set_errno(errno: i32) {
     unsafe { *libc::__errno_location() = errno };
 }
 
+/// Keeps the calling thread's errno as it was when made, until dropped:
+/// this library's work after a call (a bridge ending, an exec undone)
+/// must not change what the call left.
+pub(crate) struct KeepErrno(i32);
+
+impl KeepErrno {
+    pub(crate) fn new() -> KeepErrno {
+        KeepErrno(posix::last_errno())
+    }
+}
+
+impl Drop for KeepErrno {
+    fn drop(&mut self) {
+        set_errno(self.0);
+    }
+}
+
 extern "C" fn before_fork() {
     release_mounts_before_fork();
 }

@@ -44,27 +44,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // SAFETY: passed on.
     let r = unsafe { real::close(fd) };
     if r == 0 {
-        let _errno = KeepErrno::new();
         bridge::closed(fd);
     }
     r
-}
-
-/// Keeps the calling thread's errno as it was when made, until dropped
-/// (this library's work after a call must not change what the call left).
-pub(crate) struct KeepErrno(c_int);
-
-impl KeepErrno {
-    pub(crate) fn new() -> KeepErrno {
-        // SAFETY: the calling thread's errno.
-        KeepErrno(unsafe { *libc::__errno_location() })
-    }
-}
-
-impl Drop for KeepErrno {
-    fn drop(&mut self) {
-        crate::set_errno(self.0);
-    }
 }
 
 /// `close_range`: forgets the mounted and routed descriptors it closes.
@@ -95,7 +77,6 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     // SAFETY: passed on.
     let r = unsafe { real::close_range(first, last, flags) };
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        let _errno = KeepErrno::new();
         bridge::closed_range(first.min(c_int::MAX as c_uint) as c_int, last.min(c_int::MAX as c_uint) as c_int);
     }
     r
@@ -143,10 +124,7 @@ fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> 
         }
         mount::kernel_dir_closed(to);
         mount::kernel_dir_duplicated(fd, r);
-        {
-            let _errno = KeepErrno::new();
-            bridge::closed(to); // (if `to` was on a bridge)
-        }
+        bridge::closed(to); // (if `to` was on a bridge)
         if description.is_some() {
             return duplicated(r, description, cloexec);
         }

@@ -67,12 +67,12 @@ pub(crate) fn fail(errno: c_int) -> c_int {
     -1
 }
 
-/// The errno of an iopath error.
 /// The errno the last failed call of the C library left.
 pub(crate) fn last_errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// The errno of an iopath error.
 pub(crate) fn errno_of(e: &iopath::Error) -> c_int {
     iopath::capi::errno_of(e)
 }

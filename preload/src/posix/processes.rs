@@ -160,9 +160,8 @@ fn before_exec() -> bridge::HandOver {
 
 /// The exec failed (errno kept): this program goes on as before it.
 fn after_failed_exec(handed: bridge::HandOver) {
-    let errno = super::last_errno();
+    let _errno = crate::KeepErrno::new();
     handed.undo();
-    crate::set_errno(errno);
 }
 
 /// The environment entries this library passes to an executed program.
@@ -320,7 +319,7 @@ unsafe fn execute(path: *const c_char, argv: *const *const c_char, envp: *const 
             // SAFETY: our memfd, the caller's argv, an environment array that outlives the call.
             let failed = unsafe { libc::fexecve(fd, argv.cast(), env.as_ptr().cast()) };
             after_failed_exec(handed);
-            let _errno = super::descriptors::KeepErrno::new();
+            let _errno = crate::KeepErrno::new();
             // SAFETY: our memfd.
             unsafe { real::close(fd) };
             failed
