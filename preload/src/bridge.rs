@@ -231,7 +231,6 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
         }
         placed
     };
-    closed(to); // (a bridge `to` was on lost it)
     crate::log(&format!(
         "bridging {} (a pipe: the C library's stdio calls the kernel)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)
@@ -249,17 +248,27 @@ fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
         return Err(crate::posix::last_errno());
     }
     let (theirs, ours) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
-    // SAFETY: fcntl on the pipe's descriptors, ours closed once moved up.
-    unsafe {
-        real::fcntl(ours, libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_ulong);
-        let end = real::fcntl(ours, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong);
-        let errno = crate::posix::last_errno();
-        real::close(ours);
-        if end < 0 {
-            real::close(theirs);
-            return Err(errno);
+    // SAFETY: fcntl on our own end of the pipe.
+    unsafe { real::fcntl(ours, libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_ulong) };
+    match moved_up(ours) {
+        Ok(end) => Ok((theirs, end)),
+        Err(errno) => {
+            // SAFETY: the program's end, not handed out yet.
+            unsafe { real::close(theirs) };
+            Err(errno)
         }
-        Ok((theirs, end))
+    }
+}
+
+/// `fd` (this library's) moved to the lowest free number from
+/// [`END_FLOOR`], close-on-exec; the old number is closed either way.
+fn moved_up(fd: c_int) -> Result<c_int, c_int> {
+    // SAFETY: duplicating and closing a descriptor of this library's.
+    unsafe {
+        let up = real::fcntl(fd, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong);
+        let errno = crate::posix::last_errno();
+        real::close(fd);
+        if up < 0 { Err(errno) } else { Ok(up) }
     }
 }
 
@@ -267,24 +276,17 @@ fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
 fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
     // SAFETY: F_SETFD on a descriptor of this library's.
     unsafe { real::fcntl(end, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
-    // SAFETY: eventfd has no preconditions; the copy up and the close are of our own descriptor.
-    let stop = unsafe {
-        let low = libc::eventfd(0, libc::EFD_CLOEXEC);
-        let stop = if low < 0 { low } else { real::fcntl(low, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong) };
-        if low >= 0 {
-            real::close(low);
+    // SAFETY: eventfd has no preconditions.
+    let low = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    let stop = match if low < 0 { Err(crate::posix::last_errno()) } else { moved_up(low) } {
+        Ok(stop) => stop,
+        Err(errno) => {
+            crate::say(&format!("cannot keep a standard stream on a mounted file: eventfd: {}", os_error(errno)));
+            // SAFETY: our end; closing it tells the program (EPIPE, or the end of its input).
+            unsafe { real::close(end) };
+            return;
         }
-        stop
     };
-    if stop < 0 {
-        crate::say(&format!(
-            "cannot keep a standard stream on a mounted file: eventfd: {}",
-            std::io::Error::last_os_error()
-        ));
-        // SAFETY: our end; closing it tells the program (EPIPE, or the end of its input).
-        unsafe { real::close(end) };
-        return;
-    }
     let named = std::thread::Builder::new().name("iopath-stdio".into());
     let bridge_fds = fds.clone();
     match iopath::sys::spawn_without_signals(named, move || run(source, bridge_fds, end, writes_file, stop)) {
@@ -426,8 +428,6 @@ impl HandOver {
     /// (their files opened again by path).
     pub fn undo(self) {
         for spec in self.0 {
-            // SAFETY: F_SETFD on the bridge's end, which no exec took after all.
-            unsafe { real::fcntl(spec.end, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
             let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
             launch(fds, end, writes_file, Source::Handed(spec));
         }
