@@ -2898,3 +2898,46 @@ fn the_time_of_the_last_buffered_write_is_what_a_remount_finds() {
     let fs = cut_and_remount(&dev, fs);
     assert_eq!(mtime(&fs), fifth, "after fdatasync, fsync and a power cut");
 }
+
+/// Blocks a file's map holds past its recorded size (written back, never
+/// covered by a committed size: a writeback that failed part way, then the
+/// process killed) read as zeros when the file grows over them, by truncate
+/// or by a write past the end, as POSIX says the bytes past the end do.
+#[test]
+fn blocks_past_the_recorded_size_of_a_killed_writer_read_as_zeros() {
+    let len = 5120 * 4096;
+    for grow in ["truncate", "write"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, faulty) = faulty_twin_at(dir.path(), "64m", 4500, 4);
+        let options = MountOptions { cache_bytes: 256 << 20, ..MountOptions::default() };
+        let fs = mount_spec(&faulty, options);
+        let big = fs.create("big").unwrap();
+        big.write_at(&bytes(3, len as usize), 0).unwrap();
+        assert!(fs.sync().is_err(), "the second batch fails; the first is written and mapped");
+        // Another file's fsync commits the transaction, with `big` at its recorded size 0.
+        let other = fs.create("other").unwrap();
+        other.write_at(b"committed", 0).unwrap();
+        other.fsync().unwrap();
+        // The process dies.
+        std::mem::forget((big, other, fs));
+
+        let fs = mount_spec(&plain, MountOptions::default());
+        let big = fs.open("big").unwrap();
+        assert_eq!(big.len(), 0, "{grow}: the size the last commit recorded");
+        match grow {
+            "truncate" => big.truncate(len).unwrap(),
+            _ => big.write_at(b"end", len - 3).unwrap(),
+        }
+        let mut back = vec![1u8; len as usize - 3];
+        assert_eq!(big.read_at(&mut back, 0).unwrap(), back.len());
+        assert_eq!(back.iter().position(|&b| b != 0), None, "{grow}: bytes past the old end read as zeros");
+        assert_eq!(read_all(&fs, "other"), b"committed");
+        drop(big);
+        fs.unmount().unwrap();
+        assert!(check::check(spec_engine(&plain)).unwrap().is_clean(), "{grow}");
+        // And after a remount, from the device rather than the cache.
+        let fs = mount_spec(&plain, MountOptions::default());
+        let back = read_all(&fs, "big");
+        assert_eq!(back.iter().position(|&b| b != 0), Some(len as usize - 3).filter(|_| grow == "write"), "{grow}");
+    }
+}

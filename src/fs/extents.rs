@@ -156,6 +156,35 @@ pub fn mark_written(extents: &mut Vec<Extent>, first: u64, end: u64) -> bool {
     true
 }
 
+/// Marks every written block from file block `first` on as not written (it
+/// reads as zeros again); returns whether anything changed. What a file's map
+/// holds past its size is never data: a grown file must read zeros there.
+pub fn mark_unwritten_from(extents: &mut Vec<Extent>, first: u64) -> bool {
+    let lo = first_after(extents, first);
+    if !extents[lo..].iter().any(|e| !e.unwritten) {
+        return false;
+    }
+    let mut out = Vec::with_capacity(extents.len() - lo + 1);
+    for &e in &extents[lo..] {
+        let s = e.logical as u64;
+        if s < first {
+            let kept = (first - s) as u32;
+            out.push(Extent { len: kept, ..e });
+            out.push(Extent {
+                logical: first as u32,
+                len: e.len - kept,
+                physical: e.physical + kept as u64,
+                unwritten: true,
+            });
+        } else {
+            out.push(Extent { unwritten: true, ..e });
+        }
+    }
+    let hi = extents.len();
+    replace_coalesced(extents, lo, hi, out);
+    true
+}
+
 /// Unmaps file blocks `[first, end)`; returns the device runs `(start, len)` that were mapped there.
 pub fn cut(extents: &mut Vec<Extent>, first: u64, end: u64) -> Vec<(u64, u64)> {
     let mut freed = Vec::new();
@@ -194,6 +223,20 @@ mod tests {
 
     fn ext(logical: u32, len: u32, physical: u64, unwritten: bool) -> Extent {
         Extent { logical, len, physical, unwritten }
+    }
+
+    #[test]
+    fn marking_unwritten_from_a_block_splits_the_extent_it_falls_in() {
+        let mut map = vec![ext(0, 4, 100, false), ext(4, 2, 200, true), ext(8, 3, 300, false)];
+        assert!(mark_unwritten_from(&mut map, 2));
+        assert_eq!(map, vec![ext(0, 2, 100, false), ext(2, 2, 102, true), ext(4, 2, 200, true), ext(8, 3, 300, true)]);
+        assert!(!mark_unwritten_from(&mut map, 2), "nothing written is left past block 2");
+        let mut map = vec![ext(0, 4, 100, false), ext(4, 4, 104, true)];
+        assert!(mark_unwritten_from(&mut map, 2));
+        assert_eq!(map, vec![ext(0, 2, 100, false), ext(2, 6, 102, true)], "neighbours merge");
+        let mut map = vec![ext(0, 4, 100, false)];
+        assert!(!mark_unwritten_from(&mut map, 4));
+        assert!(!mark_unwritten_from(&mut Vec::new(), 0));
     }
 
     #[test]

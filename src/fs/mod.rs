@@ -1296,11 +1296,29 @@ impl Inner {
 
 impl NodeState {
     /// Puts the file's inode (with its disk size) in the running transaction.
+    /// Blocks written back past the disk size (the first batches of a file
+    /// whose writeback is not over, or failed part way) are recorded as not
+    /// written: a crash then leaves the file at its recorded size with no data
+    /// past it, which a mount checks.
     fn store(&mut self, fs: &Inner, meta: &mut Meta) -> Result<()> {
         let size = self.inode.size;
-        self.inode.size = self.disk_size.min(size);
-        let stored = meta.store_inode(&fs.sb, self.slot, &mut self.inode);
-        self.inode.size = size;
+        let recorded = self.disk_size.min(size);
+        let past = recorded.div_ceil(BLOCK_U64);
+        let written_past = |e: &format::Extent| e.end() > past && !e.unwritten;
+        let stored = if self.inode.extents.iter().rev().take_while(|e| e.end() > past).any(written_past) {
+            let mut copy = self.inode.clone();
+            copy.size = recorded;
+            extents::mark_unwritten_from(&mut copy.extents, past);
+            let stored = meta.store_inode(&fs.sb, self.slot, &mut copy);
+            // The overflow blocks the copy's map took are the file's now.
+            self.inode.overflow = copy.overflow;
+            stored
+        } else {
+            self.inode.size = recorded;
+            let stored = meta.store_inode(&fs.sb, self.slot, &mut self.inode);
+            self.inode.size = size;
+            stored
+        };
         if stored.is_ok() {
             self.mtime_unstored = false;
         }

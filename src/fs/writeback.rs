@@ -189,6 +189,15 @@ impl Writeback {
     /// `journaled` fsync path's own data), so the transaction that takes
     /// these changes must order its commit behind the data.
     pub(super) fn finish(&self, fs: &Inner, state: &mut NodeState, in_place: bool) {
+        self.finish_part(fs, state, in_place, false)
+    }
+
+    /// [`Writeback::finish`] of one part of the file's pages while `more` of
+    /// them are taken and not written yet (the next batch of
+    /// [`write_together`], in flight or about to be): the size the inode
+    /// records stays where it is until the last part is written, or a commit
+    /// meanwhile could record a size over blocks that hold nothing yet.
+    fn finish_part(&self, fs: &Inner, state: &mut NodeState, in_place: bool, more: bool) {
         if self.is_empty() && !state.mtime_unstored {
             return;
         }
@@ -209,7 +218,7 @@ impl Writeback {
             }
             changed |= extents::mark_written(&mut state.inode.extents, first, end);
         }
-        if state.dirty.is_empty() && state.disk_size != state.inode.size {
+        if !more && state.dirty.is_empty() && state.disk_size != state.inode.size {
             // Everything below the size is on the device now: the inode may say so.
             state.disk_size = state.inode.size;
             changed = true;
@@ -449,11 +458,13 @@ fn write_together(fs: &Inner, states: &mut [&mut NodeState], stage: bool) -> Res
             }
             next = take_batch(fs, states)
         });
-        for ((wb, state), failed) in current.writebacks.into_iter().zip(states.iter_mut()).zip(failed) {
+        for (i, ((wb, state), failed)) in current.writebacks.into_iter().zip(states.iter_mut()).zip(failed).enumerate()
+        {
             if failed {
                 wb.restore(fs, state);
             } else {
-                wb.finish(fs, state, true);
+                let more = next.writebacks.get(i).is_some_and(|w| !w.is_empty());
+                wb.finish_part(fs, state, true, more);
             }
         }
         if let Some(e) = first_error {
