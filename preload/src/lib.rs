@@ -12,7 +12,7 @@
 //!   fsync, rename, directories, stat, locks and the rest of the POSIX
 //!   surface a program uses, one file per family of calls in `posix/`, with
 //!   the errno the kernel would give; a mounted file on a standard stream
-//!   (`prog > /mnt/i/out`) through a pipe and a thread (`bridge.rs`).
+//!   (`prog > /mnt/i/out`) through a pipe and a thread (`bridge/`).
 //!   Nothing outside the mounts changes.
 //! - **Routing** (`IOPATH_FILES`): an O_DIRECT file or block device the
 //!   program names keeps the kernel's file system, but its reads, writes
@@ -154,9 +154,13 @@ extern "C" fn before_fork() {
 
 /// Gives back the mounts nothing holds open, so that a child (a shell's next
 /// command) can mount them: before `fork`, `vfork` and `posix_spawn`.
+/// Standard streams on mounted files do not count as holding them: their
+/// bridges hold what arrives in memory meanwhile (`bridge::let_go`).
 pub(crate) fn release_mounts_before_fork() {
     if MOUNTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+        let let_go = bridge::let_go();
         mount::release_idle();
+        let_go.resume();
     }
 }
 

@@ -65,15 +65,26 @@ impl Mount {
     /// `IOPATH_MOUNT_WAIT`), EIO otherwise, said once on stderr whether or
     /// not `IOPATH_LOG` is set.
     pub fn fs(&self) -> std::result::Result<FileSystem, c_int> {
+        self.fs_within(std::time::Duration::from_millis(crate::config().mount_wait_ms), true)
+    }
+
+    /// [`Mount::fs`] without waiting for another process to let go, and
+    /// without a word if it has not: `None` then. For this library's own
+    /// work that can wait (a bridge's bytes held in memory).
+    pub fn try_fs(&self) -> Option<FileSystem> {
+        self.fs_within(std::time::Duration::ZERO, false).ok()
+    }
+
+    fn fs_within(&self, wait: std::time::Duration, say_busy: bool) -> std::result::Result<FileSystem, c_int> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(fs) = &state.fs {
             return Ok(fs.clone());
         }
         let _inside = crate::Inside::enter();
-        let wait = std::time::Duration::from_millis(crate::config().mount_wait_ms);
         let spec = self.engine_spec();
         let lock = match MountLock::acquire(&spec, wait) {
             Ok(lock) => lock,
+            Err(_) if !say_busy => return Err(libc::EBUSY),
             Err(e) => return Err(self.failed(&mut state, &e, libc::EBUSY)),
         };
         let options = mount_options();
@@ -701,21 +712,36 @@ pub fn sync_all() {
 /// `fork`.
 pub fn release_idle() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
-        let mut state = m.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(fs) = &state.fs else { continue };
+        m.release_if_idle("before fork");
+    }
+}
+
+impl Mount {
+    /// [`release_idle`] of this mount (`when`: for the log). Whether this
+    /// process no longer has it mounted.
+    pub fn release_if_idle(&self, when: &str) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fs) = &state.fs else { return true };
         if fs.in_use_elsewhere() {
-            continue;
+            return false;
         }
         let _inside = crate::Inside::enter();
         if let Err(e) = fs.quiesce() {
-            crate::say(&format!("cannot commit {} before fork: {e}; keeping it mounted", m.device));
-            continue;
+            crate::say(&format!("cannot commit {} {when}: {e}; keeping it mounted", self.device));
+            return false;
         }
         let stats = fs.stats().summary();
         state.fs = None; // the last handle: unmounted
         state.lock = None; // and the next process may mount it
-        crate::log(&format!("gave back {} before fork (nothing here holds it open): {stats}", m.device));
+        crate::log(&format!("gave back {} {when} (nothing here holds it open): {stats}", self.device));
+        true
     }
+}
+
+/// Whether a descriptor of the program stands for `description`.
+pub fn in_table(description: &Arc<Description>) -> bool {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table.as_ref().is_some_and(|t| t.values().any(|d| Arc::ptr_eq(d, description)))
 }
 
 #[cfg(test)]

@@ -180,7 +180,7 @@ fn a_programs_low_descriptor_numbers_never_reach_iopaths_own() {
     assert!(report.is_clean(), "{report:?}");
 }
 
-/// A shell's redirections to and from mounted files (`bridge.rs`): programs
+/// A shell's redirections to and from mounted files (`bridge/`): programs
 /// that write their standard output through stdio, read their standard
 /// input, share one file on 1 and 2, append, hand the streams on through
 /// further execs, and a failed exec that leaves the shell writing; the same
@@ -249,6 +249,46 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
     }
     assert_eq!(std::fs::read_to_string(kernel_dir.join("failed")).unwrap(), "before\nafter\n");
     assert_eq!(std::fs::read_to_string(kernel_dir.join("copy")).unwrap().lines().last(), Some("tail"));
+}
+
+/// A script whose standard streams are mounted files runs commands that use
+/// the mount: the shell's bridges are its only hold on the mount, and they
+/// let go of it at each fork (holding what arrives in memory), so the
+/// children can mount it; their output, the shell's own and what an exec
+/// hands on all land in order, byte for byte as on the kernel's files, also
+/// where the shell writes the same file directly between them. (Before,
+/// every such command waited for the mount and failed: EBUSY.)
+#[test]
+fn a_script_writing_into_a_mount_runs_commands_that_use_the_mount() {
+    let script = r#"set -e
+        seq 1 200 > "$D/in"
+        { echo start; ls "$D"; wc -l < "$D/in"; echo end; } > "$D/block"
+        while read -r l; do ls "$D" > /dev/null; echo "line $l"; done < "$D/in" > "$D/loop"
+        bash -c 'ls "$D" > /dev/null; head -c 6000000 /dev/zero | tr "\0" x; echo' > "$D/big"
+        bash -c 'ls "$D" > /dev/null; echo held; exec echo handed' > "$D/exec"
+        bash -c 'ls "$D" > /dev/null; read -r first; echo "first $first"; exec tail -n 2' < "$D/in" > "$D/rest"
+        { date -d @0 -u; ls "$D" > /dev/null; } 2>&1 >> "$D/block"
+        for i in 1 2 3; do { echo "one $i"; echo two >> "$D/order"; echo three; cat "$D/order" > "$D/seen"; } >> "$D/order"; done"#;
+    let names = ["block", "loop", "big", "exec", "rest", "order", "seen"];
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
+    }
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    for name in names {
+        let expected = std::fs::read(kernel_dir.join(name)).unwrap();
+        let file = fs.open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = vec![0u8; file.len() as usize];
+        assert_eq!(file.read_at(&mut got, 0).unwrap(), got.len());
+        let shown = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned();
+        assert!(got == expected, "{name}: {:?} against {:?}", shown(&got), shown(&expected));
+    }
+    assert_eq!(std::fs::read_to_string(kernel_dir.join("exec")).unwrap(), "held\nhanded\n");
+    assert_eq!(std::fs::read_to_string(kernel_dir.join("rest")).unwrap(), "first 1\n199\n200\n");
 }
 
 /// A program whose stderr is a bridge into a mounted file exits with its

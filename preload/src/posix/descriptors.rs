@@ -84,7 +84,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 /// After the kernel made `new` a duplicate of mounted `old`: `new` shares
 /// its description, or, on a standard stream (0, 1, 2: the C library's stdio
-/// calls the kernel on those), becomes a pipe a bridge keeps (`bridge.rs`).
+/// calls the kernel on those), becomes a pipe a bridge keeps (`bridge/`).
 fn duplicated(new: c_int, description: Option<Arc<Description>>, cloexec: bool) -> c_int {
     if new >= 0
         && let Some(d) = description

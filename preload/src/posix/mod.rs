@@ -11,7 +11,7 @@
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
 //!   symlink, readlink, link and linkat, and the nodes a mount cannot hold (mknod, mkfifo: EPERM)
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl;
-//!   a mounted file put on descriptor 0, 1 or 2 becomes a bridge's pipe (`bridge.rs`)
+//!   a mounted file put on descriptor 0, 1 or 2 becomes a bridge's pipe (`bridge/`)
 //! - `processes.rs`: `_exit`/`_Exit` (which commit the mounts first, as `exit` does),
 //!   `vfork`/`posix_spawn` (which give idle mounts back first, as `fork` does, so a child can
 //!   mount them), and the exec family (which commits the mounts first, hands the standard

@@ -93,6 +93,8 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
                 Ok(f) => f,
                 Err(e) => return fail(errno_of(&e)),
             };
+            // What the program wrote into this file through a standard stream comes first.
+            crate::bridge::written_before(inside.mount, file.metadata().ino);
             if flags & libc::O_TRUNC != 0
                 && writes
                 && !file.is_empty()

@@ -2,7 +2,7 @@
 //! does), `vfork` and `posix_spawn` (which give idle mounts back first, as
 //! `fork` does, so a child can mount them), and the exec family, which
 //! commits the mounts first (exec runs no exit handlers), hands the
-//! standard streams on mounted files to the next program (`bridge.rs`),
+//! standard streams on mounted files to the next program (`bridge/`),
 //! and runs a program stored on a mount: the kernel cannot load a file it
 //! cannot see, so an ELF program is copied into a memfd and executed from
 //! there, and a script's interpreter is executed with the script's path,
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn posix_spawnp(
 }
 
 /// Before an exec: hand the standard streams on mounted files on (they
-/// become pipes the next program's interposer keeps: `bridge.rs`), commit
+/// become pipes the next program's interposer keeps: `bridge/`), commit
 /// every mount (the process image that holds it is about to go, and exec
 /// runs no exit handlers), give back those nothing holds open, and tell the
 /// new program where in a mount its working directory is (`IOPATH_CWD`:

@@ -6,7 +6,7 @@
 //! Everything else about the stream (buffering, `fgets`, `fprintf`,
 //! `fflush`, `fclose`) is glibc's own. `freopen` of a standard stream onto
 //! a mounted file puts the file on its descriptor through a bridge
-//! (`bridge.rs`); of any other stream it is refused (EOPNOTSUPP, logged):
+//! (`bridge/`); of any other stream it is refused (EOPNOTSUPP, logged):
 //! the stream it keeps is glibc's own.
 
 use super::{on_fd, on_path};
@@ -203,7 +203,7 @@ macro_rules! hook_freopen {
         /// `freopen`: the C library's, unless the new file is in a mount or
         /// the stream is one of ours. A standard stream (on descriptor 0, 1
         /// or 2: `freopen(log, "a", stderr)`, as servers do) gets the mounted
-        /// file through a bridge (`bridge.rs`), the stream kept. Any other
+        /// file through a bridge (`bridge/`), the stream kept. Any other
         /// stream keeps its `FILE`, whose I/O the C library does through the
         /// kernel directly, so it cannot be turned into a mounted file's:
         /// refused with EOPNOTSUPP and a log line (`fopen` gives a stream on

@@ -23,14 +23,31 @@
 //! runs. An `open` in a mount that gets number 0, 1 or 2 (the program had
 //! closed it) makes a bridge too.
 //!
+//! A bridge does not keep the mount from the program's children: before a
+//! fork, a bridge that alone keeps its file open *lets go* ([`let_go`]),
+//! the mount is given back, and the bridge runs on *held*
+//! ([`Source::Held`]): a writing program's bytes are kept in memory until
+//! the mount can be had, a reading program's file is read into memory.
+//! The program's `open` of a file a bridge writes into first makes the
+//! bridge write what its pipe holds ([`written_before`]): what the
+//! program wrote before lands first, as with the kernel's file.
+//!
 //! What this gives up, against the kernel's file: the program sees a pipe
 //! (`fstat` says FIFO, `lseek` fails with ESPIPE); a reader's position runs
 //! ahead of what it consumed by what the pipe holds; a process that outlives
-//! the program and still writes to the pipe writes to nothing (EPIPE).
+//! the program and still writes to the pipe writes to nothing (EPIPE); a
+//! file read while held is the file as it was at the fork.
+
+mod control;
+mod held;
+
+pub use held::let_go;
 
 use crate::mount::{self, Description, Node};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::{Inside, real};
+use control::{AnswerAll, Control, PAUSE, SETTLE, wait};
+use held::{WRITING_HELD, feed_held, hold_output};
 use libc::c_int;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -137,15 +154,31 @@ enum Source {
     Handed(Spec),
     /// This program's own open file, shared (one position).
     Here(Arc<Description>),
+    /// Let go before a fork, so that the child can mount (see [`let_go`]):
+    /// for a writing program, bytes that arrived and are not in the file yet
+    /// (they go at `spec`'s position); for a reading one, the rest of the
+    /// file from `spec`'s position, read into memory.
+    Held { spec: Spec, bytes: Vec<u8> },
 }
 
 /// A bridge whose thread runs.
 struct Running {
     /// The program's descriptors on the pipe.
     fds: Vec<c_int>,
-    /// An eventfd that tells the thread to stop.
-    stop: c_int,
-    thread: std::thread::JoinHandle<Option<Spec>>,
+    /// What tells the thread to stop or to write what its pipe holds.
+    control: Arc<Control>,
+    /// The program's open file it shares, if it does (else it has its own, or none).
+    description: Option<Arc<Description>>,
+    /// For a writing program's bridge: the file it writes (mount index, inode).
+    writes_into: Option<(usize, u64)>,
+    thread: std::thread::JoinHandle<Option<Paused>>,
+}
+
+/// A bridge stopped: where it stands, and what it holds in memory (as in
+/// [`Source::Held`]; empty for a bridge that had its file open).
+struct Paused {
+    spec: Spec,
+    held: Vec<u8>,
 }
 
 static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
@@ -186,6 +219,7 @@ pub fn in_child_after_fork() {
         std::mem::forget(std::mem::take(&mut *running));
     }
     COUNT.store(0, Ordering::Release);
+    WRITING_HELD.store(false, Ordering::Release);
 }
 
 /// Takes the bridges a parent handed over (`IOPATH_STDIO`) and starts them;
@@ -198,8 +232,7 @@ pub fn adopt() {
         match Spec::decode(text) {
             Some(spec) => {
                 crate::log(&format!("bridging {} (handed over at exec)", spec.shown()));
-                let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
-                launch(fds, end, writes_file, Source::Handed(spec));
+                relaunch(Source::Handed(spec));
             }
             None => crate::say(&format!("{VARIABLE}: cannot read \"{text}\"; standard streams on mounted files lost")),
         }
@@ -239,6 +272,16 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
     placed
 }
 
+/// Starts a stopped bridge again (its descriptors, end and direction are its spec's).
+fn relaunch(source: Source) {
+    let spec = match &source {
+        Source::Handed(spec) | Source::Held { spec, .. } => spec,
+        Source::Here(_) => unreachable!("a bridge on this program's own file is started by `onto`"),
+    };
+    let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
+    launch(fds, end, writes_file, source);
+}
+
 /// A new pipe: the program's end and this library's (at [`END_FLOOR`] or
 /// above), both close-on-exec; or errno.
 fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
@@ -276,10 +319,8 @@ fn moved_up(fd: c_int) -> Result<c_int, c_int> {
 fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
     // SAFETY: F_SETFD on a descriptor of this library's.
     unsafe { real::fcntl(end, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
-    // SAFETY: eventfd has no preconditions.
-    let low = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    let stop = match if low < 0 { Err(crate::posix::last_errno()) } else { moved_up(low) } {
-        Ok(stop) => stop,
+    let control = match Control::new() {
+        Ok(control) => control,
         Err(errno) => {
             crate::say(&format!("cannot keep a standard stream on a mounted file: eventfd: {}", os_error(errno)));
             // SAFETY: our end; closing it tells the program (EPIPE, or the end of its input).
@@ -289,38 +330,72 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
     };
     let named = std::thread::Builder::new().name("iopath-stdio".into());
     let bridge_fds = fds.clone();
-    match iopath::sys::spawn_without_signals(named, move || run(source, bridge_fds, end, writes_file, stop)) {
+    let (description, file) = match &source {
+        Source::Here(d) => {
+            let index = mount::mounts().iter().position(|m| std::ptr::eq(m, d.mount));
+            let ino = d.file().map(|f| f.metadata().ino).ok();
+            (Some(Arc::clone(d)), index.zip(ino))
+        }
+        Source::Handed(spec) | Source::Held { spec, .. } => (None, Some((spec.mount, spec.ino))),
+    };
+    let writes_into = file.filter(|_| writes_file);
+    let theirs = Arc::clone(&control);
+    let body = move || {
+        let _answer = AnswerAll(Arc::clone(&theirs));
+        run(source, bridge_fds, end, writes_file, &theirs)
+    };
+    match iopath::sys::spawn_without_signals(named, body) {
         Ok(thread) => {
             note_own(end);
-            note_own(stop);
             let mut running = running();
-            running.push(Running { fds, stop, thread });
+            running.push(Running { fds, control, description, writes_into, thread });
             COUNT.store(running.len(), Ordering::Release);
         }
         Err(e) => {
             crate::say(&format!("cannot start a thread for a standard stream on a mounted file: {e}"));
-            // SAFETY: descriptors of ours, used by nothing else.
-            unsafe {
-                real::close(end);
-                real::close(stop);
-            }
+            // SAFETY: our end, used by nothing else (the control closes its eventfd as it goes).
+            unsafe { real::close(end) };
         }
     }
 }
 
+/// The program is about to open file `ino` of mount `m`: every bridge
+/// writing into it first writes what the program has put in its pipe, so
+/// that what it wrote before lies before what it writes or reads next, as
+/// with the kernel's file (`{ echo one; echo two >> f; } > f` gave "two
+/// one" now and then: the bridge's thread wrote "one" after the builtin
+/// had written "two" directly).
+pub fn written_before(m: &mount::Mount, ino: u64) {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let Some(index) = mount::mounts().iter().position(|n| std::ptr::eq(n, m)) else { return };
+    let controls: Vec<Arc<Control>> =
+        running().iter().filter(|b| b.writes_into == Some((index, ino))).map(|b| Arc::clone(&b.control)).collect();
+    let _errno = crate::KeepErrno::new();
+    for control in controls {
+        control.flush();
+    }
+}
+
 /// Stops a bridge and waits for it: it writes what its pipe holds into its
-/// file and gives back where it stands (`None` if it had ended: its file
-/// fed to the end, every writer gone, or failed and said why). Its end of
-/// the pipe stays open (an exec hands it on).
+/// file (or into memory, if it is held, unless `settle`) and gives back
+/// where it stands (`None` if it had ended: its file fed to the end, every
+/// writer gone, or failed and said why). Its end of the pipe stays open
+/// (an exec hands it on).
+fn pause(bridge: Running, settle: bool) -> Option<Paused> {
+    bridge.control.tell(if settle { SETTLE } else { PAUSE });
+    let paused = bridge.thread.join().ok().flatten();
+    paused.map(|p| Paused { spec: Spec { fds: bridge.fds, ..p.spec }, held: p.held })
+}
+
+/// [`pause`], and what a writing program's bridge held in memory written
+/// into its file (waiting for the mount if another process has it): where
+/// the bridge stands, with nothing left behind.
 fn stop(bridge: Running) -> Option<Spec> {
-    let one: u64 = 1;
-    // SAFETY: an eventfd of ours; writes 8 bytes from a local.
-    unsafe { real::write(bridge.stop, (&raw const one).cast(), 8) };
-    let spec = bridge.thread.join().ok().flatten();
-    forget_own(bridge.stop);
-    // SAFETY: the eventfd is ours and its thread is gone.
-    unsafe { real::close(bridge.stop) };
-    spec.map(|spec| Spec { fds: bridge.fds, ..spec })
+    let Paused { spec, held } = pause(bridge, true)?;
+    debug_assert!(!spec.writes_file || held.is_empty(), "a settled bridge holds nothing");
+    Some(spec)
 }
 
 fn close_end(spec: &Spec) {
@@ -428,8 +503,7 @@ impl HandOver {
     /// (their files opened again by path).
     pub fn undo(self) {
         for spec in self.0 {
-            let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
-            launch(fds, end, writes_file, Source::Handed(spec));
+            relaunch(Source::Handed(spec));
         }
     }
 }
@@ -482,19 +556,24 @@ enum Ended {
 
 /// A bridge's thread: moves bytes until it ends or is stopped; if stopped,
 /// gives back where it stands (to be handed on at an exec).
-fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, stop: c_int) -> Option<Spec> {
+fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: &Control) -> Option<Paused> {
     let _inside = Inside::enter();
+    let source = match source {
+        Source::Held { spec, bytes } if writes_file => return hold_output(spec, bytes, end, control),
+        Source::Held { spec, bytes } => return feed_held(spec, bytes, end, control),
+        source => source,
+    };
     let shown = || match &source {
-        Source::Handed(spec) => spec.shown(),
+        Source::Handed(spec) | Source::Held { spec, .. } => spec.shown(),
         Source::Here(d) => describe(&fds, writes_file, &d.mount.dir, &d.path),
     };
     let d = match &source {
-        Source::Handed(spec) => open(spec).map(Arc::new),
+        Source::Handed(spec) | Source::Held { spec, .. } => open(spec).map(Arc::new),
         Source::Here(d) => Ok(Arc::clone(d)),
     };
     let ended = match &d {
-        Ok(d) if writes_file => drain_into(d, end, stop, &shown),
-        Ok(d) => feed_from(d, end, stop, &shown),
+        Ok(d) if writes_file => drain_into(d, end, control, &shown),
+        Ok(d) => feed_from(d, end, control, &shown),
         Err(why) => {
             crate::say(&format!("cannot keep {}: {why}", shown()));
             Ended::Done
@@ -506,22 +585,32 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, stop: c_i
             if spec.is_none() {
                 crate::say(&format!("{}: the file was unlinked; the next program cannot be given it", shown()));
             }
-            spec
+            spec.map(|spec| Paused { spec, held: Vec::new() })
         }
         _ => {
-            forget_own(end);
-            // SAFETY: the bridge's end: closing it tells the program (EPIPE, or the end of its input).
-            unsafe { real::close(end) };
+            end_for_good(end);
             None
         }
     }
+}
+
+/// Closes a bridge's end from its own thread: the program sees EPIPE, or the end of its input.
+fn end_for_good(end: c_int) {
+    forget_own(end);
+    // SAFETY: the bridge's end; nothing else uses it.
+    unsafe { real::close(end) };
 }
 
 /// The open file a spec names, opened again by its path (and checked to be
 /// the same file).
 fn open(spec: &Spec) -> Result<Description, String> {
     let m = mount::mounts().get(spec.mount).ok_or("no such mount here")?;
-    let fs = m.fs().map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string())?;
+    let fs = m.fs().map_err(|errno| os_error(errno).to_string())?;
+    open_in(&fs, m, spec)
+}
+
+/// [`open`] in `fs`, mount `m`'s file system.
+fn open_in(fs: &iopath::fs::FileSystem, m: &'static mount::Mount, spec: &Spec) -> Result<Description, String> {
     let file = fs.open(&spec.path).map_err(|e| e.to_string())?;
     if file.metadata().ino != spec.ino {
         return Err("the file was renamed or replaced meanwhile".into());
@@ -543,13 +632,32 @@ fn set_nonblocking(fd: c_int) {
     }
 }
 
-/// Waits until `end` has `events` or `stop` is signalled; whether stopped.
-fn wait(end: c_int, events: i16, stop: c_int) -> bool {
-    let mut fds =
-        [libc::pollfd { fd: end, events, revents: 0 }, libc::pollfd { fd: stop, events: libc::POLLIN, revents: 0 }];
-    // SAFETY: two pollfds of ours; EINTR just comes back here.
-    unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-    fds[1].revents & libc::POLLIN != 0
+/// How a read of everything a pipe holds ended.
+enum Pipe {
+    /// Empty for now.
+    Empty,
+    /// Every writer has closed it.
+    Closed,
+    /// A read failed.
+    Failed(c_int),
+}
+
+/// Reads what the (non-blocking) pipe holds, piece by piece, into `take`,
+/// until it is empty or closed.
+fn read_pipe(end: c_int, buf: &mut [u8], mut take: impl FnMut(&[u8])) -> Pipe {
+    loop {
+        // SAFETY: reads into a buffer we own.
+        let n = unsafe { real::read(end, buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => return Pipe::Closed,
+            n if n > 0 => take(&buf[..n as usize]),
+            _ => match crate::posix::last_errno() {
+                libc::EAGAIN => return Pipe::Empty,
+                libc::EINTR => {}
+                errno => return Pipe::Failed(errno),
+            },
+        }
+    }
 }
 
 /// A writing program's bridge: what arrives is written into the file. If
@@ -557,44 +665,37 @@ fn wait(end: c_int, events: i16, stop: c_int) -> bool {
 /// dropped, and said on stderr, then and when the bridge ends: closing the
 /// pipe instead would kill most writers with SIGPIPE, and a killed process
 /// loses everything it had not synced on the mount, not just this stream.
-fn drain_into(d: &Description, end: c_int, stop: c_int, shown: &dyn Fn() -> String) -> Ended {
+fn drain_into(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -> String) -> Ended {
     set_nonblocking(end);
     let mut buf = vec![0u8; 256 << 10];
     let mut lost: Option<(c_int, u64)> = None;
-    let ended = 'bridge: loop {
-        let stopping = wait(end, libc::POLLIN, stop);
-        loop {
-            // SAFETY: reads into a buffer we own.
-            let n = unsafe { real::read(end, buf.as_mut_ptr().cast(), buf.len()) };
-            if n == 0 {
-                break 'bridge Ended::Done; // every writer has closed the pipe
-            }
-            if n < 0 {
-                match crate::posix::last_errno() {
-                    libc::EAGAIN => break,
-                    libc::EINTR => continue,
-                    errno => {
-                        crate::say(&format!("{}: reading the pipe: {}", shown(), os_error(errno)));
-                        break 'bridge Ended::Done;
-                    }
-                }
-            }
-            let n = n as usize;
-            if let Some((_, bytes)) = &mut lost {
-                *bytes += n as u64;
-            } else if write_mounted(d, &buf[..n], None) < 0 {
+    let ended = loop {
+        let told = wait(end, libc::POLLIN, control);
+        let pipe = read_pipe(end, &mut buf, |bytes| {
+            if let Some((_, n)) = &mut lost {
+                *n += bytes.len() as u64;
+            } else if write_mounted(d, bytes, None) < 0 {
                 let errno = crate::posix::last_errno();
                 crate::say(&format!(
                     "{}: {}; what the program writes there from now on is lost",
                     shown(),
                     os_error(errno)
                 ));
-                lost = Some((errno, n as u64));
+                lost = Some((errno, bytes.len() as u64));
+            }
+        });
+        match pipe {
+            Pipe::Empty => {}
+            Pipe::Closed => break Ended::Done,
+            Pipe::Failed(errno) => {
+                crate::say(&format!("{}: reading the pipe: {}", shown(), os_error(errno)));
+                break Ended::Done;
             }
         }
-        if stopping {
+        if told.stop != 0 {
             break Ended::Stopped { unsent: 0 };
         }
+        control.answer(told.asked);
     };
     if let Some((errno, bytes)) = lost {
         crate::say(&format!("{}: {bytes} bytes the program wrote were lost ({})", shown(), os_error(errno)));
@@ -603,7 +704,7 @@ fn drain_into(d: &Description, end: c_int, stop: c_int, shown: &dyn Fn() -> Stri
 }
 
 /// A reading program's bridge: the file's bytes are fed into the pipe.
-fn feed_from(d: &Description, end: c_int, stop: c_int, shown: &dyn Fn() -> String) -> Ended {
+fn feed_from(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -> String) -> Ended {
     set_nonblocking(end);
     let mut buf = vec![0u8; 64 << 10];
     let (mut at, mut len) = (0usize, 0usize);
@@ -619,7 +720,7 @@ fn feed_from(d: &Description, end: c_int, stop: c_int, shown: &dyn Fn() -> Strin
             }
             (at, len) = (0, n as usize);
         }
-        if wait(end, libc::POLLOUT, stop) {
+        if wait(end, libc::POLLOUT, control).stop != 0 {
             return Ended::Stopped { unsent: (len - at) as u64 };
         }
         // SAFETY: writes from a buffer we own.

@@ -1,0 +1,240 @@
+//! Bridges let go before a fork (see the parent module): a writing
+//! program's bytes held in memory until the mount can be had, a reading
+//! program's file read into memory, so that the child can mount.
+
+use super::control::{Control, SETTLE, wait};
+use super::{
+    COUNT, Paused, Pipe, Running, Source, Spec, close_end, end_for_good, launch, open, open_in, os_error, pause,
+    read_pipe, relaunch, running, set_nonblocking,
+};
+use crate::mount::{self, Description};
+use crate::posix::data::{read_mounted, write_mounted};
+use crate::real;
+use libc::c_int;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Most bytes a bridge holds in memory: a writing program's output beyond
+/// it goes into the file as soon as the mount can be had without waiting;
+/// a file to be read that is larger keeps its mount held across a fork.
+pub(super) const HELD_BYTES: usize = 4 << 20;
+
+/// Taken by one bridge at a time while it writes held bytes: one mounts,
+/// writes and gives the mount back before another looks whether it is
+/// mounted. Not a `Mutex`: a forked child starts with it free, whatever a
+/// thread of its parent (not in the child) was doing.
+pub(super) static WRITING_HELD: AtomicBool = AtomicBool::new(false);
+
+/// [`WRITING_HELD`], taken until dropped.
+struct WritingHeld;
+
+impl WritingHeld {
+    fn take() -> WritingHeld {
+        while WRITING_HELD.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        WritingHeld
+    }
+}
+
+impl Drop for WritingHeld {
+    fn drop(&mut self) {
+        WRITING_HELD.store(false, Ordering::Release);
+    }
+}
+
+/// Writes bytes a writing program's bridge held into its file, at `spec`'s
+/// position (moved past them), if the mount can be had (`may_wait`: waiting for
+/// another process to let go, as any call into the mount does). A mount
+/// taken for this alone is given back after. Whether the bytes are gone
+/// from `held` (written, or lost and said so).
+fn write_held(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
+    if held.is_empty() {
+        return true;
+    }
+    let _one = WritingHeld::take();
+    let Some(m) = mount::mounts().get(spec.mount) else { return false };
+    let was_mounted = m.mounted().is_some();
+    let fs = if was_mounted || may_wait { m.fs().ok() } else { m.try_fs() };
+    let Some(fs) = fs else {
+        if may_wait {
+            crate::say(&format!("{}: {} bytes the program wrote were lost (no mount)", spec.shown(), held.len()));
+            held.clear();
+        }
+        return may_wait;
+    };
+    match open_in(&fs, m, spec) {
+        Ok(d) => {
+            if write_mounted(&d, held, None) < 0 {
+                let errno = crate::posix::last_errno();
+                let lost = held.len();
+                crate::say(&format!(
+                    "{}: {lost} bytes the program wrote were lost ({})",
+                    spec.shown(),
+                    os_error(errno)
+                ));
+            }
+            spec.position = *d.position.lock().unwrap_or_else(|e| e.into_inner());
+        }
+        Err(why) => crate::say(&format!("{}: {} bytes the program wrote were lost ({why})", spec.shown(), held.len())),
+    }
+    held.clear();
+    drop(fs);
+    if !was_mounted {
+        m.release_if_idle("after writing a standard stream's bytes");
+    }
+    true
+}
+
+/// Bridges stopped before a fork so that their mounts can be given back
+/// ([`let_go`]); [`LetGo::resume`] starts them again after.
+#[derive(Default)]
+pub struct LetGo(Vec<Paused>);
+
+/// Before a fork (`fork`, `vfork`, `posix_spawn`): stops the bridges that
+/// alone keep their file open (no descriptor of the program stands for its
+/// open file), so that a mount they were the only hold on can be given
+/// back and the child can mount it: `{ ls /mnt/i; echo done; } >
+/// /mnt/i/log` in a shell. Bytes held from an earlier fork go into their
+/// files first, if the mount can be had without waiting (what the program
+/// wrote before the fork lies before what the child writes). A reading
+/// program's file, if no larger than [`HELD_BYTES`], is read into memory;
+/// a larger one keeps its mount.
+pub fn let_go() -> LetGo {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return LetGo::default();
+    }
+    let (alone, writing): (Vec<Running>, Vec<Arc<Control>>) = {
+        let mut running = running();
+        let (alone, shared): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running)
+            .into_iter()
+            .partition(|b| b.description.as_ref().is_none_or(|d| !mount::in_table(d)));
+        *running = shared;
+        COUNT.store(running.len(), Ordering::Release);
+        let writing = running.iter().filter(|b| b.writes_into.is_some()).map(|b| Arc::clone(&b.control)).collect();
+        (alone, writing)
+    };
+    // The bridges that stay: what the program wrote lands before the child looks.
+    for control in writing {
+        control.flush();
+    }
+    let mut paused = Vec::new();
+    for Paused { mut spec, mut held } in alone.into_iter().filter_map(|b| pause(b, false)) {
+        if spec.writes_file {
+            write_held(&mut spec, &mut held, false);
+            paused.push(Paused { spec, held });
+        } else if !held.is_empty() {
+            paused.push(Paused { spec, held }); // the rest of its file is in memory already
+        } else {
+            match read_rest(&spec) {
+                Ok(rest) => paused.push(Paused { spec, held: rest }),
+                Err(d) => launch(spec.fds, spec.end, false, Source::Here(d)),
+            }
+        }
+    }
+    LetGo(paused)
+}
+
+/// The rest of a reading program's file, from `spec`'s position, if it
+/// ends within [`HELD_BYTES`]; else the file open (to keep it, and its mount).
+fn read_rest(spec: &Spec) -> Result<Vec<u8>, Arc<Description>> {
+    let d = match open(spec) {
+        Ok(d) => Arc::new(d),
+        Err(why) => {
+            crate::say(&format!("cannot keep {}: {why}", spec.shown()));
+            return Ok(Vec::new()); // the reader sees the end
+        }
+    };
+    let mut rest = vec![0u8; HELD_BYTES + 1];
+    let mut len = 0;
+    while len < rest.len() {
+        let n = read_mounted(&d, &mut rest[len..], Some((spec.position + len as u64) as libc::off_t));
+        if n <= 0 {
+            break;
+        }
+        len += n as usize;
+    }
+    if len > HELD_BYTES {
+        return Err(d);
+    }
+    rest.truncate(len);
+    Ok(rest)
+}
+
+impl LetGo {
+    /// After the fork (and after the mounts nothing held were given back):
+    /// the bridges run again, holding their bytes in memory.
+    pub fn resume(self) {
+        for Paused { spec, held } in self.0 {
+            if !spec.writes_file && held.is_empty() {
+                close_end(&spec); // its file was read to the end: the reader sees it
+            } else {
+                relaunch(Source::Held { spec, bytes: held });
+            }
+        }
+    }
+}
+
+/// A writing program's bridge let go before a fork: what arrives is held
+/// in memory, and written into the file when the mount is here anyway (the
+/// program uses it again), when more than [`HELD_BYTES`] is held and the
+/// mount can be had without waiting, and when the bridge stops or every
+/// writer has gone (then waiting for the mount as any call does). It never
+/// stops reading the pipe: a child writing much while holding the mount
+/// must not wait on a full pipe while its parent waits for the mount.
+pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control: &Control) -> Option<Paused> {
+    set_nonblocking(end);
+    let index = spec.mount;
+    let mounted = || mount::mounts().get(index).is_some_and(|m| m.mounted().is_some());
+    let mut next_try = HELD_BYTES;
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let told = wait(end, libc::POLLIN, control);
+        let pipe = read_pipe(end, &mut buf, |bytes| held.extend_from_slice(bytes));
+        if let Pipe::Closed | Pipe::Failed(_) = pipe {
+            if let Pipe::Failed(errno) = pipe {
+                crate::say(&format!("{}: reading the pipe: {}", spec.shown(), os_error(errno)));
+            }
+            write_held(&mut spec, &mut held, true);
+            end_for_good(end);
+            return None;
+        }
+        if told.stop != 0 {
+            if told.stop >= SETTLE {
+                write_held(&mut spec, &mut held, true);
+            }
+            return Some(Paused { spec, held });
+        }
+        // Into the file when the mount is here anyway (asked to flush: the program
+        // is opening the file, so it has the mount), or when much is held.
+        if !held.is_empty() && (held.len() >= next_try || mounted()) && !write_held(&mut spec, &mut held, false) {
+            next_try = held.len() + HELD_BYTES; // another process has the mount: later
+        }
+        if held.is_empty() {
+            next_try = HELD_BYTES;
+        }
+        control.answer(told.asked);
+    }
+}
+
+/// A reading program's bridge let go before a fork: the rest of its file,
+/// read into memory then, is fed into the pipe.
+pub(super) fn feed_held(mut spec: Spec, rest: Vec<u8>, end: c_int, control: &Control) -> Option<Paused> {
+    set_nonblocking(end);
+    let mut at = 0;
+    while at < rest.len() {
+        if wait(end, libc::POLLOUT, control).stop != 0 {
+            spec.position += at as u64;
+            return Some(Paused { spec, held: rest[at..].to_vec() });
+        }
+        // SAFETY: writes from a buffer we own.
+        let n = unsafe { real::write(end, rest[at..].as_ptr().cast(), rest.len() - at) };
+        if n > 0 {
+            at += n as usize;
+        } else if n < 0 && !matches!(crate::posix::last_errno(), libc::EAGAIN | libc::EINTR) {
+            break; // the reader is gone (EPIPE)
+        }
+    }
+    end_for_good(end);
+    None
+}
