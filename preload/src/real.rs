@@ -158,6 +158,11 @@ next_symbol! {
     utimensat: fn(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int;
     futimens: fn(fd: c_int, times: *const libc::timespec) -> c_int;
     utimes: fn(path: *const c_char, times: *const libc::timeval) -> c_int;
+    lutimes: fn(path: *const c_char, times: *const libc::timeval) -> c_int;
+    futimes: fn(fd: c_int, times: *const libc::timeval) -> c_int;
+    futimesat: fn(dirfd: c_int, path: *const c_char, times: *const libc::timeval) -> c_int;
+    utime: fn(path: *const c_char, times: *const libc::utimbuf) -> c_int;
+    lchmod: fn(path: *const c_char, mode: mode_t) -> c_int;
     chown: fn(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
     lchown: fn(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
     fchown: fn(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int;

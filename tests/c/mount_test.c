@@ -28,7 +28,9 @@
 #include <sys/xattr.h>
 #include <sys/vfs.h>
 #include <sys/uio.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <utime.h>
 #include <unistd.h>
 
 #define CHECK_CONTEXT() fprintf(stderr, " (errno %d %s)", errno, strerror(errno))
@@ -315,6 +317,22 @@ static void stdio_and_metadata(void) {
           "utimensat");
     times[1].tv_sec = 2000000000;
     CHECK(futimens(fd, times) == 0 && fstat(fd, &st) == 0 && st.st_mtim.tv_sec == 2000000000, "futimens");
+    /* The older forms (unzip calls utime, rsync lutimes). */
+    struct utimbuf ub = {0, 1100000000};
+    CHECK(utime(at("s.txt"), &ub) == 0 && stat(at("s.txt"), &st) == 0 && st.st_mtime == 1100000000, "utime");
+    struct timeval tv[2] = {{0, 0}, {1200000000, 7}};
+    CHECK(utimes(at("s.txt"), tv) == 0 && stat(at("s.txt"), &st) == 0 && st.st_mtim.tv_sec == 1200000000 &&
+              st.st_mtim.tv_nsec == 7000,
+          "utimes");
+    tv[1].tv_sec = 1300000000;
+    CHECK(lutimes(at("s.txt"), tv) == 0 && stat(at("s.txt"), &st) == 0 && st.st_mtime == 1300000000, "lutimes");
+    tv[1].tv_sec = 1400000000;
+    CHECK(futimes(fd, tv) == 0 && fstat(fd, &st) == 0 && st.st_mtime == 1400000000, "futimes");
+    tv[1].tv_sec = 1500000000;
+    CHECK(futimesat(AT_FDCWD, at("s.txt"), tv) == 0 && stat(at("s.txt"), &st) == 0 && st.st_mtime == 1500000000,
+          "futimesat");
+    CHECK(lchmod(at("s.txt"), 0604) == 0 && stat(at("s.txt"), &st) == 0 && (st.st_mode & 07777) == 0604, "lchmod");
+    ERRNO_IS(utime(at("nope/x"), &ub), ENOENT);
     CHECK(fchown(fd, geteuid(), getegid()) == 0 && chown(at("s.txt"), (uid_t)-1, (gid_t)-1) == 0, "chown to oneself");
     struct statfs sf;
     CHECK(fstatfs(fd, &sf) == 0 && sf.f_bsize > 0 && sf.f_bfree > 0 && sf.f_blocks >= sf.f_bfree, "fstatfs");
@@ -454,6 +472,17 @@ static void symlinks(void) {
     CHECK(unlink(at("l2d")) == 0 && unlink(at("dangling")) == 0 && unlink(at("loop")) == 0 && unlink(at("up")) == 0 &&
               unlink(at("out")) == 0 && unlink(at("ld/t")) == 0 && unlink(at("ld/made")) == 0 && rmdir(at("ld")) == 0,
           "clean up");
+    /* A path that ends in '/' follows a last link even where the call does not
+     * (lstat, AT_SYMLINK_NOFOLLOW); a link that climbs out of the directory
+     * leads where the kernel says. */
+    CHECK(mkdir(at("ldir"), 0755) == 0 && symlink("ldir", at("tolink")) == 0, "a link to a directory");
+    CHECK(lstat(at("tolink"), &st) == 0 && S_ISLNK(st.st_mode), "lstat of the link");
+    CHECK(lstat(at("tolink/"), &st) == 0 && S_ISDIR(st.st_mode), "lstat of link/ follows it");
+    CHECK(fstatat(AT_FDCWD, at("tolink/"), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode),
+          "fstatat nofollow of link/ follows it");
+    CHECK(symlink("../no-such-dir-above", at("climbs")) == 0, "a link that climbs out");
+    ERRNO_IS(lstat(at("climbs/"), &st), ENOENT);
+    CHECK(unlink(at("climbs")) == 0 && unlink(at("tolink")) == 0 && rmdir(at("ldir")) == 0, "cleaned up");
 }
 
 static void hard_links(void) {
@@ -801,6 +830,27 @@ static void standard_streams(void) {
     fflush(stderr); /* (a freopen'd stream is buffered as a file's) */
     dup2(saved_err, 2);
     CHECK(!strcmp(contents(at("log")), "to the log\n"), "a freopen'd stderr: %s", contents(at("log")));
+
+    /* Calls on the file itself through a standard stream (touch opens its file
+     * onto 0 and sets the time there; a program may sync its output). */
+    fd = open(at("touched"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(dup2(fd, 0) == 0 && close(fd) == 0, "a file opened onto 0");
+    struct timespec when[2] = {{0, UTIME_OMIT}, {978307200, 0}};
+    struct stat st;
+    CHECK(futimens(0, when) == 0 && fchmod(0, 0600) == 0 && fsync(0) == 0 && fdatasync(0) == 0,
+          "futimens, fchmod, fsync on it");
+    dup2(saved_in, 0);
+    CHECK(stat(at("touched"), &st) == 0 && st.st_mtime == 978307200 && (st.st_mode & 07777) == 0600,
+          "the file's time and mode: %ld %o", (long)st.st_mtime, st.st_mode & 07777);
+    fd = open(at("synced"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(dup2(fd, 1) == 1 && close(fd) == 0, "a file onto 1");
+    printf("synced\n");
+    fflush(stdout);
+    CHECK(fsync(1) == 0, "fsync(1)");
+    CHECK(!strcmp(contents(at("synced")), "synced\n"), "what fsync(1) made durable is there: %s",
+          contents(at("synced")));
+    dup2(saved_out, 1);
+    CHECK(unlink(at("touched")) == 0 && unlink(at("synced")) == 0, "unlink them");
 
     close(1);
     fd = open(at("low"), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -169,6 +169,8 @@ struct Running {
     control: Arc<Control>,
     /// The program's open file it shares, if it does (else it has its own, or none).
     description: Option<Arc<Description>>,
+    /// Where it was handed over or let go, if it was (else `description` says).
+    spec: Option<Spec>,
     /// For a writing program's bridge: the file it writes (mount index, inode).
     writes_into: Option<(usize, u64)>,
     thread: std::thread::JoinHandle<Option<Paused>>,
@@ -330,13 +332,13 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
     };
     let named = std::thread::Builder::new().name("iopath-stdio".into());
     let bridge_fds = fds.clone();
-    let (description, file) = match &source {
+    let (description, spec, file) = match &source {
         Source::Here(d) => {
             let index = mount::mounts().iter().position(|m| std::ptr::eq(m, d.mount));
             let ino = d.file().map(|f| f.metadata().ino).ok();
-            (Some(Arc::clone(d)), index.zip(ino))
+            (Some(Arc::clone(d)), None, index.zip(ino))
         }
-        Source::Handed(spec) | Source::Held { spec, .. } => (None, Some((spec.mount, spec.ino))),
+        Source::Handed(spec) | Source::Held { spec, .. } => (None, Some(spec.clone()), Some((spec.mount, spec.ino))),
     };
     let writes_into = file.filter(|_| writes_file);
     let theirs = Arc::clone(&control);
@@ -348,7 +350,7 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
         Ok(thread) => {
             note_own(end);
             let mut running = running();
-            running.push(Running { fds, control, description, writes_into, thread });
+            running.push(Running { fds, control, description, spec, writes_into, thread });
             COUNT.store(running.len(), Ordering::Release);
         }
         Err(e) => {
@@ -376,6 +378,34 @@ pub fn written_before(m: &mount::Mount, ino: u64) {
     for control in controls {
         control.flush();
     }
+}
+
+/// The file behind descriptor `fd` if it is a bridge's (`None` if it is
+/// not one): the program's open file it shares, or the file opened again
+/// (mounting if need be), with what the program wrote into the pipe
+/// written into it first; `Err(errno)` if it cannot be had.
+pub fn file_of(fd: c_int) -> Option<Result<Arc<Description>, c_int>> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let (control, description, spec, writes) = {
+        let running = running();
+        let b = running.iter().find(|b| b.fds.contains(&fd))?;
+        (Arc::clone(&b.control), b.description.clone(), b.spec.clone(), b.writes_into.is_some())
+    };
+    // Opened first: a held bridge writes what it holds once the mount is here.
+    let file = match (description, spec) {
+        (Some(d), _) => Ok(d),
+        (None, Some(spec)) => open(&spec).map(Arc::new).map_err(|why| {
+            crate::log(&format!("{}: {why}", spec.shown()));
+            libc::EIO
+        }),
+        (None, None) => Err(libc::EBADF),
+    };
+    if writes {
+        control.flush();
+    }
+    Some(file)
 }
 
 /// Stops a bridge and waits for it: it writes what its pipe holds into its

@@ -4,7 +4,7 @@
 //! (a private mapping of a mounted file is a copy of its bytes; a shared one
 //! is refused with ENODEV: it would not see the file system's writes).
 
-use super::{errno_of, fail, fail_size, on_fd};
+use super::{errno_of, fail, fail_size, on_fd, on_file_fd};
 use crate::mount::{Description, Node};
 use crate::real;
 use crate::route::{self, at_offset, at_position, one, pieces_of};
@@ -378,7 +378,7 @@ fn sync_mounted(d: &Arc<Description>, data_only: bool) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    if let Some(r) = on_fd(fd, fail, |d| sync_mounted(d, false)) {
+    if let Some(r) = on_file_fd(fd, fail, |d| sync_mounted(d, false)) {
         return r;
     }
     route::flush_passed(fd);
@@ -392,7 +392,7 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    if let Some(r) = on_fd(fd, fail, |d| sync_mounted(d, true)) {
+    if let Some(r) = on_file_fd(fd, fail, |d| sync_mounted(d, true)) {
         return r;
     }
     route::flush_passed(fd);
@@ -406,7 +406,7 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
-    let mounted = on_fd(fd, fail, |d| match d.mount.fs().map(|fs| fs.sync()) {
+    let mounted = on_file_fd(fd, fail, |d| match d.mount.fs().map(|fs| fs.sync()) {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => fail(errno_of(&e)),
         Err(e) => fail(e),
@@ -426,7 +426,7 @@ pub unsafe extern "C" fn sync_file_range(fd: c_int, offset: off_t, n: off_t, fla
         // SAFETY: passed on: the kernel says what is wrong.
         return unsafe { real::sync_file_range(fd, offset, n, flags) };
     }
-    let mounted = on_fd(fd, fail, |d| if d.file().is_err() { fail(libc::ESPIPE) } else { sync_mounted(d, true) });
+    let mounted = on_file_fd(fd, fail, |d| if d.file().is_err() { fail(libc::ESPIPE) } else { sync_mounted(d, true) });
     // SAFETY: passed on.
     mounted.unwrap_or_else(|| unsafe { real::sync_file_range(fd, offset, n, flags) })
 }
@@ -451,7 +451,7 @@ macro_rules! hook_ftruncate {
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, len: off_t) -> c_int {
-            if let Some(r) = on_fd(fd, fail, |d| truncate_mounted(d, len)) {
+            if let Some(r) = on_file_fd(fd, fail, |d| truncate_mounted(d, len)) {
                 return r;
             }
             // SAFETY: passed on.
@@ -494,7 +494,7 @@ macro_rules! hook_fallocate {
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
-            let mounted = on_fd(fd, fail, |d| match allocate_mounted(d, mode, offset, len) {
+            let mounted = on_file_fd(fd, fail, |d| match allocate_mounted(d, mode, offset, len) {
                 0 => 0,
                 e => fail(e),
             });
@@ -513,7 +513,7 @@ macro_rules! hook_posix_fallocate {
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, offset: off_t, len: off_t) -> c_int {
-            let mounted = on_fd(fd, |e| e, |d| allocate_mounted(d, 0, offset, len));
+            let mounted = on_file_fd(fd, |e| e, |d| allocate_mounted(d, 0, offset, len));
             // SAFETY: passed on.
             mounted.unwrap_or_else(|| unsafe { real::$name(fd, offset, len) })
         }

@@ -5,7 +5,7 @@
 //! belong to the calling process's user; the access time reads as the
 //! modification time.
 
-use super::{errno_of, fail, on_fd, on_path, on_path_nofollow};
+use super::{errno_of, fail, on_fd, on_file_fd, on_path, on_path_nofollow};
 use crate::mount::{Description, Inside, Mount, Node};
 use crate::real;
 use iopath::fs::{Kind, Metadata};
@@ -19,7 +19,25 @@ fn metadata_inside(inside: &Inside) -> Result<Metadata, c_int> {
     fs.symlink_metadata(&inside.path).map_err(|e| errno_of(&e))
 }
 
-/// [`on_path`], or [`on_path_nofollow`] where `flags` hold `AT_SYMLINK_NOFOLLOW`.
+/// [`on_path_nofollow`] for the calls on a path's metadata (`lstat`,
+/// `lchown`, `lgetxattr`, ...): a last link is the link itself, except in a
+/// path that ends in `/`, which the kernel follows (`lstat("link/")`
+/// describes the directory the link leads to, and a link that leads out of
+/// the mount leads to the kernel's answer there: it was EXDEV).
+fn on_path_lstat<R>(
+    dirfd: c_int,
+    path: *const c_char,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(Inside) -> R,
+) -> Option<R> {
+    if super::path_bytes(path).is_some_and(|p| p.ends_with(b"/")) {
+        on_path(dirfd, path, failed, serve)
+    } else {
+        on_path_nofollow(dirfd, path, failed, serve)
+    }
+}
+
+/// [`on_path`], or [`on_path_lstat`] where `flags` hold `AT_SYMLINK_NOFOLLOW`.
 fn on_path_flags<R>(
     dirfd: c_int,
     path: *const c_char,
@@ -28,7 +46,7 @@ fn on_path_flags<R>(
     serve: impl FnOnce(Inside) -> R,
 ) -> Option<R> {
     if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
-        on_path_nofollow(dirfd, path, failed, serve)
+        on_path_lstat(dirfd, path, failed, serve)
     } else {
         on_path(dirfd, path, failed, serve)
     }
@@ -110,8 +128,8 @@ macro_rules! hook_stat {
         }
     )*};
 }
-hook_stat!(stat: libc::stat, on_path; lstat: libc::stat, on_path_nofollow;
-    stat64: libc::stat64, on_path; lstat64: libc::stat64, on_path_nofollow);
+hook_stat!(stat: libc::stat, on_path; lstat: libc::stat, on_path_lstat;
+    stat64: libc::stat64, on_path; lstat64: libc::stat64, on_path_lstat);
 
 macro_rules! hook_fstat {
     ($($name:ident: $ty:ty),*) => {$(
@@ -157,8 +175,8 @@ macro_rules! hook_xstat {
         }
     )*};
 }
-hook_xstat!(__xstat: libc::stat, on_path; __lxstat: libc::stat, on_path_nofollow;
-    __xstat64: libc::stat64, on_path; __lxstat64: libc::stat64, on_path_nofollow);
+hook_xstat!(__xstat: libc::stat, on_path; __lxstat: libc::stat, on_path_lstat;
+    __xstat64: libc::stat64, on_path; __lxstat64: libc::stat64, on_path_lstat);
 
 macro_rules! hook_fxstat {
     ($($name:ident: $ty:ty),*) => {$(
@@ -310,6 +328,20 @@ pub unsafe extern "C" fn fchmodat(dirfd: c_int, path: *const c_char, mode: libc:
     mounted.unwrap_or_else(|| unsafe { real::fchmodat(dirfd, super::kernel(dirfd, path).ptr(), mode, flags) })
 }
 
+/// `lchmod`: as `fchmodat` with `AT_SYMLINK_NOFOLLOW` (a link's mode cannot be changed).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lchmod(path: *const c_char, mode: libc::mode_t) -> c_int {
+    let mounted = on_path_lstat(libc::AT_FDCWD, path, fail, |inside| match metadata_inside(&inside) {
+        Ok(m) if m.kind == Kind::Symlink => fail(libc::EOPNOTSUPP),
+        _ => chmod_inside(inside, mode),
+    });
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::lchmod(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+}
+
 /// `fchmod`.
 ///
 /// # Safety
@@ -317,7 +349,7 @@ pub unsafe extern "C" fn fchmodat(dirfd: c_int, path: *const c_char, mode: libc:
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int {
     // SAFETY: passed on.
-    on_fd(fd, fail, |d| fchmod_mounted(d, mode)).unwrap_or_else(|| unsafe { real::fchmod(fd, mode) })
+    on_file_fd(fd, fail, |d| fchmod_mounted(d, mode)).unwrap_or_else(|| unsafe { real::fchmod(fd, mode) })
 }
 
 /// The modification time `times` asks for (utimensat's rules: NULL is now,
@@ -364,7 +396,7 @@ pub unsafe extern "C" fn utimensat(
 ) -> c_int {
     let mounted = if path.is_null() {
         // Linux's utimensat(fd, NULL, ...) is futimens.
-        on_fd(dirfd, fail, |d| futimens_mounted(d, times))
+        on_file_fd(dirfd, fail, |d| futimens_mounted(d, times))
     } else {
         on_path_flags(dirfd, path, flags, fail, |inside| utimes_inside(inside, times))
     };
@@ -392,25 +424,80 @@ fn futimens_mounted(d: &Description, times: *const libc::timespec) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
     // SAFETY: passed on.
-    on_fd(fd, fail, |d| futimens_mounted(d, times)).unwrap_or_else(|| unsafe { real::futimens(fd, times) })
+    on_file_fd(fd, fail, |d| futimens_mounted(d, times)).unwrap_or_else(|| unsafe { real::futimens(fd, times) })
 }
 
-/// `utimes` (microseconds).
+/// Two `timeval`s as `utimensat`'s two `timespec`s (NULL stays NULL: now).
+fn timespecs_of(times: *const libc::timeval) -> Option<[libc::timespec; 2]> {
+    (!times.is_null()).then(|| {
+        // SAFETY: the utimes family's times is an array of two timevals.
+        let t = unsafe { [*times, *times.add(1)] };
+        t.map(|v| libc::timespec { tv_sec: v.tv_sec, tv_nsec: v.tv_usec * 1000 })
+    })
+}
+
+fn ptr_of(spec: &Option<[libc::timespec; 2]>) -> *const libc::timespec {
+    spec.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
+}
+
+macro_rules! hook_utimes {
+    ($($name:ident, $on_path:ident);*) => {$(
+        /// `utimes`/`lutimes` (microseconds): a mounted path's modification time.
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, times: *const libc::timeval) -> c_int {
+            let spec = timespecs_of(times);
+            let mounted = $on_path(libc::AT_FDCWD, path, fail, |inside| utimes_inside(inside, ptr_of(&spec)));
+            // SAFETY: passed on.
+            mounted.unwrap_or_else(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), times) })
+        }
+    )*};
+}
+hook_utimes!(utimes, on_path; lutimes, on_path_lstat);
+
+/// `futimesat` (microseconds; `path` NULL: the descriptor's file).
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn utimes(path: *const c_char, times: *const libc::timeval) -> c_int {
-    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| {
-        let spec = (!times.is_null()).then(|| {
-            // SAFETY: utimes's times is an array of two timevals.
-            let t = unsafe { [*times, *times.add(1)] };
-            t.map(|v| libc::timespec { tv_sec: v.tv_sec, tv_nsec: v.tv_usec * 1000 })
-        });
-        utimes_inside(inside, spec.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()))
-    });
+pub unsafe extern "C" fn futimesat(dirfd: c_int, path: *const c_char, times: *const libc::timeval) -> c_int {
+    let spec = timespecs_of(times);
+    let mounted = if path.is_null() {
+        on_file_fd(dirfd, fail, |d| futimens_mounted(d, ptr_of(&spec)))
+    } else {
+        on_path(dirfd, path, fail, |inside| utimes_inside(inside, ptr_of(&spec)))
+    };
     // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::utimes(super::kernel(libc::AT_FDCWD, path).ptr(), times) })
+    mounted.unwrap_or_else(|| unsafe { real::futimesat(dirfd, super::kernel(dirfd, path).ptr(), times) })
+}
+
+/// `futimes` (microseconds).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn futimes(fd: c_int, times: *const libc::timeval) -> c_int {
+    let spec = timespecs_of(times);
+    // SAFETY: passed on.
+    on_file_fd(fd, fail, |d| futimens_mounted(d, ptr_of(&spec))).unwrap_or_else(|| unsafe { real::futimes(fd, times) })
+}
+
+/// `utime` (seconds; what unzip and older programs call).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
+    let spec = (!times.is_null()).then(|| {
+        // SAFETY: a non-NULL utimbuf.
+        let t = unsafe { *times };
+        [libc::timespec { tv_sec: t.actime, tv_nsec: 0 }, libc::timespec { tv_sec: t.modtime, tv_nsec: 0 }]
+    });
+    let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| utimes_inside(inside, ptr_of(&spec)));
+    // SAFETY: passed on.
+    mounted.unwrap_or_else(|| unsafe { real::utime(super::kernel(libc::AT_FDCWD, path).ptr(), times) })
 }
 
 /// chown in a mount: every file is the calling user's, so a change to that
@@ -457,7 +544,7 @@ macro_rules! hook_chown {
         }
     )*};
 }
-hook_chown!(chown, on_path; lchown, on_path_nofollow);
+hook_chown!(chown, on_path; lchown, on_path_lstat);
 
 /// `fchown`.
 ///
@@ -466,7 +553,7 @@ hook_chown!(chown, on_path; lchown, on_path_nofollow);
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
     // SAFETY: passed on.
-    on_fd(fd, fail, |_| chown_mounted(uid, gid)).unwrap_or_else(|| unsafe { real::fchown(fd, uid, gid) })
+    on_file_fd(fd, fail, |_| chown_mounted(uid, gid)).unwrap_or_else(|| unsafe { real::fchown(fd, uid, gid) })
 }
 
 /// `fchownat`.
@@ -716,16 +803,16 @@ macro_rules! hook_xattr_fd {
 }
 hook_xattr_path!(XattrOp::Get, libc::ssize_t,
     getxattr, on_path(name: *const c_char, value: *mut libc::c_void, size: libc::size_t),
-    lgetxattr, on_path_nofollow(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
+    lgetxattr, on_path_lstat(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
 hook_xattr_path!(XattrOp::List, libc::ssize_t,
     listxattr, on_path(list: *mut c_char, size: libc::size_t),
-    llistxattr, on_path_nofollow(list: *mut c_char, size: libc::size_t));
+    llistxattr, on_path_lstat(list: *mut c_char, size: libc::size_t));
 hook_xattr_path!(XattrOp::Set, c_int,
     setxattr, on_path(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int),
-    lsetxattr, on_path_nofollow(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));
+    lsetxattr, on_path_lstat(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));
 hook_xattr_path!(XattrOp::Remove, c_int,
     removexattr, on_path(name: *const c_char),
-    lremovexattr, on_path_nofollow(name: *const c_char));
+    lremovexattr, on_path_lstat(name: *const c_char));
 hook_xattr_fd!(XattrOp::Get, libc::ssize_t, fgetxattr(name: *const c_char, value: *mut libc::c_void, size: libc::size_t));
 hook_xattr_fd!(XattrOp::List, libc::ssize_t, flistxattr(list: *mut c_char, size: libc::size_t));
 hook_xattr_fd!(XattrOp::Set, c_int, fsetxattr(name: *const c_char, value: *const libc::c_void, size: libc::size_t, flags: c_int));

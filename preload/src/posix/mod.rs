@@ -108,6 +108,28 @@ pub(crate) fn on_fd<R>(
     Some(serve(&description))
 }
 
+/// [`on_fd`] for the calls on a file itself rather than on its bytes
+/// (`fsync`, `futimens`, `fchmod`, `ftruncate`, ...): a descriptor on a
+/// bridge (a mounted file on a standard stream, `bridge/`) stands for the
+/// bridge's file, once the bridge has written what its pipe holds. `touch`
+/// opens its file onto descriptor 0 and sets the time there; a program
+/// that syncs its standard output expects the file to be durable.
+pub(crate) fn on_file_fd<R>(
+    fd: c_int,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(&Arc<Description>) -> R,
+) -> Option<R> {
+    if !mounting() || mount::is_mounted(fd) || forked() {
+        return on_fd(fd, failed, serve);
+    }
+    let description = crate::bridge::file_of(fd)?;
+    let _inside = crate::Inside::enter();
+    Some(match description {
+        Ok(d) => serve(&d),
+        Err(errno) => failed(errno),
+    })
+}
+
 /// The bytes of a C path (`None` for NULL).
 pub(crate) fn path_bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
     if path.is_null() {
