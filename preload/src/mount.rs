@@ -44,8 +44,76 @@ pub struct Mount {
 struct MountState {
     fs: Option<FileSystem>,
     lock: Option<MountLock>,
+    /// Gives the mount back when another process waits for it ([`lend`]).
+    lender: Option<Lender>,
     /// A failure was said on stderr already.
     said: bool,
+}
+
+/// The thread that gives a mount back to a waiting process ([`lend`]),
+/// told to go when dropped (the mount given back or kept to the end).
+struct Lender {
+    wanted: Arc<iopath::fs::lock::Wanted>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Lender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wanted.wake();
+    }
+}
+
+/// How long a lender keeps trying to give the mount back after the last
+/// sign that a process waits (a waiter signs every `NUDGE_EVERY`).
+const LEND_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// A lender's thread: while this process has mount `m`, each time another
+/// process waits for it (`iopath::fs::lock::Wanted`), gives it back as soon
+/// as nothing here holds it open ([`Mount::release_if_idle`]), trying every
+/// 10 ms while the waiter keeps waiting. A parent that waits for its
+/// children (make running its jobs, `make -j2` most of all) held them off
+/// the mount until they gave up: now they take turns, as they do after a
+/// fork. The next call here mounts again (waiting its turn).
+fn lend(m: &'static Mount, wanted: Arc<iopath::fs::lock::Wanted>, stop: Arc<AtomicBool>) {
+    let _inside = crate::Inside::enter();
+    let mut until: Option<std::time::Instant> = None;
+    loop {
+        let nudged = wanted.wait(until.map(|_| std::time::Duration::from_millis(10)));
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let now = std::time::Instant::now();
+        if nudged {
+            until = Some(now + LEND_FOR);
+        }
+        match until {
+            Some(end) if now < end => {
+                if m.release_if_idle("to a process that waits for it") {
+                    return;
+                }
+            }
+            _ => until = None,
+        }
+    }
+}
+
+/// Starts a lender for mount `m` just mounted with `lock` (nothing if the
+/// device has no lock: no other process can see it).
+fn start_lender(m: &Mount, lock: &Option<MountLock>) -> Option<Lender> {
+    let m: &'static Mount = mounts().iter().find(|n| std::ptr::eq(*n, m))?;
+    let wanted = match lock.as_ref()?.watch() {
+        Ok(w) => Arc::new(w),
+        Err(e) => {
+            crate::log(&format!("{}: not given back to waiting processes: {e}", m.device));
+            return None;
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (theirs, told) = (Arc::clone(&wanted), Arc::clone(&stop));
+    let named = std::thread::Builder::new().name("iopath-lend".into());
+    iopath::sys::spawn_without_signals(named, move || lend(m, theirs, told)).ok()?;
+    Some(Lender { wanted, stop })
 }
 
 impl Mount {
@@ -107,6 +175,7 @@ impl Mount {
                 };
                 crate::log(&format!("mounted {} on {}{carried}", self.device, String::from_utf8_lossy(&self.dir)));
                 state.fs = Some(fs.clone());
+                state.lender = start_lender(self, &lock);
                 state.lock = lock;
                 Ok(fs)
             }
@@ -731,6 +800,7 @@ impl Mount {
             return false;
         }
         let stats = fs.stats().summary();
+        state.lender = None; // (its thread goes)
         state.fs = None; // the last handle: unmounted
         state.lock = None; // and the next process may mount it
         crate::log(&format!("gave back {} {when} (nothing here holds it open): {stats}", self.device));

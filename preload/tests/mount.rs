@@ -291,6 +291,41 @@ fn a_script_writing_into_a_mount_runs_commands_that_use_the_mount() {
     assert_eq!(std::fs::read_to_string(kernel_dir.join("rest")).unwrap(), "first 1\n199\n200\n");
 }
 
+/// A process that holds the mount and waits for its children gives it to
+/// them: its lender sees them wait (`iopath::fs::lock::Wanted`) and gives
+/// the mount back while nothing there is open. A parent that looked at the
+/// mount after starting a child and then waited for it held the child off
+/// until it failed with EBUSY; `make -j2` failed so on this machine.
+#[test]
+fn a_parent_waiting_for_its_children_lets_them_use_the_mount() {
+    let script = r#"set -e
+        python3 -c '
+import os, subprocess, sys
+d = os.environ["D"]
+child = subprocess.Popen(["sh", "-c", "sleep 0.3; echo from-child > \"$D/child\""])
+os.stat(d)  # the parent has the mount again, after the spawn gave it back
+sys.exit(child.wait())'
+        cat "$D/child"
+        mkdir "$D/proj" && cd "$D/proj"
+        for n in 1 2 3 4; do printf "int f$n(void){return $n;}\n" > f$n.c; done
+        printf "int f1(void);int f2(void);int f3(void);int f4(void);\nint main(void){return f1()+f2()+f3()+f4();}\n" > m.c
+        printf "prog: m.o f1.o f2.o f3.o f4.o\n\tcc -o \$@ \$^\n%%.o: %%.c\n\tcc -c \$<\n" > Makefile
+        make -s -j2
+        ./prog || echo "prog says $?""#;
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let mut outputs = Vec::new();
+    for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stdout}{stderr}", dir.display());
+        outputs.push(stdout.into_owned());
+    }
+    assert_eq!(outputs[0], "from-child\nprog says 10\n");
+    assert_eq!(outputs[1], outputs[0]);
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
 /// A program whose stderr is a bridge into a mounted file exits with its
 /// own status: with `IOPATH_LOG`, the interposer's exit log goes to a copy
 /// of stderr, the bridge's pipe, which has no reader by then (it exited

@@ -16,13 +16,77 @@
 //! The interposer, `iopath mkfs` and the file tools (`ls`, `cp`, `fsck`,
 //! ...) take it; a second taker waits up to its limit and then fails with
 //! a message that names the holder's pid and command.
+//!
+//! A taker that waits says so: every [`NUDGE_EVERY`] it adds one to a
+//! word of the lock file (at [`WANT_AT`], through a shared mapping) and
+//! wakes whoever waits on that word (a futex on a file mapping works
+//! across processes), and a holder that [`MountLock::watch`]es its lock
+//! sees it ([`Wanted`]) and may let go while it has nothing open there:
+//! the interposer's mount does, so a parent that waits for its children
+//! (`make -j2`) does not hold them off the mount. (An inotify watch on the
+//! file did the same, but closing one waits for a kernel grace period:
+//! 9 ms more at every process's exit.)
 
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Seek};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+/// How often a waiting taker nudges the holder (its [`Wanted`] sees each nudge).
+pub const NUDGE_EVERY: Duration = Duration::from_millis(100);
+
+/// Where in the lock file the word takers add to lies (the holder's pid,
+/// as text, comes first).
+pub const WANT_AT: usize = 64;
+
+/// The lock file's length: a holder makes it this long and never shorter,
+/// so a taker's mapping of it never reaches past its end.
+const LOCK_FILE_LEN: u64 = 128;
+
+/// The want word of a lock file mapped shared (`None` if the file is too
+/// short: a holder of an older build, which watches nothing).
+fn map_want(file: &std::fs::File) -> Option<memmap2::MmapRaw> {
+    if file.metadata().ok()?.len() < LOCK_FILE_LEN {
+        return None;
+    }
+    memmap2::MmapOptions::new().len(LOCK_FILE_LEN as usize).map_raw(file).ok()
+}
+
+/// The word at [`WANT_AT`] of a mapping made by [`map_want`].
+fn want_word(map: &memmap2::MmapRaw) -> &AtomicU32 {
+    // SAFETY: the mapping is LOCK_FILE_LEN bytes, page-aligned, and lives as
+    // long as the borrow; an AtomicU32 has the layout of a u32.
+    unsafe { &*map.as_mut_ptr().add(WANT_AT).cast::<AtomicU32>() }
+}
+
+/// A futex on a word of a shared file mapping (no private flag: other
+/// processes wait on and wake the same word).
+fn futex(word: &AtomicU32, op: libc::c_int, value: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a futex call on a word of a live mapping.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, value, ts_ptr) };
+}
+
+/// Tells the holder of `file`'s lock that a taker waits for it.
+fn nudge(file: &std::fs::File) {
+    if let Some(map) = map_want(file) {
+        let word = want_word(&map);
+        word.fetch_add(1, Ordering::AcqRel);
+        futex(word, libc::FUTEX_WAKE, i32::MAX as u32, None);
+    }
+}
+
+/// The holder's pid as its lock file says it (digits first; `None` if not).
+fn holder_of(text: &str) -> Option<u32> {
+    let digits: String = text.trim_start().chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
 
 /// An exclusive hold on a device's file system for this process, until dropped.
 #[derive(Debug)]
@@ -102,8 +166,8 @@ impl MountLock {
         };
         let mut file = open()?;
         let deadline = Instant::now() + wait;
+        let mut nudged: Option<Instant> = None;
         loop {
-            use std::os::fd::AsRawFd;
             // SAFETY: flock on a descriptor we own.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 // A holder removes the lock file as it lets go: the lock taken may be on a
@@ -122,8 +186,10 @@ impl MountLock {
             }
             if Instant::now() >= deadline {
                 let mut text = String::new();
-                let _ = file.rewind().and_then(|()| file.read_to_string(&mut text));
-                let holder = text.trim().parse::<u32>().ok();
+                let mut bytes = Vec::new();
+                let _ = file.rewind().and_then(|()| file.read_to_end(&mut bytes));
+                text.push_str(&String::from_utf8_lossy(&bytes));
+                let holder = holder_of(&text);
                 let who = holder.map_or_else(
                     || "another process".to_string(),
                     |pid| format!("process {pid} ({})", command_of(pid)),
@@ -139,9 +205,20 @@ impl MountLock {
                     ),
                 });
             }
+            if nudged.is_none_or(|at| at.elapsed() >= NUDGE_EVERY) {
+                nudge(&file);
+                nudged = Some(Instant::now());
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+        // The pid, then zeros up to the want word; the file never shorter than
+        // LOCK_FILE_LEN (a taker may have it mapped).
+        let mut head = format!("{}\n", std::process::id()).into_bytes();
+        head.resize(WANT_AT, 0);
+        let _ = file.write_all_at(&head, 0);
+        if file.metadata().is_ok_and(|m| m.len() < LOCK_FILE_LEN) {
+            let _ = file.set_len(LOCK_FILE_LEN);
+        }
         sweep(&path);
         if let Some(dir) = path.parent() {
             super::carry::sweep(dir);
@@ -152,6 +229,16 @@ impl MountLock {
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A watch that sees other processes wait for this lock ([`Wanted`]).
+    pub fn watch(&self) -> Result<Wanted> {
+        let map = map_want(&self._file).ok_or_else(|| Error::Os {
+            context: format!("cannot map the mount lock {}", self.path.display()),
+            source: std::io::Error::last_os_error(),
+        })?;
+        let seen = want_word(&map).load(Ordering::Acquire);
+        Ok(Wanted { map, seen: AtomicU32::new(seen) })
     }
 
     /// The carried cache of the locked device ([`super::carry`]), beside
@@ -175,12 +262,39 @@ impl MountLock {
     }
 }
 
+/// What a holder sees of the takers waiting for its lock ([`MountLock::watch`]).
+#[derive(Debug)]
+pub struct Wanted {
+    map: memmap2::MmapRaw,
+    /// The want word as last seen.
+    seen: AtomicU32,
+}
+
+impl Wanted {
+    /// Waits up to `timeout` (for ever if `None`) for a taker's nudge, or
+    /// for [`Wanted::wake`]; whether a taker has nudged since the last call.
+    pub fn wait(&self, timeout: Option<Duration>) -> bool {
+        let word = want_word(&self.map);
+        let seen = self.seen.load(Ordering::Acquire);
+        if word.load(Ordering::Acquire) == seen {
+            futex(word, libc::FUTEX_WAIT, seen, timeout);
+        }
+        let now = word.load(Ordering::Acquire);
+        self.seen.store(now, Ordering::Release);
+        now != seen
+    }
+
+    /// Wakes a thread in [`Wanted::wait`] without a nudge (its owner tells it to stop).
+    pub fn wake(&self) {
+        futex(want_word(&self.map), libc::FUTEX_WAKE, i32::MAX as u32, None);
+    }
+}
+
 /// Removes the lock files beside `ours` that no process holds (left by
 /// killed holders), each while holding its lock, as a holder removes its own:
 /// a taker that locked one meanwhile finds it gone from the path and opens
 /// a new one.
 fn sweep(ours: &Path) {
-    use std::os::fd::AsRawFd;
     let Some(dir) = ours.parent() else { return };
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
@@ -220,8 +334,8 @@ mod tests {
         std::fs::write(&img, [0u8; 4096]).unwrap();
         let bare = img.to_str().unwrap().to_string();
         let held = MountLock::acquire(&bare, Duration::ZERO).unwrap().unwrap();
-        let text = std::fs::read_to_string(held.path()).unwrap();
-        assert_eq!(text, std::process::id().to_string());
+        let text = String::from_utf8_lossy(&std::fs::read(held.path()).unwrap()).into_owned();
+        assert_eq!(holder_of(&text), Some(std::process::id()));
         // flock conflicts between open file descriptions, so this process stands in for another.
         let e = MountLock::acquire(&format!("psync:{bare}"), Duration::from_millis(20)).unwrap_err().to_string();
         assert!(e.contains(&format!("process {}", std::process::id())), "{e}");
@@ -257,6 +371,33 @@ mod tests {
             }
         });
         assert!(!lock_path(&img).unwrap().exists());
+    }
+
+    #[test]
+    fn a_waiting_taker_is_seen_by_a_holder_that_watches() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("x.img");
+        std::fs::write(&img, [0u8; 4096]).unwrap();
+        let spec = img.to_str().unwrap().to_string();
+        let held = MountLock::acquire(&spec, Duration::ZERO).unwrap().unwrap();
+        let wanted = held.watch().unwrap();
+        assert!(!wanted.wait(Some(Duration::ZERO)), "nobody waits yet");
+        // flock conflicts between open file descriptions: this process stands in for another.
+        assert!(MountLock::acquire(&spec, Duration::from_millis(30)).is_err());
+        assert!(wanted.wait(Some(Duration::ZERO)), "the taker's wait was seen");
+        assert!(!wanted.wait(Some(Duration::ZERO)), "and only once");
+        // A watcher waiting for ever is woken by its owner, with nothing seen.
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| wanted.wait(None));
+            while !waiting.is_finished() {
+                wanted.wake();
+                std::thread::yield_now();
+            }
+            assert!(!waiting.join().unwrap());
+        });
+        let text = String::from_utf8_lossy(&std::fs::read(held.path()).unwrap()).into_owned();
+        assert_eq!(holder_of(&text), Some(std::process::id()), "nudging leaves the holder's pid as it was");
+        drop(held);
     }
 
     #[test]
