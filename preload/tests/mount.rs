@@ -160,6 +160,28 @@ fn bash_in(script: &str, dir: &Path, image: Option<&Path>) -> std::process::Outp
     common::output_within(&mut command, std::time::Duration::from_secs(120))
 }
 
+/// `image` passes fsck, and each of `names` in it holds what the file of
+/// that name in `kernel_dir` holds, byte for byte.
+fn same_files_in_image(image: &Path, kernel_dir: &Path, names: &[&str]) {
+    let report = check::check(engine(image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let (fs, _) = FileSystem::mount(engine(image)).unwrap();
+    for name in names {
+        let expected = std::fs::read(kernel_dir.join(name)).unwrap();
+        let file = fs.open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = vec![0u8; file.len() as usize];
+        assert_eq!(file.read_at(&mut got, 0).unwrap(), got.len());
+        let differs = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(got.len().min(expected.len()));
+        assert!(
+            got == expected,
+            "{name}: {} bytes against {}, first difference at {differs}: {:?}",
+            got.len(),
+            expected.len(),
+            String::from_utf8_lossy(&got[differs.min(got.len())..got.len().min(differs + 80)])
+        );
+    }
+}
+
 /// A program's low descriptor numbers are its own: a shell's `exec 3> f`
 /// replaces whatever is on 3, and the mount's io_uring descriptor, which
 /// the kernel had put on the lowest free number, was there (every later
@@ -230,23 +252,7 @@ fn a_shells_redirections_to_and_from_mounted_files_work_as_on_the_kernels() {
     assert_eq!(mount_stderr, kernel_stderr);
     assert_eq!(std::fs::read_dir(&mount_dir).unwrap().count(), 0, "nothing reached the host directory");
 
-    let report = check::check(engine(&image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
-    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
-    for name in names {
-        let expected = std::fs::read(kernel_dir.join(name)).unwrap();
-        let file = fs.open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let mut got = vec![0u8; file.len() as usize];
-        assert_eq!(file.read_at(&mut got, 0).unwrap(), got.len());
-        let differs = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(got.len().min(expected.len()));
-        assert!(
-            got == expected,
-            "{name}: {} bytes against {}, first difference at {differs}: {:?}",
-            got.len(),
-            expected.len(),
-            String::from_utf8_lossy(&got[differs.min(got.len())..got.len().min(differs + 80)])
-        );
-    }
+    same_files_in_image(&image, &kernel_dir, &names);
     assert_eq!(std::fs::read_to_string(kernel_dir.join("failed")).unwrap(), "before\nafter\n");
     assert_eq!(std::fs::read_to_string(kernel_dir.join("copy")).unwrap().lines().last(), Some("tail"));
 }
@@ -276,17 +282,7 @@ fn a_script_writing_into_a_mount_runs_commands_that_use_the_mount() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
     }
-    let report = check::check(engine(&image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
-    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
-    for name in names {
-        let expected = std::fs::read(kernel_dir.join(name)).unwrap();
-        let file = fs.open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let mut got = vec![0u8; file.len() as usize];
-        assert_eq!(file.read_at(&mut got, 0).unwrap(), got.len());
-        let shown = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned();
-        assert!(got == expected, "{name}: {:?} against {:?}", shown(&got), shown(&expected));
-    }
+    same_files_in_image(&image, &kernel_dir, &names);
     assert_eq!(std::fs::read_to_string(kernel_dir.join("exec")).unwrap(), "held\nhanded\n");
     assert_eq!(std::fs::read_to_string(kernel_dir.join("rest")).unwrap(), "first 1\n199\n200\n");
 }

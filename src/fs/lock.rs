@@ -327,12 +327,18 @@ impl Drop for MountLock {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_second_taker_is_refused_with_the_holders_pid_and_every_spelling_is_one_lock() {
+    /// A scratch directory with a one-block image file in it: (dir, image, its path as a spec).
+    fn scratch_image() -> (tempfile::TempDir, PathBuf, String) {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("x.img");
         std::fs::write(&img, [0u8; 4096]).unwrap();
-        let bare = img.to_str().unwrap().to_string();
+        let spec = img.to_str().unwrap().to_string();
+        (dir, img, spec)
+    }
+
+    #[test]
+    fn a_second_taker_is_refused_with_the_holders_pid_and_every_spelling_is_one_lock() {
+        let (_dir, _img, bare) = scratch_image();
         let held = MountLock::acquire(&bare, Duration::ZERO).unwrap().unwrap();
         let text = String::from_utf8_lossy(&std::fs::read(held.path()).unwrap()).into_owned();
         assert_eq!(holder_of(&text), Some(std::process::id()));
@@ -350,10 +356,7 @@ mod tests {
 
     #[test]
     fn takers_racing_a_holder_that_removes_its_lock_file_never_hold_it_together() {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("x.img");
-        std::fs::write(&img, [0u8; 4096]).unwrap();
-        let spec = img.to_str().unwrap().to_string();
+        let (_dir, img, spec) = scratch_image();
         let inside = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..4 {
@@ -375,10 +378,7 @@ mod tests {
 
     #[test]
     fn a_waiting_taker_is_seen_by_a_holder_that_watches() {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("x.img");
-        std::fs::write(&img, [0u8; 4096]).unwrap();
-        let spec = img.to_str().unwrap().to_string();
+        let (_dir, _img, spec) = scratch_image();
         let held = MountLock::acquire(&spec, Duration::ZERO).unwrap().unwrap();
         let wanted = held.watch().unwrap();
         assert!(!wanted.wait(Some(Duration::ZERO)), "nobody waits yet");
