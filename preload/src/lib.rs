@@ -148,8 +148,41 @@ impl Drop for KeepErrno {
     }
 }
 
+/// Held by this library's threads while they mount, write into or give
+/// back a mount in the background (a mount's lender, a held bridge:
+/// [`background`]), and by a thread that forks, from before the fork to
+/// after it: a child never starts with a lock such work takes (the buffer
+/// pool's, the page frames') held by a thread the child does not have.
+/// (A lender giving the mount back while a shell forked left the child,
+/// which mounts in turn, waiting for ever.)
+static FORK_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// The forking thread's hold on [`FORK_GATE`], from the fork's prepare handler to after it.
+    static GATE_HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `work` (a mount, write or release a program's thread did not ask
+/// for) with [`FORK_GATE`] held.
+pub(crate) fn background<T>(work: impl FnOnce() -> T) -> T {
+    let _gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
+    work()
+}
+
 extern "C" fn before_fork() {
     release_mounts_before_fork();
+    let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some(gate));
+}
+
+/// After a fork, in the parent and in the child: the gate goes.
+fn open_the_gate() {
+    let _ = GATE_HELD.try_with(|held| held.borrow_mut().take());
+}
+
+extern "C" fn in_parent_after_fork() {
+    open_the_gate();
 }
 
 /// Gives back the mounts nothing holds open, so that a child (a shell's next
@@ -165,6 +198,7 @@ pub(crate) fn release_mounts_before_fork() {
 }
 
 extern "C" fn in_child_after_fork() {
+    open_the_gate();
     // A child of a parent that had an engine open for a routed file, or that
     // still held a mount at the fork, has none of those engines' threads: it
     // routes nothing. Otherwise it routes and mounts at first use, as a new
@@ -181,7 +215,7 @@ extern "C" fn on_load() {
         return;
     }
     // SAFETY: registers handlers: one gives idle mounts back (before fork), one stores to an atomic.
-    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child_after_fork)) };
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent_after_fork), Some(in_child_after_fork)) };
     COUNTING.store(c.log, Ordering::SeqCst);
     if c.log {
         // SAFETY: duplicates stderr (close-on-exec); -1 if it is closed or the table is full.

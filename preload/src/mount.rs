@@ -25,7 +25,7 @@ use iopath::fs::lock::MountLock;
 use iopath::fs::{File, FileSystem, MountOptions};
 use libc::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// One mount: a directory and the device whose file system serves it.
@@ -38,29 +38,41 @@ pub struct Mount {
     pub dev: u64,
     /// The file system while this process has it mounted, and its lock.
     state: Mutex<MountState>,
+    /// Its lender (gives it back to a process that waits for it).
+    lending: Lending,
 }
 
 #[derive(Default)]
 struct MountState {
     fs: Option<FileSystem>,
     lock: Option<MountLock>,
-    /// Gives the mount back when another process waits for it ([`lend`]).
-    lender: Option<Lender>,
     /// A failure was said on stderr already.
     said: bool,
 }
 
-/// The thread that gives a mount back to a waiting process ([`lend`]),
-/// told to go when dropped (the mount given back or kept to the end).
-struct Lender {
-    wanted: Arc<iopath::fs::lock::Wanted>,
-    stop: Arc<AtomicBool>,
+/// Each mount's lender: one thread per process (never ending: a thread
+/// that ends while another forks can leave the child waiting for ever on a
+/// lock the Rust library takes as threads start and end), which serves
+/// each time this process has the mount (see [`lend`]).
+#[derive(Default)]
+struct Lending {
+    /// Moves on at each mount and release here; the thread waits on it (a futex) between mounts.
+    epoch: AtomicU32,
+    /// The watch of this mount's lock while this process has it.
+    current: Mutex<Option<Arc<iopath::fs::lock::Wanted>>>,
+    /// The fork generation (plus one) of the process whose thread serves it: 0 for none.
+    thread_of: AtomicU64,
 }
 
-impl Drop for Lender {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.wanted.wake();
+impl Lending {
+    /// A new mount (`Some`) or a release (`None`): the thread looks again.
+    fn set(&self, wanted: Option<Arc<iopath::fs::lock::Wanted>>) {
+        let old = std::mem::replace(&mut *self.current.lock().unwrap_or_else(|e| e.into_inner()), wanted);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        iopath::sys::futex_wake_all(&self.epoch);
+        if let Some(old) = old {
+            old.wake();
+        }
     }
 }
 
@@ -75,45 +87,72 @@ const LEND_FOR: std::time::Duration = std::time::Duration::from_millis(300);
 /// children (make running its jobs, `make -j2` most of all) held them off
 /// the mount until they gave up: now they take turns, as they do after a
 /// fork. The next call here mounts again (waiting its turn).
-fn lend(m: &'static Mount, wanted: Arc<iopath::fs::lock::Wanted>, stop: Arc<AtomicBool>) {
+fn lend(m: &'static Mount) {
     let _inside = crate::Inside::enter();
-    let mut until: Option<std::time::Instant> = None;
     loop {
-        let nudged = wanted.wait(until.map(|_| std::time::Duration::from_millis(10)));
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let now = std::time::Instant::now();
-        if nudged {
-            until = Some(now + LEND_FOR);
-        }
-        match until {
-            Some(end) if now < end => {
-                if m.release_if_idle("to a process that waits for it") {
-                    return;
-                }
+        let epoch = m.lending.epoch.load(Ordering::Acquire);
+        let current = crate::background(|| m.lending.current.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        let Some(wanted) = current else {
+            iopath::sys::futex_wait(&m.lending.epoch, epoch, None);
+            continue;
+        };
+        let mut until: Option<std::time::Instant> = None;
+        while m.lending.epoch.load(Ordering::Acquire) == epoch {
+            let nudged = wanted.wait(Some(std::time::Duration::from_millis(if until.is_some() { 10 } else { 1000 })));
+            if m.lending.epoch.load(Ordering::Acquire) != epoch {
+                break;
             }
-            _ => until = None,
+            let now = std::time::Instant::now();
+            if nudged {
+                until = Some(now + LEND_FOR);
+            }
+            match until {
+                Some(end) if now < end => {
+                    if crate::background(|| m.release_if_idle("to a process that waits for it")) {
+                        break;
+                    }
+                }
+                _ => until = None,
+            }
         }
     }
 }
 
-/// Starts a lender for mount `m` just mounted with `lock` (nothing if the
-/// device has no lock: no other process can see it).
-fn start_lender(m: &Mount, lock: &Option<MountLock>) -> Option<Lender> {
-    let m: &'static Mount = mounts().iter().find(|n| std::ptr::eq(*n, m))?;
-    let wanted = match lock.as_ref()?.watch() {
+/// Lends mount `m`, just mounted with `lock`, to waiting processes: its
+/// thread started if this process has none yet (nothing if the device has
+/// no lock: no other process can see it).
+fn start_lending(m: &Mount, lock: &Option<MountLock>) {
+    let Some(m) = mounts().iter().find(|n| std::ptr::eq(*n, m)) else { return };
+    let Some(lock) = lock else { return };
+    let wanted = match lock.watch() {
         Ok(w) => Arc::new(w),
         Err(e) => {
             crate::log(&format!("{}: not given back to waiting processes: {e}", m.device));
-            return None;
+            return;
         }
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let (theirs, told) = (Arc::clone(&wanted), Arc::clone(&stop));
+    m.lending.set(Some(wanted));
+    let generation = iopath::sys::fork_generation() + 1;
+    if m.lending.thread_of.swap(generation, Ordering::AcqRel) == generation {
+        return;
+    }
+    let started = Arc::new(AtomicU32::new(0));
+    let starting = Arc::clone(&started);
     let named = std::thread::Builder::new().name("iopath-lend".into());
-    iopath::sys::spawn_without_signals(named, move || lend(m, theirs, told)).ok()?;
-    Some(Lender { wanted, stop })
+    let body = move || {
+        starting.store(1, Ordering::Release);
+        iopath::sys::futex_wake_all(&starting);
+        drop(starting);
+        lend(m)
+    };
+    if iopath::sys::spawn_without_signals(named, body).is_err() {
+        m.lending.thread_of.store(0, Ordering::Release);
+        return;
+    }
+    // Running before a fork can come (see `Lending`).
+    while started.load(Ordering::Acquire) == 0 {
+        iopath::sys::futex_wait(&started, 0, Some(1_000_000));
+    }
 }
 
 impl Mount {
@@ -175,7 +214,7 @@ impl Mount {
                 };
                 crate::log(&format!("mounted {} on {}{carried}", self.device, String::from_utf8_lossy(&self.dir)));
                 state.fs = Some(fs.clone());
-                state.lender = start_lender(self, &lock);
+                start_lending(self, &lock);
                 state.lock = lock;
                 Ok(fs)
             }
@@ -298,6 +337,7 @@ pub fn mounts() -> &'static [Mount] {
                 device: device.clone(),
                 dev: 0x1_0000_0000 + i as u64,
                 state: Mutex::new(MountState::default()),
+                lending: Lending::default(),
             })
             .collect()
     })
@@ -800,7 +840,7 @@ impl Mount {
             return false;
         }
         let stats = fs.stats().summary();
-        state.lender = None; // (its thread goes)
+        self.lending.set(None); // (its thread waits for the next mount)
         state.fs = None; // the last handle: unmounted
         state.lock = None; // and the next process may mount it
         crate::log(&format!("gave back {} {when} (nothing here holds it open): {stats}", self.device));

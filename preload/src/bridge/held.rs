@@ -52,6 +52,11 @@ fn write_held(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
     if held.is_empty() {
         return true;
     }
+    crate::background(|| write_held_now(spec, held, may_wait))
+}
+
+/// [`write_held`], the fork gate held.
+fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
     let _one = WritingHeld::take();
     let Some(m) = mount::mounts().get(spec.mount) else { return false };
     let was_mounted = m.mounted().is_some();
