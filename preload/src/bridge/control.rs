@@ -27,6 +27,10 @@ pub(super) struct Control {
     /// Flushes done (`u64::MAX` once the thread has ended: nothing to wait for).
     answered: Mutex<u64>,
     done: Condvar,
+    /// Told to stop ([`PAUSE`] or [`SETTLE`]): set before the eventfd is
+    /// written, so a thread that read the value on its way to ending for
+    /// good still knows ([`super::end_for_good`]).
+    pub(super) stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Control {
@@ -36,10 +40,19 @@ impl Control {
         let low = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         let event = if low < 0 { Err(crate::posix::last_errno()) } else { moved_up(low) }?;
         note_own(event);
-        Ok(Arc::new(Control { event, asked: AtomicU64::new(0), answered: Mutex::new(0), done: Condvar::new() }))
+        Ok(Arc::new(Control {
+            event,
+            asked: AtomicU64::new(0),
+            answered: Mutex::new(0),
+            done: Condvar::new(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+        }))
     }
 
     pub(super) fn tell(&self, value: u64) {
+        if !value.is_multiple_of(FLUSH) {
+            self.stopped.store(true, Ordering::Release);
+        }
         // SAFETY: an eventfd of ours; writes 8 bytes from a local.
         unsafe { real::write(self.event, (&raw const value).cast(), 8) };
     }

@@ -201,7 +201,7 @@ pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control
                 crate::say(&format!("{}: reading the pipe: {}", spec.shown(), os_error(errno)));
             }
             write_held(&mut spec, &mut held, true);
-            end_for_good(end);
+            end_for_good(end, control);
             return None;
         }
         if told.stop != 0 {
@@ -240,6 +240,6 @@ pub(super) fn feed_held(mut spec: Spec, rest: Vec<u8>, end: c_int, control: &Con
             break; // the reader is gone (EPIPE)
         }
     }
-    end_for_good(end);
+    end_for_good(end, control);
     None
 }

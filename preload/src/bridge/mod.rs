@@ -631,17 +631,26 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
             spec.map(|spec| Paused { spec, held: Vec::new() })
         }
         _ => {
-            end_for_good(end);
+            end_for_good(end, control);
             None
         }
     }
 }
 
-/// Closes a bridge's end from its own thread: the program sees EPIPE, or the end of its input.
-fn end_for_good(end: c_int) {
+/// Closes a bridge's end from its own thread (the program sees EPIPE, or
+/// the end of its input), then waits to be stopped and joined rather than
+/// end now: a thread that ends while another thread of the program forks
+/// can leave the child waiting for ever (see `launch`). Flushes asked for
+/// meanwhile are answered at once (there is nothing to write).
+fn end_for_good(end: c_int, control: &Control) {
     forget_own(end);
     // SAFETY: the bridge's end; nothing else uses it.
     unsafe { real::close(end) };
+    while !control.stopped.load(Ordering::Acquire) {
+        // (A negative descriptor is left out by poll: only the control is waited on.)
+        let told = wait(-1, 0, control);
+        control.answer(told.asked);
+    }
 }
 
 /// The open file a spec names, opened again by its path (and checked to be
