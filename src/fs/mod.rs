@@ -339,6 +339,7 @@ impl Drop for Mount {
                 let _ = fs.carry_out();
             }
         }
+        fs.stop_readahead();
     }
 }
 
@@ -355,6 +356,11 @@ struct Inner {
     readahead_pending: AtomicU64,
     /// Loads handed to the read-ahead thread since mount.
     readahead_posts: AtomicU64,
+    /// The read-ahead threads, joined when the file system is unmounted: a
+    /// thread that ended on its own later could end across a `fork` of the
+    /// program, and the child could then wait for ever on a lock of std's
+    /// that the ending thread held.
+    readahead_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The last file opened in each directory ([`Inner::walk_ahead`]).
     walks: Mutex<crate::hash::IntMap<u32, (Vec<u8>, u32)>>,
     meta: Mutex<Meta>,
@@ -851,6 +857,7 @@ impl FileSystem {
             readahead_jobs: Mutex::new(None),
             readahead_pending: AtomicU64::new(0),
             readahead_posts: AtomicU64::new(0),
+            readahead_threads: Mutex::new(Vec::new()),
             walks: Mutex::new(crate::hash::IntMap::default()),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
@@ -876,8 +883,9 @@ impl FileSystem {
             for i in 0..READAHEAD_THREADS {
                 let (weak, rx) = (Arc::downgrade(&inner), Arc::clone(&rx));
                 let named = std::thread::Builder::new().name(format!("iopath-readahead-{i}"));
-                crate::sys::spawn_without_signals(named, move || readahead_thread(weak, rx))
+                let thread = crate::sys::spawn_without_signals(named, move || readahead_thread(weak, rx))
                     .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
+                inner.readahead_threads.lock().expect("read-ahead lock poisoned").push(thread);
             }
         }
         let mounted = Mounted {
@@ -979,7 +987,7 @@ impl FileSystem {
         self.quiesce()?;
         self.mount.carry_out()?;
         self.mount.unmounted.store(true, Ordering::Release);
-        self.mount.readahead_jobs.lock().map(|mut j| j.take()).ok();
+        self.mount.stop_readahead();
         Ok(())
     }
 
@@ -1199,6 +1207,17 @@ impl Inner {
     }
 
     /// Posts a read-ahead of blocks `[from, to)` of `node` to the read-ahead thread.
+    /// Ends read-ahead: no job is taken after this, and the threads are gone
+    /// when it returns (a job in flight is finished or dropped first).
+    fn stop_readahead(&self) {
+        self.readahead_jobs.lock().map(|mut j| j.take()).ok();
+        let threads = self.readahead_threads.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        for thread in threads {
+            debug_assert_ne!(thread.thread().id(), std::thread::current().id(), "a read-ahead thread unmounting");
+            let _ = thread.join();
+        }
+    }
+
     fn post_readahead(&self, node: &Arc<Node>, from: u64, to: u64) {
         if let Some(tx) = self.readahead_jobs.lock().expect("read-ahead lock poisoned").as_ref() {
             self.readahead_pending.fetch_add(1, Ordering::AcqRel);

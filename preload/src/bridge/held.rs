@@ -12,36 +12,12 @@ use crate::posix::data::{read_mounted, write_mounted};
 use crate::real;
 use libc::c_int;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Most bytes a bridge holds in memory: a writing program's output beyond
 /// it goes into the file as soon as the mount can be had without waiting;
 /// a file to be read that is larger keeps its mount held across a fork.
 pub(super) const HELD_BYTES: usize = 4 << 20;
-
-/// Taken by one bridge at a time while it writes held bytes: one mounts,
-/// writes and gives the mount back before another looks whether it is
-/// mounted. Not a `Mutex`: a forked child starts with it free, whatever a
-/// thread of its parent (not in the child) was doing.
-pub(super) static WRITING_HELD: AtomicBool = AtomicBool::new(false);
-
-/// [`WRITING_HELD`], taken until dropped.
-struct WritingHeld;
-
-impl WritingHeld {
-    fn take() -> WritingHeld {
-        while WRITING_HELD.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-        WritingHeld
-    }
-}
-
-impl Drop for WritingHeld {
-    fn drop(&mut self) {
-        WRITING_HELD.store(false, Ordering::Release);
-    }
-}
 
 /// Writes bytes a writing program's bridge held into its file, at `spec`'s
 /// position (moved past them), if the mount can be had (`may_wait`: waiting for
@@ -55,9 +31,9 @@ fn write_held(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
     crate::background(|| write_held_now(spec, held, may_wait))
 }
 
-/// [`write_held`], the fork gate held.
+/// [`write_held`], the fork gate held: one bridge at a time mounts, writes
+/// and gives the mount back before another looks whether it is mounted.
 fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
-    let _one = WritingHeld::take();
     let Some(m) = mount::mounts().get(spec.mount) else { return false };
     let was_mounted = m.mounted().is_some();
     let fs = if was_mounted || may_wait { m.fs().ok() } else { m.try_fs() };

@@ -47,7 +47,7 @@ use crate::mount::{self, Description, Node};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::{Inside, real};
 use control::{AnswerAll, Control, PAUSE, SETTLE, wait};
-use held::{WRITING_HELD, feed_held, hold_output};
+use held::{feed_held, hold_output};
 use libc::c_int;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -221,7 +221,6 @@ pub fn in_child_after_fork() {
         std::mem::forget(std::mem::take(&mut *running));
     }
     COUNT.store(0, Ordering::Release);
-    WRITING_HELD.store(false, Ordering::Release);
 }
 
 /// Takes the bridges a parent handed over (`IOPATH_STDIO`) and starts them;
