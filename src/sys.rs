@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 fn check(rc: libc::c_int) -> io::Result<()> {
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
@@ -182,6 +182,19 @@ pub fn on_signals(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int)) 
     Ok(())
 }
 
+/// Held while a thread of this library starts (from before it is created to
+/// when it runs its body), and by a host's fork handler across a fork
+/// ([`hold_thread_starts`]): a child never starts with a lock that the C and
+/// Rust libraries take while a thread starts held by a thread it does not
+/// have (its next thread, an exit's commit among them, waited for ever).
+static THREAD_STARTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Keeps this library's threads from starting until dropped: for a fork's
+/// prepare handler, dropped after the fork in the parent and the child.
+pub fn hold_thread_starts() -> std::sync::MutexGuard<'static, ()> {
+    THREAD_STARTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Starts a thread that receives no asynchronous signal: every signal is
 /// blocked while it is created, so it starts (and stays) with all of them
 /// blocked, and the creator's mask is put back. A library's threads in a
@@ -189,12 +202,22 @@ pub fn on_signals(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int)) 
 /// process-directed signal to any thread that does not block it, and a
 /// program that waits for its own SIGTERM in one thread (`sigwait`, as
 /// MariaDB's signal thread does at shutdown) never saw it when an iopath
-/// thread took it instead.
+/// thread took it instead. Returns once the thread runs `f` (past the
+/// libraries' start of a thread), under [`THREAD_STARTS`].
 pub fn spawn_without_signals<F, T>(builder: std::thread::Builder, f: F) -> io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    let _starting = hold_thread_starts();
+    let started = std::sync::Arc::new(AtomicU32::new(0));
+    let starting = std::sync::Arc::clone(&started);
+    let body = move || {
+        starting.store(1, Ordering::Release);
+        futex_wake_all(&starting);
+        drop(starting);
+        f()
+    };
     // SAFETY: sigset_t is plain data, filled before use; pthread_sigmask changes
     // this thread's mask only, and the old one is put back below.
     let old = unsafe {
@@ -204,9 +227,14 @@ where
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
         old
     };
-    let spawned = builder.spawn(f);
+    let spawned = builder.spawn(body);
     // SAFETY: the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if spawned.is_ok() {
+        while started.load(Ordering::Acquire) == 0 {
+            futex_wait(&started, 0, Some(1_000_000));
+        }
+    }
     spawned
 }
 

@@ -157,10 +157,14 @@ impl Drop for KeepErrno {
 /// which mounts in turn, waiting for ever.)
 static FORK_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The forking thread's holds from the fork's prepare handler to after it.
+type ForkHolds = (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, ()>);
+
 thread_local! {
-    /// The forking thread's hold on [`FORK_GATE`], from the fork's prepare handler to after it.
-    static GATE_HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
-        const { std::cell::RefCell::new(None) };
+    /// The forking thread's hold on [`FORK_GATE`] and on the library's
+    /// thread starts ([`iopath::sys::hold_thread_starts`]), from the fork's
+    /// prepare handler to after it.
+    static GATE_HELD: std::cell::RefCell<Option<ForkHolds>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Runs `work` (a mount, write or release a program's thread did not ask
@@ -173,7 +177,8 @@ pub(crate) fn background<T>(work: impl FnOnce() -> T) -> T {
 extern "C" fn before_fork() {
     release_mounts_before_fork();
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some(gate));
+    let starts = iopath::sys::hold_thread_starts();
+    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, starts)));
 }
 
 /// After a fork, in the parent and in the child: the gate goes.

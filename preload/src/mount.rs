@@ -136,22 +136,10 @@ fn start_lending(m: &Mount, lock: &Option<MountLock>) {
     if m.lending.thread_of.swap(generation, Ordering::AcqRel) == generation {
         return;
     }
-    let started = Arc::new(AtomicU32::new(0));
-    let starting = Arc::clone(&started);
     let named = std::thread::Builder::new().name("iopath-lend".into());
-    let body = move || {
-        starting.store(1, Ordering::Release);
-        iopath::sys::futex_wake_all(&starting);
-        drop(starting);
-        lend(m)
-    };
-    if iopath::sys::spawn_without_signals(named, body).is_err() {
+    // Returns once the thread runs: before a fork can come (see `Lending`).
+    if iopath::sys::spawn_without_signals(named, move || lend(m)).is_err() {
         m.lending.thread_of.store(0, Ordering::Release);
-        return;
-    }
-    // Running before a fork can come (see `Lending`).
-    while started.load(Ordering::Acquire) == 0 {
-        iopath::sys::futex_wait(&started, 0, Some(1_000_000));
     }
 }
 

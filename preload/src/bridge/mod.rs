@@ -341,25 +341,14 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
     };
     let writes_into = file.filter(|_| writes_file);
     let theirs = Arc::clone(&control);
-    let started = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let starting = Arc::clone(&started);
     let body = move || {
-        // Running: past the C and Rust libraries' start of a thread (see below).
-        starting.store(1, Ordering::Release);
-        iopath::sys::futex_wake_all(&starting);
-        drop(starting);
         let _answer = AnswerAll(Arc::clone(&theirs));
         run(source, bridge_fds, end, writes_file, &theirs)
     };
+    // Returns once the thread runs: the fork handler starts bridges just before the
+    // fork, and a child must not inherit a thread start half done.
     match iopath::sys::spawn_without_signals(named, body) {
         Ok(thread) => {
-            // Waits for the thread to run: the Rust library takes a lock of its own as a
-            // thread starts (and ends), and a fork meanwhile (the fork handler starts
-            // bridges just before the fork) left a child whose next thread waited for
-            // that lock for ever.
-            while started.load(Ordering::Acquire) == 0 {
-                iopath::sys::futex_wait(&started, 0, Some(1_000_000));
-            }
             note_own(end);
             let mut running = running();
             running.push(Running { fds, control, description, spec, writes_into, thread });
