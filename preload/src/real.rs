@@ -218,6 +218,20 @@ next_symbol! {
     execve: fn(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     execvpe: fn(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     posix_spawnp: fn(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    posix_spawn_file_actions_init: fn(actions: *mut libc::posix_spawn_file_actions_t) -> c_int;
+    posix_spawn_file_actions_destroy: fn(actions: *mut libc::posix_spawn_file_actions_t) -> c_int;
+    posix_spawn_file_actions_addopen: fn(actions: *mut libc::posix_spawn_file_actions_t, fd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    posix_spawn_file_actions_addclose: fn(actions: *mut libc::posix_spawn_file_actions_t, fd: c_int) -> c_int;
+    posix_spawn_file_actions_adddup2: fn(actions: *mut libc::posix_spawn_file_actions_t, fd: c_int, to: c_int) -> c_int;
+    posix_spawn_file_actions_addchdir_np: fn(actions: *mut libc::posix_spawn_file_actions_t, path: *const c_char) -> c_int;
+    posix_spawn_file_actions_addfchdir_np: fn(actions: *mut libc::posix_spawn_file_actions_t, fd: c_int) -> c_int;
+    posix_spawn_file_actions_addclosefrom_np: fn(actions: *mut libc::posix_spawn_file_actions_t, from: c_int) -> c_int;
+    posix_spawn_file_actions_addtcsetpgrp_np: fn(actions: *mut libc::posix_spawn_file_actions_t, fd: c_int) -> c_int;
+    waitpid: fn(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t;
+    wait: fn(status: *mut c_int) -> libc::pid_t;
+    wait3: fn(status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> libc::pid_t;
+    wait4: fn(pid: libc::pid_t, status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> libc::pid_t;
+    waitid: fn(idtype: libc::idtype_t, id: libc::id_t, info: *mut libc::siginfo_t, options: c_int) -> c_int;
 }
 
 /// The file position of `fd` (the kernel's, shared by its duplicates), or -1.

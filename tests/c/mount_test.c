@@ -16,6 +16,7 @@
 #include <glob.h>
 #include <limits.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -865,6 +866,96 @@ static void standard_streams(void) {
     CHECK(unlink(at("out")) == 0 && unlink(at("in")) == 0 && unlink(at("low")) == 0 && unlink(at("log")) == 0, "unlink");
 }
 
+extern char **environ;
+
+/* posix_spawn of `argv` with `actions`; the child's exit status, or -1000 - the spawn's error. */
+static int spawn_and_wait(posix_spawn_file_actions_t *actions, char *const argv[]) {
+    pid_t child;
+    int err = posix_spawnp(&child, argv[0], actions, NULL, argv, environ);
+    if (err != 0) return -1000 - err;
+    int status = 0;
+    return waitpid(child, &status, 0) == child && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* posix_spawn's file actions on files in DIR: the C library's child carries
+ * them out with system calls of its own, before the new program runs. */
+static void spawned(void) {
+    posix_spawn_file_actions_t fa;
+    char *echo_dup2[] = {"echo", "dup2 of an open file", NULL};
+    int fd = open(at("sp"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0 && write(fd, "first\n", 6) == 6, "open");
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd, 1);
+    int status = spawn_and_wait(&fa, echo_dup2);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == 0, "a child with an open file as its output (dup2 action): %d", status);
+    CHECK(lseek(fd, 0, SEEK_CUR) == 27, "the child moved the shared position: %ld", (long)lseek(fd, 0, SEEK_CUR));
+    CHECK(write(fd, "last\n", 5) == 5 && close(fd) == 0, "the parent writes after it");
+    CHECK(!strcmp(contents(at("sp")), "first\ndup2 of an open file\nlast\n"), "what both wrote: %s", contents(at("sp")));
+
+    char *echo_open[] = {"echo", "opened by the action", NULL};
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, at("sp2"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    status = spawn_and_wait(&fa, echo_open);
+    posix_spawn_file_actions_destroy(&fa);
+    struct stat st;
+    CHECK(status == 0 && stat(at("sp2"), &st) == 0 && (st.st_mode & 0777) == 0600, "an open action makes a file: %d",
+          status);
+    CHECK(!strcmp(contents(at("sp2")), "opened by the action\n"), "its contents: %s", contents(at("sp2")));
+
+    char *cat[] = {"cat", NULL};
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, at("sp2"), O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, at("sp3"), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    status = spawn_and_wait(&fa, cat);
+    status += spawn_and_wait(&fa, cat);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == 0, "a child reading one file and appending to another, twice: %d", status);
+    CHECK(!strcmp(contents(at("sp3")), "opened by the action\nopened by the action\n"), "what cat copied: %s",
+          contents(at("sp3")));
+
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, at("sp3"), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    status = spawn_and_wait(&fa, echo_open);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == -1000 - EEXIST, "O_EXCL on a file there: the spawn fails with EEXIST: %d", status);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, at("none/such"), O_RDONLY, 0);
+    status = spawn_and_wait(&fa, cat);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == -1000 - ENOENT, "a missing file: ENOENT: %d", status);
+
+    /* A chdir action into DIR; the child looks there by a relative path. */
+    CHECK(mkdir(at("spd"), 0755) == 0 && close(open(at("spd/here"), O_CREAT | O_WRONLY, 0644)) == 0, "mkdir");
+    char want[4200], script[4400];
+    snprintf(want, sizeof want, "%s/spd", dir);
+    snprintf(script, sizeof script, "test \"$(pwd)\" = '%s' && test -f here", want);
+    char *sh[] = {"sh", "-c", script, NULL};
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addchdir_np(&fa, at("spd"));
+    status = spawn_and_wait(&fa, sh);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == 0, "a child started in a directory of DIR (chdir action): %d", status);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addchdir_np(&fa, at("spd/here"));
+    status = spawn_and_wait(&fa, sh);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == -1000 - ENOTDIR, "chdir action onto a file: ENOTDIR: %d", status);
+    /* And out of DIR, from a working directory in it. */
+    char old[4096];
+    CHECK(getcwd(old, sizeof old) != NULL && chdir(at("spd")) == 0, "chdir into DIR");
+    char *sh_tmp[] = {"sh", "-c", "test \"$(pwd)\" = /tmp", NULL};
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addchdir_np(&fa, "/tmp");
+    status = spawn_and_wait(&fa, sh_tmp);
+    posix_spawn_file_actions_destroy(&fa);
+    CHECK(status == 0, "a child started out of DIR from a working directory in it: %d", status);
+    CHECK(chdir(old) == 0, "back out");
+    CHECK(unlink(at("sp")) == 0 && unlink(at("sp2")) == 0 && unlink(at("sp3")) == 0 && unlink(at("spd/here")) == 0 &&
+              rmdir(at("spd")) == 0,
+          "clean up");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s DIR kernel|iopath\n", argv[0]);
@@ -888,6 +979,7 @@ int main(int argc, char **argv) {
     library_walkers();
     kernel_links();
     standard_streams();
+    spawned();
     signals();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

@@ -31,6 +31,10 @@ pub(super) struct Control {
     /// written, so a thread that read the value on its way to ending for
     /// good still knows ([`super::end_for_good`]).
     pub(super) stopped: std::sync::atomic::AtomicBool,
+    /// The thread has ended for good and only waits to be joined
+    /// ([`super::end_for_good`]): a child's bridge that nothing stops is
+    /// joined then ([`super::reap_ended`]).
+    pub(super) ended: std::sync::atomic::AtomicBool,
 }
 
 impl Control {
@@ -46,6 +50,7 @@ impl Control {
             answered: Mutex::new(0),
             done: Condvar::new(),
             stopped: std::sync::atomic::AtomicBool::new(false),
+            ended: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 

@@ -273,6 +273,64 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
     placed
 }
 
+/// A bridge for a child that `posix_spawn` starts with mounted `d` as its
+/// descriptor `to` (a file action's `dup2` of a mounted descriptor, or its
+/// `open` of a mounted path): this program keeps the file and a bridge,
+/// the child gets a pipe. Returns the pipe's end for the child
+/// (close-on-exec; the caller hands it to the spawn and closes it after),
+/// or errno. The bridge holds none of this program's descriptors: it ends
+/// when every writer of the pipe has closed it (or its reader has), or at
+/// this program's exit or exec, whichever comes first.
+pub fn for_child(d: &Arc<Description>, to: c_int) -> Result<c_int, c_int> {
+    reap_ended();
+    let writes_file = d.writable() && !(to == 0 && d.readable());
+    let (theirs, end) = pipe(writes_file)?;
+    crate::log(&format!(
+        "bridging a spawned child's {} (a pipe: the child's kernel calls cannot reach the mount)",
+        describe(&[to], writes_file, &d.mount.dir, &d.path)
+    ));
+    launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d)));
+    Ok(theirs)
+}
+
+/// A child of this program ended (`wait` and its kind reaped one): the
+/// bridges of spawned children write what their pipes hold, so that the
+/// parent finds the child's output in the file, as with the kernel's.
+pub fn after_child_ended() {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let writing: Vec<Arc<Control>> = running()
+        .iter()
+        .filter(|b| b.fds.is_empty() && b.writes_into.is_some())
+        .map(|b| Arc::clone(&b.control))
+        .collect();
+    for control in writing {
+        control.flush();
+    }
+    reap_ended();
+}
+
+/// Joins the bridges of spawned children that have ended for good.
+fn reap_ended() {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let ended: Vec<Running> = {
+        let mut running = running();
+        let (ended, going): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running)
+            .into_iter()
+            .partition(|b| b.fds.is_empty() && b.control.ended.load(Ordering::Acquire));
+        *running = going;
+        COUNT.store(running.len(), Ordering::Release);
+        ended
+    };
+    for bridge in ended {
+        let left = pause(bridge, false);
+        debug_assert!(left.is_none(), "a bridge that ended for good stands somewhere");
+    }
+}
+
 /// Starts a stopped bridge again (its descriptors, end and direction are its spec's).
 fn relaunch(source: Source) {
     let spec = match &source {
@@ -631,6 +689,7 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
 /// can leave the child waiting for ever (see `launch`). Flushes asked for
 /// meanwhile are answered at once (there is nothing to write).
 fn end_for_good(end: c_int, control: &Control) {
+    control.ended.store(true, Ordering::Release);
     forget_own(end);
     // SAFETY: the bridge's end; nothing else uses it.
     unsafe { real::close(end) };

@@ -16,6 +16,9 @@
 //!   `vfork`/`posix_spawn` (which give idle mounts back first, as `fork` does, so a child can
 //!   mount them), and the exec family (which commits the mounts first, hands the standard
 //!   streams on mounted files on, and runs programs stored on a mount)
+//! - `spawn.rs`: posix_spawn's file actions (recorded as they are added): a `dup2` of a mounted
+//!   descriptor or an `open` of a mounted path becomes a pipe that a bridge of this process keeps,
+//!   a `chdir` into a mount is passed on as an exec passes the working directory
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, copy_file_range,
 //!   sendfile, fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate,
 //!   fadvise, readahead, mmap
@@ -47,6 +50,7 @@ pub mod locks;
 pub mod metadata;
 pub mod paths;
 pub mod processes;
+pub mod spawn;
 pub mod stdio;
 
 use crate::mount::{self, Description};

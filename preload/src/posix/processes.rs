@@ -80,8 +80,16 @@ unsafe fn spawn(
 ) -> c_int {
     let named_by_path = super::path_bytes(file).is_some_and(|f| f.contains(&b'/'));
     let stored = if named_by_path { stored_on_mount(file) } else { None };
+    let rewritten = match super::spawn::rewrite(actions) {
+        Ok(rewritten) => rewritten,
+        Err(errno) => return errno,
+    };
+    let actions = rewritten.as_ref().map_or(actions, |r| r.as_ptr());
     crate::release_mounts_before_fork();
-    let env = Environment::new(envp.cast(), &bridge::HandOver::default());
+    let mut env = Environment::new(envp.cast(), &bridge::HandOver::default());
+    if let Some(cwd) = rewritten.as_ref().and_then(|r| r.cwd.as_ref()) {
+        env.set_cwd(cwd.as_deref());
+    }
     match stored {
         // SAFETY: passed on, with an environment array that outlives the call.
         None => unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) },
@@ -202,6 +210,22 @@ impl Environment {
         pointers.extend(added.iter().map(|e| e.as_ptr()));
         pointers.push(std::ptr::null());
         Environment { _added: added, pointers }
+    }
+
+    /// Makes the new program's working directory `cwd` in a mount
+    /// (`IOPATH_CWD`), or out of every mount (`None`): a spawn's `chdir`
+    /// action moved it from this process's.
+    fn set_cwd(&mut self, cwd: Option<&[u8]>) {
+        let passed = |p: &*const c_char| {
+            // SAFETY: every pointer but the last NULL is a NUL-terminated entry.
+            !p.is_null() && unsafe { std::ffi::CStr::from_ptr(*p) }.to_bytes().starts_with(b"IOPATH_CWD=")
+        };
+        self.pointers.retain(|p| !passed(p));
+        if let Some(entry) = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], dir].concat()).ok()) {
+            let at = self.pointers.len() - 1; // before the NULL
+            self.pointers.insert(at, entry.as_ptr());
+            self._added.push(entry);
+        }
     }
 
     /// The NULL-terminated array.
@@ -422,4 +446,87 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char
     let failed = unsafe { real::execvpe(file, argv, env.as_ptr()) };
     after_failed_exec(handed);
     failed
+}
+
+/// A child was reaped: the bridges of spawned children write what their
+/// pipes hold before the caller looks at the files (errno kept).
+fn child_reaped(pid: libc::pid_t) {
+    if pid > 0 {
+        let _errno = crate::KeepErrno::new();
+        bridge::after_child_ended();
+    }
+}
+
+/// `waitpid`: see [`child_reaped`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t {
+    // SAFETY: passed on.
+    let reaped = unsafe { real::waitpid(pid, status, options) };
+    child_reaped(reaped);
+    reaped
+}
+
+/// `wait`: see [`child_reaped`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wait(status: *mut c_int) -> libc::pid_t {
+    // SAFETY: passed on.
+    let reaped = unsafe { real::wait(status) };
+    child_reaped(reaped);
+    reaped
+}
+
+/// `wait3`: see [`child_reaped`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wait3(status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> libc::pid_t {
+    // SAFETY: passed on.
+    let reaped = unsafe { real::wait3(status, options, usage) };
+    child_reaped(reaped);
+    reaped
+}
+
+/// `wait4`: see [`child_reaped`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wait4(
+    pid: libc::pid_t,
+    status: *mut c_int,
+    options: c_int,
+    usage: *mut libc::rusage,
+) -> libc::pid_t {
+    // SAFETY: passed on.
+    let reaped = unsafe { real::wait4(pid, status, options, usage) };
+    child_reaped(reaped);
+    reaped
+}
+
+/// `waitid`: see [`child_reaped`] (a child that changed state and was
+/// left waitable, `WNOWAIT`, counts too: its output is as final).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn waitid(
+    idtype: libc::idtype_t,
+    id: libc::id_t,
+    info: *mut libc::siginfo_t,
+    options: c_int,
+) -> c_int {
+    // SAFETY: passed on.
+    let done = unsafe { real::waitid(idtype, id, info, options) };
+    // SAFETY: filled by a successful waitid (si_pid 0: no child changed state).
+    if done == 0 && !info.is_null() && unsafe { (*info).si_pid() } > 0 {
+        child_reaped(1);
+    }
+    done
 }
