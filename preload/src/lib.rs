@@ -176,6 +176,9 @@ pub(crate) fn background<T>(work: impl FnOnce() -> T) -> T {
 
 extern "C" fn before_fork() {
     release_mounts_before_fork();
+    if MOUNTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+        bridge::listen_before_fork();
+    }
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
     let starts = iopath::sys::hold_thread_starts();
     let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, starts)));

@@ -836,6 +836,12 @@ impl Mount {
     }
 }
 
+/// Whether this process has a mounted file (not a directory) open.
+pub fn holds_files() -> bool {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table.as_ref().is_some_and(|t| t.values().any(|d| matches!(d.node, Node::File(_))))
+}
+
 /// Whether a descriptor of the program stands for `description`.
 pub fn in_table(description: &Arc<Description>) -> bool {
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());

@@ -866,6 +866,42 @@ static void standard_streams(void) {
     CHECK(unlink(at("out")) == 0 && unlink(at("in")) == 0 && unlink(at("low")) == 0 && unlink(at("log")) == 0, "unlink");
 }
 
+/* A forked child puts its parent's open files on its standard streams and
+ * executes a program (Python's subprocess with stdout=f, a shell's `cmd >&3`):
+ * the parent holds the files, and the child's program reads and writes them. */
+static void forked_streams(void) {
+    int out = open(at("fo"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(out >= 0 && write(out, "first\n", 6) == 6, "open");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        if (dup2(out, 1) != 1) _exit(100 + errno);
+        execlp("echo", "echo", "from a forked child", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a forked child's program writing into its parent's file: %d", WEXITSTATUS(status));
+    CHECK(lseek(out, 0, SEEK_CUR) == 26, "the shared position moved: %ld", (long)lseek(out, 0, SEEK_CUR));
+    CHECK(write(out, "last\n", 5) == 5 && close(out) == 0, "the parent writes after it");
+    CHECK(!strcmp(contents(at("fo")), "first\nfrom a forked child\nlast\n"), "what both wrote: %s", contents(at("fo")));
+
+    int in = open(at("fo"), O_RDONLY);
+    out = open(at("fo2"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(in >= 0 && out >= 0 && lseek(in, 6, SEEK_SET) == 6, "open both");
+    child = fork();
+    if (child == 0) {
+        if (dup2(in, 0) != 0 || dup2(out, 1) != 1) _exit(100 + errno);
+        execlp("cat", "cat", (char *)NULL);
+        _exit(127);
+    }
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a forked child's program copying from one of its parent's files to another: %d", WEXITSTATUS(status));
+    CHECK(close(in) == 0 && close(out) == 0, "close");
+    CHECK(!strcmp(contents(at("fo2")), "from a forked child\nlast\n"), "what cat copied: %s", contents(at("fo2")));
+    CHECK(unlink(at("fo")) == 0 && unlink(at("fo2")) == 0, "clean up");
+}
+
 extern char **environ;
 
 /* posix_spawn of `argv` with `actions`; the child's exit status, or -1000 - the spawn's error. */
@@ -980,6 +1016,7 @@ int main(int argc, char **argv) {
     kernel_links();
     standard_streams();
     spawned();
+    forked_streams();
     signals();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

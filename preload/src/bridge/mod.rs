@@ -38,9 +38,11 @@
 //! the program and still writes to the pipe writes to nothing (EPIPE); a
 //! file read while held is the file as it was at the fork.
 
+mod adopt;
 mod control;
 mod held;
 
+pub use adopt::{ask_parent, listen_before_fork};
 pub use held::let_go;
 
 use crate::mount::{self, Description, Node};
@@ -221,6 +223,7 @@ pub fn in_child_after_fork() {
         std::mem::forget(std::mem::take(&mut *running));
     }
     COUNT.store(0, Ordering::Release);
+    adopt::in_child_after_fork();
 }
 
 /// Takes the bridges a parent handed over (`IOPATH_STDIO`) and starts them;
@@ -282,15 +285,21 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
 /// when every writer of the pipe has closed it (or its reader has), or at
 /// this program's exit or exec, whichever comes first.
 pub fn for_child(d: &Arc<Description>, to: c_int) -> Result<c_int, c_int> {
-    reap_ended();
     let writes_file = d.writable() && !(to == 0 && d.readable());
     let (theirs, end) = pipe(writes_file)?;
+    start_for_child(d, to, end, writes_file);
+    Ok(theirs)
+}
+
+/// Starts a bridge on `d` for a child's descriptor `to`, over `end` (this
+/// process's end of the child's pipe): see [`for_child`].
+fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, writes_file: bool) {
+    reap_ended();
     crate::log(&format!(
-        "bridging a spawned child's {} (a pipe: the child's kernel calls cannot reach the mount)",
+        "bridging a child's {} (a pipe: the child cannot reach the mount)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)
     ));
     launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d)));
-    Ok(theirs)
 }
 
 /// A child of this program ended (`wait` and its kind reaped one): the

@@ -85,12 +85,16 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 /// After the kernel made `new` a duplicate of mounted `old`: `new` shares
 /// its description, or, on a standard stream (0, 1, 2: the C library's stdio
 /// calls the kernel on those), becomes a pipe a bridge keeps (`bridge/`).
-fn duplicated(new: c_int, description: Option<Arc<Description>>, cloexec: bool) -> c_int {
+fn duplicated(from: c_int, new: c_int, description: Option<Arc<Description>>, cloexec: bool) -> c_int {
     if new >= 0
         && let Some(d) = description
     {
-        if bridge::wanted(&d, new) && !FORKED.load(Ordering::Relaxed) {
+        if bridge::wanted(&d, new) {
             let _inside = crate::Inside::enter();
+            if FORKED.load(Ordering::Relaxed) {
+                // A forked child's: its parent holds the file, and bridges it (`bridge/adopt.rs`).
+                return bridge::ask_parent(&d, from, new, cloexec);
+            }
             return bridge::onto(&d, new, cloexec);
         }
         mount::install(new, d);
@@ -109,7 +113,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let new = unsafe { real::dup(fd) };
     mount::kernel_dir_duplicated(fd, new);
     if description.is_some() {
-        return duplicated(new, description, false);
+        return duplicated(fd, new, description, false);
     }
     bridge::duplicated(fd, new);
     created(new)
@@ -126,7 +130,7 @@ fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> 
         mount::kernel_dir_duplicated(fd, r);
         bridge::closed(to); // (if `to` was on a bridge)
         if description.is_some() {
-            return duplicated(r, description, cloexec);
+            return duplicated(fd, r, description, cloexec);
         }
         bridge::duplicated(fd, to);
         created(r);
@@ -214,7 +218,7 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
         }
         let r = call();
         return match cmd {
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(r, description, cmd == libc::F_DUPFD_CLOEXEC),
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(fd, r, description, cmd == libc::F_DUPFD_CLOEXEC),
             _ => r,
         };
     }

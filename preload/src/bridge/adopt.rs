@@ -1,0 +1,318 @@
+//! A forked child's standard streams on its parent's mounted files: the
+//! parent keeps the bridge.
+//!
+//! `subprocess.run(cmd, stdout=f)` with `f` open on a mount, or a shell's
+//! `cmd >&3` after `exec 3> /mnt/i/log`: the parent holds the file (and so
+//! the mount), forks, and the child puts the inherited descriptor on 0, 1
+//! or 2 and executes the command. The child cannot use the mount (its
+//! engine's threads stayed with the parent, and the parent holds it), so
+//! the command wrote into nothing (`echo: write error: Bad file
+//! descriptor`). Instead the child asks its parent to bridge: it makes a
+//! pipe, sends the parent one end (`SCM_RIGHTS` over a Unix socket the
+//! parent listens on, named after the parent's pid in the abstract
+//! namespace) with the descriptor's number, and puts its own end where the
+//! program asked. The parent's *adopter* thread (one per process, started
+//! at the first fork while it has mounted files open, never ending) finds
+//! its own open file behind that number and starts a bridge on it
+//! (`for_child`): the child's writes land in the file at the shared
+//! position, its reads come from it, as with the kernel's file. The
+//! parent's `wait` for the child then returns after the bridge has written
+//! what the child sent (`after_child_ended`).
+//!
+//! Only the process's own children are served (the peer's credentials:
+//! same user, and its parent is this process), and only a file the parent
+//! still has open at that number by the same path. Where it cannot be done
+//! (no parent listening, a descriptor above 2), the child's descriptor
+//! fails with EBADF as before.
+
+use super::moved_up;
+use crate::mount::{self, Description, Node};
+use crate::real;
+use libc::c_int;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The listening socket of this process (-1: none yet).
+static LISTENING: AtomicI32 = AtomicI32::new(-1);
+
+/// Most path bytes a request carries (the rest is not compared).
+const PATH_BYTES: usize = 1024;
+
+/// How long a child waits for its parent's answer (seconds).
+const ANSWER_WAIT_S: libc::time_t = 10;
+
+/// The socket's abstract name for process `pid` (with its leading NUL), and its length.
+fn address(pid: libc::pid_t) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_un.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("iopath-adopt-{pid}");
+    for (i, b) in name.bytes().enumerate() {
+        addr.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    (addr, len as libc::socklen_t)
+}
+
+/// Before a fork: if this process has mounted files open, makes sure it
+/// listens for its children's requests (once per process).
+pub fn listen_before_fork() {
+    if LISTENING.load(Ordering::Acquire) >= 0 || !mount::holds_files() {
+        return;
+    }
+    // SAFETY: socket, bind and listen on a socket of ours.
+    let fd = unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return;
+        }
+        let (addr, len) = address(libc::getpid());
+        if libc::bind(fd, (&raw const addr).cast(), len) != 0 || libc::listen(fd, 16) != 0 {
+            crate::log(&format!("cannot listen for children's standard streams: {}", std::io::Error::last_os_error()));
+            real::close(fd);
+            return;
+        }
+        fd
+    };
+    let Ok(fd) = moved_up(fd) else { return };
+    LISTENING.store(fd, Ordering::Release);
+    let named = std::thread::Builder::new().name("iopath-adopt".into());
+    if iopath::sys::spawn_without_signals(named, move || serve(fd)).is_err() {
+        LISTENING.store(-1, Ordering::Release);
+        // SAFETY: our socket; no thread uses it.
+        unsafe { real::close(fd) };
+    }
+}
+
+/// In a child just forked: the parent's socket is the parent's.
+pub fn in_child_after_fork() {
+    let fd = LISTENING.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the inherited listening socket; the parent's thread serving it is not here.
+        unsafe { real::close(fd) };
+    }
+}
+
+/// The adopter thread: serves one request per connection, for ever.
+fn serve(listening: c_int) {
+    let _inside = crate::Inside::enter();
+    loop {
+        // SAFETY: accept on our listening socket.
+        let conn = unsafe { libc::accept4(listening, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+        if conn < 0 {
+            if crate::posix::last_errno() == libc::EINTR {
+                continue;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        let answer = if own_child(conn) { answer(conn) } else { libc::EPERM };
+        // SAFETY: writes 4 bytes from a local to our connection, then closes it.
+        unsafe {
+            libc::send(conn, (&raw const answer).cast(), 4, libc::MSG_NOSIGNAL);
+            real::close(conn);
+        }
+    }
+}
+
+/// Whether the peer of `conn` is this user's process and this process's child.
+fn own_child(conn: c_int) -> bool {
+    // SAFETY: all-zero is a valid ucred; getsockopt fills it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a buffer of ours of the size given.
+    let got = unsafe { libc::getsockopt(conn, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len) };
+    // SAFETY: getuid and getpid cannot fail.
+    let (uid, pid) = unsafe { (libc::getuid(), libc::getpid()) };
+    got == 0 && cred.uid == uid && parent_of(cred.pid) == Some(pid)
+}
+
+/// The parent of process `pid` (from `/proc/PID/stat`).
+fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+    let after = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    let text = std::str::from_utf8(after).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Reads one request on `conn` and bridges it: 0 or an errno.
+fn answer(conn: c_int) -> c_int {
+    let mut payload = [0u8; 8 + PATH_BYTES];
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut control = [0u64; 4]; // room for one descriptor's cmsg, aligned
+    // SAFETY: all-zero is a valid msghdr; its buffers are ours.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: receives into the buffers above.
+    let n = unsafe { libc::recvmsg(conn, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let end = received_descriptor(&msg);
+    let Some(end) = end else { return libc::EINVAL };
+    if n < 8 {
+        // SAFETY: the descriptor just received is ours.
+        unsafe { real::close(end) };
+        return libc::EINVAL;
+    }
+    let from = c_int::from_ne_bytes(payload[..4].try_into().unwrap_or_default());
+    let to = c_int::from_ne_bytes(payload[4..8].try_into().unwrap_or_default());
+    let path = &payload[8..n as usize];
+    let found = mount::lookup(from).filter(|d| matches!(d.node, Node::File(_)) && same_path(d, path));
+    let Some(d) = found else {
+        // SAFETY: as above.
+        unsafe { real::close(end) };
+        return libc::EBADF;
+    };
+    match moved_up(end) {
+        Ok(end) => {
+            for_child_on(&d, to, end);
+            0
+        }
+        Err(errno) => errno,
+    }
+}
+
+/// Whether `d` was opened by `path` (as far as a request carries it).
+fn same_path(d: &Description, path: &[u8]) -> bool {
+    d.path.len().min(PATH_BYTES) == path.len() && d.path.starts_with(path)
+}
+
+/// The descriptor a request carried, if it carried one.
+fn received_descriptor(msg: &libc::msghdr) -> Option<c_int> {
+    // SAFETY: walks the control messages recvmsg filled in `msg`'s buffer.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(msg);
+        if cmsg.is_null() || (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
+            return None;
+        }
+        Some(std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>()))
+    }
+}
+
+/// Starts a bridge on `d` for a child's descriptor `to` over `end`, this
+/// process's end of the child's pipe.
+fn for_child_on(d: &Arc<Description>, to: c_int, end: c_int) {
+    let writes_file = d.writable() && !(to == 0 && d.readable());
+    super::start_for_child(d, to, end, writes_file);
+}
+
+/// In a forked child: puts inherited mounted `d` (this process's
+/// descriptor `from`, its parent's too) on standard stream `to` by asking
+/// the parent to bridge it. `to`, or -1 with errno (EBADF where the parent
+/// does not answer: as before).
+pub fn ask_parent(d: &Description, from: c_int, to: c_int, cloexec: bool) -> c_int {
+    match ask(d, from, to) {
+        Ok(mine) => {
+            // SAFETY: our pipe end onto the program's `to` (replacing the placeholder there).
+            unsafe {
+                let placed = real::dup3(mine, to, if cloexec { libc::O_CLOEXEC } else { 0 });
+                let errno = crate::posix::last_errno();
+                real::close(mine);
+                if placed < 0 { crate::posix::fail(errno) } else { placed }
+            }
+        }
+        Err(errno) => crate::posix::fail(errno),
+    }
+}
+
+/// The request: this process's end of a pipe whose other end the parent
+/// bridges, or errno.
+fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
+    let writes_file = d.writable() && !(to == 0 && d.readable());
+    let mut pipe = [-1; 2];
+    // SAFETY: pipe2 fills two descriptors; socket makes one.
+    let conn = unsafe {
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(crate::posix::last_errno());
+        }
+        libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+    };
+    let (mine, theirs) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
+    let answer = if conn < 0 { Err(libc::EBADF) } else { request(conn, from, to, &d.path, theirs) };
+    // SAFETY: our descriptors (the parent has its own copy of `theirs` now, if it took it).
+    unsafe {
+        real::close(theirs);
+        if conn >= 0 {
+            real::close(conn);
+        }
+    }
+    match answer {
+        Ok(()) => Ok(mine),
+        Err(errno) => {
+            // SAFETY: as above.
+            unsafe { real::close(mine) };
+            Err(errno)
+        }
+    }
+}
+
+/// Sends the request on `conn` and reads the answer.
+fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], theirs: c_int) -> Result<(), c_int> {
+    // SAFETY: getppid cannot fail.
+    let (addr, len) = address(unsafe { libc::getppid() });
+    let mut payload = Vec::with_capacity(8 + PATH_BYTES);
+    payload.extend_from_slice(&from.to_ne_bytes());
+    payload.extend_from_slice(&to.to_ne_bytes());
+    payload.extend_from_slice(&path[..path.len().min(PATH_BYTES)]);
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut control = [0u64; 4];
+    let wait = libc::timeval { tv_sec: ANSWER_WAIT_S, tv_usec: 0 };
+    // SAFETY: all-zero is a valid msghdr; the control buffer holds one descriptor's cmsg.
+    let sent = unsafe {
+        if libc::connect(conn, (&raw const addr).cast(), len) != 0 {
+            return Err(libc::EBADF); // no parent listening: as before
+        }
+        libc::setsockopt(
+            conn,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const wait).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as usize;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>(), theirs);
+        libc::sendmsg(conn, &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        return Err(libc::EBADF);
+    }
+    let mut answer: c_int = libc::EBADF;
+    // SAFETY: reads 4 bytes into a local.
+    let got = unsafe { libc::recv(conn, (&raw mut answer).cast(), 4, 0) };
+    match (got, answer) {
+        (4, 0) => Ok(()),
+        (4, errno) => Err(errno),
+        _ => Err(libc::EBADF),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parent_of_a_process_is_read_from_proc() {
+        // SAFETY: getpid and getppid cannot fail.
+        let (me, parent) = unsafe { (libc::getpid(), libc::getppid()) };
+        assert_eq!(parent_of(me), Some(parent));
+        assert_eq!(parent_of(-1), None);
+    }
+
+    #[test]
+    fn each_process_has_its_own_abstract_name() {
+        let (a, la) = address(10);
+        let (b, lb) = address(11);
+        assert_eq!(a.sun_path[0], 0);
+        assert!(la == lb && a.sun_path[..la as usize - 2] != b.sun_path[..lb as usize - 2]);
+    }
+}
