@@ -699,6 +699,9 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
 /// meanwhile are answered at once (there is nothing to write).
 fn end_for_good(end: c_int, control: &Control) {
     control.ended.store(true, Ordering::Release);
+    // A flush asked for while the loop ended (its eventfd count read with the pipe's
+    // end) has nothing left to wait for: answered now, or its caller waited for ever.
+    control.answer(control.asked.load(Ordering::Acquire));
     forget_own(end);
     // SAFETY: the bridge's end; nothing else uses it.
     unsafe { real::close(end) };
