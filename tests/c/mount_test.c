@@ -902,6 +902,70 @@ static void forked_streams(void) {
     CHECK(unlink(at("fo")) == 0 && unlink(at("fo2")) == 0, "clean up");
 }
 
+/* A child's output, read from a pipe until it ends (at most 255 bytes). */
+static const char *read_all(int fd) {
+    static char got[256];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof got - 1 && (r = read(fd, got + n, sizeof got - 1 - n)) > 0) n += (size_t)r;
+    got[n] = 0;
+    return got;
+}
+
+/* execvp and posix_spawnp find a program by a bare name in a directory of
+ * PATH that is in DIR. */
+static void path_search(void) {
+    CHECK(mkdir(at("pbin"), 0755) == 0, "mkdir");
+    int fd = open(at("pbin/iopath-tool"), O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    const char *script = "#!/bin/sh\necho tool $1\n";
+    CHECK(fd >= 0 && write(fd, script, strlen(script)) == (ssize_t)strlen(script) && close(fd) == 0, "a script");
+    char *old = getenv("PATH"), saved[4096], path[8192];
+    snprintf(saved, sizeof saved, "%s", old ? old : "/usr/bin:/bin");
+    snprintf(path, sizeof path, "%s:%s:%s", at("none"), at("pbin"), saved);
+    setenv("PATH", path, 1);
+    int p[2];
+    CHECK(pipe(p) == 0, "pipe");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(p[1], 1);
+        close(p[0]);
+        execlp("iopath-tool", "iopath-tool", "ran", (char *)NULL);
+        _exit(100 + errno);
+    }
+    close(p[1]);
+    const char *got = read_all(p[0]);
+    close(p[0]);
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+              !strcmp(got, "tool ran\n"),
+          "execvp of a program in DIR by its name: %d, '%s'", WEXITSTATUS(status), got);
+
+    CHECK(pipe(p) == 0, "pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    char *argv[] = {"iopath-tool", "spawned", NULL};
+    int err = posix_spawnp(&child, "iopath-tool", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    got = err == 0 ? read_all(p[0]) : "";
+    close(p[0]);
+    CHECK(err == 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+              !strcmp(got, "tool spawned\n"),
+          "posix_spawnp of it: %d, '%s'", err, got);
+
+    child = fork();
+    if (child == 0) {
+        execlp("iopath-no-such-tool", "iopath-no-such-tool", (char *)NULL);
+        _exit(errno == ENOENT ? 0 : 100 + errno);
+    }
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "execvp of a name nowhere: ENOENT: %d", WEXITSTATUS(status));
+    setenv("PATH", saved, 1);
+    CHECK(unlink(at("pbin/iopath-tool")) == 0 && rmdir(at("pbin")) == 0, "clean up");
+}
+
 extern char **environ;
 
 /* posix_spawn of `argv` with `actions`; the child's exit status, or -1000 - the spawn's error. */
@@ -1017,6 +1081,7 @@ int main(int argc, char **argv) {
     standard_streams();
     spawned();
     forked_streams();
+    path_search();
     signals();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

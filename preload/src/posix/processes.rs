@@ -78,7 +78,20 @@ unsafe fn spawn(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    let named_by_path = super::path_bytes(file).is_some_and(|f| f.contains(&b'/'));
+    let mut named_by_path = super::path_bytes(file).is_some_and(|f| f.contains(&b'/'));
+    // A bare name whose `PATH` has a mount's directory: the first candidate there
+    // (the C library's search goes to the kernel, which does not see the mount).
+    let found = match (named_by_path, search_path_with_a_mount(), super::path_bytes(file)) {
+        (false, Some(dirs), Some(name)) if !name.is_empty() => candidates(&dirs, name).into_iter().next(),
+        _ => None,
+    };
+    let file = match &found {
+        Some(path) => {
+            named_by_path = true;
+            path.as_ptr()
+        }
+        None => file,
+    };
     let stored = if named_by_path { stored_on_mount(file) } else { None };
     let rewritten = match super::spawn::rewrite(actions) {
         Ok(rewritten) => rewritten,
@@ -408,9 +421,9 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 }
 
 /// `execvp`: a file named with a slash is `execv`'s (it may be stored on a
-/// mount); a bare name is looked up in `PATH` by the C library (directories
-/// in a mount are not searched there: shells search `PATH` themselves, with
-/// `stat`, and execute what they found by its path).
+/// mount); a bare name is looked up in `PATH`, by this library when a
+/// directory of `PATH` is in a mount (the C library's search goes to the
+/// kernel, which does not see them), else by the C library.
 ///
 /// # Safety
 /// As the C function.
@@ -440,12 +453,57 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char
         // SAFETY: as above.
         return unsafe { execute(c"/bin/sh".as_ptr(), args.as_ptr(), envp, 0) };
     }
+    if let Some(dirs) = search_path_with_a_mount() {
+        let Some(name) = super::path_bytes(file) else { return fail(libc::EFAULT) };
+        if name.is_empty() {
+            return fail(libc::ENOENT);
+        }
+        let mut denied = false;
+        for candidate in candidates(&dirs, name) {
+            // SAFETY: passed on, with the candidate's full path (which has a slash).
+            let failed = unsafe { execvpe(candidate.as_ptr(), argv, envp) };
+            match super::last_errno() {
+                libc::EACCES => denied = true,
+                libc::ENOENT | libc::ESTALE | libc::ENOTDIR | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => return failed,
+            }
+        }
+        // As the C library: EACCES if a candidate was there but could not be run.
+        return fail(if denied { libc::EACCES } else { libc::ENOENT });
+    }
     let handed = before_exec();
     let env = Environment::new(envp, &handed);
     // SAFETY: passed on, with an environment array that outlives the call.
     let failed = unsafe { real::execvpe(file, argv, env.as_ptr()) };
     after_failed_exec(handed);
     failed
+}
+
+/// The directories of `PATH` (the C library's default if it is unset; an
+/// empty entry is the working directory), if one of them is in a mount.
+fn search_path_with_a_mount() -> Option<Vec<Vec<u8>>> {
+    if !super::mounting() {
+        return None;
+    }
+    let path = std::env::var_os("PATH").map_or_else(|| b"/bin:/usr/bin".to_vec(), |p| p.into_encoded_bytes());
+    let dirs: Vec<Vec<u8>> =
+        path.split(|&b| b == b':').map(|d| if d.is_empty() { b".".to_vec() } else { d.to_vec() }).collect();
+    dirs.iter().any(|d| crate::mount::resolve(libc::AT_FDCWD, d).is_some()).then_some(dirs)
+}
+
+/// `dir/name` for each directory of `dirs` where something by that name
+/// is there (a mount's, or the kernel's: one `access` each), in order: what
+/// an exec or spawn is to try.
+fn candidates(dirs: &[Vec<u8>], name: &[u8]) -> Vec<CString> {
+    dirs.iter()
+        .filter_map(|dir| CString::new([&dir[..], b"/", name].concat()).ok())
+        .filter(|path| {
+            // SAFETY: a NUL-terminated path; `access` is this library's hook (a mount's path
+            // is looked up there).
+            let there = unsafe { super::paths::access(path.as_ptr(), libc::F_OK) } == 0;
+            there || super::last_errno() == libc::EACCES
+        })
+        .collect()
 }
 
 /// A child was reaped: the bridges of spawned children write what their
@@ -529,4 +587,96 @@ pub unsafe extern "C" fn waitid(
         child_reaped(1);
     }
     done
+}
+
+/// The list forms of exec (`execl`, `execlp`, `execle`): C variadic
+/// functions, which stable Rust cannot define. Each is a naked function
+/// that stores the six argument registers next to each other and calls
+/// [`exec_list`] with them and the address of the arguments the caller
+/// put on the stack (x86-64 System V: a variadic call passes its first six
+/// integer arguments in registers, the rest on the stack, in order). The
+/// C library's own `execlp` calls its `execvpe` inside itself, out of this
+/// library's reach: a program stored on a mount, or found in a `PATH`
+/// directory in one, was not found.
+#[cfg(target_arch = "x86_64")]
+mod list_forms {
+    use super::{c_char, c_int};
+
+    macro_rules! list_form {
+        ($name:ident, $kind:expr) => {
+            /// See the module.
+            ///
+            /// # Safety
+            /// As the C function.
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name() -> c_int {
+                core::arch::naked_asm!(
+                    "push rbp",
+                    "mov rbp, rsp",
+                    "sub rsp, 48",
+                    "mov [rsp], rdi",
+                    "mov [rsp + 8], rsi",
+                    "mov [rsp + 16], rdx",
+                    "mov [rsp + 24], rcx",
+                    "mov [rsp + 32], r8",
+                    "mov [rsp + 40], r9",
+                    "mov rdi, rsp",
+                    "lea rsi, [rbp + 16]",
+                    "mov edx, {kind}",
+                    "call {collect}",
+                    "leave",
+                    "ret",
+                    kind = const $kind,
+                    collect = sym exec_list,
+                )
+            }
+        };
+    }
+
+    const EXECL: c_int = 0;
+    const EXECLP: c_int = 1;
+    const EXECLE: c_int = 2;
+    list_form!(execl, EXECL);
+    list_form!(execlp, EXECLP);
+    list_form!(execle, EXECLE);
+
+    /// Most arguments a list form passes on (the kernel's limit is far below).
+    const MOST_ARGUMENTS: usize = 1 << 16;
+
+    /// The arguments of a list form: the path, then `arg0...` up to a NULL
+    /// from the six `registers` and then `stack`, and for `execle` the
+    /// environment after the NULL; executes as `execv`, `execvp` or
+    /// `execve` would.
+    ///
+    /// # Safety
+    /// `registers` holds the six argument registers of a variadic call and
+    /// `stack` the caller's further arguments.
+    unsafe extern "C" fn exec_list(registers: *const usize, stack: *const usize, kind: c_int) -> c_int {
+        // SAFETY: the caller's contract: argument i lies in a register or on the stack.
+        let arg = |i: usize| unsafe { if i < 6 { *registers.add(i) } else { *stack.add(i - 6) } };
+        let path = arg(0) as *const c_char;
+        let mut argv: Vec<*const c_char> = Vec::new();
+        let mut i = 1;
+        loop {
+            let a = arg(i) as *const c_char;
+            argv.push(a);
+            i += 1;
+            if a.is_null() || argv.len() > MOST_ARGUMENTS {
+                break;
+            }
+        }
+        if argv.last().is_some_and(|a| !a.is_null()) {
+            return super::fail(libc::E2BIG);
+        }
+        let argv = argv.as_ptr();
+        // SAFETY: the arguments as the C caller gave them, NULL-terminated.
+        unsafe {
+            match kind {
+                EXECLP => super::execvpe(path, argv, super::environ),
+                EXECLE => super::execute(path, argv, arg(i) as *const *const c_char, 0),
+                _ => super::execute(path, argv, super::environ, 0),
+            }
+        }
+    }
 }
