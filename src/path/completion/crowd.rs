@@ -24,9 +24,8 @@
 //! makes among them costs a context switch and a look that the program's work
 //! needed.
 
-use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 /// Threads of this process inside a wait of a policy that registers (the
 /// yielding, adaptive and auto policies).
@@ -72,11 +71,51 @@ pub fn cpus() -> usize {
 /// `/proc/loadavg`, before the slash: the scheduler's `nr_running`, the
 /// reader included), if readable.
 pub fn runnable() -> Option<usize> {
-    static LOADAVG: OnceLock<Option<std::fs::File>> = OnceLock::new();
-    let file = LOADAVG.get_or_init(|| std::fs::File::open("/proc/loadavg").ok()).as_ref()?;
+    // Kept open (a read is one pread), at a number out of the way of the ones a host
+    // program expects to be its own (>= LOADAVG_FLOOR). A program may still close it
+    // (a daemon closing every descriptor): then the number is the program's, and a
+    // read that fails or does not look like the file opens it again elsewhere, never
+    // closing what the old number is now.
     let mut buf = [0u8; 128];
-    let n = file.read_at(&mut buf, 0).ok()?;
-    parse_runnable(std::str::from_utf8(&buf[..n]).ok()?)
+    for _ in 0..2 {
+        let mut fd = LOADAVG.load(Ordering::Acquire);
+        if fd < 0 {
+            let opened = open_loadavg()?;
+            fd = match LOADAVG.compare_exchange(-1, opened, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => opened,
+                Err(theirs) => {
+                    // Another thread opened it first.
+                    // SAFETY: ours, used by nothing else.
+                    unsafe { libc::close(opened) };
+                    theirs
+                }
+            };
+        }
+        // SAFETY: pread into a buffer of ours; a descriptor that is not ours any more is
+        // only read, and what it gives is checked.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if let Ok(n) = usize::try_from(n)
+            && let Some(r) = std::str::from_utf8(&buf[..n]).ok().and_then(parse_runnable)
+        {
+            return Some(r);
+        }
+        let _ = LOADAVG.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    None
+}
+
+/// The descriptor [`runnable`] reads (-1: not open).
+static LOADAVG: AtomicI32 = AtomicI32::new(-1);
+
+/// Lowest descriptor number [`runnable`] keeps `/proc/loadavg` at.
+const LOADAVG_FLOOR: libc::c_int = 300;
+
+/// Opens `/proc/loadavg` at [`LOADAVG_FLOOR`] or above, close-on-exec.
+fn open_loadavg() -> Option<libc::c_int> {
+    let file = std::fs::File::open("/proc/loadavg").ok()?;
+    // SAFETY: duplicates a descriptor we own (closed when `file` drops).
+    let fd = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_DUPFD_CLOEXEC, LOADAVG_FLOOR) };
+    (fd >= 0).then_some(fd)
 }
 
 /// [`runnable`], read at most once per ~0.5 ms by any thread of the process
@@ -174,6 +213,26 @@ pub fn completed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_queue_is_read_again_after_a_program_closed_its_descriptor() {
+        assert!(runnable().is_some_and(|r| r >= 1), "the reader itself runs");
+        let fd = LOADAVG.load(Ordering::Acquire);
+        assert!(fd >= LOADAVG_FLOOR, "kept out of the way of the program's numbers: {fd}");
+        // A program that closes every descriptor, then opens a file of its own there.
+        let mut theirs = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut theirs, b"not the run queue").unwrap();
+        // SAFETY: dup2 over the number, as a program that owns it may.
+        assert_eq!(unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&theirs), fd) }, fd);
+        assert!(runnable().is_some_and(|r| r >= 1), "opened again elsewhere");
+        assert_ne!(LOADAVG.load(Ordering::Acquire), fd);
+        let mut still = [0u8; 17];
+        // SAFETY: reads the program's file at the old number.
+        assert_eq!(unsafe { libc::pread(fd, still.as_mut_ptr().cast(), 17, 0) }, 17, "left open, the program's");
+        assert_eq!(&still, b"not the run queue");
+        // SAFETY: the test's own duplicate.
+        unsafe { libc::close(fd) };
+    }
 
     #[test]
     fn loadavg_gives_the_running_count() {
