@@ -203,7 +203,7 @@ pub fn hold_thread_starts() -> std::sync::MutexGuard<'static, ()> {
 /// program that waits for its own SIGTERM in one thread (`sigwait`, as
 /// MariaDB's signal thread does at shutdown) never saw it when an iopath
 /// thread took it instead. Returns once the thread runs `f` (past the
-/// libraries' start of a thread), under [`THREAD_STARTS`].
+/// libraries' start of a thread), under the lock [`hold_thread_starts`] takes.
 pub fn spawn_without_signals<F, T>(builder: std::thread::Builder, f: F) -> io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
