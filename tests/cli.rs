@@ -790,9 +790,35 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
     let o = common::iopath(&["run", "--wait", "1", "--mount", &mount, "--", "sh", "-c", &script]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), format!("hello\n{mnt_s}/d\n"));
-    // While a program holds a file open there, others are refused by name.
+    // A program that has the device mounted and nothing open there gives it to a file
+    // tool that asks (its lender), and goes on (it mounts again at its next call).
+    let script = format!(
+        "import os, sys, time\nos.listdir('{mnt_s}/d')\nprint('mounted', flush=True)\nsys.stdin.readline()\n\
+         print(sorted(os.listdir('{mnt_s}')))"
+    );
+    let mut idle = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["run", "--wait", "5", "--mount", &mount, "--", "python3", "-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(idle.stdout.as_mut().unwrap()), &mut said).unwrap();
+    assert_eq!(said, "mounted\n");
+    succeeds(&["mkdir", img, "/by-a-tool"]);
+    std::io::Write::write_all(idle.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let idle = idle.wait_with_output().unwrap();
+    assert!(idle.status.success(), "{}", stderr(&idle));
+    assert_eq!(
+        String::from_utf8_lossy(&idle.stdout),
+        "['by-a-tool', 'd']\n",
+        "it mounted again and sees the tool's change"
+    );
+    assert!(succeeds(&["ls", img]).contains("by-a-tool"));
+    // While a program holds a file open there, others are refused by name (the file tools
+    // after a second of asking).
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
-        .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("exec 3< {mnt_s}/d/{name}; sleep 3; true")])
+        .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("exec 3< {mnt_s}/d/{name}; sleep 6; true")])
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));

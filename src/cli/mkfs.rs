@@ -99,14 +99,23 @@ pub fn run_mkfs(args: MkfsArgs) -> iopath::Result<()> {
     Ok(())
 }
 
+/// How long the file tools wait for a process that has the device mounted:
+/// long enough for one that has nothing open there (an interposed shell or
+/// program between two uses) to give it back when asked (its lender sees a
+/// nudge within `NUDGE_EVERY`, 100 ms), short enough to say at once that a
+/// program is using it. `mkfs` never waits: formatting must not follow a
+/// holder's commit and then pull the file system from under it.
+const TOOL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The engine of a device that should hold a file system already (no `--size`: a
 /// bare path that does not exist is an error that says how to make one), and
-/// the lock that keeps any other process from mounting it meanwhile.
+/// the lock that keeps any other process from mounting it meanwhile (waiting
+/// up to [`TOOL_WAIT`] for a holder to let go).
 pub(super) fn open_existing(device: &str) -> iopath::Result<(Arc<Engine>, Option<MountLock>)> {
     if !device.contains(':') && !std::path::Path::new(device).exists() {
         return Err(Error::spec("device", device, "no such file or device; make a file system with `iopath mkfs`"));
     }
     let engine = open(device, None, None)?;
-    let lock = MountLock::acquire(device, std::time::Duration::ZERO)?;
+    let lock = MountLock::acquire(device, TOOL_WAIT)?;
     Ok((engine, lock))
 }
