@@ -176,7 +176,8 @@ pub(crate) fn background<T>(work: impl FnOnce() -> T) -> T {
 
 extern "C" fn before_fork() {
     release_mounts_before_fork();
-    if MOUNTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+    if MOUNTING.load(Ordering::Relaxed) {
+        // (A forked child listens too: it passes its children's requests up.)
         bridge::listen_before_fork();
     }
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());

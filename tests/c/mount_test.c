@@ -899,7 +899,26 @@ static void forked_streams(void) {
           "a forked child's program copying from one of its parent's files to another: %d", WEXITSTATUS(status));
     CHECK(close(in) == 0 && close(out) == 0, "close");
     CHECK(!strcmp(contents(at("fo2")), "from a forked child\nlast\n"), "what cat copied: %s", contents(at("fo2")));
-    CHECK(unlink(at("fo")) == 0 && unlink(at("fo2")) == 0, "clean up");
+
+    /* A grandchild (a subshell's command): its parent passes the request up. */
+    out = open(at("fo3"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {
+        pid_t grandchild = fork();
+        if (grandchild == 0) {
+            if (dup2(out, 1) != 1) _exit(100 + errno);
+            execlp("echo", "echo", "from a grandchild", (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        _exit(waitpid(grandchild, &st, 0) == grandchild && WIFEXITED(st) ? WEXITSTATUS(st) : 126);
+    }
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a grandchild's program writing into the file: %d", WEXITSTATUS(status));
+    CHECK(close(out) == 0 && !strcmp(contents(at("fo3")), "from a grandchild\n"), "what it wrote: %s",
+          contents(at("fo3")));
+    CHECK(unlink(at("fo")) == 0 && unlink(at("fo2")) == 0 && unlink(at("fo3")) == 0, "clean up");
 }
 
 /* A child's output, read from a pipe until it ends (at most 255 bytes). */

@@ -21,9 +21,12 @@
 //!
 //! Only the process's own children are served (the peer's credentials:
 //! same user, and its parent is this process), and only a file the parent
-//! still has open at that number by the same path. Where it cannot be done
-//! (no parent listening, a descriptor above 2), the child's descriptor
-//! fails with EBADF as before.
+//! still has open at that number by the same path. A forked child listens
+//! too and passes its own children's requests up to its parent (a
+//! subshell's command: `( cmd >&3 )`), the descriptor keeping its number
+//! from one generation to the next. Where it cannot be done (no parent
+//! listening, a descriptor above 2), the child's descriptor fails with
+//! EBADF as before.
 
 use super::moved_up;
 use crate::mount::{self, Description, Node};
@@ -165,6 +168,14 @@ fn answer(conn: c_int) -> c_int {
         unsafe { real::close(end) };
         return libc::EBADF;
     };
+    if crate::FORKED.load(Ordering::Relaxed) {
+        // This process is a forked child itself (a subshell): its parent holds the file,
+        // and the same number stands for it there. The request goes up.
+        let forwarded = forward(from, to, &d.path, end);
+        // SAFETY: our copy of the descriptor (the parent has its own now, if it took it).
+        unsafe { real::close(end) };
+        return forwarded.err().unwrap_or(0);
+    }
     match moved_up(end) {
         Ok(end) => {
             for_child_on(&d, to, end);
@@ -246,6 +257,19 @@ fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
             Err(errno)
         }
     }
+}
+
+/// Passes a request this process received on to its own parent.
+fn forward(from: c_int, to: c_int, path: &[u8], end: c_int) -> Result<(), c_int> {
+    // SAFETY: socket makes a descriptor of ours, closed below.
+    let conn = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if conn < 0 {
+        return Err(libc::EBADF);
+    }
+    let answer = request(conn, from, to, path, end);
+    // SAFETY: ours.
+    unsafe { real::close(conn) };
+    answer
 }
 
 /// Sends the request on `conn` and reads the answer.
