@@ -32,7 +32,6 @@ use super::moved_up;
 use crate::mount::{self, Description, Node};
 use crate::real;
 use libc::c_int;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The listening socket of this process (-1: none yet).
@@ -178,7 +177,7 @@ fn answer(conn: c_int) -> c_int {
     }
     match moved_up(end) {
         Ok(end) => {
-            for_child_on(&d, to, end);
+            super::start_for_child(&d, to, end);
             0
         }
         Err(errno) => errno,
@@ -200,13 +199,6 @@ fn received_descriptor(msg: &libc::msghdr) -> Option<c_int> {
         }
         Some(std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>()))
     }
-}
-
-/// Starts a bridge on `d` for a child's descriptor `to` over `end`, this
-/// process's end of the child's pipe.
-fn for_child_on(d: &Arc<Description>, to: c_int, end: c_int) {
-    let writes_file = d.writable() && !(to == 0 && d.readable());
-    super::start_for_child(d, to, end, writes_file);
 }
 
 /// In a forked child: puts inherited mounted `d` (this process's
@@ -231,7 +223,7 @@ pub fn ask_parent(d: &Description, from: c_int, to: c_int, cloexec: bool) -> c_i
 /// The request: this process's end of a pipe whose other end the parent
 /// bridges, or errno.
 fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
-    let writes_file = d.writable() && !(to == 0 && d.readable());
+    let writes_file = super::writes_into(d, to);
     let mut pipe = [-1; 2];
     // SAFETY: pipe2 fills two descriptors; socket makes one.
     let conn = unsafe {

@@ -249,10 +249,17 @@ pub fn wanted(d: &Description, to: c_int) -> bool {
     (0..=2).contains(&to) && matches!(d.node, Node::File(_))
 }
 
+/// Whether a bridge for mounted `d` on descriptor `to` writes into the
+/// file (else it feeds the file to the program): a file open for writing,
+/// unless it is put on standard input and can be read.
+fn writes_into(d: &Description, to: c_int) -> bool {
+    d.writable() && !(to == 0 && d.readable())
+}
+
 /// `dup2(fd, to)` of mounted `d` onto a standard stream: `to` becomes a
 /// pipe that a bridge keeps, sharing `d` (its position). `to` or -1 with errno.
 pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
-    let writes_file = d.writable() && !(to == 0 && d.readable());
+    let writes_file = writes_into(d, to);
     let (theirs, end) = match pipe(writes_file) {
         Ok(pair) => pair,
         Err(errno) => return crate::posix::fail(errno),
@@ -285,16 +292,16 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
 /// when every writer of the pipe has closed it (or its reader has), or at
 /// this program's exit or exec, whichever comes first.
 pub fn for_child(d: &Arc<Description>, to: c_int) -> Result<c_int, c_int> {
-    let writes_file = d.writable() && !(to == 0 && d.readable());
-    let (theirs, end) = pipe(writes_file)?;
-    start_for_child(d, to, end, writes_file);
+    let (theirs, end) = pipe(writes_into(d, to))?;
+    start_for_child(d, to, end);
     Ok(theirs)
 }
 
 /// Starts a bridge on `d` for a child's descriptor `to`, over `end` (this
 /// process's end of the child's pipe): see [`for_child`].
-fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, writes_file: bool) {
+fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int) {
     reap_ended();
+    let writes_file = writes_into(d, to);
     crate::log(&format!(
         "bridging a child's {} (a pipe: the child cannot reach the mount)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)

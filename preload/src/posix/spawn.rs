@@ -258,14 +258,13 @@ pub(super) fn rewrite(actions: *const Actions) -> Result<Option<Rewritten>, c_in
     if !reaches_a_mount(&list) {
         return Ok(None);
     }
-    let mut out = Rewritten { actions: Box::new(std::mem::MaybeUninit::uninit()), close_after: Vec::new(), cwd: None };
+    let mut actions = Box::new(std::mem::MaybeUninit::uninit());
     // SAFETY: initializes the object in place; `Rewritten::drop` destroys it.
-    let made = unsafe { real::posix_spawn_file_actions_init(out.actions.as_mut_ptr()) };
+    let made = unsafe { real::posix_spawn_file_actions_init(actions.as_mut_ptr()) };
     if made != 0 {
-        // Nothing to destroy: forget the object (its Drop would destroy it).
-        std::mem::forget(out);
         return Err(made);
     }
+    let mut out = Rewritten { actions, close_after: Vec::new(), cwd: None };
     let mut cwd: Option<Vec<u8>> = None;
     // Descriptors of the child an earlier action changed: theirs, not this process's.
     let mut changed: Vec<c_int> = Vec::new();
