@@ -761,15 +761,25 @@ static const char *contents(const char *path) {
     return buf;
 }
 
-/* A child that runs `argv` with standard input and output as they are. */
-static int run_child(char *const argv[]) {
+/* A forked child that puts `in` on its standard input and `out` on its
+ * standard output (where not -1) and runs `argv`: its exit status (100 +
+ * errno if a dup2 failed, 127 if the program could not run, -1 if it did
+ * not exit). */
+static int run_child_on(int in, int out, char *const argv[]) {
+    fflush(stdout);
     pid_t child = fork();
     if (child == 0) {
+        if ((in >= 0 && dup2(in, 0) != 0) || (out >= 0 && dup2(out, 1) != 1)) _exit(100 + errno);
         execvp(argv[0], argv);
         _exit(127);
     }
     int status = 0;
     return waitpid(child, &status, 0) == child && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A child that runs `argv` with standard input and output as they are. */
+static int run_child(char *const argv[]) {
+    return run_child_on(-1, -1, argv);
 }
 
 /* Standard streams on mounted files, as a shell's redirections make them:
@@ -872,16 +882,9 @@ static void standard_streams(void) {
 static void forked_streams(void) {
     int out = open(at("fo"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     CHECK(out >= 0 && write(out, "first\n", 6) == 6, "open");
-    fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-        if (dup2(out, 1) != 1) _exit(100 + errno);
-        execlp("echo", "echo", "from a forked child", (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-          "a forked child's program writing into its parent's file: %d", WEXITSTATUS(status));
+    char *echo[] = {"echo", "from a forked child", NULL};
+    int status = run_child_on(-1, out, echo);
+    CHECK(status == 0, "a forked child's program writing into its parent's file: %d", status);
     CHECK(lseek(out, 0, SEEK_CUR) == 26, "the shared position moved: %ld", (long)lseek(out, 0, SEEK_CUR));
     CHECK(write(out, "last\n", 5) == 5 && close(out) == 0, "the parent writes after it");
     CHECK(!strcmp(contents(at("fo")), "first\nfrom a forked child\nlast\n"), "what both wrote: %s", contents(at("fo")));
@@ -889,30 +892,19 @@ static void forked_streams(void) {
     int in = open(at("fo"), O_RDONLY);
     out = open(at("fo2"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     CHECK(in >= 0 && out >= 0 && lseek(in, 6, SEEK_SET) == 6, "open both");
-    child = fork();
-    if (child == 0) {
-        if (dup2(in, 0) != 0 || dup2(out, 1) != 1) _exit(100 + errno);
-        execlp("cat", "cat", (char *)NULL);
-        _exit(127);
-    }
-    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-          "a forked child's program copying from one of its parent's files to another: %d", WEXITSTATUS(status));
+    char *cat[] = {"cat", NULL};
+    status = run_child_on(in, out, cat);
+    CHECK(status == 0, "a forked child's program copying from one of its parent's files to another: %d", status);
     CHECK(close(in) == 0 && close(out) == 0, "close");
     CHECK(!strcmp(contents(at("fo2")), "from a forked child\nlast\n"), "what cat copied: %s", contents(at("fo2")));
 
     /* A grandchild (a subshell's command): its parent passes the request up. */
     out = open(at("fo3"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     fflush(stdout);
-    child = fork();
+    pid_t child = fork();
     if (child == 0) {
-        pid_t grandchild = fork();
-        if (grandchild == 0) {
-            if (dup2(out, 1) != 1) _exit(100 + errno);
-            execlp("echo", "echo", "from a grandchild", (char *)NULL);
-            _exit(127);
-        }
-        int st = 0;
-        _exit(waitpid(grandchild, &st, 0) == grandchild && WIFEXITED(st) ? WEXITSTATUS(st) : 126);
+        char *echo_deep[] = {"echo", "from a grandchild", NULL};
+        _exit(run_child_on(-1, out, echo_deep));
     }
     CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
           "a grandchild's program writing into the file: %d", WEXITSTATUS(status));
