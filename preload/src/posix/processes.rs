@@ -92,17 +92,20 @@ unsafe fn spawn(
         }
         None => file,
     };
-    let stored = if named_by_path { stored_on_mount(file) } else { None };
+    // (Before the program is read: a memfd made for it would leak on an action's error.)
     let rewritten = match super::spawn::rewrite(actions) {
         Ok(rewritten) => rewritten,
         Err(errno) => return errno,
     };
     let actions = rewritten.as_ref().map_or(actions, |r| r.as_ptr());
+    let stored = if named_by_path { stored_on_mount(file) } else { None };
     crate::release_mounts_before_fork();
-    let mut env = Environment::new(envp.cast(), &bridge::HandOver::default());
-    if let Some(cwd) = rewritten.as_ref().and_then(|r| r.cwd.as_ref()) {
-        env.set_cwd(cwd.as_deref());
-    }
+    // A `chdir` action decides where the child's working directory is; else it is this process's.
+    let cwd = match rewritten.as_ref().and_then(|r| r.cwd.clone()) {
+        Some(moved) => moved,
+        None => own_virtual_cwd(),
+    };
+    let env = Environment::with_cwd(envp.cast(), &bridge::HandOver::default(), cwd);
     match stored {
         // SAFETY: passed on, with an environment array that outlives the call.
         None => unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) },
@@ -188,10 +191,14 @@ fn after_failed_exec(handed: bridge::HandOver) {
 /// The environment entries this library passes to an executed program.
 const PASSED: [&[u8]; 2] = [b"IOPATH_CWD=", b"IOPATH_STDIO="];
 
-/// The entries a new program gets: the working directory if it is in a
-/// mount, the standard streams handed on.
-fn passed_entries(handed: &bridge::HandOver) -> Vec<CString> {
-    let cwd = if super::mounting() { crate::mount::virtual_cwd() } else { None };
+/// This process's working directory if it is in a mount.
+fn own_virtual_cwd() -> Option<Vec<u8>> {
+    if super::mounting() { crate::mount::virtual_cwd() } else { None }
+}
+
+/// The entries a new program gets: its working directory `cwd` if it is in
+/// a mount, the standard streams handed on.
+fn passed_entries(handed: &bridge::HandOver, cwd: Option<Vec<u8>>) -> Vec<CString> {
     let cwd = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], &dir].concat()).ok());
     cwd.into_iter().chain(handed.entry()).collect()
 }
@@ -206,7 +213,13 @@ struct Environment {
 
 impl Environment {
     fn new(envp: *const *const c_char, handed: &bridge::HandOver) -> Environment {
-        let added = passed_entries(handed);
+        Environment::with_cwd(envp, handed, own_virtual_cwd())
+    }
+
+    /// [`Environment::new`] for a program whose working directory is `cwd`
+    /// in a mount (`None`: out of every mount).
+    fn with_cwd(envp: *const *const c_char, handed: &bridge::HandOver, cwd: Option<Vec<u8>>) -> Environment {
+        let added = passed_entries(handed, cwd);
         let mut pointers = Vec::new();
         let mut at = envp;
         // SAFETY: envp is a NULL-terminated array of NUL-terminated strings (the C contract).
@@ -223,22 +236,6 @@ impl Environment {
         pointers.extend(added.iter().map(|e| e.as_ptr()));
         pointers.push(std::ptr::null());
         Environment { _added: added, pointers }
-    }
-
-    /// Makes the new program's working directory `cwd` in a mount
-    /// (`IOPATH_CWD`), or out of every mount (`None`): a spawn's `chdir`
-    /// action moved it from this process's.
-    fn set_cwd(&mut self, cwd: Option<&[u8]>) {
-        let passed = |p: &*const c_char| {
-            // SAFETY: every pointer but the last NULL is a NUL-terminated entry.
-            !p.is_null() && unsafe { std::ffi::CStr::from_ptr(*p) }.to_bytes().starts_with(b"IOPATH_CWD=")
-        };
-        self.pointers.retain(|p| !passed(p));
-        if let Some(entry) = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], dir].concat()).ok()) {
-            let at = self.pointers.len() - 1; // before the NULL
-            self.pointers.insert(at, entry.as_ptr());
-            self._added.push(entry);
-        }
     }
 
     /// The NULL-terminated array.
