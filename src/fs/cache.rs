@@ -1,8 +1,9 @@
 //! The page cache: 4 KiB pages of files, bounded in memory, shared by threads.
 //!
 //! - **Index**: 64 shards, each a `HashMap` behind its own mutex, held for a
-//!   hash lookup or insert only: threads looking up different pages almost
-//!   never meet on a lock.
+//!   hash lookup or insert only (or a hit's copy, [`PageCache::copy_hit`]):
+//!   threads looking up different pages almost never meet on a lock, and
+//!   each shard counts its own hits and misses on its own cache lines.
 //! - **Eviction**: S3-FIFO (Yang et al., SOSP'23): a small FIFO (10% of the
 //!   pages) where new pages start, a main FIFO, and a ghost list of keys
 //!   recently evicted from the small one. A hit only bumps the page's 2-bit
@@ -37,8 +38,20 @@ const SHARDS: usize = 64;
 /// Pages the cache keeps whatever its bound (room for the pages in flight).
 pub const MIN_PAGES: usize = 16;
 
-/// One part of the index.
-type Shard = IntMap<Key, Arc<Page>>;
+/// One part of the index, with the hits and misses of its lookups (counted
+/// under its lock: a counter shared by every hit was a cache line each CPU
+/// took from the other at every read).
+#[derive(Default)]
+struct Shard {
+    pages: IntMap<Key, Arc<Page>>,
+    hits: u64,
+    misses: u64,
+}
+
+/// A shard on cache lines of its own: two CPUs locking neighbouring shards
+/// do not take the same line from each other.
+#[repr(align(128))]
+struct PaddedShard(Mutex<Shard>);
 
 /// Page states.
 const LOADING: u8 = 0;
@@ -133,8 +146,6 @@ pub struct CacheStats {
 
 #[derive(Default)]
 struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
     readahead_pages: AtomicU64,
     readahead_used: AtomicU64,
     evictions: AtomicU64,
@@ -155,7 +166,7 @@ pub struct PageCache {
     /// Threads waiting for a page another thread is loading sleep here.
     loads: (Mutex<()>, Condvar),
     load_waiters: AtomicUsize,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[PaddedShard]>,
     fifo: Mutex<Fifo>,
     capacity: usize,
     resident: AtomicUsize,
@@ -180,7 +191,7 @@ impl PageCache {
         PageCache {
             loads: (Mutex::new(()), Condvar::new()),
             load_waiters: AtomicUsize::new(0),
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| PaddedShard(Mutex::new(Shard::default()))).collect(),
             fifo: Mutex::new(Fifo {
                 small: VecDeque::new(),
                 main: VecDeque::new(),
@@ -195,31 +206,58 @@ impl PageCache {
     }
 
     fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, Shard> {
-        self.shards[shard_of(key)].lock().expect("cache shard poisoned")
+        self.shards[shard_of(key)].0.lock().expect("cache shard poisoned")
     }
 
     /// The page for `key`, if cached (counted as a hit or a miss).
     pub fn lookup(&self, key: Key) -> Option<Arc<Page>> {
-        let found = self.shard(&key).get(&key).cloned();
+        let mut shard = self.shard(&key);
+        let found = shard.pages.get(&key).cloned();
         match &found {
             Some(p) => {
-                p.touch();
-                self.counters.hits.fetch_add(1, Relaxed);
-                // Read first: a hit on a hot page should not write to its cache line.
-                if p.speculative.load(Relaxed) && p.speculative.swap(false, Relaxed) {
-                    self.counters.readahead_used.fetch_add(1, Relaxed);
-                }
+                shard.hits += 1;
+                drop(shard);
+                self.on_hit(p);
             }
-            None => {
-                self.counters.misses.fetch_add(1, Relaxed);
-            }
+            None => shard.misses += 1,
         }
         found
     }
 
+    /// Copies `dst.len()` bytes from byte `from` of `key`'s page into `dst`
+    /// if the page is in the index, ready, and not being written this very
+    /// moment: a hit's whole path under the index's lock, without taking a
+    /// reference to the page (no reference count to move between CPUs).
+    /// False copies nothing and counts nothing: the caller looks the page
+    /// up ([`PageCache::lookup`]), which counts the miss or waits for a load.
+    pub fn copy_hit(&self, key: Key, from: usize, dst: &mut [u8]) -> bool {
+        let mut shard = self.shard(&key);
+        let Some(page) = shard.pages.get(&key) else { return false };
+        if !page.ready() {
+            return false;
+        }
+        // Never wait under the index's lock: a writer holding the page may be
+        // about to look something up.
+        let Ok(data) = page.data.try_read() else { return false };
+        dst.copy_from_slice(&data.buf[from..from + dst.len()]);
+        drop(data);
+        self.on_hit(page);
+        shard.hits += 1;
+        true
+    }
+
+    /// A hit's marks on the page: S3-FIFO's counter, and read-ahead's use.
+    fn on_hit(&self, page: &Page) {
+        page.touch();
+        // Read first: a hit on a hot page should not write to its cache line.
+        if page.speculative.load(Relaxed) && page.speculative.swap(false, Relaxed) {
+            self.counters.readahead_used.fetch_add(1, Relaxed);
+        }
+    }
+
     /// The page for `key` without counting (the file layer's own bookkeeping).
     pub fn peek(&self, key: Key) -> Option<Arc<Page>> {
-        self.shard(&key).get(&key).cloned()
+        self.shard(&key).pages.get(&key).cloned()
     }
 
     /// Inserts `page` unless the key is taken; returns the page now in the index
@@ -227,10 +265,10 @@ impl PageCache {
     pub fn insert(&self, page: &Arc<Page>) -> Arc<Page> {
         {
             let mut shard = self.shard(&page.key);
-            if let Some(existing) = shard.get(&page.key) {
+            if let Some(existing) = shard.pages.get(&page.key) {
                 return Arc::clone(existing);
             }
-            shard.insert(page.key, Arc::clone(page));
+            shard.pages.insert(page.key, Arc::clone(page));
         }
         self.resident.fetch_add(1, Relaxed);
         let mut fifo = self.fifo.lock().expect("cache fifo poisoned");
@@ -296,8 +334,8 @@ impl PageCache {
     /// Removes `page` from the index if it is the one there (a failed load).
     pub fn remove(&self, page: &Arc<Page>) {
         let mut shard = self.shard(&page.key);
-        if shard.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) {
-            shard.remove(&page.key);
+        if shard.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) {
+            shard.pages.remove(&page.key);
             self.resident.fetch_sub(1, Relaxed);
         }
     }
@@ -369,7 +407,7 @@ impl PageCache {
 
     /// Whether the page was already taken out of the index (removed after a failed load).
     fn unindexed(&self, page: &Arc<Page>) -> bool {
-        !self.shard(&page.key).get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))
+        !self.shard(&page.key).pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))
     }
 
     fn evictable(page: &Page) -> bool {
@@ -386,8 +424,8 @@ impl PageCache {
     /// Takes the page out of the index; true if it was there.
     fn drop_from_index(&self, page: &Arc<Page>) -> bool {
         let mut shard = self.shard(&page.key);
-        if shard.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) {
-            shard.remove(&page.key);
+        if shard.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) {
+            shard.pages.remove(&page.key);
             drop(shard);
             self.resident.fetch_sub(1, Relaxed);
             self.counters.evictions.fetch_add(1, Relaxed);
@@ -400,8 +438,8 @@ impl PageCache {
     /// Calls `each` with every page in the index, one shard at a time (under its lock).
     pub fn for_each(&self, mut each: impl FnMut(&Arc<Page>)) {
         for shard in self.shards.iter() {
-            let shard = shard.lock().expect("cache shard poisoned");
-            for page in shard.values() {
+            let shard = shard.0.lock().expect("cache shard poisoned");
+            for page in shard.pages.values() {
                 each(page);
             }
         }
@@ -410,9 +448,13 @@ impl PageCache {
     /// Counters now.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
+        let (hits, misses) = self.shards.iter().fold((0, 0), |(h, m), shard| {
+            let shard = shard.0.lock().expect("cache shard poisoned");
+            (h + shard.hits, m + shard.misses)
+        });
         CacheStats {
-            hits: c.hits.load(Relaxed),
-            misses: c.misses.load(Relaxed),
+            hits,
+            misses,
             readahead_pages: c.readahead_pages.load(Relaxed),
             readahead_used: c.readahead_used.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
@@ -449,6 +491,36 @@ mod tests {
         }
         let s = cache.stats();
         s.hits as f64 / (s.hits + s.misses) as f64
+    }
+
+    #[test]
+    fn a_hit_copies_under_the_index_lock_and_anything_else_is_left_to_lookup() {
+        let cache = PageCache::new(100);
+        let page = Page::loading((7, 3), IoBuf::new(BLOCK));
+        page.data.write().unwrap().buf[100..104].copy_from_slice(b"abcd");
+        cache.insert(&page);
+        let mut out = [0u8; 4];
+        // Absent, and still loading: nothing copied, nothing counted.
+        assert!(!cache.copy_hit((7, 4), 100, &mut out));
+        assert!(!cache.copy_hit((7, 3), 100, &mut out));
+        assert_eq!(out, [0; 4]);
+        page.set_ready();
+        // Being written: left to the caller, who waits on the page's lock.
+        let writing = page.data.write().unwrap();
+        assert!(!cache.copy_hit((7, 3), 100, &mut out));
+        drop(writing);
+        assert_eq!((cache.stats().hits, cache.stats().misses), (0, 0));
+        assert!(cache.copy_hit((7, 3), 100, &mut out));
+        assert_eq!(&out, b"abcd");
+        // The last bytes of the page, and a hit counted as a lookup's is.
+        let mut tail = [1u8; 8];
+        assert!(cache.copy_hit((7, 3), BLOCK - 8, &mut tail));
+        assert_eq!(tail, [0; 8]);
+        assert!(cache.lookup((7, 3)).is_some());
+        assert!(cache.lookup((7, 9)).is_none());
+        assert_eq!((cache.stats().hits, cache.stats().misses), (3, 1));
+        // No reference is kept: the cache's own and ours are the only two.
+        assert_eq!(Arc::strong_count(&page), 3, "the index, the small queue and this test");
     }
 
     #[test]
