@@ -47,6 +47,7 @@ mod bridge;
 pub mod config;
 mod fds;
 mod files;
+mod inherit;
 pub mod mount;
 mod posix;
 mod real;
@@ -242,6 +243,7 @@ extern "C" fn on_load() {
         MOUNTING.store(!mounts.is_empty(), Ordering::SeqCst);
         mount::adopt_inherited_cwd();
         bridge::adopt();
+        inherit::adopt();
         for m in mounts {
             log(&format!("{} serves {} (mounted at first use)", m.device, String::from_utf8_lossy(&m.dir)));
         }

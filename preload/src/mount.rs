@@ -721,6 +721,87 @@ impl Drop for Description {
     }
 }
 
+/// An open mounted file as one program hands it to the program it
+/// executes (a bridge's, `bridge/`; a descriptor above 2, `inherit.rs`):
+/// enough to open it again where it stood, by path, checked by inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reopen {
+    /// Index of the mount in `IOPATH_MOUNT`.
+    pub mount: usize,
+    /// The file's inode number (a file renamed or replaced since is refused).
+    pub ino: u64,
+    /// The open file's status flags.
+    pub flags: c_int,
+    /// The open file's position.
+    pub position: u64,
+    /// The file's path from the mount's root.
+    pub path: Vec<u8>,
+}
+
+impl Reopen {
+    /// Where open file `d` stands, its position less `unsent` bytes (read
+    /// from the file, not yet given to the reader); `None` if it is a
+    /// directory or has no name any more (the next program could not open it).
+    pub fn of(d: &Description, unsent: u64) -> Option<Reopen> {
+        let file = d.file().ok()?;
+        Some(Reopen {
+            mount: mounts().iter().position(|m| std::ptr::eq(m, d.mount))?,
+            ino: file.metadata().ino,
+            flags: d.flags.load(Ordering::Relaxed) & !libc::O_DIRECT,
+            position: d.position.lock().unwrap_or_else(|e| e.into_inner()).saturating_sub(unsent),
+            path: file.path()?,
+        })
+    }
+
+    /// `mount|ino|flags|position|hexpath` (no `;`, `|` nor `=` whatever the path holds).
+    pub fn encode(&self) -> String {
+        let path: String = self.path.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}|{}|{}|{}|{path}", self.mount, self.ino, self.flags, self.position)
+    }
+
+    /// [`Reopen::encode`]'s fields, read back.
+    pub fn decode(parts: &[&str]) -> Option<Reopen> {
+        let [mount, ino, flags, position, path] = parts[..] else { return None };
+        let hex = path.as_bytes();
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        let path = hex
+            .chunks(2)
+            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(Reopen {
+            mount: mount.parse().ok()?,
+            ino: ino.parse().ok()?,
+            flags: flags.parse().ok()?,
+            position: position.parse().ok()?,
+            path,
+        })
+    }
+
+    /// The file opened again (its mount mounted first, waiting as any call does).
+    pub fn open(&self) -> std::result::Result<Description, String> {
+        let m = mounts().get(self.mount).ok_or("no such mount here")?;
+        let fs = m.fs().map_err(|errno| std::io::Error::from_raw_os_error(errno).to_string())?;
+        self.open_in(&fs, m)
+    }
+
+    /// [`Reopen::open`] in `fs`, mount `m`'s file system.
+    pub fn open_in(&self, fs: &FileSystem, m: &'static Mount) -> std::result::Result<Description, String> {
+        let file = fs.open(&self.path).map_err(|e| e.to_string())?;
+        if file.metadata().ino != self.ino {
+            return Err("the file was renamed or replaced meanwhile".into());
+        }
+        Ok(Description {
+            mount: m,
+            path: self.path.clone(),
+            node: Node::File(file),
+            flags: AtomicI32::new(self.flags),
+            position: Mutex::new(self.position),
+        })
+    }
+}
+
 /// Descriptor numbers with a description: one bit each, so a call on any
 /// other descriptor costs one load.
 static BITS: [AtomicU64; crate::fds::MAX_FD / 64] = [const { AtomicU64::new(0) }; crate::fds::MAX_FD / 64];
@@ -834,6 +915,12 @@ impl Mount {
         crate::log(&format!("gave back {} {when} (nothing here holds it open): {stats}", self.device));
         true
     }
+}
+
+/// Every mounted descriptor and its description.
+pub fn descriptors() -> Vec<(c_int, Arc<Description>)> {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table.as_ref().map_or_else(Vec::new, |t| t.iter().map(|(&fd, d)| (fd, Arc::clone(d))).collect())
 }
 
 /// Whether this process has a mounted file (not a directory) open.

@@ -923,6 +923,67 @@ static const char *read_all(int fd) {
     return got;
 }
 
+/* Mounted descriptors above 2 across exec: a process that opened the file
+ * itself executes a program that uses the descriptor (a shell's `cmd 9< f`),
+ * its duplicates sharing one position; a forked child of the holder does
+ * (`exec 4> f; sh -c 'echo x >&4'`), after clearing close-on-exec with
+ * ioctl as Python's pass_fds does. */
+static void descriptors_across_exec(void) {
+    int fd = open(at("xa"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0 && write(fd, "one\ntwo\nthree\n", 14) == 14 && close(fd) == 0, "write");
+    int out[2];
+    CHECK(pipe(out) == 0, "pipe");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        int in = open(at("xa"), O_RDONLY);
+        char line[4];
+        if (in < 0 || read(in, line, 4) != 4 || dup2(in, 9) != 9 || dup2(out[1], 1) != 1) _exit(100 + errno);
+        char *cat[] = {"sh", "-c", "cat <&9", NULL};
+        execvp(cat[0], cat);
+        _exit(127);
+    }
+    close(out[1]);
+    const char *got = read_all(out[0]);
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a program given descriptor 9 by the process that opened it: %d", WEXITSTATUS(status));
+    CHECK(!strcmp(got, "two\nthree\n"), "it read from the position: %s", got);
+    close(out[0]);
+
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {
+        int w = open(at("xb"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (w < 0 || write(w, "a\n", 2) != 2 || dup2(w, 8) != 8 || dup2(w, 7) != 7) _exit(100 + errno);
+        char *echo[] = {"sh", "-c", "echo b >&8; echo c >&7", NULL};
+        execvp(echo[0], echo);
+        _exit(127);
+    }
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a program writing descriptors 8 and 7: %d", WEXITSTATUS(status));
+    CHECK(!strcmp(contents(at("xb")), "a\nb\nc\n"), "one open file behind both: %s", contents(at("xb")));
+
+    int held = open(at("xc"), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    CHECK(held >= 0 && write(held, "first\n", 6) == 6, "open");
+    char script[64];
+    snprintf(script, sizeof script, "echo from a child >&%d", held);
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {
+        if (ioctl(held, FIONCLEX) != 0) _exit(100 + errno);
+        char *echo[] = {"sh", "-c", script, NULL};
+        execvp(echo[0], echo);
+        _exit(127);
+    }
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a forked child's program writing its parent's descriptor %d: %d", held, WEXITSTATUS(status));
+    CHECK(write(held, "last\n", 5) == 5 && close(held) == 0, "the parent writes after it");
+    CHECK(!strcmp(contents(at("xc")), "first\nfrom a child\nlast\n"), "what both wrote: %s", contents(at("xc")));
+
+    CHECK(unlink(at("xa")) == 0 && unlink(at("xb")) == 0 && unlink(at("xc")) == 0, "clean up");
+}
+
 /* execvp and posix_spawnp find a program by a bare name in a directory of
  * PATH that is in DIR. */
 static void path_search(void) {
@@ -1092,6 +1153,7 @@ int main(int argc, char **argv) {
     standard_streams();
     spawned();
     forked_streams();
+    descriptors_across_exec();
     path_search();
     signals();
     printf("%d passed, %d failed\n", passed, failed);

@@ -24,9 +24,10 @@
 //! still has open at that number by the same path. A forked child listens
 //! too and passes its own children's requests up to its parent (a
 //! subshell's command: `( cmd >&3 )`), the descriptor keeping its number
-//! from one generation to the next. Where it cannot be done (no parent
-//! listening, a descriptor above 2), the child's descriptor fails with
-//! EBADF as before.
+//! from one generation to the next. A descriptor above 2 the child keeps
+//! across its exec is bridged the same way, at the exec (`inherit.rs`).
+//! Where it cannot be done (no parent listening), the child's descriptor
+//! fails with EBADF as before.
 
 use super::moved_up;
 use crate::mount::{self, Description, Node};

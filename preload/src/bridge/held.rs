@@ -4,8 +4,8 @@
 
 use super::control::{Control, SETTLE, wait};
 use super::{
-    COUNT, Paused, Pipe, Running, Source, Spec, close_end, end_for_good, launch, open, open_in, os_error, pause,
-    read_pipe, relaunch, running, set_nonblocking,
+    COUNT, Paused, Pipe, Running, Source, Spec, close_end, end_for_good, launch, open, os_error, pause, read_pipe,
+    relaunch, running, set_nonblocking,
 };
 use crate::mount::{self, Description};
 use crate::posix::data::{read_mounted, write_mounted};
@@ -34,7 +34,7 @@ fn write_held(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
 /// [`write_held`], the fork gate held: one bridge at a time mounts, writes
 /// and gives the mount back before another looks whether it is mounted.
 fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
-    let Some(m) = mount::mounts().get(spec.mount) else { return false };
+    let Some(m) = mount::mounts().get(spec.file.mount) else { return false };
     let was_mounted = m.mounted().is_some();
     let fs = if was_mounted || may_wait { m.fs().ok() } else { m.try_fs() };
     let Some(fs) = fs else {
@@ -44,7 +44,7 @@ fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
         }
         return may_wait;
     };
-    match open_in(&fs, m, spec) {
+    match spec.file.open_in(&fs, m) {
         Ok(d) => {
             if write_mounted(&d, held, None) < 0 {
                 let errno = crate::posix::last_errno();
@@ -55,7 +55,7 @@ fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
                     os_error(errno)
                 ));
             }
-            spec.position = *d.position.lock().unwrap_or_else(|e| e.into_inner());
+            spec.file.position = *d.position.lock().unwrap_or_else(|e| e.into_inner());
         }
         Err(why) => crate::say(&format!("{}: {} bytes the program wrote were lost ({why})", spec.shown(), held.len())),
     }
@@ -129,7 +129,7 @@ fn read_rest(spec: &Spec) -> Result<Vec<u8>, Arc<Description>> {
     let mut rest = vec![0u8; HELD_BYTES + 1];
     let mut len = 0;
     while len < rest.len() {
-        let n = read_mounted(&d, &mut rest[len..], Some((spec.position + len as u64) as libc::off_t));
+        let n = read_mounted(&d, &mut rest[len..], Some((spec.file.position + len as u64) as libc::off_t));
         if n <= 0 {
             break;
         }
@@ -165,7 +165,7 @@ impl LetGo {
 /// must not wait on a full pipe while its parent waits for the mount.
 pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control: &Control) -> Option<Paused> {
     set_nonblocking(end);
-    let index = spec.mount;
+    let index = spec.file.mount;
     let mounted = || mount::mounts().get(index).is_some_and(|m| m.mounted().is_some());
     let mut next_try = HELD_BYTES;
     let mut buf = vec![0u8; 256 << 10];
@@ -205,7 +205,7 @@ pub(super) fn feed_held(mut spec: Spec, rest: Vec<u8>, end: c_int, control: &Con
     let mut at = 0;
     while at < rest.len() {
         if wait(end, libc::POLLOUT, control).stop != 0 {
-            spec.position += at as u64;
+            spec.file.position += at as u64;
             return Some(Paused { spec, held: rest[at..].to_vec() });
         }
         // SAFETY: writes from a buffer we own.

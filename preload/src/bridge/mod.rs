@@ -45,7 +45,7 @@ mod held;
 pub use adopt::{ask_parent, listen_before_fork};
 pub use held::let_go;
 
-use crate::mount::{self, Description, Node};
+use crate::mount::{self, Description, Node, Reopen};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::{Inside, real};
 use control::{AnswerAll, Control, PAUSE, SETTLE, wait};
@@ -75,67 +75,47 @@ struct Spec {
     writes_file: bool,
     /// The bridge's end of the pipe.
     end: c_int,
-    /// Index of the mount in `IOPATH_MOUNT`.
-    mount: usize,
-    /// The file's inode number (checked when it is opened again by path).
-    ino: u64,
-    /// The open file's status flags.
-    flags: c_int,
-    /// The open file's position.
-    position: u64,
-    /// The file's path from the mount's root.
-    path: Vec<u8>,
+    /// The open file, where it stands.
+    file: Reopen,
 }
 
 impl Spec {
-    /// `fds|w|end|mount|ino|flags|position|hexpath`.
+    /// `fds|w|end|` and the file's [`Reopen::encode`].
     fn encode(&self) -> String {
-        let fds: Vec<String> = self.fds.iter().map(c_int::to_string).collect();
-        let path: String = self.path.iter().map(|b| format!("{b:02x}")).collect();
         let dir = if self.writes_file { 'w' } else { 'r' };
-        format!(
-            "{}|{dir}|{}|{}|{}|{}|{}|{path}",
-            fds.join(","),
-            self.end,
-            self.mount,
-            self.ino,
-            self.flags,
-            self.position
-        )
+        format!("{}|{dir}|{}|{}", encode_fds(&self.fds), self.end, self.file.encode())
     }
 
     fn decode(text: &str) -> Option<Spec> {
         let parts: Vec<&str> = text.split('|').collect();
-        let [fds, dir, end, mount, ino, flags, position, path] = parts[..] else { return None };
-        let fds = fds.split(',').map(|f| f.parse().ok().filter(|f: &c_int| *f >= 0)).collect::<Option<Vec<_>>>()?;
-        let hex = path.as_bytes();
-        if hex.len() % 2 != 0 || fds.is_empty() {
-            return None;
-        }
-        let path = hex
-            .chunks(2)
-            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
-            .collect::<Option<Vec<u8>>>()?;
+        let [fds, dir, end, ref file @ ..] = parts[..] else { return None };
         Some(Spec {
-            fds,
+            fds: decode_fds(fds)?,
             writes_file: match dir {
                 "w" => true,
                 "r" => false,
                 _ => return None,
             },
             end: end.parse().ok()?,
-            mount: mount.parse().ok()?,
-            ino: ino.parse().ok()?,
-            flags: flags.parse().ok()?,
-            position: position.parse().ok()?,
-            path,
+            file: Reopen::decode(file)?,
         })
     }
 
     fn shown(&self) -> String {
-        let mount = mount::mounts().get(self.mount).map_or(&b""[..], |m| &m.dir[..]);
-        describe(&self.fds, self.writes_file, mount, &self.path)
+        let mount = mount::mounts().get(self.file.mount).map_or(&b""[..], |m| &m.dir[..]);
+        describe(&self.fds, self.writes_file, mount, &self.file.path)
     }
+}
+
+/// Descriptor numbers as a hand-over carries them: "1,2".
+pub(crate) fn encode_fds(fds: &[c_int]) -> String {
+    fds.iter().map(c_int::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// [`encode_fds`] read back: at least one number, none negative.
+pub(crate) fn decode_fds(text: &str) -> Option<Vec<c_int>> {
+    let fds = text.split(',').map(|f| f.parse().ok().filter(|f: &c_int| *f >= 0)).collect::<Option<Vec<_>>>()?;
+    (!fds.is_empty()).then_some(fds)
 }
 
 /// "descriptor 1,2 into /mnt/i/log": a bridge, for messages.
@@ -411,7 +391,9 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
             let ino = d.file().map(|f| f.metadata().ino).ok();
             (Some(Arc::clone(d)), None, index.zip(ino))
         }
-        Source::Handed(spec) | Source::Held { spec, .. } => (None, Some(spec.clone()), Some((spec.mount, spec.ino))),
+        Source::Handed(spec) | Source::Held { spec, .. } => {
+            (None, Some(spec.clone()), Some((spec.file.mount, spec.file.ino)))
+        }
     };
     let writes_into = file.filter(|_| writes_file);
     let theirs = Arc::clone(&control);
@@ -637,17 +619,7 @@ pub fn hand_over() -> HandOver {
 /// The spec of a bridge on `d` (`None` if its file has no name any more:
 /// the next program could not open it).
 fn spec_of(d: &Description, fds: Vec<c_int>, end: c_int, writes_file: bool, unsent: u64) -> Option<Spec> {
-    let file = d.file().ok()?;
-    Some(Spec {
-        fds,
-        writes_file,
-        end,
-        mount: mount::mounts().iter().position(|m| std::ptr::eq(m, d.mount))?,
-        ino: file.metadata().ino,
-        flags: d.flags.load(Ordering::Relaxed) & !libc::O_DIRECT,
-        position: d.position.lock().unwrap_or_else(|e| e.into_inner()).saturating_sub(unsent),
-        path: file.path()?,
-    })
+    Some(Spec { fds, writes_file, end, file: Reopen::of(d, unsent)? })
 }
 
 /// How a bridge's loop ended.
@@ -722,24 +694,7 @@ fn end_for_good(end: c_int, control: &Control) {
 /// The open file a spec names, opened again by its path (and checked to be
 /// the same file).
 fn open(spec: &Spec) -> Result<Description, String> {
-    let m = mount::mounts().get(spec.mount).ok_or("no such mount here")?;
-    let fs = m.fs().map_err(|errno| os_error(errno).to_string())?;
-    open_in(&fs, m, spec)
-}
-
-/// [`open`] in `fs`, mount `m`'s file system.
-fn open_in(fs: &iopath::fs::FileSystem, m: &'static mount::Mount, spec: &Spec) -> Result<Description, String> {
-    let file = fs.open(&spec.path).map_err(|e| e.to_string())?;
-    if file.metadata().ino != spec.ino {
-        return Err("the file was renamed or replaced meanwhile".into());
-    }
-    Ok(Description {
-        mount: m,
-        path: spec.path.clone(),
-        node: Node::File(file),
-        flags: AtomicI32::new(spec.flags),
-        position: Mutex::new(spec.position),
-    })
+    spec.file.open()
 }
 
 fn set_nonblocking(fd: c_int) {
@@ -865,11 +820,13 @@ mod tests {
             fds: vec![1, 2, 10],
             writes_file: true,
             end: 401,
-            mount: 1,
-            ino: 77,
-            flags: libc::O_WRONLY | libc::O_APPEND,
-            position: 1 << 40,
-            path: b"/d;ir|x/\xff name=1".to_vec(),
+            file: Reopen {
+                mount: 1,
+                ino: 77,
+                flags: libc::O_WRONLY | libc::O_APPEND,
+                position: 1 << 40,
+                path: b"/d;ir|x/\xff name=1".to_vec(),
+            },
         };
         assert_eq!(Spec::decode(&spec.encode()), Some(spec.clone()));
         let reader = Spec { fds: vec![0], writes_file: false, ..spec };

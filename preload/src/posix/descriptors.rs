@@ -210,7 +210,9 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     if let Some(d) = &description {
         if crate::FORKED.load(Ordering::Relaxed) {
-            return fail(libc::EBADF);
+            // Close-on-exec is the kernel's, per number: a forked child may set it on
+            // its parent's descriptor before an exec (Python's `pass_fds` does).
+            return if matches!(cmd, libc::F_GETFD | libc::F_SETFD) { call() } else { fail(libc::EBADF) };
         }
         let _inside = crate::Inside::enter();
         if let Some(r) = fcntl_mounted(fd, d, cmd, arg) {
@@ -257,10 +259,10 @@ const FICLONERANGE: c_ulong = 0x4020_940d;
 const FIDEDUPERANGE: c_ulong = 0xc018_9436;
 
 /// ioctl on a mounted descriptor, answered as a file system without
-/// reflinks or special requests answers: FIONREAD (bytes left to read),
-/// FIONBIO, FIOCLEX and FIONCLEX as on any file; clones EOPNOTSUPP (cp then
-/// copies); a terminal's requests ENOTTY (`isatty` is false); anything else
-/// ENOTTY with a log line.
+/// reflinks or special requests answers: FIONREAD (bytes left to read) and
+/// FIONBIO as on any file (FIOCLEX and FIONCLEX: see [`ioctl`]); clones
+/// EOPNOTSUPP (cp then copies); a terminal's requests ENOTTY (`isatty` is
+/// false); anything else ENOTTY with a log line.
 fn ioctl_mounted(fd: c_int, d: &Description, request: c_ulong, arg: c_ulong) -> c_int {
     match request {
         libc::FIONREAD => {
@@ -286,10 +288,6 @@ fn ioctl_mounted(fd: c_int, d: &Description, request: c_ulong, arg: c_ulong) -> 
                 .ok();
             0
         }
-        // SAFETY: F_SETFD on the reserved number (the kernel keeps close-on-exec per number).
-        libc::FIOCLEX => unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as c_ulong) },
-        // SAFETY: as above.
-        libc::FIONCLEX => unsafe { real::fcntl(fd, libc::F_SETFD, 0) },
         FICLONE | FICLONERANGE | FIDEDUPERANGE => fail(libc::EOPNOTSUPP),
         // The terminal requests (0x54xx): a file is not a terminal.
         r if r & !0xff == 0x5400 => fail(libc::ENOTTY),
@@ -300,12 +298,20 @@ fn ioctl_mounted(fd: c_int, d: &Description, request: c_ulong, arg: c_ulong) -> 
     }
 }
 
-/// `ioctl`: a mounted descriptor's (see [`ioctl_mounted`]), else the C library's.
+/// `ioctl`: a mounted descriptor's (see [`ioctl_mounted`]), else the C
+/// library's. FIOCLEX and FIONCLEX set the close-on-exec flag of a mounted
+/// descriptor's reserved number (an `O_PATH` descriptor, which takes no
+/// ioctl), in a forked child too (Python's `pass_fds` sets it there).
 ///
 /// # Safety
 /// As the C function (the third argument is passed on as given).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if matches!(request, libc::FIOCLEX | libc::FIONCLEX) && mounting() && mount::is_mounted(fd) {
+        let flag = if request == libc::FIOCLEX { libc::FD_CLOEXEC as c_ulong } else { 0 };
+        // SAFETY: F_SETFD on the reserved number (the kernel keeps close-on-exec per number).
+        return unsafe { real::fcntl(fd, libc::F_SETFD, flag) };
+    }
     if let Some(r) = super::on_fd(fd, fail, |d| ioctl_mounted(fd, d, request, arg)) {
         return r;
     }

@@ -10,7 +10,7 @@
 //! interposer).
 
 use super::fail;
-use crate::{bridge, real};
+use crate::{bridge, inherit, real};
 use libc::{c_char, c_int};
 use std::ffi::CString;
 
@@ -105,7 +105,7 @@ unsafe fn spawn(
         Some(moved) => moved,
         None => own_virtual_cwd(),
     };
-    let env = Environment::with_cwd(envp.cast(), &bridge::HandOver::default(), cwd);
+    let env = Environment::with_cwd(envp.cast(), &Handed::default(), cwd);
     match stored {
         // SAFETY: passed on, with an environment array that outlives the call.
         None => unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) },
@@ -168,28 +168,40 @@ pub unsafe extern "C" fn posix_spawnp(
 }
 
 /// Before an exec: hand the standard streams on mounted files on (they
-/// become pipes the next program's interposer keeps: `bridge/`), commit
+/// become pipes the next program's interposer keeps: `bridge/`) and the
+/// mounted descriptors above 2 the exec keeps (`inherit.rs`), commit
 /// every mount (the process image that holds it is about to go, and exec
 /// runs no exit handlers), give back those nothing holds open, and tell the
 /// new program where in a mount its working directory is (`IOPATH_CWD`:
 /// the kernel's is the mount's own directory). If the exec fails,
 /// [`after_failed_exec`] puts the streams back, and the next call mounts
 /// again.
-fn before_exec() -> bridge::HandOver {
-    let handed = bridge::hand_over();
+fn before_exec() -> Handed {
+    let streams = bridge::hand_over();
+    let fds = inherit::hand_over();
     crate::commit_mounts_now();
     crate::release_mounts_before_fork();
-    handed
+    Handed { streams, fds }
 }
 
-/// The exec failed (errno kept): this program goes on as before it.
-fn after_failed_exec(handed: bridge::HandOver) {
+/// What an exec hands to the next program: the standard streams on mounted
+/// files (`bridge/`) and the mounted descriptors above 2 (`inherit.rs`).
+#[derive(Default)]
+struct Handed {
+    streams: bridge::HandOver,
+    fds: inherit::Handed,
+}
+
+/// The exec failed (errno kept): this program goes on as before it (its
+/// descriptors above 2 are still its own; a forked child's stay pipes its
+/// parent bridges).
+fn after_failed_exec(handed: Handed) {
     let _errno = crate::KeepErrno::new();
-    handed.undo();
+    handed.streams.undo();
 }
 
 /// The environment entries this library passes to an executed program.
-const PASSED: [&[u8]; 2] = [b"IOPATH_CWD=", b"IOPATH_STDIO="];
+const PASSED: [&[u8]; 3] = [b"IOPATH_CWD=", b"IOPATH_STDIO=", b"IOPATH_FDS="];
 
 /// This process's working directory if it is in a mount.
 fn own_virtual_cwd() -> Option<Vec<u8>> {
@@ -198,9 +210,9 @@ fn own_virtual_cwd() -> Option<Vec<u8>> {
 
 /// The entries a new program gets: its working directory `cwd` if it is in
 /// a mount, the standard streams handed on.
-fn passed_entries(handed: &bridge::HandOver, cwd: Option<Vec<u8>>) -> Vec<CString> {
+fn passed_entries(handed: &Handed, cwd: Option<Vec<u8>>) -> Vec<CString> {
     let cwd = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], &dir].concat()).ok());
-    cwd.into_iter().chain(handed.entry()).collect()
+    cwd.into_iter().chain(handed.streams.entry()).chain(handed.fds.entry()).collect()
 }
 
 /// The environment an executed program gets: `envp` without this
@@ -212,13 +224,13 @@ struct Environment {
 }
 
 impl Environment {
-    fn new(envp: *const *const c_char, handed: &bridge::HandOver) -> Environment {
+    fn new(envp: *const *const c_char, handed: &Handed) -> Environment {
         Environment::with_cwd(envp, handed, own_virtual_cwd())
     }
 
     /// [`Environment::new`] for a program whose working directory is `cwd`
     /// in a mount (`None`: out of every mount).
-    fn with_cwd(envp: *const *const c_char, handed: &bridge::HandOver, cwd: Option<Vec<u8>>) -> Environment {
+    fn with_cwd(envp: *const *const c_char, handed: &Handed, cwd: Option<Vec<u8>>) -> Environment {
         let added = passed_entries(handed, cwd);
         let mut pointers = Vec::new();
         let mut at = envp;
