@@ -927,7 +927,8 @@ static const char *read_all(int fd) {
  * itself executes a program that uses the descriptor (a shell's `cmd 9< f`),
  * its duplicates sharing one position; a forked child of the holder does
  * (`exec 4> f; sh -c 'echo x >&4'`), after clearing close-on-exec with
- * ioctl as Python's pass_fds does. */
+ * ioctl as Python's pass_fds does; and a standard stream read through a
+ * bridge, then replaced, leaves the file's position after what was read. */
 static void descriptors_across_exec(void) {
     int fd = open(at("xa"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     CHECK(fd >= 0 && write(fd, "one\ntwo\nthree\n", 14) == 14 && close(fd) == 0, "write");
@@ -981,6 +982,17 @@ static void descriptors_across_exec(void) {
     CHECK(write(held, "last\n", 5) == 5 && close(held) == 0, "the parent writes after it");
     CHECK(!strcmp(contents(at("xc")), "first\nfrom a child\nlast\n"), "what both wrote: %s", contents(at("xc")));
 
+    int saved_in = dup(0);
+    {
+        int in = open(at("xa"), O_RDONLY);
+        char line[5] = {0};
+        CHECK(in >= 0 && dup2(in, 0) == 0 && read(0, line, 4) == 4 && !strcmp(line, "one\n"), "read standard input");
+        CHECK(dup2(saved_in, 0) == 0, "put standard input back");
+        CHECK(lseek(in, 0, SEEK_CUR) == 4, "the position is after what was read: %ld", (long)lseek(in, 0, SEEK_CUR));
+        CHECK(read(in, line, 4) == 4 && !strcmp(line, "two\n"), "the next read: %s", line);
+        close(in);
+    }
+    close(saved_in);
     CHECK(unlink(at("xa")) == 0 && unlink(at("xb")) == 0 && unlink(at("xc")) == 0, "clean up");
 }
 

@@ -34,7 +34,8 @@
 //!
 //! What this gives up, against the kernel's file: the program sees a pipe
 //! (`fstat` says FIFO, `lseek` fails with ESPIPE); a reader's position runs
-//! ahead of what it consumed by what the pipe holds; a process that outlives
+//! ahead of what it consumed by what the pipe holds, until the program
+//! replaces or closes the descriptor ([`unread`]); a process that outlives
 //! the program and still writes to the pipe writes to nothing (EPIPE); a
 //! file read while held is the file as it was at the fork.
 
@@ -155,6 +156,8 @@ struct Running {
     spec: Option<Spec>,
     /// For a writing program's bridge: the file it writes (mount index, inode).
     writes_into: Option<(usize, u64)>,
+    /// It feeds the program from its file (else the program writes the file).
+    feeds: bool,
     thread: std::thread::JoinHandle<Option<Paused>>,
 }
 
@@ -407,7 +410,7 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
         Ok(thread) => {
             note_own(end);
             let mut running = running();
-            running.push(Running { fds, control, description, spec, writes_into, thread });
+            running.push(Running { fds, control, description, spec, writes_into, feeds: !writes_file, thread });
             COUNT.store(running.len(), Ordering::Release);
         }
         Err(e) => {
@@ -501,9 +504,32 @@ fn stop_all() -> Vec<Spec> {
     all.into_iter().filter_map(stop).collect()
 }
 
+/// Before the program closes or replaces descriptor `fd`: if it is the
+/// last of a bridge feeding the program its own open file, the bytes its
+/// pipe holds that the program has not read (`FIONREAD` on the program's
+/// end). [`closed`] puts the file's position back by them (and by what the
+/// bridge read from the file and had not sent), so the program's next read
+/// of that file starts after what it consumed, as with the kernel's file:
+/// dash's `read a <&8; read b <&8` gave `b` nothing (the first bridge had
+/// fed the whole file into its pipe). 0 for any other descriptor.
+pub fn unread(fd: c_int) -> u64 {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    let last_feeding = running().iter().any(|b| b.feeds && b.description.is_some() && b.fds == [fd]);
+    let mut n: c_int = 0;
+    // SAFETY: FIONREAD into a local, on the program's end of the bridge's pipe.
+    if !last_feeding || unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
+        return 0;
+    }
+    u64::try_from(n).unwrap_or(0)
+}
+
 /// The program closed descriptor `fd` (or the kernel replaced it): if it
-/// was the last of a bridge's, the bridge writes what is left and ends now.
-pub fn closed(fd: c_int) {
+/// was the last of a bridge's, the bridge writes what is left and ends now
+/// (a feeding bridge puts its file's position back by what was not
+/// consumed: `unread` bytes in the pipe, see [`unread`]).
+pub fn closed(fd: c_int, unread: u64) {
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -519,7 +545,15 @@ pub fn closed(fd: c_int) {
         ended
     };
     let _errno = crate::KeepErrno::new(); // (the caller's call already returned)
-    if let Some(spec) = stop(ended) {
+    let rewind = ended.description.clone().filter(|_| ended.feeds);
+    let spec = stop(ended);
+    if let Some(d) = rewind {
+        let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
+        // Paused, the spec's position is the file's less what the bridge had not sent.
+        let fed_to = spec.as_ref().map_or(*position, |spec| spec.file.position);
+        *position = fed_to.saturating_sub(unread);
+    }
+    if let Some(spec) = spec {
         close_end(&spec);
     }
 }
@@ -532,7 +566,7 @@ pub fn closed_range(first: c_int, last: c_int) {
     let mut on_bridges: Vec<c_int> = running().iter().flat_map(|b| b.fds.clone()).collect();
     on_bridges.retain(|fd| (first..=last).contains(fd));
     for fd in on_bridges {
-        closed(fd);
+        closed(fd, 0);
     }
 }
 

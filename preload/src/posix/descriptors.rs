@@ -41,10 +41,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if ROUTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
         fds::forget(fd);
     }
+    let unread = bridge::unread(fd);
     // SAFETY: passed on.
     let r = unsafe { real::close(fd) };
     if r == 0 {
-        bridge::closed(fd);
+        bridge::closed(fd, unread);
     }
     r
 }
@@ -121,6 +122,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 
 fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
+    let unread = if fd != to { bridge::unread(to) } else { 0 };
     let r = call();
     if r >= 0 && fd != to {
         if mount::is_mounted(to) {
@@ -128,7 +130,7 @@ fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> 
         }
         mount::kernel_dir_closed(to);
         mount::kernel_dir_duplicated(fd, r);
-        bridge::closed(to); // (if `to` was on a bridge)
+        bridge::closed(to, unread); // (if `to` was on a bridge)
         if description.is_some() {
             return duplicated(fd, r, description, cloexec);
         }
