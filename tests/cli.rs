@@ -844,6 +844,22 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
     assert!(e.contains("iopath mkfs"), "{e}");
     let e = fails(&["run", "--", "true"]);
     assert!(e.contains("--mount"), "{e}");
+    let e = fails(&["run", "--wait=-1", "--mount", &mount, "--", "true"]);
+    assert!(e.contains("not a number of seconds"), "{e}");
+    // The caller's IOPATH_MOUNT_WAIT holds unless --wait is given.
+    let waits = |flag: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
+            .arg("run")
+            .args(flag)
+            .args(["--mount", &mount, "--", "sh", "-c", "echo $IOPATH_MOUNT_WAIT"])
+            .env("IOPATH_MOUNT_WAIT", "3")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(waits(&[]), "3");
+    assert_eq!(waits(&["--wait", "0.5"]), "0.5");
 }
 
 #[test]

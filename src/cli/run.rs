@@ -76,9 +76,10 @@ pub struct RunArgs {
     /// Say on stderr what the interposer does (IOPATH_LOG=1).
     #[arg(long)]
     log: bool,
-    /// Seconds to wait for another process that has a mount's device mounted.
-    #[arg(long, default_value_t = 10.0)]
-    wait: f64,
+    /// Seconds to wait for another process that has a mount's device mounted
+    /// (default: IOPATH_MOUNT_WAIT if set, else 10).
+    #[arg(long, value_name = "SECONDS", value_parser = non_negative_seconds)]
+    wait: Option<f64>,
     /// The program and its arguments (after --).
     #[arg(required = true, last = true, value_name = "PROG ARGS")]
     command: Vec<String>,
@@ -206,9 +207,21 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.log {
         command.env("IOPATH_LOG", "1");
     }
-    command.env("IOPATH_MOUNT_WAIT", args.wait.max(0.0).to_string());
+    // Set only when given: an IOPATH_MOUNT_WAIT of the caller's was overridden by
+    // the flag's default and silently ignored.
+    if let Some(wait) = args.wait {
+        command.env("IOPATH_MOUNT_WAIT", wait.to_string());
+    }
     let e = command.exec();
     Err(Error::Os { context: format!("cannot run {program}"), source: e })
+}
+
+/// `--wait`: seconds, at least 0.
+fn non_negative_seconds(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s >= 0.0 && s.is_finite() => Ok(s),
+        _ => Err(format!("'{text}' is not a number of seconds (0 or more, e.g. 2 or 0.5)")),
+    }
 }
 
 #[cfg(test)]
