@@ -199,7 +199,9 @@ impl MountLock {
                     name: device.display().to_string(),
                     errno: libc::EBUSY,
                     why: format!(
-                        "its file system is mounted by {who}, and one process mounts a device at a time; \
+                        "its file system is mounted by {who}, and one process mounts a device at a time \
+                         (a process gives it back once it has no file open there: two programs that keep \
+                         files open there at once, as the stages of a pipeline may, cannot share it); \
                          wait for that process to exit (or stop it), then try again{}",
                         if wait.is_zero() { "" } else { " (IOPATH_MOUNT_WAIT sets how long the interposer waits)" }
                     ),
