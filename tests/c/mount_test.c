@@ -913,6 +913,74 @@ static void forked_streams(void) {
     CHECK(unlink(at("fo")) == 0 && unlink(at("fo2")) == 0 && unlink(at("fo3")) == 0, "clean up");
 }
 
+/* Whether process `pid` runs `name` now (its exec is done). */
+static int runs(pid_t pid, const char *name) {
+    char path[64], comm[64] = {0};
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    int fd = open(path, O_RDONLY);
+    ssize_t n = fd < 0 ? -1 : read(fd, comm, sizeof comm - 1);
+    if (fd >= 0) close(fd);
+    return n > 0 && !strncmp(comm, name, strlen(name)) && comm[strlen(name)] == '\n';
+}
+
+/* Many children on the parent's files at once (each a bridge in the parent
+ * when on a mount), then a forked child that does not exec: it must hold
+ * none of the parent's bridge ends, or a child reading a file the parent
+ * feeds it would not see the end of the file while that one lives. */
+static void many_bridges(void) {
+    int out = open(at("mb"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = open(at("mb-in"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    CHECK(out >= 0 && in >= 0 && write(in, "x\n", 2) == 2 && lseek(in, 0, SEEK_SET) == 0, "open");
+    enum { SLEEPERS = 20 };
+    pid_t kids[SLEEPERS + 1];
+    fflush(stdout);
+    for (int i = 0; i <= SLEEPERS; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            /* The last one reads the file on its standard input (a feeding bridge). */
+            if (i < SLEEPERS ? dup2(out, 1) != 1 : dup2(in, 0) != 0) _exit(100 + errno);
+            execlp("sleep", "sleep", "60", (char *)NULL);
+            _exit(127);
+        }
+    }
+    /* Each child's end of its pipe (its fd 1, the reader's fd 0), once its exec is done. */
+    static char links[SLEEPERS + 1][64];
+    int pipes = 0;
+    for (int i = 0; i <= SLEEPERS; i++) {
+        for (int t = 0; t < 1000 && !runs(kids[i], "sleep"); t++) usleep(10000);
+        char theirs[64];
+        snprintf(theirs, sizeof theirs, "/proc/%d/fd/%d", (int)kids[i], i < SLEEPERS ? 1 : 0);
+        ssize_t n = readlink(theirs, links[i], sizeof links[i] - 1);
+        links[i][n > 0 ? n : 0] = 0;
+        pipes += !strncmp(links[i], "pipe:", 5);
+    }
+    CHECK(pipes == 0 || pipes == SLEEPERS + 1, "every child's stream is a pipe on a mount, none on the kernel's: %d",
+          pipes);
+    pid_t child = fork();
+    if (child == 0) {
+        /* Does this forked child hold any of the pipes the parent's bridges keep? */
+        DIR *fds = opendir("/proc/self/fd");
+        struct dirent *e;
+        int held = 0;
+        while (fds && (e = readdir(fds))) {
+            char mine[300], target[64];
+            snprintf(mine, sizeof mine, "/proc/self/fd/%s", e->d_name);
+            ssize_t m = readlink(mine, target, sizeof target - 1);
+            target[m > 0 ? m : 0] = 0;
+            for (int i = 0; m > 0 && i <= SLEEPERS; i++) held += !strncmp(target, "pipe:", 5) && !strcmp(target, links[i]);
+        }
+        _exit(held);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a forked child holds none of %d bridges' ends: it holds %d", SLEEPERS + 1, WEXITSTATUS(status));
+    for (int i = 0; i <= SLEEPERS; i++) kill(kids[i], SIGKILL);
+    int reaped = 0;
+    for (int i = 0; i <= SLEEPERS; i++) reaped += waitpid(kids[i], &status, 0) == kids[i];
+    CHECK(reaped == SLEEPERS + 1, "reaped %d", reaped);
+    CHECK(close(out) == 0 && close(in) == 0 && unlink(at("mb")) == 0 && unlink(at("mb-in")) == 0, "clean up");
+}
+
 /* A child's output, read from a pipe until it ends (at most 255 bytes). */
 static const char *read_all(int fd) {
     static char got[256];
@@ -1166,6 +1234,7 @@ int main(int argc, char **argv) {
     spawned();
     forked_streams();
     descriptors_across_exec();
+    many_bridges();
     path_search();
     signals();
     printf("%d passed, %d failed\n", passed, failed);

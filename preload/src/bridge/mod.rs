@@ -179,10 +179,19 @@ fn running() -> std::sync::MutexGuard<'static, Vec<Running>> {
 /// Every running bridge's descriptors (its pipe end and its eventfd): a
 /// forked child closes them (the thread is not there, and a child holding a
 /// feeding end would keep its reader from ever seeing the end of the file).
-static OWN_FDS: [AtomicI32; 16] = [const { AtomicI32::new(-1) }; 16];
+/// Atomics, not a locked list: the fork handler may not wait for a lock a
+/// thread of the parent held. Room for 256 bridges at once (16 slots were
+/// 8 bridges: a parent with more children on its files than that at once
+/// left the ends of the others open in its next forked child).
+static OWN_FDS: [AtomicI32; 512] = [const { AtomicI32::new(-1) }; 512];
 
 fn note_own(fd: c_int) {
-    let _ = OWN_FDS.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok());
+    if !OWN_FDS.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+        crate::log(&format!(
+            "more than {} bridge descriptors at once: a child forked now keeps descriptor {fd} open",
+            OWN_FDS.len()
+        ));
+    }
 }
 
 fn forget_own(fd: c_int) {
