@@ -107,7 +107,9 @@ pub fn hand_over() -> Handed {
         for (fds, d) in kept {
             for fd in fds {
                 if crate::bridge::ask_parent(&d, fd, fd, false) == fd {
-                    mount::remove(fd);
+                    // The number is a pipe now. The description is the parent's: this
+                    // child neither closes its file nor drops its locks.
+                    std::mem::forget(mount::remove(fd));
                 } else {
                     let why = std::io::Error::last_os_error();
                     crate::log(&format!("descriptor {fd} on {}: not bridged by the parent ({why})", shown(&d)));
