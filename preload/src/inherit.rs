@@ -44,9 +44,9 @@ const VARIABLE: &str = "IOPATH_FDS";
 /// The mounted descriptors above 2 an exec hands on: each open file with
 /// the numbers that stand for it.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Handed(Vec<(Vec<c_int>, Reopen)>);
+pub struct HandOver(Vec<(Vec<c_int>, Reopen)>);
 
-impl Handed {
+impl HandOver {
     /// The `IOPATH_FDS=...` entry, if there is anything to hand on.
     pub fn entry(&self) -> Option<CString> {
         (!self.0.is_empty()).then(|| CString::new(format!("{VARIABLE}={}", self.encode())).ok())?
@@ -59,14 +59,14 @@ impl Handed {
         each.join(";")
     }
 
-    fn decode(text: &str) -> Option<Handed> {
+    fn decode(text: &str) -> Option<HandOver> {
         let mut out = Vec::new();
         for one in text.split(';').filter(|t| !t.is_empty()) {
             let parts: Vec<&str> = one.split('|').collect();
             let [fds, ref file @ ..] = parts[..] else { return None };
             out.push((decode_fds(fds)?, Reopen::decode(file)?));
         }
-        Some(Handed(out))
+        Some(HandOver(out))
     }
 }
 
@@ -97,10 +97,10 @@ fn kept() -> Vec<(Vec<c_int>, Arc<Description>)> {
 /// above 2 that the exec keeps (see the module's documentation). In a
 /// forked child of the holder they become pipes its parent bridges now, and
 /// nothing is handed on.
-pub fn hand_over() -> Handed {
+pub fn hand_over() -> HandOver {
     let kept = kept();
     if kept.is_empty() {
-        return Handed::default();
+        return HandOver::default();
     }
     let _inside = crate::Inside::enter();
     if crate::FORKED.load(Ordering::Relaxed) {
@@ -116,7 +116,7 @@ pub fn hand_over() -> Handed {
                 }
             }
         }
-        return Handed::default();
+        return HandOver::default();
     }
     let mut handed = Vec::new();
     for (fds, d) in kept {
@@ -129,7 +129,7 @@ pub fn hand_over() -> Handed {
             )),
         }
     }
-    Handed(handed)
+    HandOver(handed)
 }
 
 fn shown(d: &Description) -> String {
@@ -144,20 +144,15 @@ pub fn adopt() {
     // SAFETY: at load, before the program's main: no other thread reads the environment.
     unsafe { libc::unsetenv(c"IOPATH_FDS".as_ptr()) };
     let text = value.to_string_lossy();
-    let Some(handed) = Handed::decode(&text) else {
+    let Some(handed) = HandOver::decode(&text) else {
         crate::say(&format!("{VARIABLE}: cannot read \"{text}\"; mounted descriptors above 2 lost"));
         return;
     };
     for (fds, file) in handed.0 {
         let fds: Vec<c_int> = fds.into_iter().filter(|&fd| fd > 2 && kept_by_exec(fd)).collect();
         let shown = || {
-            let dir = mount::mounts().get(file.mount).map_or(&b""[..], |m| &m.dir[..]);
-            format!(
-                "descriptor {} on {}{}",
-                encode_fds(&fds),
-                String::from_utf8_lossy(dir),
-                String::from_utf8_lossy(&file.path)
-            )
+            let (dir, path) = (String::from_utf8_lossy(file.mount_dir()), String::from_utf8_lossy(&file.path));
+            format!("descriptor {} on {dir}{path}", encode_fds(&fds))
         };
         if fds.is_empty() {
             continue;
@@ -188,12 +183,12 @@ mod tests {
             position: 1 << 33,
             path: path.to_vec(),
         };
-        let handed = Handed(vec![(vec![3, 9], file(0, b"/a;b|c=d")), (vec![12], file(2, b"/\xff"))]);
-        assert_eq!(Handed::decode(&handed.encode()), Some(handed));
-        assert_eq!(Handed::decode(""), Some(Handed::default()));
+        let handed = HandOver(vec![(vec![3, 9], file(0, b"/a;b|c=d")), (vec![12], file(2, b"/\xff"))]);
+        assert_eq!(HandOver::decode(&handed.encode()), Some(handed));
+        assert_eq!(HandOver::decode(""), Some(HandOver::default()));
         for bad in ["3", "x|0|1|2|3|2f", "3|0|1|2|3|2", "-3|0|1|2|3|2f", "3|0|1|2|3|2f|9"] {
-            assert_eq!(Handed::decode(bad), None, "{bad}");
+            assert_eq!(HandOver::decode(bad), None, "{bad}");
         }
-        assert_eq!(Handed::default().entry(), None);
+        assert_eq!(HandOver::default().entry(), None);
     }
 }

@@ -779,6 +779,11 @@ impl Reopen {
         })
     }
 
+    /// The directory of its mount (empty if this process has no such mount).
+    pub fn mount_dir(&self) -> &'static [u8] {
+        mounts().get(self.mount).map_or(&b""[..], |m| &m.dir[..])
+    }
+
     /// The file opened again (its mount mounted first, waiting as any call does).
     pub fn open(&self) -> std::result::Result<Description, String> {
         let m = mounts().get(self.mount).ok_or("no such mount here")?;

@@ -4,8 +4,8 @@
 
 use super::control::{Control, SETTLE, wait};
 use super::{
-    COUNT, Paused, Pipe, Running, Source, Spec, close_end, end_for_good, launch, open, os_error, pause, read_pipe,
-    relaunch, running, set_nonblocking,
+    COUNT, Paused, Pipe, Running, Source, Spec, close_end, end_for_good, launch, os_error, pause, read_pipe, relaunch,
+    running, set_nonblocking,
 };
 use crate::mount::{self, Description};
 use crate::posix::data::{read_mounted, write_mounted};
@@ -119,7 +119,7 @@ pub fn let_go() -> LetGo {
 /// The rest of a reading program's file, from `spec`'s position, if it
 /// ends within [`HELD_BYTES`]; else the file open (to keep it, and its mount).
 fn read_rest(spec: &Spec) -> Result<Vec<u8>, Arc<Description>> {
-    let d = match open(spec) {
+    let d = match spec.file.open() {
         Ok(d) => Arc::new(d),
         Err(why) => {
             crate::say(&format!("cannot keep {}: {why}", spec.shown()));

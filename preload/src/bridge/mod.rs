@@ -103,8 +103,7 @@ impl Spec {
     }
 
     fn shown(&self) -> String {
-        let mount = mount::mounts().get(self.file.mount).map_or(&b""[..], |m| &m.dir[..]);
-        describe(&self.fds, self.writes_file, mount, &self.file.path)
+        describe(&self.fds, self.writes_file, self.file.mount_dir(), &self.file.path)
     }
 }
 
@@ -121,10 +120,9 @@ pub(crate) fn decode_fds(text: &str) -> Option<Vec<c_int>> {
 
 /// "descriptor 1,2 into /mnt/i/log": a bridge, for messages.
 fn describe(fds: &[c_int], writes_file: bool, mount: &[u8], path: &[u8]) -> String {
-    let fds: Vec<String> = fds.iter().map(c_int::to_string).collect();
     format!(
         "descriptor {} {} {}{}",
-        fds.join(","),
+        encode_fds(fds),
         if writes_file { "into" } else { "from" },
         String::from_utf8_lossy(mount),
         String::from_utf8_lossy(path)
@@ -465,7 +463,7 @@ pub fn file_of(fd: c_int) -> Option<Result<Arc<Description>, c_int>> {
     // Opened first: a held bridge writes what it holds once the mount is here.
     let file = match (description, spec) {
         (Some(d), _) => Ok(d),
-        (None, Some(spec)) => open(&spec).map(Arc::new).map_err(|why| {
+        (None, Some(spec)) => spec.file.open().map(Arc::new).map_err(|why| {
             crate::log(&format!("{}: {why}", spec.shown()));
             libc::EIO
         }),
@@ -688,7 +686,7 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
         Source::Here(d) => describe(&fds, writes_file, &d.mount.dir, &d.path),
     };
     let d = match &source {
-        Source::Handed(spec) | Source::Held { spec, .. } => open(spec).map(Arc::new),
+        Source::Handed(spec) | Source::Held { spec, .. } => spec.file.open().map(Arc::new),
         Source::Here(d) => Ok(Arc::clone(d)),
     };
     let ended = match &d {
@@ -732,12 +730,6 @@ fn end_for_good(end: c_int, control: &Control) {
         let told = wait(-1, 0, control);
         control.answer(told.asked);
     }
-}
-
-/// The open file a spec names, opened again by its path (and checked to be
-/// the same file).
-fn open(spec: &Spec) -> Result<Description, String> {
-    spec.file.open()
 }
 
 fn set_nonblocking(fd: c_int) {

@@ -189,7 +189,7 @@ fn before_exec() -> Handed {
 #[derive(Default)]
 struct Handed {
     streams: bridge::HandOver,
-    fds: inherit::Handed,
+    fds: inherit::HandOver,
 }
 
 /// The exec failed (errno kept): this program goes on as before it (its
@@ -209,7 +209,7 @@ fn own_virtual_cwd() -> Option<Vec<u8>> {
 }
 
 /// The entries a new program gets: its working directory `cwd` if it is in
-/// a mount, the standard streams handed on.
+/// a mount, the standard streams and the descriptors above 2 handed on.
 fn passed_entries(handed: &Handed, cwd: Option<Vec<u8>>) -> Vec<CString> {
     let cwd = cwd.and_then(|dir| CString::new([&b"IOPATH_CWD="[..], &dir].concat()).ok());
     cwd.into_iter().chain(handed.streams.entry()).chain(handed.fds.entry()).collect()
