@@ -519,7 +519,7 @@ mod tests {
         assert!(cache.lookup((7, 3)).is_some());
         assert!(cache.lookup((7, 9)).is_none());
         assert_eq!((cache.stats().hits, cache.stats().misses), (3, 1));
-        // No reference is kept: the cache's own and ours are the only two.
+        // No reference is kept: the index's, the small queue's and this test's are all.
         assert_eq!(Arc::strong_count(&page), 3, "the index, the small queue and this test");
     }
 

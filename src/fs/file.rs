@@ -132,11 +132,13 @@ impl File {
             }
             copied = to - offset;
         }
-        fs.steps.lap(t, |s| &s.copy);
         if copied == n {
+            fs.steps.lap(t, |s| &s.copy);
             fs.readahead(&self.node, state, first, end);
             return Ok(());
         }
+        // A look that found a page missing: the general path counts its copy.
+        fs.steps.lap(t, |s| &s.lookup);
         self.read_through(state, &mut buf[copied as usize..], offset + copied, first)
     }
 
