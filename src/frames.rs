@@ -89,16 +89,16 @@ pub fn default_dir() -> &'static Path {
 pub fn remove_unheld(dir: &Path) -> u64 {
     // SAFETY: getuid has no preconditions.
     let prefix = format!("iopath-frames-{}-", unsafe { libc::getuid() });
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let Ok(names) = crate::sys::dir_names(dir) else { return 0 };
     let mut freed = 0;
-    for entry in entries.flatten() {
-        if !entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+    for name in names {
+        if !name.to_str().is_some_and(|n| n.starts_with(&prefix)) {
             continue;
         }
-        let path = entry.path();
+        let path = dir.join(&name);
         let Some((fd, _)) = open_locked(&path) else { continue };
         use std::os::unix::fs::MetadataExt;
-        let bytes = entry.metadata().map_or(0, |m| m.blocks() * 512);
+        let bytes = std::fs::symlink_metadata(&path).map_or(0, |m| m.blocks() * 512);
         // Removed while locked: no process can claim it between the two.
         if std::fs::remove_file(&path).is_ok() {
             freed += bytes;

@@ -37,6 +37,98 @@ pub fn copy_high(fd: libc::c_int, floor: libc::c_int) -> Option<libc::c_int> {
     (high >= 0).then_some(high)
 }
 
+/// 0: no thread makes descriptors of iopath's own, and no program places
+/// one; 1: one does; 2: one does and another waits (see [`own_numbers`]).
+static NUMBERS: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// How deep this thread is in [`own_numbers`] or [`hold_own_numbers`].
+    static NUMBERS_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+fn lock_numbers() {
+    if NUMBERS.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        return;
+    }
+    while NUMBERS.swap(2, Ordering::Acquire) != 0 {
+        futex_wait(&NUMBERS, 2, None);
+    }
+}
+
+fn unlock_numbers() {
+    if NUMBERS.swap(0, Ordering::Release) == 2 {
+        futex_wake_all(&NUMBERS);
+    }
+}
+
+/// Held by [`own_numbers`] and [`placing_numbers`]; unlocks as it goes.
+pub struct NumbersHeld {
+    /// This thread took the lock (it was not already in a section).
+    took: bool,
+}
+
+impl Drop for NumbersHeld {
+    fn drop(&mut self) {
+        if self.took {
+            let _ = NUMBERS_DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+            unlock_numbers();
+        }
+    }
+}
+
+fn enter_numbers() -> NumbersHeld {
+    let outer = NUMBERS_DEPTH.try_with(|d| d.get() == 0).unwrap_or(true);
+    if outer {
+        lock_numbers();
+        let _ = NUMBERS_DEPTH.try_with(|d| d.set(1));
+    }
+    NumbersHeld { took: outer }
+}
+
+/// Runs `f`, which makes a descriptor of iopath's own and moves it to a
+/// high number ([`copy_high`]) or closes it before it returns, while no
+/// program's call places a descriptor on a number it names
+/// ([`placing_numbers`]).
+///
+/// Inside a program (the interposer), a descriptor the kernel gives an
+/// iopath thread takes the lowest free number for a moment; a program that
+/// has just closed that number and is about to `dup2` onto it (dash's
+/// `cmd >&4` is `close(1)` then `dup2(4, 1)`) had its new descriptor closed by
+/// iopath's move, or iopath's replaced under it: `echo: I/O error` now and
+/// then when a thread of the interposer mounted while a shell redirected.
+/// `f` must only make, move and close descriptors (no lock of iopath's is
+/// taken inside, so none can wait on another); nested calls on one thread
+/// are fine.
+pub fn own_numbers<R>(f: impl FnOnce() -> R) -> R {
+    let _held = enter_numbers();
+    f()
+}
+
+/// Runs `f`, a program's call that places a descriptor on a number it
+/// names or takes the lowest free one (`dup2`, `dup3`, `dup`, `F_DUPFD`),
+/// while no iopath thread holds a descriptor at a low number for a moment
+/// ([`own_numbers`]). For the interposer; costs one atomic exchange each
+/// way when no iopath thread is making a descriptor.
+pub fn placing_numbers<R>(f: impl FnOnce() -> R) -> R {
+    let _held = enter_numbers();
+    f()
+}
+
+/// Keeps [`own_numbers`] sections from starting until dropped: for a
+/// fork's prepare handler, dropped after the fork in the parent and the
+/// child (a child never starts with a descriptor half moved, or the lock
+/// held by a thread it does not have).
+pub fn hold_own_numbers() -> NumbersHeld {
+    enter_numbers()
+}
+
+/// The names in directory `dir`, read inside [`own_numbers`]: a directory
+/// stream holds a descriptor at a low number while it is read (the C
+/// library's `opendir` opens it where no hook sees it).
+pub fn dir_names(dir: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+    own_numbers(|| Ok(std::fs::read_dir(dir)?.flatten().map(|e| e.file_name()).collect()))
+}
+
 // ---- processes ----
 
 static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -437,6 +529,24 @@ mod tests {
         let status = std::fs::read_to_string("/proc/thread-self/status").expect("/proc is there");
         let line = status.lines().find(|l| l.starts_with("SigBlk:")).expect("SigBlk line");
         u64::from_str_radix(line["SigBlk:".len()..].trim(), 16).expect("hex")
+    }
+
+    #[test]
+    fn a_program_places_no_descriptor_while_an_iopath_thread_makes_one() {
+        use std::sync::atomic::AtomicBool;
+        static MAKING: AtomicBool = AtomicBool::new(false);
+        let placed = own_numbers(|| {
+            MAKING.store(true, Ordering::SeqCst);
+            // Nested sections and a placing call on the same thread do not wait on themselves.
+            own_numbers(|| placing_numbers(|| ()));
+            let program = std::thread::spawn(|| placing_numbers(|| MAKING.load(Ordering::SeqCst)));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            MAKING.store(false, Ordering::SeqCst);
+            program
+        });
+        assert!(!placed.join().unwrap(), "the program's call ran inside the section");
+        // And everything is free again.
+        placing_numbers(|| own_numbers(|| ()));
     }
 
     #[test]

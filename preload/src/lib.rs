@@ -79,6 +79,11 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Whether the calling thread is inside iopath (its calls are iopath's own).
+pub(crate) fn inside() -> bool {
+    INSIDE.try_with(Cell::get).unwrap_or(true)
+}
+
 /// Marks the calling thread as inside iopath while alive.
 pub(crate) struct Inside(bool);
 
@@ -159,12 +164,14 @@ impl Drop for KeepErrno {
 static FORK_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The forking thread's holds from the fork's prepare handler to after it.
-type ForkHolds = (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, ()>);
+type ForkHolds = (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, ()>, iopath::sys::NumbersHeld);
 
 thread_local! {
-    /// The forking thread's hold on [`FORK_GATE`] and on the library's
-    /// thread starts ([`iopath::sys::hold_thread_starts`]), from the fork's
-    /// prepare handler to after it.
+    /// The forking thread's hold on [`FORK_GATE`], on the library's
+    /// thread starts ([`iopath::sys::hold_thread_starts`]) and on the
+    /// descriptors its threads make ([`iopath::sys::hold_own_numbers`]: a
+    /// child never starts with one half moved), from the fork's prepare
+    /// handler to after it.
     static GATE_HELD: std::cell::RefCell<Option<ForkHolds>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -183,7 +190,8 @@ extern "C" fn before_fork() {
     }
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
     let starts = iopath::sys::hold_thread_starts();
-    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, starts)));
+    let numbers = iopath::sys::hold_own_numbers();
+    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, starts, numbers)));
 }
 
 /// After a fork, in the parent and in the child: the gate goes.

@@ -187,6 +187,22 @@ pub(crate) fn created(fd: c_int) -> c_int {
     fd
 }
 
+/// [`created`] for a descriptor a kernel call (`make`) opens: one of
+/// iopath's own (made inside this library while it mounts) is made and
+/// moved above the program's numbers inside
+/// [`iopath::sys::own_numbers`], so a program that redirects meanwhile
+/// (closes a number and `dup2`s onto it) never meets it there.
+pub(crate) fn made(make: impl FnOnce() -> c_int) -> c_int {
+    if crate::inside() && crate::MOUNTING.load(Ordering::Relaxed) {
+        let fd = iopath::sys::own_numbers(|| {
+            let fd = make();
+            if fd >= 0 { move_high(fd) } else { fd }
+        });
+        return created(fd);
+    }
+    created(make())
+}
+
 /// Lowest number iopath moves its own descriptors to (the library's own floor).
 const OWN_FDS_FROM: c_int = iopath::sys::HIGH_FDS_FROM;
 
@@ -207,6 +223,8 @@ fn move_high(fd: c_int) -> c_int {
     }
 }
 
+/// After a program's fcntl command other than a duplicate (those are
+/// [`made`] or [`created`]): a flag change is noted.
 pub(crate) fn after_fcntl(fd: c_int, cmd: c_int, result: c_int) -> c_int {
     if result >= 0 {
         match cmd {
@@ -217,9 +235,6 @@ pub(crate) fn after_fcntl(fd: c_int, cmd: c_int, result: c_int) -> c_int {
                     fds::forget(other);
                 }
                 fds::forget(fd);
-            }
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
-                created(result);
             }
             _ => {}
         }

@@ -409,7 +409,8 @@ impl UringQueue {
         if iopoll {
             builder.setup_iopoll();
         }
-        let ring = out_of_the_way(builder.build(SQ_ENTRIES).map_err(|e| os_err("io_uring setup", e))?);
+        let ring = crate::sys::own_numbers(|| builder.build(SQ_ENTRIES).map(out_of_the_way))
+            .map_err(|e| os_err("io_uring setup", e))?;
         let fd = shared.target.file.as_raw_fd();
         let fixed_file = shared.config.fixed_files && ring.submitter().register_files(&[fd]).is_ok();
         let mut registered = None;
@@ -943,7 +944,8 @@ impl Drop for UringQueue {
 /// being its own (with the interposer, a shell's `exec 3>file` replaced a
 /// mount's ring on 3, and every later command failed with EBADF). The
 /// descriptor is copied up and the ring mapped again from the copy; the
-/// low number and the first mapping go with `ring`.
+/// low number and the first mapping go with `ring`. Called inside
+/// [`crate::sys::own_numbers`] with the setup.
 fn out_of_the_way(ring: IoUring) -> IoUring {
     if ring.as_raw_fd() >= crate::sys::HIGH_FDS_FROM {
         return ring;

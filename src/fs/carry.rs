@@ -717,14 +717,13 @@ impl CarriedCache {
 /// file with another identity than their name says) and that no process
 /// holds (their mount lock is free).
 pub fn sweep(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
+    let Ok(names) = crate::sys::dir_names(dir) else { return };
+    for name in names {
         let Some(id) = name.to_str().and_then(|n| n.strip_prefix("iopath-carry-").or(n.strip_prefix("iopath-shmlog-")))
         else {
             continue;
         };
-        let Ok(file) = std::fs::File::open(entry.path()) else { continue };
+        let Ok(file) = std::fs::File::open(dir.join(&name)) else { continue };
         let mut header = vec![0u8; HEADER];
         let backing = if file.read_exact_at(&mut header, 0).is_ok() && &header[..8] == MAGIC {
             let n = (get(&header, AT_PATH_LEN) as usize).min(HEADER - AT_PATH);
@@ -742,7 +741,7 @@ pub fn sweep(dir: &Path) {
                 !free
             });
             if !held {
-                let _ = std::fs::remove_file(entry.path());
+                let _ = std::fs::remove_file(dir.join(&name));
             }
         }
     }

@@ -298,10 +298,9 @@ impl Wanted {
 /// a new one.
 fn sweep(ours: &Path) {
     let Some(dir) = ours.parent() else { return };
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name();
+    let Ok(names) = crate::sys::dir_names(dir) else { return };
+    for name in names {
+        let path = dir.join(&name);
         let name = name.to_string_lossy();
         if path == ours || !name.starts_with("iopath-mount-") || !name.ends_with(".lock") {
             continue;

@@ -29,7 +29,7 @@
 //! Where it cannot be done (no parent listening), the child's descriptor
 //! fails with EBADF as before.
 
-use super::moved_up;
+use super::{made_up, moved_up};
 use crate::mount::{self, Description, Node};
 use crate::real;
 use libc::c_int;
@@ -100,15 +100,30 @@ pub fn in_child_after_fork() {
 fn serve(listening: c_int) {
     let _inside = crate::Inside::enter();
     loop {
-        // SAFETY: accept on our listening socket.
-        let conn = unsafe { libc::accept4(listening, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
-        if conn < 0 {
-            if crate::posix::last_errno() == libc::EINTR {
+        // Waits for a connection first: the descriptor is then made and moved up at once.
+        let mut ready = libc::pollfd { fd: listening, events: libc::POLLIN, revents: 0 };
+        // SAFETY: polls one pollfd of ours.
+        if unsafe { libc::poll(&mut ready, 1, -1) } < 0 {
+            continue; // (EINTR)
+        }
+        // SAFETY: accept on our listening socket (non-blocking: another may have taken it).
+        let accept = || unsafe {
+            libc::accept4(
+                listening,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        let conn = match made_up(accept) {
+            Ok(conn) => conn,
+            Err(libc::EINTR | libc::EAGAIN) => continue,
+            Err(_) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
                 continue;
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            continue;
-        }
+        };
+        set_blocking(conn);
         let answer = if own_child(conn) { answer(conn) } else { libc::EPERM };
         // SAFETY: writes 4 bytes from a local to our connection, then closes it.
         unsafe {
@@ -150,9 +165,13 @@ fn answer(conn: c_int) -> c_int {
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: receives into the buffers above.
-    let n = unsafe { libc::recvmsg(conn, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    let end = received_descriptor(&msg);
+    let mut n = -1;
+    // The descriptor comes at the lowest free number: moved up at once.
+    let end = iopath::sys::own_numbers(|| {
+        // SAFETY: receives into the buffers above.
+        n = unsafe { libc::recvmsg(conn, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        received_descriptor(&msg).and_then(|fd| moved_up(fd).ok())
+    });
     let Some(end) = end else { return libc::EINVAL };
     if n < 8 {
         // SAFETY: the descriptor just received is ours.
@@ -176,12 +195,17 @@ fn answer(conn: c_int) -> c_int {
         unsafe { real::close(end) };
         return forwarded.err().unwrap_or(0);
     }
-    match moved_up(end) {
-        Ok(end) => {
-            super::start_for_child(&d, to, end);
-            0
-        }
-        Err(errno) => errno,
+    super::start_for_child(&d, to, end);
+    0
+}
+
+/// Clears O_NONBLOCK on connection `conn` (accepted without blocking; the
+/// request and answer wait, with the child's timeout on its side).
+fn set_blocking(conn: c_int) {
+    // SAFETY: fcntl on a descriptor of ours.
+    unsafe {
+        let flags = real::fcntl(conn, libc::F_GETFL, 0);
+        real::fcntl(conn, libc::F_SETFL, (flags & !libc::O_NONBLOCK) as libc::c_ulong);
     }
 }
 
@@ -254,11 +278,10 @@ fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
 
 /// Passes a request this process received on to its own parent.
 fn forward(from: c_int, to: c_int, path: &[u8], end: c_int) -> Result<(), c_int> {
+    // (On the adopter's thread, while the program redirects: made and moved up at once.)
     // SAFETY: socket makes a descriptor of ours, closed below.
-    let conn = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if conn < 0 {
-        return Err(libc::EBADF);
-    }
+    let made = made_up(|| unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) });
+    let Ok(conn) = made else { return Err(libc::EBADF) };
     let answer = request(conn, from, to, path, end);
     // SAFETY: ours.
     unsafe { real::close(conn) };

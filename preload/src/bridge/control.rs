@@ -2,7 +2,7 @@
 //! (an eventfd), and how it answers a flush (a count and a condition
 //! variable): the program's `open` of a file waits for the answer.
 
-use super::{forget_own, moved_up, note_own};
+use super::{forget_own, made_up, note_own};
 use crate::real;
 use libc::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,8 +41,7 @@ impl Control {
     /// A control with its eventfd (close-on-exec, above [`super::END_FLOOR`]), or errno.
     pub(super) fn new() -> Result<Arc<Control>, c_int> {
         // SAFETY: eventfd has no preconditions.
-        let low = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        let event = if low < 0 { Err(crate::posix::last_errno()) } else { moved_up(low) }?;
+        let event = made_up(|| unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) })?;
         note_own(event);
         Ok(Arc::new(Control {
             event,

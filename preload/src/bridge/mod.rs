@@ -350,22 +350,35 @@ fn relaunch(source: Source) {
 /// A new pipe: the program's end and this library's (at [`END_FLOOR`] or
 /// above), both close-on-exec; or errno.
 fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
-    let mut pipe = [-1; 2];
-    // SAFETY: pipe2 fills two descriptors.
-    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(crate::posix::last_errno());
-    }
-    let (theirs, ours) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
-    // SAFETY: fcntl on our own end of the pipe.
-    unsafe { real::fcntl(ours, libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_ulong) };
-    match moved_up(ours) {
-        Ok(end) => Ok((theirs, end)),
-        Err(errno) => {
-            // SAFETY: the program's end, not handed out yet.
-            unsafe { real::close(theirs) };
-            Err(errno)
+    iopath::sys::own_numbers(|| {
+        let mut pipe = [-1; 2];
+        // SAFETY: pipe2 fills two descriptors.
+        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(crate::posix::last_errno());
         }
-    }
+        let (theirs, ours) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
+        // SAFETY: fcntl on our own end of the pipe.
+        unsafe { real::fcntl(ours, libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_ulong) };
+        match moved_up(ours) {
+            Ok(end) => Ok((theirs, end)),
+            Err(errno) => {
+                // SAFETY: the program's end, not handed out yet.
+                unsafe { real::close(theirs) };
+                Err(errno)
+            }
+        }
+    })
+}
+
+/// A descriptor of this library's that `make` opens (or -1 with errno),
+/// moved up at once ([`moved_up`]), both inside
+/// [`iopath::sys::own_numbers`]: a bridge's thread or the adopter makes
+/// them while the program redirects.
+fn made_up(make: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
+    iopath::sys::own_numbers(|| {
+        let fd = make();
+        if fd < 0 { Err(crate::posix::last_errno()) } else { moved_up(fd) }
+    })
 }
 
 /// `fd` (this library's) moved to the lowest free number from

@@ -5,8 +5,9 @@
 
 use super::{fail, locks, mounting};
 use crate::mount::{self, Description};
-use crate::route::{after_fcntl, created};
+use crate::route::{after_fcntl, created, made};
 use crate::{FORKED, ROUTING, bridge, fds, real};
+use iopath::sys::placing_numbers;
 use libc::{c_int, c_uint, c_ulong};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -111,7 +112,7 @@ fn duplicated(from: c_int, new: c_int, description: Option<Arc<Description>>, cl
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     // SAFETY: passed on.
-    let new = unsafe { real::dup(fd) };
+    let new = placing_numbers(|| unsafe { real::dup(fd) });
     mount::kernel_dir_duplicated(fd, new);
     if description.is_some() {
         return duplicated(fd, new, description, false);
@@ -123,7 +124,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     let unread = if fd != to { bridge::unread(to) } else { 0 };
-    let r = call();
+    let r = placing_numbers(call);
     if r >= 0 && fd != to {
         if mount::is_mounted(to) {
             drop_mounted(to); // the kernel closed what `to` was
@@ -208,6 +209,11 @@ fn fcntl_mounted(fd: c_int, d: &Arc<Description>, cmd: c_int, arg: c_ulong) -> O
     })
 }
 
+/// Whether fcntl command `cmd` makes a descriptor (`F_DUPFD`, `F_DUPFD_CLOEXEC`).
+fn duplicates(cmd: c_int) -> bool {
+    matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC)
+}
+
 fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     if let Some(d) = &description {
@@ -220,14 +226,19 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
         if let Some(r) = fcntl_mounted(fd, d, cmd, arg) {
             return r;
         }
-        let r = call();
+        let r = if duplicates(cmd) { placing_numbers(call) } else { call() };
         return match cmd {
             libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(fd, r, description, cmd == libc::F_DUPFD_CLOEXEC),
             _ => r,
         };
     }
-    let r = after_fcntl(fd, cmd, call());
-    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+    let r = match () {
+        _ if !duplicates(cmd) => after_fcntl(fd, cmd, call()),
+        // iopath's own (its loadavg reader keeps its file at 300 and up): moved above them.
+        _ if crate::inside() => made(call),
+        _ => created(placing_numbers(call)),
+    };
+    if duplicates(cmd) {
         mount::kernel_dir_duplicated(fd, r);
         bridge::duplicated(fd, r);
     }

@@ -5,7 +5,7 @@
 use super::{errno_of, fail, on_path, on_path_nofollow};
 use crate::mount::{self, Description, Inside, Node};
 use crate::real;
-use crate::route::created;
+use crate::route::made;
 use iopath::fs::Kind;
 use libc::{c_char, c_int, c_uint, mode_t, off_t};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -224,7 +224,7 @@ macro_rules! hook_open {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) });
+            let fd = made(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) });
             kernel_opened(libc::AT_FDCWD, path, flags, fd)
         }
     )*};
@@ -241,7 +241,7 @@ macro_rules! hook_openat {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) });
+            let fd = made(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) });
             kernel_opened(dirfd, path, flags, fd)
         }
     )*};
@@ -259,7 +259,7 @@ macro_rules! hook_creat {
                 return fd;
             }
             // SAFETY: passed on.
-            created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+            made(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
         }
     )*};
 }
@@ -275,7 +275,7 @@ macro_rules! hook_open_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = created(unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) });
+            let fd = made(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) });
             kernel_opened(libc::AT_FDCWD, path, flags, fd)
         }
     )*};
@@ -292,7 +292,7 @@ macro_rules! hook_openat_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = created(unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) });
+            let fd = made(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) });
             kernel_opened(dirfd, path, flags, fd)
         }
     )*};
