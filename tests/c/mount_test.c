@@ -898,6 +898,22 @@ static void forked_streams(void) {
     CHECK(close(in) == 0 && close(out) == 0, "close");
     CHECK(!strcmp(contents(at("fo2")), "from a forked child\nlast\n"), "what cat copied: %s", contents(at("fo2")));
 
+    /* A forked child's program that reads part of its parent's file (`exec
+     * 3< f; head -c 6 <&3; cat <&3`): the parent reads on after what the
+     * child consumed, as with the kernel's file. The bridge had fed the
+     * whole file into the child's pipe, and the position stood at its end. */
+    in = open(at("fo"), O_RDONLY);
+    int devnull = open("/dev/null", O_WRONLY);
+    char *head[] = {"head", "-c", "6", NULL};
+    status = run_child_on(in, devnull, head);
+    char rest[64] = {0};
+    CHECK(status == 0 && read(in, rest, sizeof rest - 1) == 25 && !strcmp(rest, "from a forked child\nlast\n"),
+          "the parent reads on where the child stopped: %d, '%s'", status, rest);
+    status = run_child_on(in, devnull, head);
+    CHECK(status == 0 && lseek(in, 0, SEEK_CUR) == 31, "a child at the end of the file: %d, at %ld", status,
+          (long)lseek(in, 0, SEEK_CUR));
+    CHECK(close(in) == 0 && close(devnull) == 0, "close");
+
     /* A grandchild (a subshell's command): its parent passes the request up. */
     out = open(at("fo3"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     fflush(stdout);

@@ -124,7 +124,10 @@ fn serve(listening: c_int) {
             }
         };
         set_blocking(conn);
-        let answer = if own_child(conn) { answer(conn) } else { libc::EPERM };
+        let answer = match own_child(conn) {
+            Some(child) => answer(conn, child),
+            None => libc::EPERM,
+        };
         // SAFETY: writes 4 bytes from a local to our connection, then closes it.
         unsafe {
             libc::send(conn, (&raw const answer).cast(), 4, libc::MSG_NOSIGNAL);
@@ -133,8 +136,8 @@ fn serve(listening: c_int) {
     }
 }
 
-/// Whether the peer of `conn` is this user's process and this process's child.
-fn own_child(conn: c_int) -> bool {
+/// The peer of `conn`, if it is this user's process and this process's child.
+fn own_child(conn: c_int) -> Option<libc::pid_t> {
     // SAFETY: all-zero is a valid ucred; getsockopt fills it.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -142,7 +145,7 @@ fn own_child(conn: c_int) -> bool {
     let got = unsafe { libc::getsockopt(conn, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len) };
     // SAFETY: getuid and getpid cannot fail.
     let (uid, pid) = unsafe { (libc::getuid(), libc::getpid()) };
-    got == 0 && cred.uid == uid && parent_of(cred.pid) == Some(pid)
+    (got == 0 && cred.uid == uid && parent_of(cred.pid) == Some(pid)).then_some(cred.pid)
 }
 
 /// The parent of process `pid` (from `/proc/PID/stat`).
@@ -154,11 +157,14 @@ fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Reads one request on `conn` and bridges it: 0 or an errno.
-fn answer(conn: c_int) -> c_int {
+/// Reads one request on `conn` from `child` and bridges it: 0 or an errno.
+/// It carries the parent's end of the child's pipe and, for a pipe the
+/// parent feeds, a copy of the child's reading end (to count what the
+/// child leaves unread: [`super::after_child_ended`]).
+fn answer(conn: c_int, child: libc::pid_t) -> c_int {
     let mut payload = [0u8; 8 + PATH_BYTES];
     let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
-    let mut control = [0u64; 4]; // room for one descriptor's cmsg, aligned
+    let mut control = [0u64; 4]; // room for two descriptors' cmsg, aligned
     // SAFETY: all-zero is a valid msghdr; its buffers are ours.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -166,16 +172,28 @@ fn answer(conn: c_int) -> c_int {
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&control);
     let mut n = -1;
-    // The descriptor comes at the lowest free number: moved up at once.
-    let end = iopath::sys::own_numbers(|| {
+    // The descriptors come at the lowest free numbers: moved up at once.
+    let received: Vec<c_int> = iopath::sys::own_numbers(|| {
         // SAFETY: receives into the buffers above.
         n = unsafe { libc::recvmsg(conn, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        received_descriptor(&msg).and_then(|fd| moved_up(fd).ok())
+        received_descriptors(&msg).into_iter().filter_map(|fd| moved_up(fd).ok()).collect()
     });
-    let Some(end) = end else { return libc::EINVAL };
+    let close_all = |fds: &[c_int]| {
+        for &fd in fds {
+            // SAFETY: descriptors just received: ours.
+            unsafe { real::close(fd) };
+        }
+    };
+    let (end, reader) = match received[..] {
+        [end] => (end, None),
+        [end, reader] => (end, Some(reader)),
+        _ => {
+            close_all(&received);
+            return libc::EINVAL;
+        }
+    };
     if n < 8 {
-        // SAFETY: the descriptor just received is ours.
-        unsafe { real::close(end) };
+        close_all(&received);
         return libc::EINVAL;
     }
     let from = c_int::from_ne_bytes(payload[..4].try_into().unwrap_or_default());
@@ -183,19 +201,18 @@ fn answer(conn: c_int) -> c_int {
     let path = &payload[8..n as usize];
     let found = mount::lookup(from).filter(|d| matches!(d.node, Node::File(_)) && same_path(d, path));
     let Some(d) = found else {
-        // SAFETY: as above.
-        unsafe { real::close(end) };
+        close_all(&received);
         return libc::EBADF;
     };
     if crate::FORKED.load(Ordering::Relaxed) {
         // This process is a forked child itself (a subshell): its parent holds the file,
-        // and the same number stands for it there. The request goes up.
-        let forwarded = forward(from, to, &d.path, end);
-        // SAFETY: our copy of the descriptor (the parent has its own now, if it took it).
-        unsafe { real::close(end) };
+        // and the same number stands for it there. The request goes up (its parent
+        // counts what is left unread when this subshell is reaped).
+        let forwarded = forward(from, to, &d.path, &received);
+        close_all(&received); // (the parent has its own copies now, if it took them)
         return forwarded.err().unwrap_or(0);
     }
-    super::start_for_child(&d, to, end);
+    super::start_for_child(&d, to, end, reader.map(|fd| super::Reader { child, fd }));
     0
 }
 
@@ -214,15 +231,17 @@ fn same_path(d: &Description, path: &[u8]) -> bool {
     d.path.len().min(PATH_BYTES) == path.len() && d.path.starts_with(path)
 }
 
-/// The descriptor a request carried, if it carried one.
-fn received_descriptor(msg: &libc::msghdr) -> Option<c_int> {
+/// The descriptors a request carried (none if it carried none).
+fn received_descriptors(msg: &libc::msghdr) -> Vec<c_int> {
     // SAFETY: walks the control messages recvmsg filled in `msg`'s buffer.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(msg);
         if cmsg.is_null() || (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
-            return None;
+            return Vec::new();
         }
-        Some(std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>()))
+        let bytes = ((*cmsg).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+        let data = libc::CMSG_DATA(cmsg).cast::<c_int>();
+        (0..bytes / std::mem::size_of::<c_int>()).map(|i| std::ptr::read_unaligned(data.add(i))).collect()
     }
 }
 
@@ -258,7 +277,9 @@ fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
         libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
     };
     let (mine, theirs) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
-    let answer = if conn < 0 { Err(libc::EBADF) } else { request(conn, from, to, &d.path, theirs) };
+    // A pipe the parent feeds: it gets a copy of the reading end too, to count what is left.
+    let sent: &[c_int] = if writes_file { &[theirs] } else { &[theirs, mine] };
+    let answer = if conn < 0 { Err(libc::EBADF) } else { request(conn, from, to, &d.path, sent) };
     // SAFETY: our descriptors (the parent has its own copy of `theirs` now, if it took it).
     unsafe {
         real::close(theirs);
@@ -277,19 +298,22 @@ fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
 }
 
 /// Passes a request this process received on to its own parent.
-fn forward(from: c_int, to: c_int, path: &[u8], end: c_int) -> Result<(), c_int> {
+fn forward(from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<(), c_int> {
     // (On the adopter's thread, while the program redirects: made and moved up at once.)
     // SAFETY: socket makes a descriptor of ours, closed below.
     let made = made_up(|| unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) });
     let Ok(conn) = made else { return Err(libc::EBADF) };
-    let answer = request(conn, from, to, path, end);
+    let answer = request(conn, from, to, path, fds);
     // SAFETY: ours.
     unsafe { real::close(conn) };
     answer
 }
 
-/// Sends the request on `conn` and reads the answer.
-fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], theirs: c_int) -> Result<(), c_int> {
+/// Sends the request on `conn`, carrying descriptors `fds` (one or two),
+/// and reads the answer.
+fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<(), c_int> {
+    debug_assert!((1..=2).contains(&fds.len()), "a request carries one or two descriptors");
+    let fd_bytes = std::mem::size_of_val(fds) as u32;
     // SAFETY: getppid cannot fail.
     let (addr, len) = address(unsafe { libc::getppid() });
     let mut payload = Vec::with_capacity(8 + PATH_BYTES);
@@ -315,12 +339,14 @@ fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], theirs: c_int) -> R
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as usize;
+        msg.msg_controllen = libc::CMSG_SPACE(fd_bytes) as usize;
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>(), theirs);
+        (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
+        for (i, &fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>().add(i), fd);
+        }
         libc::sendmsg(conn, &msg, libc::MSG_NOSIGNAL)
     };
     if sent < 0 {

@@ -109,7 +109,7 @@ pub fn let_go() -> LetGo {
         } else {
             match read_rest(&spec) {
                 Ok(rest) => paused.push(Paused { spec, held: rest }),
-                Err(d) => launch(spec.fds, spec.end, false, Source::Here(d)),
+                Err(d) => launch(spec.fds, spec.end, false, Source::Here(d), None),
             }
         }
     }

@@ -156,7 +156,40 @@ struct Running {
     writes_into: Option<(usize, u64)>,
     /// It feeds the program from its file (else the program writes the file).
     feeds: bool,
+    /// For a bridge feeding a forked child: the child, and this process's
+    /// copy of the pipe's reading end (see [`after_child_ended`]).
+    reader: Option<Reader>,
     thread: std::thread::JoinHandle<Option<Paused>>,
+}
+
+/// A forked child a bridge feeds, and this process's copy of the reading
+/// end of the child's pipe: once the child is gone, what the pipe still
+/// holds is what it did not read.
+#[derive(Debug, Clone, Copy)]
+pub struct Reader {
+    /// The child (the process that asked; a subshell passing on its own
+    /// child's request).
+    pub child: libc::pid_t,
+    /// This process's copy of the reading end (close-on-exec, moved up).
+    pub fd: c_int,
+}
+
+impl Reader {
+    /// Bytes the pipe holds (no reader took them).
+    fn unread(&self) -> u64 {
+        let mut n: c_int = 0;
+        // SAFETY: FIONREAD into a local, on a descriptor of ours.
+        if unsafe { libc::ioctl(self.fd, libc::FIONREAD, &mut n) } != 0 {
+            return 0;
+        }
+        u64::try_from(n).unwrap_or(0)
+    }
+
+    fn close(self) {
+        forget_own(self.fd);
+        // SAFETY: ours; no thread uses it.
+        unsafe { real::close(self.fd) };
+    }
 }
 
 /// A bridge stopped: where it stands, and what it holds in memory (as in
@@ -269,7 +302,7 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
         "bridging {} (a pipe: the C library's stdio calls the kernel)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)
     ));
-    launch(vec![to], end, writes_file, Source::Here(Arc::clone(d)));
+    launch(vec![to], end, writes_file, Source::Here(Arc::clone(d)), None);
     placed
 }
 
@@ -283,28 +316,56 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
 /// this program's exit or exec, whichever comes first.
 pub fn for_child(d: &Arc<Description>, to: c_int) -> Result<c_int, c_int> {
     let (theirs, end) = pipe(writes_into(d, to))?;
-    start_for_child(d, to, end);
+    start_for_child(d, to, end, None);
     Ok(theirs)
 }
 
 /// Starts a bridge on `d` for a child's descriptor `to`, over `end` (this
-/// process's end of the child's pipe): see [`for_child`].
-fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int) {
+/// process's end of the child's pipe): see [`for_child`]. With `reader`,
+/// a feeding bridge gives back what the child leaves unread when it is
+/// reaped ([`after_child_ended`]).
+fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, reader: Option<Reader>) {
     reap_ended();
     let writes_file = writes_into(d, to);
     crate::log(&format!(
         "bridging a child's {} (a pipe: the child cannot reach the mount)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)
     ));
-    launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d)));
+    if let Some(reader) = reader {
+        note_own(reader.fd);
+    }
+    launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d)), reader);
 }
 
-/// A child of this program ended (`wait` and its kind reaped one): the
+/// A child of this program ended (`wait` and its kind reaped `child`): the
 /// bridges of spawned children write what their pipes hold, so that the
-/// parent finds the child's output in the file, as with the kernel's.
-pub fn after_child_ended() {
+/// parent finds the child's output in the file, as with the kernel's; a
+/// bridge that fed `child` its parent's open file stops, and the file's
+/// position goes back by what the child left unread in the pipe (`exec 3<
+/// f; head -c 6 <&3; cat <&3` in a shell: cat found the rest of the file
+/// gone, fed into head's pipe).
+pub fn after_child_ended(child: libc::pid_t) {
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
+    }
+    // SAFETY: kill with signal 0 only asks whether the process is there (a stopped
+    // child, or one left waitable, is: its pipe may still be read).
+    if child > 0 && unsafe { libc::kill(child, 0) } != 0 {
+        let fed: Vec<Running> = {
+            let mut running = running();
+            let (fed, going): (Vec<Running>, Vec<Running>) =
+                std::mem::take(&mut *running).into_iter().partition(|b| b.reader.is_some_and(|r| r.child == child));
+            *running = going;
+            COUNT.store(running.len(), Ordering::Release);
+            fed
+        };
+        for mut bridge in fed {
+            let reader = bridge.reader.take();
+            end_bridge(bridge, || reader.map_or(0, |r| r.unread()));
+            if let Some(reader) = reader {
+                reader.close();
+            }
+        }
     }
     let writing: Vec<Arc<Control>> = running()
         .iter()
@@ -326,7 +387,7 @@ fn reap_ended() {
         let mut running = running();
         let (ended, going): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running)
             .into_iter()
-            .partition(|b| b.fds.is_empty() && b.control.ended.load(Ordering::Acquire));
+            .partition(|b| b.fds.is_empty() && b.reader.is_none() && b.control.ended.load(Ordering::Acquire));
         *running = going;
         COUNT.store(running.len(), Ordering::Release);
         ended
@@ -344,7 +405,7 @@ fn relaunch(source: Source) {
         Source::Here(_) => unreachable!("a bridge on this program's own file is started by `onto`"),
     };
     let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
-    launch(fds, end, writes_file, source);
+    launch(fds, end, writes_file, source, None);
 }
 
 /// A new pipe: the program's end and this library's (at [`END_FLOOR`] or
@@ -394,7 +455,7 @@ fn moved_up(fd: c_int) -> Result<c_int, c_int> {
 }
 
 /// Starts a bridge's thread on `end` (made close-on-exec).
-fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
+fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader: Option<Reader>) {
     // SAFETY: F_SETFD on a descriptor of this library's.
     unsafe { real::fcntl(end, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong) };
     let control = match Control::new() {
@@ -403,6 +464,9 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
             crate::say(&format!("cannot keep a standard stream on a mounted file: eventfd: {}", os_error(errno)));
             // SAFETY: our end; closing it tells the program (EPIPE, or the end of its input).
             unsafe { real::close(end) };
+            if let Some(reader) = reader {
+                reader.close();
+            }
             return;
         }
     };
@@ -430,13 +494,16 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source) {
         Ok(thread) => {
             note_own(end);
             let mut running = running();
-            running.push(Running { fds, control, description, spec, writes_into, feeds: !writes_file, thread });
+            running.push(Running { fds, control, description, spec, writes_into, feeds: !writes_file, reader, thread });
             COUNT.store(running.len(), Ordering::Release);
         }
         Err(e) => {
             crate::say(&format!("cannot start a thread for a standard stream on a mounted file: {e}"));
             // SAFETY: our end, used by nothing else (the control closes its eventfd as it goes).
             unsafe { real::close(end) };
+            if let Some(reader) = reader {
+                reader.close();
+            }
         }
     }
 }
@@ -494,6 +561,9 @@ pub fn file_of(fd: c_int) -> Option<Result<Arc<Description>, c_int>> {
 /// writer gone, or failed and said why). Its end of the pipe stays open
 /// (an exec hands it on).
 fn pause(bridge: Running, settle: bool) -> Option<Paused> {
+    if let Some(reader) = bridge.reader {
+        reader.close();
+    }
     bridge.control.tell(if settle { SETTLE } else { PAUSE });
     let paused = bridge.thread.join().ok().flatten();
     paused.map(|p| Paused { spec: Spec { fds: bridge.fds, ..p.spec }, held: p.held })
@@ -565,9 +635,18 @@ pub fn closed(fd: c_int, unread: u64) {
         ended
     };
     let _errno = crate::KeepErrno::new(); // (the caller's call already returned)
+    end_bridge(ended, || unread);
+}
+
+/// Stops a bridge for good ([`stop`]) and closes its end; one feeding the
+/// program its own open file puts the file's position back by what the
+/// bridge read from the file and had not sent, and by `unread` (asked once
+/// the bridge has stopped): bytes in the pipe no reader took.
+fn end_bridge(ended: Running, unread: impl FnOnce() -> u64) {
     let rewind = ended.description.clone().filter(|_| ended.feeds);
     let spec = stop(ended);
     if let Some(d) = rewind {
+        let unread = unread();
         let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
         // Paused, the spec's position is the file's less what the bridge had not sent.
         let fed_to = spec.as_ref().map_or(*position, |spec| spec.file.position);

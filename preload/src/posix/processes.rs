@@ -520,7 +520,7 @@ fn candidates(dirs: &[Vec<u8>], name: &[u8]) -> Vec<CString> {
 fn child_reaped(pid: libc::pid_t) {
     if pid > 0 {
         let _errno = crate::KeepErrno::new();
-        bridge::after_child_ended();
+        bridge::after_child_ended(pid);
     }
 }
 
@@ -593,7 +593,8 @@ pub unsafe extern "C" fn waitid(
     let done = unsafe { real::waitid(idtype, id, info, options) };
     // SAFETY: filled by a successful waitid (si_pid 0: no child changed state).
     if done == 0 && !info.is_null() && unsafe { (*info).si_pid() } > 0 {
-        child_reaped(1);
+        // SAFETY: as above.
+        child_reaped(unsafe { (*info).si_pid() });
     }
     done
 }
