@@ -104,7 +104,10 @@ fn serve(listening: c_int) {
         let mut ready = libc::pollfd { fd: listening, events: libc::POLLIN, revents: 0 };
         // SAFETY: polls one pollfd of ours.
         if unsafe { libc::poll(&mut ready, 1, -1) } < 0 {
-            continue; // (EINTR)
+            if crate::posix::last_errno() != libc::EINTR {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            continue;
         }
         // SAFETY: accept on our listening socket (non-blocking: another may have taken it).
         let accept = || unsafe {

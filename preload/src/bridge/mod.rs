@@ -165,7 +165,7 @@ struct Running {
 /// A forked child a bridge feeds, and this process's copy of the reading
 /// end of the child's pipe: once the child is gone, what the pipe still
 /// holds is what it did not read.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Reader {
     /// The child (the process that asked; a subshell passing on its own
     /// child's request).
@@ -331,7 +331,7 @@ fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, reader: Option<R
         "bridging a child's {} (a pipe: the child cannot reach the mount)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)
     ));
-    if let Some(reader) = reader {
+    if let Some(reader) = &reader {
         note_own(reader.fd);
     }
     launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d)), reader);
@@ -353,15 +353,16 @@ pub fn after_child_ended(child: libc::pid_t) {
     if child > 0 && unsafe { libc::kill(child, 0) } != 0 {
         let fed: Vec<Running> = {
             let mut running = running();
-            let (fed, going): (Vec<Running>, Vec<Running>) =
-                std::mem::take(&mut *running).into_iter().partition(|b| b.reader.is_some_and(|r| r.child == child));
+            let (fed, going): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running)
+                .into_iter()
+                .partition(|b| b.reader.as_ref().is_some_and(|r| r.child == child));
             *running = going;
             COUNT.store(running.len(), Ordering::Release);
             fed
         };
         for mut bridge in fed {
             let reader = bridge.reader.take();
-            end_bridge(bridge, || reader.map_or(0, |r| r.unread()));
+            end_bridge(bridge, || reader.as_ref().map_or(0, Reader::unread));
             if let Some(reader) = reader {
                 reader.close();
             }
