@@ -177,6 +177,16 @@ pub(crate) fn created(fd: c_int) -> c_int {
     // move above the numbers programs pick for themselves: a shell's `exec 3< f` does
     // dup2(n, 3) onto what it takes to be free, and closed the mount's lock that way.
     let fd = if inside && crate::MOUNTING.load(Ordering::Relaxed) { move_high(fd) } else { fd };
+    placed(fd)
+}
+
+/// A descriptor number a call put where its caller named (`dup2`, `dup3`):
+/// forget what was known of it (and never route iopath's own); never moved.
+pub(crate) fn placed(fd: c_int) -> c_int {
+    if fd < 0 {
+        return fd;
+    }
+    let inside = INSIDE.try_with(Cell::get).unwrap_or(true);
     if ROUTING.load(Ordering::Relaxed) {
         if inside {
             fds::mark_plain(fd);

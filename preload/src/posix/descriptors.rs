@@ -5,7 +5,7 @@
 
 use super::{fail, locks, mounting};
 use crate::mount::{self, Description};
-use crate::route::{after_fcntl, created, made};
+use crate::route::{after_fcntl, created, made, placed};
 use crate::{FORKED, ROUTING, bridge, fds, real};
 use iopath::sys::placing_numbers;
 use libc::{c_int, c_uint, c_ulong};
@@ -136,7 +136,7 @@ fn dup_to(fd: c_int, to: c_int, cloexec: bool, call: impl FnOnce() -> c_int) -> 
             return duplicated(fd, r, description, cloexec);
         }
         bridge::duplicated(fd, to);
-        created(r);
+        placed(r); // (where the caller named: never moved)
     }
     r
 }
@@ -330,4 +330,25 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
     }
     // SAFETY: passed on.
     unsafe { real::ioctl(fd, request, arg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_dup2_made_inside_iopath_stays_on_the_number_it_names() {
+        // (Only this thread is inside: other tests' descriptors are not moved.)
+        crate::MOUNTING.store(true, Ordering::SeqCst);
+        let _inside = crate::Inside::enter();
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        let target = 777;
+        // SAFETY: duplicates a descriptor we own onto a number no one uses here, then closes it.
+        unsafe {
+            assert_eq!(super::dup2(file.as_raw_fd(), target), target);
+            assert!(libc::fcntl(target, libc::F_GETFD) >= 0, "the copy is on {target}");
+            libc::close(target);
+        }
+    }
 }
