@@ -1188,6 +1188,20 @@ static void spawned(void) {
     CHECK(write(fd, "last\n", 5) == 5 && close(fd) == 0, "the parent writes after it");
     CHECK(!strcmp(contents(at("sp")), "first\ndup2 of an open file\nlast\n"), "what both wrote: %s", contents(at("sp")));
 
+    /* A spawned child that reads part of its parent's open file: the
+     * parent reads on after it (the bridge had fed it the whole file). */
+    char *head[] = {"head", "-c", "6", NULL};
+    int in = open(at("sp"), O_RDONLY);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    status = spawn_and_wait(&fa, head);
+    posix_spawn_file_actions_destroy(&fa);
+    char rest[64] = {0};
+    CHECK(status == 0 && read(in, rest, sizeof rest - 1) == 26 && !strcmp(rest, "dup2 of an open file\nlast\n"),
+          "the parent reads on where the spawned child stopped: %d, '%s'", status, rest);
+    CHECK(close(in) == 0, "close");
+
     char *echo_open[] = {"echo", "opened by the action", NULL};
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, at("sp2"), O_WRONLY | O_CREAT | O_TRUNC, 0600);

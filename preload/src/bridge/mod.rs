@@ -168,7 +168,8 @@ struct Running {
 #[derive(Debug)]
 pub struct Reader {
     /// The child (the process that asked; a subshell passing on its own
-    /// child's request).
+    /// child's request); minus its spawn's number until the spawn returns
+    /// ([`spawned`]).
     pub child: libc::pid_t,
     /// This process's copy of the reading end (close-on-exec, moved up).
     pub fd: c_int,
@@ -313,11 +314,46 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
 /// (close-on-exec; the caller hands it to the spawn and closes it after),
 /// or errno. The bridge holds none of this program's descriptors: it ends
 /// when every writer of the pipe has closed it (or its reader has), or at
-/// this program's exit or exec, whichever comes first.
-pub fn for_child(d: &Arc<Description>, to: c_int) -> Result<c_int, c_int> {
-    let (theirs, end) = pipe(writes_into(d, to))?;
-    start_for_child(d, to, end, None);
+/// this program's exit or exec, whichever comes first. A bridge feeding
+/// the child keeps a copy of the pipe's reading end, for spawn number
+/// `spawn` ([`next_spawn`]) until [`spawned`] names the child: reaped, it
+/// gives back what it left unread, as a forked child does.
+pub fn for_child(d: &Arc<Description>, to: c_int, spawn: libc::pid_t) -> Result<c_int, c_int> {
+    let writes_file = writes_into(d, to);
+    let (theirs, end) = pipe(writes_file)?;
+    // SAFETY: F_DUPFD_CLOEXEC of the child's end, ours to copy.
+    let copy = (!writes_file).then(|| made_up(|| unsafe { real::fcntl(theirs, libc::F_DUPFD_CLOEXEC, 0) }).ok());
+    let reader = copy.flatten().map(|fd| Reader { child: -spawn, fd });
+    start_for_child(d, to, end, reader);
     Ok(theirs)
+}
+
+/// A number for a spawn whose children's bridges wait to learn its pid
+/// ([`for_child`], [`spawned`]).
+pub fn next_spawn() -> libc::pid_t {
+    static SPAWNS: AtomicI32 = AtomicI32::new(0);
+    SPAWNS.fetch_add(1, Ordering::Relaxed) % (libc::pid_t::MAX - 1) + 1
+}
+
+/// Spawn `spawn` made child `pid` (`None`: it failed, or the caller did not
+/// ask for the pid): the bridges feeding it count what it leaves unread
+/// when it is reaped, as a forked child's do; without a pid they cannot,
+/// and let their copies go (a bridge ends when its child closes the pipe).
+pub fn spawned(spawn: libc::pid_t, pid: Option<libc::pid_t>) {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut running = running();
+    for bridge in running.iter_mut().filter(|b| b.reader.as_ref().is_some_and(|r| r.child == -spawn)) {
+        match pid {
+            Some(pid) => bridge.reader.as_mut().into_iter().for_each(|r| r.child = pid),
+            None => {
+                if let Some(reader) = bridge.reader.take() {
+                    reader.close();
+                }
+            }
+        }
+    }
 }
 
 /// Starts a bridge on `d` for a child's descriptor `to`, over `end` (this

@@ -106,7 +106,7 @@ unsafe fn spawn(
         None => own_virtual_cwd(),
     };
     let env = Environment::with_cwd(envp.cast(), &Handed::default(), cwd);
-    match stored {
+    let spawned = match stored {
         // SAFETY: passed on, with an environment array that outlives the call.
         None => unsafe { real_spawn(pid, file, actions, attr, argv, env.as_ptr().cast()) },
         Some(Err(errno)) => errno,
@@ -130,7 +130,13 @@ unsafe fn spawn(
                 spawn(real::posix_spawn, pid, interpreter.as_ptr(), actions, attr, args.as_ptr().cast(), envp)
             }
         }
+    };
+    if let Some(rewritten) = &rewritten {
+        // SAFETY: a successful spawn filled `*pid` (when the caller gave one).
+        let child = (spawned == 0 && !pid.is_null()).then(|| unsafe { *pid });
+        bridge::spawned(rewritten.spawn, child);
     }
+    spawned
 }
 
 /// `posix_spawn`: see `spawn`.

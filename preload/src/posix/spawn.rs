@@ -189,6 +189,9 @@ pub unsafe extern "C" fn posix_spawn_file_actions_addtcsetpgrp_np(actions: *mut 
 pub(super) struct Rewritten {
     actions: Box<std::mem::MaybeUninit<Actions>>,
     close_after: Vec<c_int>,
+    /// This spawn's number, for the bridges that feed its child
+    /// (`bridge::spawned` once the child's pid is known).
+    pub(super) spawn: libc::pid_t,
     /// The child's working directory, if a `chdir` action moved it: its
     /// path in a mount (`IOPATH_CWD`), or `None` out of every mount.
     pub(super) cwd: Option<Option<Vec<u8>>>,
@@ -203,6 +206,9 @@ impl Rewritten {
 
 impl Drop for Rewritten {
     fn drop(&mut self) {
+        // A spawn that failed (or never ran: an action's error) named no child: the
+        // bridges that waited for one let their copies of the pipes go.
+        bridge::spawned(self.spawn, None);
         for &fd in &self.close_after {
             // SAFETY: descriptors this spawn opened; closed through this library's
             // `close`, which lets a mounted one go.
@@ -264,7 +270,7 @@ pub(super) fn rewrite(actions: *const Actions) -> Result<Option<Rewritten>, c_in
     if made != 0 {
         return Err(made);
     }
-    let mut out = Rewritten { actions, close_after: Vec::new(), cwd: None };
+    let mut out = Rewritten { actions, close_after: Vec::new(), spawn: bridge::next_spawn(), cwd: None };
     let mut cwd: Option<Vec<u8>> = None;
     // Descriptors of the child an earlier action changed: theirs, not this process's.
     let mut changed: Vec<c_int> = Vec::new();
@@ -273,7 +279,7 @@ pub(super) fn rewrite(actions: *const Actions) -> Result<Option<Rewritten>, c_in
         let passed = match action {
             Action::Dup2 { from, to } if !changed.contains(&from) && mounted(from) => {
                 let d = mount::lookup(from).ok_or(libc::EBADF)?;
-                let end = child_end(&d, to)?;
+                let end = child_end(&d, to, out.spawn)?;
                 out.close_after.push(end);
                 changed.push(to);
                 Action::Dup2 { from: end, to }
@@ -286,7 +292,7 @@ pub(super) fn rewrite(actions: *const Actions) -> Result<Option<Rewritten>, c_in
                     Some(opened) => {
                         out.close_after.push(opened);
                         let d = mount::lookup(opened).ok_or(libc::EBADF)?;
-                        let end = child_end(&d, fd)?;
+                        let end = child_end(&d, fd, out.spawn)?;
                         out.close_after.push(end);
                         Action::Dup2 { from: end, to: fd }
                     }
@@ -383,7 +389,7 @@ fn reaches_a_mount(list: &[Action]) -> bool {
 
 /// The child's end of a pipe that a bridge keeps for mounted `d` as the
 /// child's descriptor `to`; a directory cannot be given (EOPNOTSUPP).
-fn child_end(d: &std::sync::Arc<mount::Description>, to: c_int) -> Result<c_int, c_int> {
+fn child_end(d: &std::sync::Arc<mount::Description>, to: c_int, spawn: libc::pid_t) -> Result<c_int, c_int> {
     if !matches!(d.node, mount::Node::File(_)) {
         crate::log(&format!(
             "posix_spawn: a mounted directory ({}{}) cannot be a child's descriptor {to} (EOPNOTSUPP)",
@@ -392,7 +398,7 @@ fn child_end(d: &std::sync::Arc<mount::Description>, to: c_int) -> Result<c_int,
         ));
         return Err(libc::EOPNOTSUPP);
     }
-    bridge::for_child(d, to)
+    bridge::for_child(d, to, spawn)
 }
 
 /// The directory the kernel's child moves to for a `chdir` to `target`
