@@ -3,15 +3,13 @@
 //! file (see the crate documentation). The hooks in `posix/` call these
 //! after the mounts have had their look.
 
-use crate::{COUNTING, FORKED, INSIDE, Inside, PASSED_CALLS, ROUTED_CALLS, ROUTING, config, fds, real, set_errno};
+use crate::{COUNTING, FORKED, Inside, PASSED_CALLS, ROUTED_CALLS, ROUTING, config, fds, real, set_errno};
 use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 /// The route of `fd`, unless this call must go to the C library as it is.
 pub(crate) fn route_of(fd: c_int) -> Option<fds::Route> {
-    if !ROUTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) || INSIDE.try_with(Cell::get).unwrap_or(true)
-    {
+    if !ROUTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) || crate::inside() {
         return None;
     }
     fds::lookup(fd)
@@ -172,12 +170,12 @@ pub(crate) fn created(fd: c_int) -> c_int {
     if fd < 0 {
         return fd;
     }
-    let inside = INSIDE.try_with(Cell::get).unwrap_or(true);
+    let inside = crate::inside();
     // iopath's own descriptors (a mount's device and lock file, a routed file's engine)
     // move above the numbers programs pick for themselves: a shell's `exec 3< f` does
     // dup2(n, 3) onto what it takes to be free, and closed the mount's lock that way.
     let fd = if inside && crate::MOUNTING.load(Ordering::Relaxed) { move_high(fd) } else { fd };
-    placed(fd)
+    noted(fd, inside)
 }
 
 /// A descriptor number a call put where its caller named (`dup2`, `dup3`):
@@ -186,7 +184,11 @@ pub(crate) fn placed(fd: c_int) -> c_int {
     if fd < 0 {
         return fd;
     }
-    let inside = INSIDE.try_with(Cell::get).unwrap_or(true);
+    noted(fd, crate::inside())
+}
+
+/// What routing knows of new descriptor `fd` (iopath's own if made `inside`).
+fn noted(fd: c_int, inside: bool) -> c_int {
     if ROUTING.load(Ordering::Relaxed) {
         if inside {
             fds::mark_plain(fd);
@@ -208,7 +210,7 @@ pub(crate) fn made(make: impl FnOnce() -> c_int) -> c_int {
             let fd = make();
             if fd >= 0 { move_high(fd) } else { fd }
         });
-        return created(fd);
+        return if fd < 0 { fd } else { noted(fd, true) };
     }
     created(make())
 }
@@ -236,18 +238,13 @@ fn move_high(fd: c_int) -> c_int {
 /// After a program's fcntl command other than a duplicate (those are
 /// [`made`] or [`created`]): a flag change is noted.
 pub(crate) fn after_fcntl(fd: c_int, cmd: c_int, result: c_int) -> c_int {
-    if result >= 0 {
-        match cmd {
-            // O_DIRECT or O_APPEND may have changed on the open file, which every
-            // duplicate shares: look at all routed descriptors again.
-            libc::F_SETFL if ROUTING.load(Ordering::Relaxed) => {
-                for (other, _) in fds::routed() {
-                    fds::forget(other);
-                }
-                fds::forget(fd);
-            }
-            _ => {}
+    // O_DIRECT or O_APPEND may have changed on the open file, which every duplicate
+    // shares: look at all routed descriptors again.
+    if result >= 0 && cmd == libc::F_SETFL && ROUTING.load(Ordering::Relaxed) {
+        for (other, _) in fds::routed() {
+            fds::forget(other);
         }
+        fds::forget(fd);
     }
     result
 }

@@ -226,22 +226,20 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
         if let Some(r) = fcntl_mounted(fd, d, cmd, arg) {
             return r;
         }
-        let r = if duplicates(cmd) { placing_numbers(call) } else { call() };
-        return match cmd {
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(fd, r, description, cmd == libc::F_DUPFD_CLOEXEC),
-            _ => r,
-        };
+        if !duplicates(cmd) {
+            return call();
+        }
+        let r = placing_numbers(call);
+        return duplicated(fd, r, description, cmd == libc::F_DUPFD_CLOEXEC);
     }
-    let r = match () {
-        _ if !duplicates(cmd) => after_fcntl(fd, cmd, call()),
-        // iopath's own (its loadavg reader keeps its file at 300 and up): moved above them.
-        _ if crate::inside() => made(call),
-        _ => created(placing_numbers(call)),
-    };
-    if duplicates(cmd) {
-        mount::kernel_dir_duplicated(fd, r);
-        bridge::duplicated(fd, r);
+    if !duplicates(cmd) {
+        return after_fcntl(fd, cmd, call());
     }
+    // iopath's own (its loadavg reader keeps its file at 300 and up) is made and moved
+    // above the program's numbers; a program's waits for iopath's to be made.
+    let r = if crate::inside() { made(call) } else { created(placing_numbers(call)) };
+    mount::kernel_dir_duplicated(fd, r);
+    bridge::duplicated(fd, r);
     r
 }
 

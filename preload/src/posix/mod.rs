@@ -54,15 +54,14 @@ pub mod spawn;
 pub mod stdio;
 
 use crate::mount::{self, Description};
-use crate::{FORKED, INSIDE, MOUNTING, set_errno};
+use crate::{FORKED, MOUNTING, set_errno};
 use libc::{c_char, c_int};
-use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether this call should look at the mounts (none set, or a call iopath makes itself: no).
 pub(crate) fn mounting() -> bool {
-    MOUNTING.load(Ordering::Relaxed) && !INSIDE.try_with(Cell::get).unwrap_or(true)
+    MOUNTING.load(Ordering::Relaxed) && !crate::inside()
 }
 
 /// -1 with `errno` set.
