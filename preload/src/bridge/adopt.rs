@@ -29,7 +29,7 @@
 //! Where it cannot be done (no parent listening), the child's descriptor
 //! fails with EBADF as before.
 
-use super::{made_up, moved_up};
+use super::{made_up, moved_up, set_nonblocking};
 use crate::mount::{self, Description, Node};
 use crate::real;
 use libc::c_int;
@@ -126,7 +126,8 @@ fn serve(listening: c_int) {
                 continue;
             }
         };
-        set_blocking(conn);
+        // (The request and the answer wait, with the child's timeout on its side.)
+        set_nonblocking(conn, false);
         let answer = match own_child(conn) {
             Some(child) => answer(conn, child),
             None => libc::EPERM,
@@ -217,16 +218,6 @@ fn answer(conn: c_int, child: libc::pid_t) -> c_int {
     }
     super::start_for_child(&d, to, end, reader.map(|fd| super::Reader { child, fd }));
     0
-}
-
-/// Clears O_NONBLOCK on connection `conn` (accepted without blocking; the
-/// request and answer wait, with the child's timeout on its side).
-fn set_blocking(conn: c_int) {
-    // SAFETY: fcntl on a descriptor of ours.
-    unsafe {
-        let flags = real::fcntl(conn, libc::F_GETFL, 0);
-        real::fcntl(conn, libc::F_SETFL, (flags & !libc::O_NONBLOCK) as libc::c_ulong);
-    }
 }
 
 /// Whether `d` was opened by `path` (as far as a request carries it).

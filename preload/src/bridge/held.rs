@@ -164,7 +164,7 @@ impl LetGo {
 /// stops reading the pipe: a child writing much while holding the mount
 /// must not wait on a full pipe while its parent waits for the mount.
 pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control: &Control) -> Option<Paused> {
-    set_nonblocking(end);
+    set_nonblocking(end, true);
     let index = spec.file.mount;
     let mounted = || mount::mounts().get(index).is_some_and(|m| m.mounted().is_some());
     let mut next_try = HELD_BYTES;
@@ -201,7 +201,7 @@ pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control
 /// A reading program's bridge let go before a fork: the rest of its file,
 /// read into memory then, is fed into the pipe.
 pub(super) fn feed_held(mut spec: Spec, rest: Vec<u8>, end: c_int, control: &Control) -> Option<Paused> {
-    set_nonblocking(end);
+    set_nonblocking(end, true);
     let mut at = 0;
     while at < rest.len() {
         if wait(end, libc::POLLOUT, control).stop != 0 {

@@ -156,15 +156,15 @@ struct Running {
     writes_into: Option<(usize, u64)>,
     /// It feeds the program from its file (else the program writes the file).
     feeds: bool,
-    /// For a bridge feeding a forked child: the child, and this process's
-    /// copy of the pipe's reading end (see [`after_child_ended`]).
+    /// For a bridge feeding a forked or spawned child: the child, and this
+    /// process's copy of the pipe's reading end (see [`after_child_ended`]).
     reader: Option<Reader>,
     thread: std::thread::JoinHandle<Option<Paused>>,
 }
 
-/// A forked child a bridge feeds, and this process's copy of the reading
-/// end of the child's pipe: once the child is gone, what the pipe still
-/// holds is what it did not read.
+/// A forked or spawned child a bridge feeds, and this process's copy of
+/// the reading end of the child's pipe: once the child is gone, what the
+/// pipe still holds is what it did not read.
 #[derive(Debug)]
 pub struct Reader {
     /// The child (the process that asked; a subshell passing on its own
@@ -176,16 +176,6 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// Bytes the pipe holds (no reader took them).
-    fn unread(&self) -> u64 {
-        let mut n: c_int = 0;
-        // SAFETY: FIONREAD into a local, on a descriptor of ours.
-        if unsafe { libc::ioctl(self.fd, libc::FIONREAD, &mut n) } != 0 {
-            return 0;
-        }
-        u64::try_from(n).unwrap_or(0)
-    }
-
     fn close(self) {
         forget_own(self.fd);
         // SAFETY: ours; no thread uses it.
@@ -212,9 +202,10 @@ fn running() -> std::sync::MutexGuard<'static, Vec<Running>> {
 /// forked child closes them (the thread is not there, and a child holding a
 /// feeding end would keep its reader from ever seeing the end of the file).
 /// Atomics, not a locked list: the fork handler may not wait for a lock a
-/// thread of the parent held. Room for 256 bridges at once (16 slots were
-/// 8 bridges: a parent with more children on its files than that at once
-/// left the ends of the others open in its next forked child).
+/// thread of the parent held. Room for 512 (a bridge has two, three if it
+/// feeds a child; 16 slots were 8 bridges: a parent with more children on
+/// its files than that at once left the ends of the others open in its
+/// next forked child).
 static OWN_FDS: [AtomicI32; 512] = [const { AtomicI32::new(-1) }; 512];
 
 fn note_own(fd: c_int) {
@@ -321,9 +312,8 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
 pub fn for_child(d: &Arc<Description>, to: c_int, spawn: libc::pid_t) -> Result<c_int, c_int> {
     let writes_file = writes_into(d, to);
     let (theirs, end) = pipe(writes_file)?;
-    // SAFETY: F_DUPFD_CLOEXEC of the child's end, ours to copy.
-    let copy = (!writes_file).then(|| made_up(|| unsafe { real::fcntl(theirs, libc::F_DUPFD_CLOEXEC, 0) }).ok());
-    let reader = copy.flatten().map(|fd| Reader { child: -spawn, fd });
+    let copy = if writes_file { None } else { copied_up(theirs).ok() };
+    let reader = copy.map(|fd| Reader { child: -spawn, fd });
     start_for_child(d, to, end, reader);
     Ok(theirs)
 }
@@ -343,15 +333,11 @@ pub fn spawned(spawn: libc::pid_t, pid: Option<libc::pid_t>) {
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
-    let mut running = running();
-    for bridge in running.iter_mut().filter(|b| b.reader.as_ref().is_some_and(|r| r.child == -spawn)) {
+    for bridge in running().iter_mut() {
+        let Some(reader) = bridge.reader.as_mut().filter(|r| r.child == -spawn) else { continue };
         match pid {
-            Some(pid) => bridge.reader.as_mut().into_iter().for_each(|r| r.child = pid),
-            None => {
-                if let Some(reader) = bridge.reader.take() {
-                    reader.close();
-                }
-            }
+            Some(pid) => reader.child = pid,
+            None => bridge.reader.take().into_iter().for_each(Reader::close),
         }
     }
 }
@@ -398,7 +384,7 @@ pub fn after_child_ended(child: libc::pid_t) {
         };
         for mut bridge in fed {
             let reader = bridge.reader.take();
-            end_bridge(bridge, || reader.as_ref().map_or(0, Reader::unread));
+            end_bridge(bridge, || reader.as_ref().map_or(0, |r| pipe_holds(r.fd)));
             if let Some(reader) = reader {
                 reader.close();
             }
@@ -482,13 +468,18 @@ fn made_up(make: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
 /// `fd` (this library's) moved to the lowest free number from
 /// [`END_FLOOR`], close-on-exec; the old number is closed either way.
 fn moved_up(fd: c_int) -> Result<c_int, c_int> {
-    // SAFETY: duplicating and closing a descriptor of this library's.
-    unsafe {
-        let up = real::fcntl(fd, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong);
-        let errno = crate::posix::last_errno();
-        real::close(fd);
-        if up < 0 { Err(errno) } else { Ok(up) }
-    }
+    let up = copied_up(fd);
+    // SAFETY: closing a descriptor of this library's, copied (or not) above.
+    unsafe { real::close(fd) };
+    up
+}
+
+/// A close-on-exec copy of `fd` on the lowest free number from
+/// [`END_FLOOR`] (never a low one, even for a moment), or errno.
+fn copied_up(fd: c_int) -> Result<c_int, c_int> {
+    // SAFETY: F_DUPFD_CLOEXEC only makes a new descriptor.
+    let up = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, END_FLOOR as libc::c_ulong) };
+    if up < 0 { Err(crate::posix::last_errno()) } else { Ok(up) }
 }
 
 /// Starts a bridge's thread on `end` (made close-on-exec).
@@ -644,9 +635,14 @@ pub fn unread(fd: c_int) -> u64 {
         return 0;
     }
     let last_feeding = running().iter().any(|b| b.feeds && b.description.is_some() && b.fds == [fd]);
+    if last_feeding { pipe_holds(fd) } else { 0 }
+}
+
+/// Bytes pipe end `fd` holds that no reader took (`FIONREAD`; 0 if it cannot say).
+fn pipe_holds(fd: c_int) -> u64 {
     let mut n: c_int = 0;
-    // SAFETY: FIONREAD into a local, on the program's end of the bridge's pipe.
-    if !last_feeding || unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
+    // SAFETY: FIONREAD into a local.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
         return 0;
     }
     u64::try_from(n).unwrap_or(0)
@@ -861,11 +857,13 @@ fn end_for_good(end: c_int, control: &Control) {
     }
 }
 
-fn set_nonblocking(fd: c_int) {
-    // SAFETY: fcntl on a descriptor of ours (a pipe end only this bridge holds).
+/// Sets O_NONBLOCK on descriptor `fd` of this library's, or clears it.
+fn set_nonblocking(fd: c_int, on: bool) {
+    // SAFETY: fcntl on a descriptor of ours (a pipe end only this bridge holds, a connection).
     unsafe {
         let flags = real::fcntl(fd, libc::F_GETFL, 0);
-        real::fcntl(fd, libc::F_SETFL, (flags | libc::O_NONBLOCK) as libc::c_ulong);
+        let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+        real::fcntl(fd, libc::F_SETFL, flags as libc::c_ulong);
     }
 }
 
@@ -903,7 +901,7 @@ fn read_pipe(end: c_int, buf: &mut [u8], mut take: impl FnMut(&[u8])) -> Pipe {
 /// pipe instead would kill most writers with SIGPIPE, and a killed process
 /// loses everything it had not synced on the mount, not just this stream.
 fn drain_into(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -> String) -> Ended {
-    set_nonblocking(end);
+    set_nonblocking(end, true);
     let mut buf = vec![0u8; 256 << 10];
     let mut lost: Option<(c_int, u64)> = None;
     let ended = loop {
@@ -942,7 +940,7 @@ fn drain_into(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -
 
 /// A reading program's bridge: the file's bytes are fed into the pipe.
 fn feed_from(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -> String) -> Ended {
-    set_nonblocking(end);
+    set_nonblocking(end, true);
     let mut buf = vec![0u8; 64 << 10];
     let (mut at, mut len) = (0usize, 0usize);
     loop {
