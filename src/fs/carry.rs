@@ -723,7 +723,8 @@ pub fn sweep(dir: &Path) {
         else {
             continue;
         };
-        let Ok(file) = std::fs::File::open(dir.join(&name)) else { continue };
+        let path = dir.join(&name);
+        let Ok(file) = std::fs::File::open(&path) else { continue };
         let mut header = vec![0u8; HEADER];
         let backing = if file.read_exact_at(&mut header, 0).is_ok() && &header[..8] == MAGIC {
             let n = (get(&header, AT_PATH_LEN) as usize).min(HEADER - AT_PATH);
@@ -741,7 +742,7 @@ pub fn sweep(dir: &Path) {
                 !free
             });
             if !held {
-                let _ = std::fs::remove_file(dir.join(&name));
+                let _ = std::fs::remove_file(&path);
             }
         }
     }
