@@ -116,3 +116,42 @@ fn every_fault_on_psync_and_uring_files() {
         }
     }
 }
+
+/// A device that stopped answering: every wait and reap for completions
+/// fails, so no command ever comes back the usual way. Each request must
+/// still end (a hang fails the test after two minutes), with a timeout
+/// error, soon after its timeout (its command is
+/// cancelled, then given up on once the device has not answered for a whole
+/// timeout), on every dispatch strategy and completion policy; and the
+/// ownership audit must show that no buffer was touched after its request
+/// returned. Found by the parsers' property test, where such a device hung
+/// `read_at` for good.
+#[test]
+fn a_device_that_stops_answering_fails_every_request_without_hanging() {
+    for dispatch in DispatchKind::ALL {
+        for completion in CompletionKind::ALL {
+            let path = PathConfig { timeout: TIMEOUT, ..PathConfig::new(dispatch, completion) };
+            let what = format!("{} with every wait failing", path.label());
+            within_two_minutes(&what.clone(), move || {
+                let engine = Engine::open("emu:dram-ssd,size=1m,wait_fail_rate=1", path)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                std::thread::scope(|s| {
+                    for t in 0..3u64 {
+                        let (engine, what) = (&engine, &what);
+                        s.spawn(move || {
+                            let mut buf = iopath::IoBuf::new(BS);
+                            let read = engine.read_at(&mut buf, t * BS as u64);
+                            assert!(matches!(read, Err(iopath::Error::Timeout { .. })), "{what}: read gave {read:?}");
+                            let write = engine.write_at(&buf, t * BS as u64);
+                            assert!(
+                                matches!(write, Err(iopath::Error::Timeout { .. })),
+                                "{what}: write gave {write:?}"
+                            );
+                        });
+                    }
+                });
+                assert_eq!(engine.device().stats().ownership_violations, 0, "{what}");
+            });
+        }
+    }
+}

@@ -173,6 +173,7 @@ fn iopath_object(r: &BenchResult) -> Value {
         "errors": {
             "queue_errors": m.path.queue_errors,
             "cancels": m.path.cancels,
+            "abandoned": m.path.abandoned,
             "faults_injected": m.device.faults_injected,
             "ownership_violations": m.device.ownership_violations,
         },

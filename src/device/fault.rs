@@ -291,6 +291,7 @@ impl Device for FaultDevice {
             hung: Vec::new(),
             delayed: Vec::new(),
             ready: Vec::new(),
+            abandoned: Vec::new(),
             next_inner_tag: 1,
             spare: Vec::new(),
         }))
@@ -343,6 +344,10 @@ struct FaultQueue {
     delayed: Vec<(u64, Flight, Command)>,
     /// Ready to be handed back.
     ready: Vec<Command>,
+    /// Sent to the wrapped device and given up on ([`Queue::abandon`]): the
+    /// caller has its command back, failed; the bounce buffers stay here
+    /// until the wrapped device hands the inner command back.
+    abandoned: Vec<Flight>,
     next_inner_tag: u64,
     spare: Vec<Command>,
 }
@@ -448,7 +453,14 @@ impl FaultQueue {
 
     /// The wrapped device handed `done` back: hold it if a spike was drawn,
     /// else hand it back now.
-    fn arrived(&mut self, done: Command) {
+    fn arrived(&mut self, mut done: Command) {
+        if let Some(pos) = self.abandoned.iter().position(|f| f.inner_tag == done.tag) {
+            // Its caller was answered when it was given up on: only the bounce buffers go.
+            self.abandoned.swap_remove(pos);
+            done.segments.clear();
+            self.spare.push(done);
+            return;
+        }
         let Some(pos) = self.flights.iter().position(|f| f.inner_tag == done.tag) else {
             debug_assert!(false, "the wrapped device handed back a command it was never given");
             return;
@@ -464,12 +476,10 @@ impl FaultQueue {
     /// Hands a command back: audits the caller's buffers, moves read data in
     /// (the late DMA) and queues the original for `reap`.
     fn settle(&mut self, mut flight: Flight, mut done: Command) {
+        self.audit(&flight.original, &flight.seal);
         let mut sent = done.segments.iter();
         for (i, bounce) in flight.bounce.iter().enumerate() {
             let seg = &mut flight.original.segments[i];
-            if seal_of(seg.buf, seg.len as usize) != flight.seal[i] {
-                self.shared.violations.fetch_add(1, Ordering::Relaxed);
-            }
             let Some(bounce) = bounce else { continue };
             let result = sent.next().map_or(-libc::EIO, |s| s.result);
             if flight.original.op == Op::Read && result > 0 {
@@ -489,13 +499,19 @@ impl FaultQueue {
         self.ready.push(flight.original);
     }
 
-    /// Audits and hands back a flight that never reached the wrapped device.
-    fn settle_unsent(&mut self, flight: Flight) {
-        for (i, seg) in flight.original.segments.iter().enumerate() {
-            if seal_of(seg.buf, seg.len as usize) != flight.seal[i] {
+    /// Counts a violation for each of the caller's buffers that changed
+    /// since `seal` was taken (the caller touched what the device owned).
+    fn audit(&self, original: &Command, seal: &[u64]) {
+        for (seg, &sealed) in original.segments.iter().zip(seal) {
+            if seal_of(seg.buf, seg.len as usize) != sealed {
                 self.shared.violations.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Audits and hands back a flight that never reached the wrapped device.
+    fn settle_unsent(&mut self, flight: Flight) {
+        self.audit(&flight.original, &flight.seal);
         if let Some(mut inner) = flight.inner {
             inner.segments.clear();
             self.spare.push(inner);
@@ -530,7 +546,7 @@ impl FaultQueue {
 
     /// Picks up what the wrapped device finished, without the injected failure.
     fn collect(&mut self, out: &mut Vec<Command>) -> Result<usize> {
-        if !self.flights.is_empty() {
+        if !self.flights.is_empty() || !self.abandoned.is_empty() {
             let mut done = Vec::new();
             self.inner.reap(&mut done)?;
             for command in done {
@@ -668,6 +684,51 @@ impl Queue for FaultQueue {
             self.inner.cancel(Cancel::Tag(tag))?;
         }
         Ok(())
+    }
+
+    /// Every command can be given up on: the wrapped device works only on
+    /// bounce buffers, and the caller's are touched only when a command is
+    /// settled, which an abandoned one never is.
+    fn abandon(&mut self, which: Cancel, out: &mut Vec<Command>) -> usize {
+        let matches = |tag: u64| which == Cancel::All || which == Cancel::Tag(tag);
+        // What is already settled goes back as it is; the rest fails, unsettled.
+        self.cancel(which).ok();
+        let mut i = 0;
+        while i < self.flights.len() {
+            if matches(self.flights[i].original.tag) {
+                let mut flight = self.flights.swap_remove(i);
+                let mut original = std::mem::replace(&mut flight.original, Command::with_capacity(0));
+                self.audit(&original, &flight.seal);
+                original.fail_all(libc::ECANCELED);
+                self.ready.push(original);
+                self.abandoned.push(flight);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if matches(self.delayed[i].1.original.tag) {
+                let (_, mut flight, mut done) = self.delayed.swap_remove(i);
+                self.audit(&flight.original, &flight.seal);
+                flight.original.fail_all(libc::ECANCELED);
+                self.ready.push(flight.original);
+                done.segments.clear();
+                self.spare.push(done);
+            } else {
+                i += 1;
+            }
+        }
+        let before = out.len();
+        let mut i = 0;
+        while i < self.ready.len() {
+            if matches(self.ready[i].tag) {
+                out.push(self.ready.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        out.len() - before
     }
 }
 

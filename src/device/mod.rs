@@ -365,8 +365,9 @@ pub enum Cancel {
 /// moment. No error changes that. A failed `commit` hands the commands the
 /// device did not take back failed; a failed `reap` or `wait` leaves every
 /// command in flight (try again); a timeout is a [`Queue::cancel`] followed
-/// by more waiting. So a caller frees or reuses a buffer only after its
-/// command came back.
+/// by more waiting, or, once the device has stopped answering, a
+/// [`Queue::abandon`] of what it can promise never to touch. So a caller
+/// frees or reuses a buffer only after its command came back.
 pub trait Queue: Send {
     /// Hands a command to the device. It is returned by [`Queue::reap`] or
     /// [`Queue::wait`] with every segment's `result` set; a command the device
@@ -434,5 +435,16 @@ pub trait Queue: Send {
     fn cancel(&mut self, which: Cancel) -> Result<()> {
         let _ = which;
         Ok(())
+    }
+    /// For a device that stopped answering (every wait and reap failed for
+    /// a whole timeout after a cancel): moves into `out` at once, failed with
+    /// `-ECANCELED`, the commands in `which` whose buffers the device can
+    /// promise never to touch again, and returns how many. The caller may
+    /// free those buffers. The default promises nothing (a kernel queue may
+    /// still write into a buffer it was given), so such a queue's commands
+    /// are waited for as before.
+    fn abandon(&mut self, which: Cancel, out: &mut Vec<Command>) -> usize {
+        let _ = (which, out);
+        0
     }
 }

@@ -58,6 +58,10 @@ pub struct PathStats {
     /// Commands the path asked the device to cancel because they took longer
     /// than the path's timeout.
     pub cancels: u64,
+    /// Commands given up on after the device stopped answering (every wait
+    /// failed for a whole timeout after their cancel): their requests fail
+    /// with ETIMEDOUT ([`crate::device::Queue::abandon`]).
+    pub abandoned: u64,
     /// The completion policy's counters, plus sleeps while waiting on another thread.
     pub wait: WaitStats,
     /// With [`crate::path::timing`] on, on timed devices: total time from the
@@ -87,6 +91,7 @@ impl PathStats {
         self.device_ns += other.device_ns;
         self.queue_errors += other.queue_errors;
         self.cancels += other.cancels;
+        self.abandoned += other.abandoned;
         self.wait.add(&other.wait);
         self.noticed_ns += other.noticed_ns;
         self.noticed += other.noticed;
@@ -110,6 +115,7 @@ impl PathStats {
             device_ns: self.device_ns - earlier.device_ns,
             queue_errors: self.queue_errors - earlier.queue_errors,
             cancels: self.cancels - earlier.cancels,
+            abandoned: self.abandoned - earlier.abandoned,
             wait: self.wait.since(&earlier.wait),
             noticed_ns: self.noticed_ns - earlier.noticed_ns,
             noticed: self.noticed - earlier.noticed,
@@ -175,6 +181,8 @@ pub struct Channel {
     queue_depth: usize,
     timeout_ns: u64,
     doorbell: Arc<Doorbell>,
+    /// Since when every wait and reap has failed (0: the last one succeeded).
+    failing_since_ns: u64,
     /// Hand-off waiters: one per queued-API slot, and the last for blocking calls.
     /// Never resized, so their addresses stay valid while other threads hold them.
     waiters: Vec<Waiter>,
@@ -212,6 +220,7 @@ impl Channel {
             waiters: (0..=queued_slots).map(|_| Waiter::new(Arc::clone(&doorbell))).collect(),
             waiting: Vec::with_capacity(queued_slots),
             doorbell,
+            failing_since_ns: 0,
             waiter_spin_ns: 0,
             stats: PathStats::default(),
         }
@@ -347,8 +356,30 @@ impl Channel {
     /// After a failed wait or reap: counts it and lets the device make
     /// progress before the next try (the commands are still in flight).
     pub fn wait_failed(&mut self) {
-        self.stats.queue_errors += 1;
+        self.look_failed();
         std::thread::sleep(std::time::Duration::from_micros(QUEUE_ERROR_BACKOFF_US));
+    }
+
+    /// Counts a failed wait or reap and notes since when they fail.
+    fn look_failed(&mut self) {
+        self.stats.queue_errors += 1;
+        if self.failing_since_ns == 0 {
+            self.failing_since_ns = now_ns();
+        }
+    }
+
+    /// For commands in `which`, cancelled already: once every wait and reap
+    /// has failed for a whole timeout (the device stopped answering), hands
+    /// back failed, for the usual completion, those the device can promise
+    /// never to touch again ([`Queue::abandon`]); returns how many. A device
+    /// that cannot promise it keeps its commands, and they are waited for.
+    pub fn abandon_if_unanswered(&mut self, which: Cancel) -> usize {
+        if self.failing_since_ns == 0 || now_ns() < self.failing_since_ns.saturating_add(self.timeout_ns) {
+            return 0;
+        }
+        let n = self.queue.abandon(which, &mut self.done);
+        self.stats.abandoned += n as u64;
+        n
     }
 
     /// Commands submitted and not yet handed back by the device.
@@ -377,6 +408,7 @@ impl Channel {
     pub fn wait_any(&mut self, limit_ns: u64) -> bool {
         match self.completion.wait(self.queue.as_mut(), &mut self.done, &mut self.stats.wait, limit_ns, self.expect) {
             Ok(n) => {
+                self.failing_since_ns = 0;
                 self.restamp(n);
                 n > 0
             }
@@ -400,6 +432,7 @@ impl Channel {
             device.expect,
         ) {
             Ok(n) => {
+                device.failing_since_ns = 0;
                 device.restamp(n);
                 n > 0
             }
@@ -416,11 +449,12 @@ impl Channel {
         self.stats.wait.polls += 1;
         match self.queue.reap(&mut self.done) {
             Ok(n) => {
+                self.failing_since_ns = 0;
                 self.restamp(n);
                 n
             }
             Err(_) => {
-                self.stats.queue_errors += 1;
+                self.look_failed();
                 0
             }
         }
@@ -456,7 +490,8 @@ impl Channel {
 
     /// Waits for the command with `tag` and hands it back whole (all
     /// segments' results). Never returns while the device owns the command:
-    /// past the timeout it is cancelled and waited for, and the segments the
+    /// past the timeout it is cancelled and waited for (or abandoned, if the
+    /// device stopped answering and can let it go), and the segments the
     /// device gave up on report `-ETIMEDOUT`.
     pub fn wait_command(&mut self, tag: u64) -> Command {
         let mut limit = self.limit_ns();
@@ -469,10 +504,14 @@ impl Channel {
                 }
                 return command;
             }
-            if !self.wait_any(limit) && !cancelled && now_ns() >= limit {
-                self.cancel(Cancel::Tag(tag));
-                cancelled = true;
-                limit = u64::MAX;
+            if !self.wait_any(limit) {
+                if cancelled {
+                    self.abandon_if_unanswered(Cancel::Tag(tag));
+                } else if now_ns() >= limit {
+                    self.cancel(Cancel::Tag(tag));
+                    cancelled = true;
+                    limit = u64::MAX;
+                }
             }
         }
     }
@@ -535,10 +574,14 @@ impl Channel {
             self.poll_any();
         }
         while self.done.len() < min {
-            if !self.wait_any(limit) && !cancelled && now_ns() >= limit {
-                self.cancel(Cancel::All);
-                cancelled = true;
-                limit = u64::MAX;
+            if !self.wait_any(limit) {
+                if cancelled {
+                    self.abandon_if_unanswered(Cancel::All);
+                } else if now_ns() >= limit {
+                    self.cancel(Cancel::All);
+                    cancelled = true;
+                    limit = u64::MAX;
+                }
             }
         }
         let n = self.done.len();

@@ -361,8 +361,14 @@ impl Server {
     /// Asks the device to cancel every command in flight for longer than the
     /// channel's timeout (their requests fail with ETIMEDOUT once the device
     /// hands them back) and fails orphans that old; returns how many
-    /// commands were cancelled or failed.
+    /// commands were cancelled or failed. Commands cancelled earlier and
+    /// still not back are abandoned if the device stopped answering
+    /// ([`Channel::abandon_if_unanswered`]); they come back failed through
+    /// [`Server::finish_done`].
     pub fn expire(&mut self, channel: &mut Channel) -> usize {
+        for b in self.batches.iter().filter(|b| b.cancelled) {
+            channel.abandon_if_unanswered(Cancel::Tag(b.tag));
+        }
         let Some(oldest) = self.batches.iter().filter(|b| !b.cancelled).map(|b| b.submitted_ns).min() else {
             return 0;
         };
