@@ -262,8 +262,9 @@ fn dispatcher(shared: &Shared, channel: &mut Channel, server: &mut Server) {
 /// After the dispatcher panicked: requests fail (ENOTRECOVERABLE, "state not
 /// recoverable": this engine's path is gone) instead of waiting forever.
 /// Commands still in the device are cancelled and waited for first, however
-/// long that takes, because their buffers belong to the waiters, which may
-/// free them once told. The command whose submission panicked (an orphan:
+/// long that takes (unless the device stopped answering and lets them go:
+/// [`Channel::abandon_if_unanswered`]), because their buffers belong to the
+/// waiters, which may free them once told. The command whose submission panicked (an orphan:
 /// the device may never have seen it) fails at once.
 fn after_panic(shared: &Shared, channel: &mut Channel, server: &mut Server) {
     shared.dead.store(true, Ordering::SeqCst);
@@ -271,7 +272,10 @@ fn after_panic(shared: &Shared, channel: &mut Channel, server: &mut Server) {
     let steps = std::panic::catch_unwind(AssertUnwindSafe(|| {
         channel.cancel(Cancel::All);
         while channel.in_flight() > 0 {
-            channel.wait_any(now_ns() + 1_000_000);
+            if !channel.wait_any(now_ns() + 1_000_000) {
+                // A device that stopped answering lets go of what it can.
+                channel.abandon_if_unanswered(Cancel::All);
+            }
             server.finish_done(channel);
         }
         server.finish_done(channel);
