@@ -3,6 +3,8 @@
 mod cli;
 
 fn main() {
+    // Before any thread starts (the signal thread is the first).
+    iopath::sys::grow_descriptor_table();
     if let Err(e) = iopath::signal::install() {
         eprintln!("iopath: warning: cannot catch Ctrl-C ({e}); an interrupted run will print nothing");
     }

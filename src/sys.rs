@@ -37,6 +37,46 @@ pub fn copy_high(fd: libc::c_int, floor: libc::c_int) -> Option<libc::c_int> {
     (high >= 0).then_some(high)
 }
 
+/// Highest descriptor number [`grow_descriptor_table`] makes room for: room
+/// for iopath's own numbers (a ring per thread of a program with many).
+const TABLE_ROOM: libc::c_int = 2047;
+
+/// Makes the process's descriptor table large enough for iopath's own
+/// numbers now, while the caller knows the process is single-threaded (at
+/// start, or as a library loads). The kernel grows a table that threads
+/// share only after an RCU grace period (`synchronize_rcu` in
+/// `expand_fdtable`), 10-15 ms in these VMs: `iopath run` paid 12.5 ms for
+/// its first own descriptor on 1000, after its signal thread had started
+/// (`strace -T`: `fcntl(6, F_DUPFD_CLOEXEC, 1000) = 1000 <0.012525>`),
+/// before every program it starts. A table is never made smaller, so one
+/// copy on the highest number the limit allows, closed again, is enough.
+pub fn grow_descriptor_table() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit into a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let top = libc::rlim_t::try_from(TABLE_ROOM).unwrap_or(0).min(limit.rlim_cur.saturating_sub(1));
+    let Ok(top) = libc::c_int::try_from(top) else { return };
+    if top < HIGH_FDS_FROM {
+        return;
+    }
+    // The system calls themselves, not the C library's functions: under the
+    // interposer those are its own, and this runs as it loads.
+    // SAFETY: opens, copies and closes descriptors of its own; nothing else is touched.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c"/".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+        if fd < 0 {
+            return;
+        }
+        let high = libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, top);
+        if high >= 0 {
+            libc::syscall(libc::SYS_close, high);
+        }
+        libc::syscall(libc::SYS_close, fd);
+    }
+}
+
 /// 0: no thread makes descriptors of iopath's own, and no program places
 /// one; 1: one does; 2: one does and another waits (see [`own_numbers`]).
 static NUMBERS: AtomicU32 = AtomicU32::new(0);
@@ -523,6 +563,26 @@ pub fn device_numbers(path: &Path) -> io::Result<(u32, u32, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_descriptor_table_is_grown_for_our_own_numbers_and_nothing_is_left_open() {
+        let fd_size = || {
+            let status = std::fs::read_to_string("/proc/self/status").expect("/proc is there");
+            let line = status.lines().find(|l| l.starts_with("FDSize:")).expect("FDSize line");
+            line["FDSize:".len()..].trim().parse::<usize>().expect("a number")
+        };
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit into a local.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+        grow_descriptor_table();
+        // SAFETY: F_GETFD only asks.
+        assert_eq!(unsafe { libc::fcntl(TABLE_ROOM, libc::F_GETFD) }, -1, "the copy it made is closed again");
+        if limit.rlim_cur > TABLE_ROOM as libc::rlim_t {
+            assert!(fd_size() > TABLE_ROOM as usize, "FDSize {} after growing", fd_size());
+        } else if limit.rlim_cur > HIGH_FDS_FROM as libc::rlim_t {
+            assert!(fd_size() > HIGH_FDS_FROM as usize, "FDSize {} after growing", fd_size());
+        }
+    }
 
     /// The calling thread's blocked signals, from /proc (bit n-1 for signal n).
     fn blocked_here() -> u64 {

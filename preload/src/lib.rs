@@ -232,6 +232,9 @@ extern "C" fn on_load() {
     if c.files.is_empty() && c.mounts.is_empty() {
         return;
     }
+    // A program is single-threaded as it loads us, most often: room for our own
+    // descriptors now is cheap; later, with threads, it costs a grace period.
+    iopath::sys::grow_descriptor_table();
     // SAFETY: registers handlers: one gives idle mounts back (before fork), one stores to an atomic.
     unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent_after_fork), Some(in_child_after_fork)) };
     COUNTING.store(c.log, Ordering::SeqCst);
