@@ -158,6 +158,14 @@ next_symbol! {
     utimensat: fn(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int;
     futimens: fn(fd: c_int, times: *const libc::timespec) -> c_int;
     utimes: fn(path: *const c_char, times: *const libc::timeval) -> c_int;
+    setuid: fn(uid: libc::uid_t) -> c_int;
+    seteuid: fn(uid: libc::uid_t) -> c_int;
+    setreuid: fn(ruid: libc::uid_t, euid: libc::uid_t) -> c_int;
+    setresuid: fn(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int;
+    setgid: fn(gid: libc::gid_t) -> c_int;
+    setegid: fn(gid: libc::gid_t) -> c_int;
+    setregid: fn(rgid: libc::gid_t, egid: libc::gid_t) -> c_int;
+    setresgid: fn(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t) -> c_int;
     lutimes: fn(path: *const c_char, times: *const libc::timeval) -> c_int;
     futimes: fn(fd: c_int, times: *const libc::timeval) -> c_int;
     futimesat: fn(dirfd: c_int, path: *const c_char, times: *const libc::timeval) -> c_int;

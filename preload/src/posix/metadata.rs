@@ -2,7 +2,7 @@
 //! names, statx, and the `__xstat` forms older binaries call), chmod,
 //! utimes, chown, statfs and statvfs, and pathconf. The calls that do not follow a last symbolic
 //! link (lstat, `AT_SYMLINK_NOFOLLOW`, lchown) see the link itself. Files
-//! belong to the calling process's user; the access time reads as the
+//! belong to the calling process's user (`credentials.rs`); the access time reads as the
 //! modification time.
 
 use super::{errno_of, fail, on_fd, on_file_fd, on_path, on_path_nofollow};
@@ -75,8 +75,7 @@ fn fill(m: &Metadata, mount: &Mount, out: *mut libc::stat) -> c_int {
     st.st_ino = m.ino;
     st.st_mode = m.mode;
     st.st_nlink = m.nlink as _;
-    // SAFETY: no preconditions.
-    (st.st_uid, st.st_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (st.st_uid, st.st_gid) = super::credentials::owner();
     st.st_size = m.size as i64;
     st.st_blksize = 4096;
     st.st_blocks = m.blocks as i64;
@@ -227,8 +226,7 @@ fn fill_statx(m: &Metadata, mount: &Mount, out: *mut libc::statx) -> c_int {
     sx.stx_mask = libc::STATX_BASIC_STATS;
     sx.stx_blksize = 4096;
     sx.stx_nlink = m.nlink;
-    // SAFETY: no preconditions.
-    (sx.stx_uid, sx.stx_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (sx.stx_uid, sx.stx_gid) = super::credentials::owner();
     sx.stx_mode = m.mode as u16;
     sx.stx_ino = m.ino;
     sx.stx_size = m.size;
@@ -504,8 +502,7 @@ pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf)
 /// user (or -1) succeeds and any other is EPERM, as for an unprivileged
 /// process; root's changes succeed and are not kept (said once with `IOPATH_LOG`).
 fn chown_mounted(uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-    // SAFETY: no preconditions.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (euid, egid) = super::credentials::owner();
     let same = (uid == u32::MAX || uid == euid) && (gid == u32::MAX || gid == egid);
     if same {
         return 0;

@@ -25,6 +25,8 @@
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd
 //! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
+//! - `credentials.rs`: the owner every mounted file has (the effective user and group, kept),
+//!   and setuid, seteuid, setreuid, setresuid and their group forms, which make it read again
 //! - `locks.rs`: fcntl record locks and flock on mounted files
 //! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`), freopen
 //!   of a standard stream onto one (a bridge)
@@ -43,6 +45,7 @@
 //! a parent that held none (it gave them back before the fork, as a shell
 //! does) mounts at first use, as a new process does.
 
+pub mod credentials;
 pub mod data;
 pub mod descriptors;
 pub mod directories;
