@@ -435,12 +435,13 @@ impl PageCache {
         }
     }
 
-    /// Calls `each` with every page in the index, one shard at a time (under its lock).
-    pub fn for_each(&self, mut each: impl FnMut(&Arc<Page>)) {
+    /// Calls `each` with the key of every page in the index, one shard at a
+    /// time (under its lock), touching no page.
+    pub fn for_each_key(&self, mut each: impl FnMut(&Key)) {
         for shard in self.shards.iter() {
             let shard = shard.0.lock().expect("cache shard poisoned");
-            for page in shard.pages.values() {
-                each(page);
+            for key in shard.pages.keys() {
+                each(key);
             }
         }
     }

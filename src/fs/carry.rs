@@ -542,19 +542,49 @@ impl CarriedCache {
         self.hits.load(Relaxed)
     }
 
+    /// Which of `blocks` (sorted, each once) a [`Self::save`] would need the
+    /// bytes of: those it neither holds nor has staged. One walk of the index
+    /// beside them: a caller then reads only those pages (the exit of `tar cf`
+    /// spent 10 ms touching 61,731 cached pages, nearly all of them held).
+    pub fn wanted(&self, blocks: &[u64]) -> Vec<bool> {
+        debug_assert!(blocks.windows(2).all(|w| w[0] < w[1]));
+        let state = self.lock();
+        let mut at = 0;
+        blocks
+            .iter()
+            .map(|&block| {
+                while at < state.count && self.entry(at).0 < block {
+                    at += 1;
+                }
+                let held = at < state.count && {
+                    let (b, f) = self.entry(at);
+                    b == block && f < self.frames && !state.removed.contains(&block)
+                };
+                !held && !state.staged.contains_key(&block)
+            })
+            .collect()
+    }
+
     /// Adds `pages` (device block, bytes equal to the device's) that it does
     /// not hold yet, making room from blocks this mount did not use, writes
     /// its index and stamps the header with `stamp` (not 0). The caller then
     /// writes the same stamp into the superblock, as its last device write,
-    /// and any later write unstamps the file. Returns the blocks it holds now.
-    pub fn save<'a>(&self, volume_id: u64, stamp: u64, pages: impl Iterator<Item = (u64, &'a [u8])>) -> Result<u64> {
+    /// and any later write unstamps the file. A page whose bytes are `None`
+    /// (one [`Self::wanted`] did not ask for) counts as used if held or staged
+    /// and is left out otherwise. Returns the blocks it holds now.
+    pub fn save<'a>(
+        &self,
+        volume_id: u64,
+        stamp: u64,
+        pages: impl Iterator<Item = (u64, Option<&'a [u8]>)>,
+    ) -> Result<u64> {
         debug_assert_ne!(stamp, 0);
         let fail = |what: &str| os(format!("cannot {what} the carried cache {}", self.path.display()));
         let mut state = self.lock();
         let staged = std::mem::take(&mut state.staged);
         state.busy = None;
         self.staged.store(0, Relaxed);
-        let mut pages: Vec<(u64, &'a [u8])> = pages.collect();
+        let mut pages: Vec<(u64, Option<&'a [u8]>)> = pages.collect();
         pages.sort_unstable_by_key(|&(b, _)| b);
         pages.dedup_by_key(|(b, _)| *b);
         // Those it holds already are marked used, not copied again: a walk of
@@ -595,7 +625,7 @@ impl CarriedCache {
         let mut new: Vec<(usize, u64, &'a [u8])> = Vec::new();
         let (mut cursor, mut evictable, mut evicted) = (0usize, None::<Vec<usize>>, Vec::new());
         for (block, bytes) in pages {
-            debug_assert_eq!(bytes.len(), BLOCK);
+            debug_assert!(bytes.is_none_or(|b| b.len() == BLOCK));
             if let Ok(i) = kept.binary_search_by_key(&block, |&(b, _)| b) {
                 set_bit(&mut state.used, kept[i].1);
                 continue;
@@ -606,6 +636,7 @@ impl CarriedCache {
                 from_stage.push((block, f));
                 continue;
             }
+            let Some(bytes) = bytes else { continue };
             while cursor < self.frames && bit(&taken, cursor) {
                 cursor += 1;
             }
@@ -772,7 +803,7 @@ mod tests {
         let c = open();
         assert_eq!(c.attach(9, 0).unwrap(), 0);
         let pages = [(10, block(1)), (11, block(2)), (12, block(3)), (13, block(4))];
-        assert_eq!(c.save(9, 77, pages.iter().map(|(b, p)| (*b, &p[..]))).unwrap(), 4);
+        assert_eq!(c.save(9, 77, pages.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap(), 4);
         drop(c);
 
         // Another volume, or another stamp: nothing.
@@ -780,7 +811,7 @@ mod tests {
         let c = open();
         assert_eq!(c.attach(9, 77).unwrap(), 0, "the last attach unstamped it");
         let pages: Vec<(u64, Vec<u8>)> = (0..4).map(|i| (10 + i, block(i as u8 + 1))).collect();
-        c.save(9, 78, pages.iter().map(|(b, p)| (*b, &p[..]))).unwrap();
+        c.save(9, 78, pages.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap();
         drop(c);
 
         let c = open();
@@ -792,7 +823,7 @@ mod tests {
         assert!(!c.read(10, &mut out[..BLOCK]));
         // Room for three new blocks: one frame is free, then the unused 13 goes, then nothing.
         let new = [(20, block(9)), (21, block(8)), (22, block(7))];
-        assert_eq!(c.save(9, 79, new.iter().map(|(b, p)| (*b, &p[..]))).unwrap(), 4);
+        assert_eq!(c.save(9, 79, new.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap(), 4);
         drop(c);
 
         let c = open();
@@ -804,13 +835,42 @@ mod tests {
     }
 
     #[test]
+    fn a_save_needs_the_bytes_only_of_what_it_neither_holds_nor_staged() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
+        let open = || CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
+        let c = open();
+        c.attach(5, 0).unwrap();
+        c.save(5, 31, [(1, Some(&block(1)[..])), (2, Some(&block(2)[..]))].into_iter()).unwrap();
+        drop(c);
+        let c = open();
+        assert_eq!(c.attach(5, 31).unwrap(), 2);
+        c.forget(3, 1);
+        c.stage(3, &block(3));
+        c.forget(2, 1);
+        // 1 held, 2 written since (forgotten), 3 staged, 4 never seen.
+        assert_eq!(c.wanted(&[1, 2, 3, 4]), [false, true, false, true]);
+        // Without bytes: 1 and 3 stay, 4 cannot be saved; 2 and 6 come with theirs.
+        let (two, six) = (block(22), block(6));
+        let pages = [(1, None), (2, Some(&two[..])), (3, None), (4, None), (6, Some(&six[..]))];
+        assert_eq!(c.save(5, 32, pages.into_iter()).unwrap(), 4);
+        drop(c);
+        let c = open();
+        assert_eq!(c.attach(5, 32).unwrap(), 4);
+        let mut one = vec![0u8; BLOCK];
+        for (b, want) in [(1, Some(1)), (2, Some(22)), (3, Some(3)), (4, None), (6, Some(6))] {
+            assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
+        }
+    }
+
+    #[test]
     fn staged_blocks_are_saved_without_a_copy_unless_written_again() {
         let dir = tempfile::tempdir().unwrap();
         let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
         let open = || CarriedCache::open(&path, &backing, 6 * BLOCK_U64).unwrap();
         let c = open();
         c.attach(4, 0).unwrap();
-        c.save(4, 21, [(1, &block(1)[..]), (2, &block(2)[..])].into_iter()).unwrap();
+        c.save(4, 21, [(1, Some(&block(1)[..])), (2, Some(&block(2)[..]))].into_iter()).unwrap();
         drop(c);
         let c = open();
         assert_eq!(c.attach(4, 21).unwrap(), 2);
@@ -827,7 +887,7 @@ mod tests {
         // Block 8 written again before the save (its new bytes are what the page has).
         c.forget(8, 1);
         let pages = [(2, block(22)), (8, block(88)), (9, block(9))];
-        let held = c.save(4, 22, pages.iter().map(|(b, p)| (*b, &p[..]))).unwrap();
+        let held = c.save(4, 22, pages.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap();
         assert_eq!(held, 4, "1, 2, 8, 9 (7 was staged but no page saved it)");
         drop(c);
         let c = open();
@@ -847,7 +907,7 @@ mod tests {
         let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
         let c = CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
         c.attach(3, 0).unwrap();
-        c.save(3, 11, [(5, &block(5)[..]), (6, &block(6)[..])].into_iter()).unwrap();
+        c.save(3, 11, [(5, Some(&block(5)[..])), (6, Some(&block(6)[..]))].into_iter()).unwrap();
         drop(c);
         let c = CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
         c.attach(3, 11).unwrap();
@@ -884,7 +944,7 @@ mod tests {
         let path = dir.path().join("iopath-carry-gone");
         let c = CarriedCache::open(&path, &backing, 2 * BLOCK_U64).unwrap();
         c.attach(1, 0).unwrap();
-        c.save(1, 5, [(3, &block(3)[..])].into_iter()).unwrap();
+        c.save(1, 5, [(3, Some(&block(3)[..]))].into_iter()).unwrap();
         drop(c);
         let c = CarriedCache::open(&path, &backing, 3 * BLOCK_U64).unwrap();
         assert_eq!(c.attach(1, 5).unwrap(), 0);
