@@ -795,6 +795,34 @@ mod tests {
         vec![v; BLOCK]
     }
 
+    /// The carried cache file in `dir`, `frames` frames.
+    fn open_in(dir: &Path, frames: u64) -> CarriedCache {
+        CarriedCache::open(&dir.join("carry"), &dir.join("device"), frames * BLOCK_U64).unwrap()
+    }
+
+    /// A carried cache in `dir` that saved blocks 1 and 2 (bytes 1 and 2) for
+    /// volume `volume` under `stamp`, opened and attached again.
+    fn holding_one_and_two(dir: &Path, frames: u64, volume: u64, stamp: u64) -> CarriedCache {
+        let c = open_in(dir, frames);
+        c.attach(volume, 0).unwrap();
+        c.save(volume, stamp, [(1, Some(&block(1)[..])), (2, Some(&block(2)[..]))].into_iter()).unwrap();
+        drop(c);
+        let c = open_in(dir, frames);
+        assert_eq!(c.attach(volume, stamp).unwrap(), 2);
+        c
+    }
+
+    /// Checks that `c` reads each block whole as the byte `want` says, or does not hold it.
+    fn assert_reads(c: &CarriedCache, wants: &[(u64, Option<u8>)]) {
+        let mut one = vec![0u8; BLOCK];
+        for &(b, want) in wants {
+            assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
+            if want.is_some() {
+                assert!(one.iter().all(|&x| Some(x) == want), "block {b} whole");
+            }
+        }
+    }
+
     #[test]
     fn it_keeps_the_blocks_a_mount_used_when_room_runs_out() {
         let dir = tempfile::tempdir().unwrap();
@@ -828,23 +856,13 @@ mod tests {
 
         let c = open();
         assert_eq!(c.attach(9, 79).unwrap(), 4);
-        let mut one = vec![0u8; BLOCK];
-        for (b, want) in [(11, Some(2)), (12, Some(3)), (20, Some(9)), (21, Some(8)), (13, None), (22, None)] {
-            assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
-        }
+        assert_reads(&c, &[(11, Some(2)), (12, Some(3)), (20, Some(9)), (21, Some(8)), (13, None), (22, None)]);
     }
 
     #[test]
     fn a_save_needs_the_bytes_only_of_what_it_neither_holds_nor_staged() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
-        let open = || CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
-        let c = open();
-        c.attach(5, 0).unwrap();
-        c.save(5, 31, [(1, Some(&block(1)[..])), (2, Some(&block(2)[..]))].into_iter()).unwrap();
-        drop(c);
-        let c = open();
-        assert_eq!(c.attach(5, 31).unwrap(), 2);
+        let c = holding_one_and_two(dir.path(), 8, 5, 31);
         c.forget(3, 1);
         c.stage(3, &block(3));
         c.forget(2, 1);
@@ -855,25 +873,15 @@ mod tests {
         let pages = [(1, None), (2, Some(&two[..])), (3, None), (4, None), (6, Some(&six[..]))];
         assert_eq!(c.save(5, 32, pages.into_iter()).unwrap(), 4);
         drop(c);
-        let c = open();
+        let c = open_in(dir.path(), 8);
         assert_eq!(c.attach(5, 32).unwrap(), 4);
-        let mut one = vec![0u8; BLOCK];
-        for (b, want) in [(1, Some(1)), (2, Some(22)), (3, Some(3)), (4, None), (6, Some(6))] {
-            assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
-        }
+        assert_reads(&c, &[(1, Some(1)), (2, Some(22)), (3, Some(3)), (4, None), (6, Some(6))]);
     }
 
     #[test]
     fn staged_blocks_are_saved_without_a_copy_unless_written_again() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
-        let open = || CarriedCache::open(&path, &backing, 6 * BLOCK_U64).unwrap();
-        let c = open();
-        c.attach(4, 0).unwrap();
-        c.save(4, 21, [(1, Some(&block(1)[..])), (2, Some(&block(2)[..]))].into_iter()).unwrap();
-        drop(c);
-        let c = open();
-        assert_eq!(c.attach(4, 21).unwrap(), 2);
+        let c = holding_one_and_two(dir.path(), 6, 4, 21);
         // A writeback of blocks 2, 7, 8 and 9 in flight: each forgotten as it is
         // sent, then staged. Block 2's new bytes go to a free frame, not its own.
         c.forget(2, 1);
@@ -890,15 +898,9 @@ mod tests {
         let held = c.save(4, 22, pages.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap();
         assert_eq!(held, 4, "1, 2, 8, 9 (7 was staged but no page saved it)");
         drop(c);
-        let c = open();
+        let c = open_in(dir.path(), 6);
         assert_eq!(c.attach(4, 22).unwrap(), 4);
-        let mut one = vec![0u8; BLOCK];
-        for (b, want) in [(1, Some(1)), (2, Some(22)), (8, Some(88)), (9, Some(9)), (7, None)] {
-            assert_eq!(c.read(b, &mut one).then(|| one[0]), want, "block {b}");
-            if want.is_some() {
-                assert!(one.iter().all(|&x| Some(x) == want), "block {b} whole");
-            }
-        }
+        assert_reads(&c, &[(1, Some(1)), (2, Some(22)), (8, Some(88)), (9, Some(9)), (7, None)]);
     }
 
     #[test]
