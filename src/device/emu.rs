@@ -482,7 +482,7 @@ impl Queue for EmuQueue {
         // The data moved at submission; a cancelled command comes back at once, failed.
         let now = now_ns();
         for (deadline, command) in &mut self.in_flight {
-            if (which == Cancel::All || which == Cancel::Tag(command.tag)) && *deadline > now {
+            if which.covers(command.tag) && *deadline > now {
                 *deadline = now;
                 command.fail_all(libc::ECANCELED);
             }

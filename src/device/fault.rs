@@ -655,31 +655,18 @@ impl Queue for FaultQueue {
     }
 
     fn cancel(&mut self, which: Cancel) -> Result<()> {
-        let matches = |tag: u64| which == Cancel::All || which == Cancel::Tag(tag);
         // A hung command gives up at once. A delayed one cannot be stopped, like block
         // I/O under way: it comes back when its time comes, with its real results.
-        let mut i = 0;
-        while i < self.hung.len() {
-            if matches(self.hung[i].tag) {
-                let mut command = self.hung.swap_remove(i);
-                command.fail_all(libc::ECANCELED);
-                self.ready.push(command);
-            } else {
-                i += 1;
-            }
+        for mut command in self.hung.extract_if(.., |c| which.covers(c.tag)).collect::<Vec<_>>() {
+            command.fail_all(libc::ECANCELED);
+            self.ready.push(command);
         }
-        let mut i = 0;
-        while i < self.staged.len() {
-            if matches(self.staged[i].original.tag) {
-                let mut flight = self.staged.swap_remove(i);
-                flight.original.fail_all(libc::ECANCELED);
-                self.settle_unsent(flight);
-            } else {
-                i += 1;
-            }
+        for mut flight in self.staged.extract_if(.., |f| which.covers(f.original.tag)).collect::<Vec<_>>() {
+            flight.original.fail_all(libc::ECANCELED);
+            self.settle_unsent(flight);
         }
         let inner_tags: Vec<u64> =
-            self.flights.iter().filter(|f| matches(f.original.tag)).map(|f| f.inner_tag).collect();
+            self.flights.iter().filter(|f| which.covers(f.original.tag)).map(|f| f.inner_tag).collect();
         for tag in inner_tags {
             self.inner.cancel(Cancel::Tag(tag))?;
         }
@@ -690,44 +677,26 @@ impl Queue for FaultQueue {
     /// bounce buffers, and the caller's are touched only when a command is
     /// settled, which an abandoned one never is.
     fn abandon(&mut self, which: Cancel, out: &mut Vec<Command>) -> usize {
-        let matches = |tag: u64| which == Cancel::All || which == Cancel::Tag(tag);
         // What is already settled goes back as it is; the rest fails, unsettled.
         self.cancel(which).ok();
-        let mut i = 0;
-        while i < self.flights.len() {
-            if matches(self.flights[i].original.tag) {
-                let mut flight = self.flights.swap_remove(i);
-                let mut original = std::mem::replace(&mut flight.original, Command::with_capacity(0));
-                self.audit(&original, &flight.seal);
-                original.fail_all(libc::ECANCELED);
-                self.ready.push(original);
-                self.abandoned.push(flight);
-            } else {
-                i += 1;
-            }
+        for mut flight in self.flights.extract_if(.., |f| which.covers(f.original.tag)).collect::<Vec<_>>() {
+            let mut original = std::mem::replace(&mut flight.original, Command::with_capacity(0));
+            self.audit(&original, &flight.seal);
+            original.fail_all(libc::ECANCELED);
+            self.ready.push(original);
+            self.abandoned.push(flight);
         }
-        let mut i = 0;
-        while i < self.delayed.len() {
-            if matches(self.delayed[i].1.original.tag) {
-                let (_, mut flight, mut done) = self.delayed.swap_remove(i);
-                self.audit(&flight.original, &flight.seal);
-                flight.original.fail_all(libc::ECANCELED);
-                self.ready.push(flight.original);
-                done.segments.clear();
-                self.spare.push(done);
-            } else {
-                i += 1;
-            }
+        for (_, mut flight, mut done) in
+            self.delayed.extract_if(.., |d| which.covers(d.1.original.tag)).collect::<Vec<_>>()
+        {
+            self.audit(&flight.original, &flight.seal);
+            flight.original.fail_all(libc::ECANCELED);
+            self.ready.push(flight.original);
+            done.segments.clear();
+            self.spare.push(done);
         }
         let before = out.len();
-        let mut i = 0;
-        while i < self.ready.len() {
-            if matches(self.ready[i].tag) {
-                out.push(self.ready.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
+        out.extend(self.ready.extract_if(.., |c| which.covers(c.tag)));
         out.len() - before
     }
 }

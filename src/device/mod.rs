@@ -357,6 +357,13 @@ pub enum Cancel {
     All,
 }
 
+impl Cancel {
+    /// Whether the command with `tag` is among those meant.
+    pub fn covers(self, tag: u64) -> bool {
+        self == Cancel::All || self == Cancel::Tag(tag)
+    }
+}
+
 /// One thread's channel to a device.
 ///
 /// Ownership rule, the one every path relies on: from [`Queue::submit`]
