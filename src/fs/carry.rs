@@ -338,11 +338,27 @@ impl CarriedCache {
             match b.cmp(&block) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
-                // A frame number past the end is a damaged file: not trusted.
-                std::cmp::Ordering::Equal => return (f < self.frames && !state.removed.contains(&block)).then_some(f),
+                std::cmp::Ordering::Equal => return self.trusted(state, block, f),
             }
         }
         None
+    }
+
+    /// Frame `f`, which the index gives for `block`, if this mount may trust
+    /// it: not written since, and inside the file (a frame number past the
+    /// end is a damaged file).
+    fn trusted(&self, state: &State, block: u64, f: usize) -> Option<usize> {
+        (f < self.frames && !state.removed.contains(&block)).then_some(f)
+    }
+
+    /// [`Self::find`] for blocks asked for in ascending order: `at` is where
+    /// the walk of the index stands (0 for the first), moved on to `block`.
+    fn find_next(&self, state: &State, at: &mut usize, block: u64) -> Option<usize> {
+        while *at < state.count && self.entry(*at).0 < block {
+            *at += 1;
+        }
+        let (b, f) = (*at < state.count).then(|| self.entry(*at))?;
+        if b == block { self.trusted(state, block, f) } else { None }
     }
 
     fn frame_offset(&self, f: usize) -> usize {
@@ -552,16 +568,7 @@ impl CarriedCache {
         let mut at = 0;
         blocks
             .iter()
-            .map(|&block| {
-                while at < state.count && self.entry(at).0 < block {
-                    at += 1;
-                }
-                let held = at < state.count && {
-                    let (b, f) = self.entry(at);
-                    b == block && f < self.frames && !state.removed.contains(&block)
-                };
-                !held && !state.staged.contains_key(&block)
-            })
+            .map(|&block| self.find_next(&state, &mut at, block).is_none() && !state.staged.contains_key(&block))
             .collect()
     }
 
@@ -591,17 +598,12 @@ impl CarriedCache {
         // the sorted index beside the sorted pages (a search of the index per
         // page took 13-14 ms of a 64,000-page save).
         let mut at = 0;
-        pages.retain(|&(block, _)| {
-            while at < state.count && self.entry(at).0 < block {
-                at += 1;
+        pages.retain(|&(block, _)| match self.find_next(&state, &mut at, block) {
+            Some(f) => {
+                set_bit(&mut state.used, f);
+                false
             }
-            match (at < state.count).then(|| self.entry(at)) {
-                Some((b, f)) if b == block && f < self.frames && !state.removed.contains(&block) => {
-                    set_bit(&mut state.used, f);
-                    false
-                }
-                _ => true,
-            }
+            None => true,
         });
         if pages.is_empty() && state.removed.is_empty() {
             // Nothing changed (a process that only read what it held): the stamp only.
