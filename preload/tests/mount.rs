@@ -277,6 +277,40 @@ fn a_shell_redirecting_while_the_interposer_mounts_keeps_its_descriptors() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "one\nfour\n".repeat(40));
 }
 
+/// A reader that read ahead of what it used gives the rest back with a
+/// seek, and the next reader of its standard input starts there, as on the
+/// kernel's file (`bridge/seek.rs`): GNU head in a group (the shell's
+/// bridge feeds it, let go at the fork, and a file larger than what a
+/// bridge holds in memory, whose mount the shell keeps), in a subshell,
+/// a program seeking its own handed-over standard input forward, back
+/// and from the end, and bash's `read` builtin, which reads as from a
+/// pipe. Before, `{ head -n 1; cat; } < f` gave cat nothing: head's
+/// seek failed with ESPIPE.
+#[test]
+fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file() {
+    let script = r#"set -e
+        seq 1 20000 > "$D/in"
+        seq 1 1000000 > "$D/big"
+        { head -n 1 > "$D/first"; cat > "$D/rest"; } < "$D/in"
+        (head -n 3 > "$D/three"; sort -rn > "$D/sorted") < "$D/in"
+        { head -n 2 > /dev/null; head -c 5; head -n 1; cat; } < "$D/in" > "$D/mixed"
+        { head -n 1 > /dev/null; cat; } < "$D/big" > "$D/bigrest"
+        { read -r a; read -r b; head -n 2; echo "$a $b"; } < "$D/in" > "$D/read"
+        python3 -c 'import os; os.read(0, 10); print(os.lseek(0, -4, 1), os.read(0, 3)); \
+            print(os.lseek(0, 100, 0), os.read(0, 3)); print(os.lseek(0, -6, 2), os.read(0, 6)); \
+            print(os.lseek(0, 2, 0), os.read(0, 2))' < "$D/in" > "$D/python""#;
+    let names = ["first", "rest", "three", "sorted", "mixed", "bigrest", "read", "python"];
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
+    }
+    same_files_in_image(&image, &kernel_dir, &names);
+    let python = std::fs::read_to_string(kernel_dir.join("python")).unwrap();
+    assert_eq!(python, "6 b'4\\n5'\n100 b'7\\n3'\n108888 b'20000\\n'\n2 b'2\\n'\n");
+}
+
 /// A script whose standard streams are mounted files runs commands that use
 /// the mount: the shell's bridges are its only hold on the mount, and they
 /// let go of it at each fork (holding what arrives in memory), so the

@@ -44,6 +44,14 @@ const PATH_BYTES: usize = 1024;
 /// How long a child waits for its parent's answer (seconds).
 const ANSWER_WAIT_S: libc::time_t = 10;
 
+/// The `to` of a request to seek a pipe the parent's bridge feeds
+/// (`seek.rs`): its payload then holds `whence` and the offset, and it
+/// carries one descriptor, the requester's reading end of the pipe.
+const SEEK_REQUEST: c_int = -1;
+
+/// The answer to a request: an errno (0: done) and, for a seek, the position.
+type Answer = (c_int, u64);
+
 /// The socket's abstract name for process `pid` (with its leading NUL), and its length.
 fn address(pid: libc::pid_t) -> (libc::sockaddr_un, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_un.
@@ -60,7 +68,7 @@ fn address(pid: libc::pid_t) -> (libc::sockaddr_un, libc::socklen_t) {
 /// Before a fork: if this process has mounted files open, makes sure it
 /// listens for its children's requests (once per process).
 pub fn listen_before_fork() {
-    if LISTENING.load(Ordering::Acquire) >= 0 || !mount::holds_files() {
+    if LISTENING.load(Ordering::Acquire) >= 0 || !(mount::holds_files() || super::feeds_any()) {
         return;
     }
     // SAFETY: socket, bind and listen on a socket of ours.
@@ -128,13 +136,16 @@ fn serve(listening: c_int) {
         };
         // (The request and the answer wait, with the child's timeout on its side.)
         set_nonblocking(conn, false);
-        let answer = match own_child(conn) {
+        let (errno, position) = match own_child(conn) {
             Some(child) => answer(conn, child),
-            None => libc::EPERM,
+            None => (libc::EPERM, 0),
         };
-        // SAFETY: writes 4 bytes from a local to our connection, then closes it.
+        let mut bytes = [0u8; 12];
+        bytes[..4].copy_from_slice(&errno.to_ne_bytes());
+        bytes[4..].copy_from_slice(&position.to_ne_bytes());
+        // SAFETY: writes 12 bytes from a local to our connection, then closes it.
         unsafe {
-            libc::send(conn, (&raw const answer).cast(), 4, libc::MSG_NOSIGNAL);
+            libc::send(conn, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL);
             real::close(conn);
         }
     }
@@ -164,8 +175,9 @@ fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
 /// Reads one request on `conn` from `child` and bridges it: 0 or an errno.
 /// It carries the parent's end of the child's pipe and, for a pipe the
 /// parent feeds, a copy of the child's reading end (to count what the
-/// child leaves unread: [`super::after_child_ended`]).
-fn answer(conn: c_int, child: libc::pid_t) -> c_int {
+/// child leaves unread: [`super::after_child_ended`]). Or it asks to seek
+/// a pipe ([`SEEK_REQUEST`]): the errno and the new position.
+fn answer(conn: c_int, child: libc::pid_t) -> Answer {
     let mut payload = [0u8; 8 + PATH_BYTES];
     let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
     let mut control = [0u64; 4]; // room for two descriptors' cmsg, aligned
@@ -193,31 +205,84 @@ fn answer(conn: c_int, child: libc::pid_t) -> c_int {
         [end, reader] => (end, Some(reader)),
         _ => {
             close_all(&received);
-            return libc::EINVAL;
+            return (libc::EINVAL, 0);
         }
     };
     if n < 8 {
         close_all(&received);
-        return libc::EINVAL;
+        return (libc::EINVAL, 0);
     }
     let from = c_int::from_ne_bytes(payload[..4].try_into().unwrap_or_default());
     let to = c_int::from_ne_bytes(payload[4..8].try_into().unwrap_or_default());
-    let path = &payload[8..n as usize];
-    let found = mount::lookup(from).filter(|d| matches!(d.node, Node::File(_)) && same_path(d, path));
+    let rest = &payload[8..n as usize];
+    if to == SEEK_REQUEST {
+        let answer = answer_seek(from, rest, &received);
+        close_all(&received);
+        return answer;
+    }
+    let found = mount::lookup(from).filter(|d| matches!(d.node, Node::File(_)) && same_path(d, rest));
     let Some(d) = found else {
         close_all(&received);
-        return libc::EBADF;
+        return (libc::EBADF, 0);
     };
     if crate::FORKED.load(Ordering::Relaxed) {
         // This process is a forked child itself (a subshell): its parent holds the file,
         // and the same number stands for it there. The request goes up (its parent
         // counts what is left unread when this subshell is reaped).
-        let forwarded = forward(from, to, &d.path, &received);
+        let forwarded = forward(from, to, &d.path, &received).map(|_| ());
         close_all(&received); // (the parent has its own copies now, if it took them)
-        return forwarded.err().unwrap_or(0);
+        return (forwarded.err().unwrap_or(0), 0);
     }
     super::start_for_child(&d, to, end, reader.map(|fd| super::Reader { child, fd }));
-    0
+    (0, 0)
+}
+
+/// A child's request to seek the pipe whose reading end it sent (`fds`,
+/// one): served by this process's bridge that feeds it, or passed on up
+/// (a subshell's command reading what its parent's parent feeds).
+fn answer_seek(from: c_int, args: &[u8], fds: &[c_int]) -> Answer {
+    let ([read_end], Some(whence), Some(offset)) = (
+        fds,
+        args.get(..4).and_then(|b| b.try_into().ok()).map(c_int::from_ne_bytes),
+        args.get(4..12).and_then(|b| b.try_into().ok()).map(i64::from_ne_bytes),
+    ) else {
+        return (libc::EINVAL, 0);
+    };
+    let result = match super::seek::reposition(*read_end, offset, whence) {
+        Some(result) => result,
+        None => forward_seek(from, args, fds),
+    };
+    match result {
+        Ok(position) => (0, position),
+        Err(errno) => (errno, 0),
+    }
+}
+
+/// Passes a seek request on to this process's parent: ESPIPE where no one answers.
+fn forward_seek(from: c_int, args: &[u8], fds: &[c_int]) -> Result<u64, c_int> {
+    forward(from, SEEK_REQUEST, args, fds).map_err(|errno| if errno == libc::EBADF { libc::ESPIPE } else { errno })
+}
+
+/// In a process whose pipe `fd` the kernel would not seek: asks the
+/// parent whether a bridge of its (or of an ancestor's) feeds the pipe,
+/// and to seek it so. The new position, or errno; `None` where no
+/// bridge feeds it (no parent listening, or none of theirs).
+pub fn ask_seek(fd: c_int, offset: i64, whence: c_int) -> Option<Result<u64, c_int>> {
+    let mut args = [0u8; 12];
+    args[..4].copy_from_slice(&whence.to_ne_bytes());
+    args[4..].copy_from_slice(&offset.to_ne_bytes());
+    // SAFETY: socket makes a descriptor of ours, closed below.
+    let conn = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if conn < 0 {
+        return None;
+    }
+    let answer = request(conn, fd, SEEK_REQUEST, &args, &[fd]);
+    // SAFETY: ours.
+    unsafe { real::close(conn) };
+    match answer {
+        Err(libc::EBADF | libc::ESPIPE | libc::EPERM) => None,
+        answer => Some(answer),
+    }
 }
 
 /// Whether `d` was opened by `path` (as far as a request carries it).
@@ -273,7 +338,7 @@ fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
     let (mine, theirs) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
     // A pipe the parent feeds: it gets a copy of the reading end too, to count what is left.
     let sent: &[c_int] = if writes_file { &[theirs] } else { &[theirs, mine] };
-    let answer = if conn < 0 { Err(libc::EBADF) } else { request(conn, from, to, &d.path, sent) };
+    let answer = if conn < 0 { Err(libc::EBADF) } else { request(conn, from, to, &d.path, sent).map(|_| ()) };
     // SAFETY: our descriptors (the parent has its own copy of `theirs` now, if it took it).
     unsafe {
         real::close(theirs);
@@ -292,7 +357,7 @@ fn ask(d: &Description, from: c_int, to: c_int) -> Result<c_int, c_int> {
 }
 
 /// Passes a request this process received on to its own parent.
-fn forward(from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<(), c_int> {
+fn forward(from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<u64, c_int> {
     // (On the adopter's thread, while the program redirects: made and moved up at once.)
     // SAFETY: socket makes a descriptor of ours, closed below.
     let made = made_up(|| unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) });
@@ -304,8 +369,8 @@ fn forward(from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<(), c_i
 }
 
 /// Sends the request on `conn`, carrying descriptors `fds` (one or two),
-/// and reads the answer.
-fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<(), c_int> {
+/// and reads the answer: the position a seek gives (0 for any other request), or errno.
+fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<u64, c_int> {
     debug_assert!((1..=2).contains(&fds.len()), "a request carries one or two descriptors");
     let fd_bytes = std::mem::size_of_val(fds) as u32;
     // SAFETY: getppid cannot fail.
@@ -346,12 +411,13 @@ fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> R
     if sent < 0 {
         return Err(libc::EBADF);
     }
-    let mut answer: c_int = libc::EBADF;
-    // SAFETY: reads 4 bytes into a local.
-    let got = unsafe { libc::recv(conn, (&raw mut answer).cast(), 4, 0) };
-    match (got, answer) {
-        (4, 0) => Ok(()),
-        (4, errno) => Err(errno),
+    let mut answer = [0u8; 12];
+    // SAFETY: reads up to 12 bytes into a local.
+    let got = unsafe { libc::recv(conn, answer.as_mut_ptr().cast(), answer.len(), 0) };
+    let errno = c_int::from_ne_bytes([answer[0], answer[1], answer[2], answer[3]]);
+    match (got, errno) {
+        (12, 0) => Ok(u64::from_ne_bytes(answer[4..].try_into().unwrap_or_default())),
+        (12, errno) => Err(errno),
         _ => Err(libc::EBADF),
     }
 }

@@ -2,7 +2,7 @@
 //! (an eventfd), and how it answers a flush (a count and a condition
 //! variable): the program's `open` of a file waits for the answer.
 
-use super::{forget_own, made_up, note_own};
+use super::{Paused, forget_own, made_up, note_own};
 use crate::real;
 use libc::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +35,9 @@ pub(super) struct Control {
     /// ([`super::end_for_good`]): a child's bridge that nothing stops is
     /// joined then ([`super::reap_ended`]).
     pub(super) ended: std::sync::atomic::AtomicBool,
+    /// Where a reading bridge that ended stood (its end of the pipe
+    /// closed): a seek on the pipe starts it again from there (`seek.rs`).
+    last: Mutex<Option<Paused>>,
 }
 
 impl Control {
@@ -50,6 +53,7 @@ impl Control {
             done: Condvar::new(),
             stopped: std::sync::atomic::AtomicBool::new(false),
             ended: std::sync::atomic::AtomicBool::new(false),
+            last: Mutex::new(None),
         }))
     }
 
@@ -70,6 +74,16 @@ impl Control {
         while *answered < mine {
             answered = self.done.wait(answered).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// The thread, ending, leaves where it stood (see `last`).
+    pub(super) fn keep_last(&self, last: Option<Paused>) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = last;
+    }
+
+    /// What the thread left ending ([`Control::keep_last`]), if it has ended.
+    pub(super) fn last(&self) -> std::sync::MutexGuard<'_, Option<Paused>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The thread has done the flushes asked for up to `asked`.

@@ -4,8 +4,8 @@
 
 use super::control::{Control, SETTLE, wait};
 use super::{
-    COUNT, Paused, Pipe, Running, Source, Spec, close_end, end_for_good, launch, os_error, pause, read_pipe, relaunch,
-    running, set_nonblocking,
+    COUNT, Paused, Pipe, Running, Source, Spec, end_for_good, launch, os_error, pause_or_last, pipe_holds, read_pipe,
+    relaunch, running, set_nonblocking,
 };
 use crate::mount::{self, Description};
 use crate::posix::data::{read_mounted, write_mounted};
@@ -87,9 +87,11 @@ pub fn let_go() -> LetGo {
     }
     let (alone, writing): (Vec<Running>, Vec<Arc<Control>>) = {
         let mut running = running();
-        let (alone, shared): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running)
-            .into_iter()
-            .partition(|b| b.description.as_ref().is_none_or(|d| !mount::in_table(d)));
+        let (alone, shared): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running).into_iter().partition(|b| {
+            // (One that fed its bytes from memory and ended holds nothing: it stays.)
+            let ended_in_memory = b.in_memory && b.control.ended.load(Ordering::Acquire);
+            b.description.as_ref().is_none_or(|d| !mount::in_table(d)) && !ended_in_memory
+        });
         *running = shared;
         COUNT.store(running.len(), Ordering::Release);
         let writing = running.iter().filter(|b| b.writes_into.is_some()).map(|b| Arc::clone(&b.control)).collect();
@@ -100,16 +102,28 @@ pub fn let_go() -> LetGo {
         control.flush();
     }
     let mut paused = Vec::new();
-    for Paused { mut spec, mut held } in alone.into_iter().filter_map(|b| pause(b, false)) {
+    for (Paused { mut spec, mut held, sent }, _) in alone.into_iter().filter_map(|b| pause_or_last(b, false)) {
         if spec.writes_file {
             write_held(&mut spec, &mut held, false);
-            paused.push(Paused { spec, held });
+            paused.push(Paused { spec, held, sent });
         } else if !held.is_empty() {
-            paused.push(Paused { spec, held }); // the rest of its file is in memory already
+            paused.push(Paused { spec, held, sent }); // the rest of its file is in memory already
         } else {
+            // Read from what the reader has not taken yet: the bytes in the pipe
+            // are kept too, so that a seek back into them finds them. (A bridge
+            // that ended has closed its end: the program's reading end counts them.)
+            let counted_on = if spec.end >= 0 { spec.end } else { spec.fds.first().copied().unwrap_or(-1) };
+            let in_pipe = pipe_holds(counted_on).min(spec.file.position);
+            spec.file.position -= in_pipe;
             match read_rest(&spec) {
-                Ok(rest) => paused.push(Paused { spec, held: rest }),
-                Err(d) => launch(spec.fds, spec.end, false, Source::Here(d), None),
+                Ok(rest) => {
+                    let sent = rest.len().min(in_pipe as usize);
+                    paused.push(Paused { spec, held: rest, sent });
+                }
+                Err(d) => {
+                    *d.position.lock().unwrap_or_else(|e| e.into_inner()) += in_pipe;
+                    launch(spec.fds, spec.end, false, Source::Here(d), None);
+                }
             }
         }
     }
@@ -117,7 +131,8 @@ pub fn let_go() -> LetGo {
 }
 
 /// The rest of a reading program's file, from `spec`'s position, if it
-/// ends within [`HELD_BYTES`]; else the file open (to keep it, and its mount).
+/// ends within [`HELD_BYTES`]; else the file open at that position (to
+/// keep it, and its mount).
 fn read_rest(spec: &Spec) -> Result<Vec<u8>, Arc<Description>> {
     let d = match spec.file.open() {
         Ok(d) => Arc::new(d),
@@ -144,14 +159,11 @@ fn read_rest(spec: &Spec) -> Result<Vec<u8>, Arc<Description>> {
 
 impl LetGo {
     /// After the fork (and after the mounts nothing held were given back):
-    /// the bridges run again, holding their bytes in memory.
+    /// the bridges run again, holding their bytes in memory (a reading one
+    /// whose file is all in the pipe ends at once, and a seek can start it again).
     pub fn resume(self) {
-        for Paused { spec, held } in self.0 {
-            if !spec.writes_file && held.is_empty() {
-                close_end(&spec); // its file was read to the end: the reader sees it
-            } else {
-                relaunch(Source::Held { spec, bytes: held });
-            }
+        for Paused { spec, held, sent } in self.0 {
+            relaunch(Source::Held { spec, bytes: held, sent });
         }
     }
 }
@@ -184,7 +196,7 @@ pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control
             if told.stop >= SETTLE {
                 write_held(&mut spec, &mut held, true);
             }
-            return Some(Paused { spec, held });
+            return Some(Paused { spec, held, sent: 0 });
         }
         // Into the file when the mount is here anyway (asked to flush: the program
         // is opening the file, so it has the mount), or when much is held.
@@ -199,14 +211,14 @@ pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control
 }
 
 /// A reading program's bridge let go before a fork: the rest of its file,
-/// read into memory then, is fed into the pipe.
-pub(super) fn feed_held(mut spec: Spec, rest: Vec<u8>, end: c_int, control: &Control) -> Option<Paused> {
+/// read into memory then, is fed into the pipe from byte `sent` on. When
+/// all is fed, where it stood is kept for a seek ([`Control::keep_last`]).
+pub(super) fn feed_held(spec: Spec, rest: Vec<u8>, sent: usize, end: c_int, control: &Control) -> Option<Paused> {
     set_nonblocking(end, true);
-    let mut at = 0;
+    let mut at = sent;
     while at < rest.len() {
         if wait(end, libc::POLLOUT, control).stop != 0 {
-            spec.file.position += at as u64;
-            return Some(Paused { spec, held: rest[at..].to_vec() });
+            return Some(Paused { spec, held: rest, sent: at });
         }
         // SAFETY: writes from a buffer we own.
         let n = unsafe { real::write(end, rest[at..].as_ptr().cast(), rest.len() - at) };
@@ -216,6 +228,7 @@ pub(super) fn feed_held(mut spec: Spec, rest: Vec<u8>, end: c_int, control: &Con
             break; // the reader is gone (EPIPE)
         }
     }
+    control.keep_last(Some(Paused { spec: Spec { end: -1, ..spec }, held: rest, sent: at }));
     end_for_good(end, control);
     None
 }

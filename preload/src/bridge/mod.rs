@@ -32,19 +32,27 @@
 //! bridge write what its pipe holds ([`written_before`]): what the
 //! program wrote before lands first, as with the kernel's file.
 //!
+//! A reader that read ahead and gives the rest back with a seek (`{ head
+//! -n 1; cat; } < f`) has the bridge stopped and started again where the
+//! seek says (`seek.rs`), in this process or, asked through the adopter
+//! socket, in the parent that feeds it.
+//!
 //! What this gives up, against the kernel's file: the program sees a pipe
-//! (`fstat` says FIFO, `lseek` fails with ESPIPE); a reader's position runs
-//! ahead of what it consumed by what the pipe holds, until the program
-//! replaces or closes the descriptor ([`unread`]); a process that outlives
+//! (`fstat` says FIFO, and `lseek(fd, 0, SEEK_CUR)` fails with ESPIPE, so
+//! that programs testing whether they can seek read it as a pipe); a
+//! reader's position runs ahead of what it consumed by what the pipe
+//! holds, until the program replaces or closes the descriptor ([`unread`]); a process that outlives
 //! the program and still writes to the pipe writes to nothing (EPIPE); a
 //! file read while held is the file as it was at the fork.
 
 mod adopt;
 mod control;
 mod held;
+mod seek;
 
 pub use adopt::{ask_parent, listen_before_fork};
 pub use held::let_go;
+pub use seek::seek;
 
 use crate::mount::{self, Description, Node, Reopen};
 use crate::posix::data::{read_mounted, write_mounted};
@@ -138,8 +146,9 @@ enum Source {
     /// Let go before a fork, so that the child can mount (see [`let_go`]):
     /// for a writing program, bytes that arrived and are not in the file yet
     /// (they go at `spec`'s position); for a reading one, the rest of the
-    /// file from `spec`'s position, read into memory.
-    Held { spec: Spec, bytes: Vec<u8> },
+    /// file from `spec`'s position, read into memory, of which the first
+    /// `sent` bytes are in the pipe already (kept: a seek back finds them).
+    Held { spec: Spec, bytes: Vec<u8>, sent: usize },
 }
 
 /// A bridge whose thread runs.
@@ -159,6 +168,11 @@ struct Running {
     /// For a bridge feeding a forked or spawned child: the child, and this
     /// process's copy of the pipe's reading end (see [`after_child_ended`]).
     reader: Option<Reader>,
+    /// Its pipe (device and inode numbers), by which a seek on any of the
+    /// pipe's reading ends finds it (`seek.rs`); `None` if fstat failed.
+    pipe: Option<(u64, u64)>,
+    /// It feeds the program from bytes held in memory ([`Source::Held`]).
+    in_memory: bool,
     thread: std::thread::JoinHandle<Option<Paused>>,
 }
 
@@ -188,6 +202,16 @@ impl Reader {
 struct Paused {
     spec: Spec,
     held: Vec<u8>,
+    /// For a reading bridge feeding from memory: bytes of `held` in the
+    /// pipe already (`spec`'s position is `held`'s first byte's); else 0.
+    sent: usize,
+}
+
+impl Paused {
+    /// Where the file's bytes in the pipe end: the next one to feed.
+    fn fed_to(&self) -> u64 {
+        self.spec.file.position + self.sent as u64
+    }
 }
 
 static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
@@ -196,6 +220,12 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 fn running() -> std::sync::MutexGuard<'static, Vec<Running>> {
     RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether a bridge of this process feeds a pipe (a child may ask it to
+/// seek: its adopter must listen).
+pub(crate) fn feeds_any() -> bool {
+    COUNT.load(Ordering::Acquire) > 0 && running().iter().any(|b| b.feeds)
 }
 
 /// Every running bridge's descriptors (its pipe end and its eventfd): a
@@ -511,6 +541,8 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader
         }
     };
     let writes_into = file.filter(|_| writes_file);
+    let pipe = pipe_id(if end >= 0 { end } else { fds.first().copied().unwrap_or(-1) });
+    let in_memory = matches!(source, Source::Held { .. });
     let theirs = Arc::clone(&control);
     let body = move || {
         let _answer = AnswerAll(Arc::clone(&theirs));
@@ -520,9 +552,22 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader
     // fork, and a child must not inherit a thread start half done.
     match iopath::sys::spawn_without_signals(named, body) {
         Ok(thread) => {
-            note_own(end);
+            if end >= 0 {
+                note_own(end);
+            }
             let mut running = running();
-            running.push(Running { fds, control, description, spec, writes_into, feeds: !writes_file, reader, thread });
+            running.push(Running {
+                fds,
+                control,
+                description,
+                spec,
+                writes_into,
+                feeds: !writes_file,
+                reader,
+                pipe,
+                in_memory,
+                thread,
+            });
             COUNT.store(running.len(), Ordering::Release);
         }
         Err(e) => {
@@ -594,22 +639,38 @@ fn pause(bridge: Running, settle: bool) -> Option<Paused> {
     }
     bridge.control.tell(if settle { SETTLE } else { PAUSE });
     let paused = bridge.thread.join().ok().flatten();
-    paused.map(|p| Paused { spec: Spec { fds: bridge.fds, ..p.spec }, held: p.held })
+    paused.map(|p| Paused { spec: Spec { fds: bridge.fds, ..p.spec }, ..p })
+}
+
+/// [`pause`]; for a reading bridge that had ended, where it stood then
+/// (its end of the pipe closed: -1 in the spec). With whether its end is open.
+fn pause_or_last(bridge: Running, settle: bool) -> Option<(Paused, bool)> {
+    let (control, fds) = (Arc::clone(&bridge.control), bridge.fds.clone());
+    if let Some(paused) = pause(bridge, settle) {
+        return Some((paused, true));
+    }
+    let last = control.last().take()?;
+    Some((Paused { spec: Spec { fds, ..last.spec }, ..last }, false))
 }
 
 /// [`pause`], and what a writing program's bridge held in memory written
 /// into its file (waiting for the mount if another process has it): where
-/// the bridge stands, with nothing left behind.
+/// the bridge stands, with nothing left behind. A reading bridge that had
+/// fed its file to the end says where it stood, its end -1 (handed on at
+/// an exec so, a seek in the next program can start it again).
 fn stop(bridge: Running) -> Option<Spec> {
-    let Paused { spec, held } = pause(bridge, true)?;
-    debug_assert!(!spec.writes_file || held.is_empty(), "a settled bridge holds nothing");
-    Some(spec)
+    let (paused, _) = pause_or_last(bridge, true)?;
+    debug_assert!(!paused.spec.writes_file || paused.held.is_empty(), "a settled bridge holds nothing");
+    let position = paused.fed_to();
+    Some(Spec { file: Reopen { position, ..paused.spec.file }, ..paused.spec })
 }
 
 fn close_end(spec: &Spec) {
-    forget_own(spec.end);
-    // SAFETY: the bridge's end; its thread is gone.
-    unsafe { real::close(spec.end) };
+    if spec.end >= 0 {
+        forget_own(spec.end);
+        // SAFETY: the bridge's end; its thread is gone.
+        unsafe { real::close(spec.end) };
+    }
 }
 
 /// Stops every bridge (see [`stop`]).
@@ -636,6 +697,15 @@ pub fn unread(fd: c_int) -> u64 {
     }
     let last_feeding = running().iter().any(|b| b.feeds && b.description.is_some() && b.fds == [fd]);
     if last_feeding { pipe_holds(fd) } else { 0 }
+}
+
+/// The pipe `fd` is an end of: its device and inode numbers.
+fn pipe_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: all-zero is a valid stat; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into a local.
+    let fifo = unsafe { real::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO;
+    fifo.then_some((st.st_dev, st.st_ino))
 }
 
 /// Bytes pipe end `fd` holds that no reader took (`FIONREAD`; 0 if it cannot say).
@@ -677,16 +747,17 @@ pub fn closed(fd: c_int, unread: u64) {
 /// the bridge has stopped): bytes in the pipe no reader took.
 fn end_bridge(ended: Running, unread: impl FnOnce() -> u64) {
     let rewind = ended.description.clone().filter(|_| ended.feeds);
-    let spec = stop(ended);
+    let stood = pause_or_last(ended, true);
     if let Some(d) = rewind {
         let unread = unread();
         let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
-        // Paused, the spec's position is the file's less what the bridge had not sent.
-        let fed_to = spec.as_ref().map_or(*position, |spec| spec.file.position);
+        // Paused, the spec's position is the file's less what the bridge had not sent;
+        // ended, the file's position is where it stopped (or where the program put it since).
+        let fed_to = stood.as_ref().filter(|(_, open)| *open).map_or(*position, |(p, _)| p.fed_to());
         *position = fed_to.saturating_sub(unread);
     }
-    if let Some(spec) = spec {
-        close_end(&spec);
+    if let Some((paused, _)) = stood {
+        close_end(&paused.spec);
     }
 }
 
@@ -774,8 +845,10 @@ pub fn hand_over() -> HandOver {
         if spec.fds.is_empty() {
             close_end(&spec);
         } else {
-            // SAFETY: F_SETFD on a bridge's end: the next program takes it.
-            unsafe { real::fcntl(spec.end, libc::F_SETFD, 0) };
+            if spec.end >= 0 {
+                // SAFETY: F_SETFD on a bridge's end: the next program takes it.
+                unsafe { real::fcntl(spec.end, libc::F_SETFD, 0) };
+            }
             handed.push(spec);
         }
     }
@@ -802,8 +875,15 @@ enum Ended {
 fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: &Control) -> Option<Paused> {
     let _inside = Inside::enter();
     let source = match source {
-        Source::Held { spec, bytes } if writes_file => return hold_output(spec, bytes, end, control),
-        Source::Held { spec, bytes } => return feed_held(spec, bytes, end, control),
+        // Handed on having fed its file to the end: nothing to feed until a seek
+        // (and no mount needed for that).
+        Source::Handed(spec) if !writes_file && end < 0 => {
+            control.keep_last(Some(Paused { spec, held: Vec::new(), sent: 0 }));
+            end_for_good(end, control);
+            return None;
+        }
+        Source::Held { spec, bytes, .. } if writes_file => return hold_output(spec, bytes, end, control),
+        Source::Held { spec, bytes, sent } => return feed_held(spec, bytes, sent, end, control),
         source => source,
     };
     let shown = || match &source {
@@ -827,8 +907,18 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
             let spec = spec_of(&d, fds.clone(), end, writes_file, unsent);
             if spec.is_none() {
                 crate::say(&format!("{}: the file was unlinked; the next program cannot be given it", shown()));
+                forget_own(end);
+                // SAFETY: the bridge's end, which nothing will take on.
+                unsafe { real::close(end) };
             }
-            spec.map(|spec| Paused { spec, held: Vec::new() })
+            spec.map(|spec| Paused { spec, held: Vec::new(), sent: 0 })
+        }
+        (Ended::Done, Ok(d)) if !writes_file => {
+            // Where it stood, for a seek back (`seek.rs`): its end is closed below.
+            let last = spec_of(&d, fds, -1, false, 0).map(|spec| Paused { spec, held: Vec::new(), sent: 0 });
+            control.keep_last(last);
+            end_for_good(end, control);
+            None
         }
         _ => {
             end_for_good(end, control);
@@ -847,9 +937,11 @@ fn end_for_good(end: c_int, control: &Control) {
     // A flush asked for while the loop ended (its eventfd count read with the pipe's
     // end) has nothing left to wait for: answered now, or its caller waited for ever.
     control.answer(control.asked.load(Ordering::Acquire));
-    forget_own(end);
-    // SAFETY: the bridge's end; nothing else uses it.
-    unsafe { real::close(end) };
+    if end >= 0 {
+        forget_own(end);
+        // SAFETY: the bridge's end; nothing else uses it.
+        unsafe { real::close(end) };
+    }
     while !control.stopped.load(Ordering::Acquire) {
         // (A negative descriptor is left out by poll: only the control is waited on.)
         let told = wait(-1, 0, control);

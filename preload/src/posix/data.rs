@@ -341,14 +341,22 @@ fn seek(d: &Description, offset: off_t, whence: c_int) -> off_t {
 macro_rules! hook_lseek {
     ($($name:ident),*) => {$(
         /// `lseek`: a mounted description's position (SEEK_DATA/SEEK_HOLE
-        /// see no holes), or the C library's.
+        /// see no holes), a bridged standard input's (`bridge/seek.rs`), or
+        /// the C library's.
         ///
         /// # Safety
         /// As the C function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, offset: off_t, whence: c_int) -> off_t {
-            // SAFETY: passed on.
-            on_fd(fd, |e| fail(e) as off_t, |d| seek(d, offset, whence)).unwrap_or_else(|| unsafe { real::$name(fd, offset, whence) })
+            on_fd(fd, |e| fail(e) as off_t, |d| seek(d, offset, whence)).unwrap_or_else(|| {
+                // SAFETY: passed on.
+                let to = unsafe { real::$name(fd, offset, whence) };
+                if to < 0 && super::mounting() && super::last_errno() == libc::ESPIPE {
+                    // A pipe a bridge feeds from a mounted file seeks as the file would.
+                    return crate::bridge::seek(fd, offset, whence).unwrap_or_else(|| fail(libc::ESPIPE) as off_t);
+                }
+                to
+            })
         }
     )*};
 }
