@@ -25,7 +25,9 @@
 //! too and passes its own children's requests up to its parent (a
 //! subshell's command: `( cmd >&3 )`), the descriptor keeping its number
 //! from one generation to the next. A descriptor above 2 the child keeps
-//! across its exec is bridged the same way, at the exec (`inherit.rs`).
+//! across its exec is bridged the same way, at the exec (`inherit.rs`);
+//! descriptors of one open file that go the same way share one pipe (the
+//! child's 0 and its 3 after `cat <&3`), as they share one position.
 //! Where it cannot be done (no parent listening), the child's descriptor
 //! fails with EBADF as before.
 
@@ -97,6 +99,9 @@ pub fn listen_before_fork() {
 
 /// In a child just forked: the parent's socket is the parent's.
 pub fn in_child_after_fork() {
+    if let Ok(mut given) = GIVEN.try_lock() {
+        given.clear(); // (the parent's; this child asks its own parent)
+    }
     let fd = LISTENING.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
         // SAFETY: the inherited listening socket; the parent's thread serving it is not here.
@@ -308,19 +313,66 @@ fn received_descriptors(msg: &libc::msghdr) -> Vec<c_int> {
 /// descriptor `from`, its parent's too) on standard stream `to` by asking
 /// the parent to bridge it. `to`, or -1 with errno (EBADF where the parent
 /// does not answer: as before).
+///
+/// Descriptors of one open file that go the same way share one pipe, as
+/// they share one position: `exec 3< f; cat <&3` puts the shell's 3 on the
+/// child's 0 and keeps it on 3 across the exec, and two pipes fed from one
+/// position raced for its bytes (cat got a short file in 1 run of 5).
 pub fn ask_parent(d: &Description, from: c_int, to: c_int, cloexec: bool) -> c_int {
+    let writes_file = super::writes_into(d, to);
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    if let Some(given) = given_before(d, writes_file) {
+        // SAFETY: the pipe this process was given for `d`, duplicated onto the program's `to`.
+        let placed = unsafe { real::dup3(given, to, flags) };
+        if placed >= 0 {
+            remember_given(d, writes_file, placed);
+        }
+        return placed;
+    }
     match ask(d, from, to) {
         Ok(mine) => {
             // SAFETY: our pipe end onto the program's `to` (replacing the placeholder there).
-            unsafe {
-                let placed = real::dup3(mine, to, if cloexec { libc::O_CLOEXEC } else { 0 });
-                let errno = crate::posix::last_errno();
-                real::close(mine);
-                if placed < 0 { crate::posix::fail(errno) } else { placed }
+            let placed = unsafe { real::dup3(mine, to, flags) };
+            let errno = crate::posix::last_errno();
+            // SAFETY: ours, duplicated (or not) above.
+            unsafe { real::close(mine) };
+            if placed < 0 {
+                return crate::posix::fail(errno);
             }
+            remember_given(d, writes_file, placed);
+            placed
         }
         Err(errno) => crate::posix::fail(errno),
     }
+}
+
+/// A pipe a forked child was given by its parent for one of the parent's open files.
+struct Given {
+    /// The description (its address: the child's table keeps it alive).
+    description: usize,
+    writes_file: bool,
+    /// Where the pipe was put, and the pipe (so a number reused since is not taken for it).
+    fd: c_int,
+    pipe: (u64, u64),
+}
+
+/// The pipes this process was given ([`ask_parent`]); cleared in a forked child.
+static GIVEN: std::sync::Mutex<Vec<Given>> = std::sync::Mutex::new(Vec::new());
+
+/// A descriptor of this process that is still the pipe it was given for `d`, that way.
+fn given_before(d: &Description, writes_file: bool) -> Option<c_int> {
+    let given = GIVEN.try_lock().ok()?; // (never waits: a fork may have left it held)
+    let address = std::ptr::from_ref(d) as usize;
+    given
+        .iter()
+        .find(|g| g.description == address && g.writes_file == writes_file && super::pipe_id(g.fd) == Some(g.pipe))
+        .map(|g| g.fd)
+}
+
+fn remember_given(d: &Description, writes_file: bool, fd: c_int) {
+    let (Ok(mut given), Some(pipe)) = (GIVEN.try_lock(), super::pipe_id(fd)) else { return };
+    given.retain(|g| g.fd != fd);
+    given.push(Given { description: std::ptr::from_ref(d) as usize, writes_file, fd, pipe });
 }
 
 /// The request: this process's end of a pipe whose other end the parent
