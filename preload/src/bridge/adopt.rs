@@ -27,7 +27,11 @@
 //! from one generation to the next. A descriptor above 2 the child keeps
 //! across its exec is bridged the same way, at the exec (`inherit.rs`);
 //! descriptors of one open file that go the same way share one pipe (the
-//! child's 0 and its 3 after `cat <&3`), as they share one position.
+//! child's 0 and its 3 after `cat <&3`), as they share one position. A
+//! pipe the parent feeds is fed from a cursor of the bridge's own, and the
+//! shared position moves by what the child consumed when it is reaped
+//! (`bridge::Cursor`): a sibling that inherits the file and never reads it
+//! takes nothing from the one that does.
 //! Where it cannot be done (no parent listening), the child's descriptor
 //! fails with EBADF as before.
 

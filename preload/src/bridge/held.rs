@@ -122,7 +122,7 @@ pub fn let_go() -> LetGo {
                 }
                 Err(d) => {
                     *d.position.lock().unwrap_or_else(|e| e.into_inner()) += in_pipe;
-                    launch(spec.fds, spec.end, false, Source::Here(d), None);
+                    launch(spec.fds, spec.end, false, Source::Here(d, None), None);
                 }
             }
         }

@@ -141,14 +141,31 @@ fn describe(fds: &[c_int], writes_file: bool, mount: &[u8], path: &[u8]) -> Stri
 enum Source {
     /// Handed over by the program that executed this one: opened again.
     Handed(Spec),
-    /// This program's own open file, shared (one position).
-    Here(Arc<Description>),
+    /// This program's own open file, shared (one position); for a bridge
+    /// feeding a child, read from a cursor of its own ([`Cursor`]).
+    Here(Arc<Description>, Option<Cursor>),
     /// Let go before a fork, so that the child can mount (see [`let_go`]):
     /// for a writing program, bytes that arrived and are not in the file yet
     /// (they go at `spec`'s position); for a reading one, the rest of the
     /// file from `spec`'s position, read into memory, of which the first
     /// `sent` bytes are in the pipe already (kept: a seek back finds them).
     Held { spec: Spec, bytes: Vec<u8>, sent: usize },
+}
+
+/// Where a bridge feeding a forked or spawned child reads its parent's
+/// open file: a position of its own, from the shared one when it started.
+/// The shared position moves by what the child consumed when the child is
+/// reaped ([`end_bridge`]). Read from the shared position, a sibling that
+/// inherited the same file and never read it (`exec 3< f; cat <&3 |
+/// md5sum`: md5sum keeps 3 across its exec, and gets a pipe too) had its
+/// pipe fed ahead, and what went there was gone for the reader: cat's
+/// output was short in 1 run of 10.
+#[derive(Debug, Clone, Copy)]
+struct Cursor {
+    /// The shared position when the bridge started.
+    start: u64,
+    /// Where it reads next.
+    at: u64,
 }
 
 /// A bridge whose thread runs.
@@ -173,6 +190,8 @@ struct Running {
     pipe: Option<(u64, u64)>,
     /// It feeds the program from bytes held in memory ([`Source::Held`]).
     in_memory: bool,
+    /// For a bridge reading from a cursor of its own: where the shared position stood.
+    cursor_start: Option<u64>,
     thread: std::thread::JoinHandle<Option<Paused>>,
 }
 
@@ -324,7 +343,7 @@ pub fn onto(d: &Arc<Description>, to: c_int, cloexec: bool) -> c_int {
         "bridging {} (a pipe: the C library's stdio calls the kernel)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)
     ));
-    launch(vec![to], end, writes_file, Source::Here(Arc::clone(d)), None);
+    launch(vec![to], end, writes_file, Source::Here(Arc::clone(d), None), None);
     placed
 }
 
@@ -386,7 +405,11 @@ fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, reader: Option<R
     if let Some(reader) = &reader {
         note_own(reader.fd);
     }
-    launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d)), reader);
+    let cursor = (!writes_file).then(|| {
+        let at = *d.position.lock().unwrap_or_else(|e| e.into_inner());
+        Cursor { start: at, at }
+    });
+    launch(Vec::new(), end, writes_file, Source::Here(Arc::clone(d), cursor), reader);
 }
 
 /// A child of this program ended (`wait` and its kind reaped `child`): the
@@ -446,8 +469,8 @@ fn reap_ended() {
         ended
     };
     for bridge in ended {
-        let left = pause(bridge, false);
-        debug_assert!(left.is_none(), "a bridge that ended for good stands somewhere");
+        // (One that fed a child from its own cursor moves the shared position by all it fed.)
+        end_bridge(bridge, || 0);
     }
 }
 
@@ -455,7 +478,7 @@ fn reap_ended() {
 fn relaunch(source: Source) {
     let spec = match &source {
         Source::Handed(spec) | Source::Held { spec, .. } => spec,
-        Source::Here(_) => unreachable!("a bridge on this program's own file is started by `onto`"),
+        Source::Here(..) => unreachable!("a bridge on this program's own file is started by `onto`"),
     };
     let (fds, end, writes_file) = (spec.fds.clone(), spec.end, spec.writes_file);
     launch(fds, end, writes_file, source, None);
@@ -531,7 +554,7 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader
     let named = std::thread::Builder::new().name("iopath-stdio".into());
     let bridge_fds = fds.clone();
     let (description, spec, file) = match &source {
-        Source::Here(d) => {
+        Source::Here(d, _) => {
             let index = mount::mounts().iter().position(|m| std::ptr::eq(m, d.mount));
             let ino = d.file().map(|f| f.metadata().ino).ok();
             (Some(Arc::clone(d)), None, index.zip(ino))
@@ -543,6 +566,10 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader
     let writes_into = file.filter(|_| writes_file);
     let pipe = pipe_id(if end >= 0 { end } else { fds.first().copied().unwrap_or(-1) });
     let in_memory = matches!(source, Source::Held { .. });
+    let cursor_start = match &source {
+        Source::Here(_, cursor) => cursor.map(|c| c.start),
+        _ => None,
+    };
     let theirs = Arc::clone(&control);
     let body = move || {
         let _answer = AnswerAll(Arc::clone(&theirs));
@@ -566,6 +593,7 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader
                 reader,
                 pipe,
                 in_memory,
+                cursor_start,
                 thread,
             });
             COUNT.store(running.len(), Ordering::Release);
@@ -747,14 +775,25 @@ pub fn closed(fd: c_int, unread: u64) {
 /// the bridge has stopped): bytes in the pipe no reader took.
 fn end_bridge(ended: Running, unread: impl FnOnce() -> u64) {
     let rewind = ended.description.clone().filter(|_| ended.feeds);
+    let cursor_start = ended.cursor_start;
     let stood = pause_or_last(ended, true);
     if let Some(d) = rewind {
         let unread = unread();
         let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
-        // Paused, the spec's position is the file's less what the bridge had not sent;
-        // ended, the file's position is where it stopped (or where the program put it since).
-        let fed_to = stood.as_ref().filter(|(_, open)| *open).map_or(*position, |(p, _)| p.fed_to());
-        *position = fed_to.saturating_sub(unread);
+        match (cursor_start, &stood) {
+            // Its own cursor: the shared position moves by what the child consumed.
+            (Some(start), Some((paused, _))) => {
+                let consumed_to = paused.fed_to().saturating_sub(unread);
+                *position = (*position + consumed_to).saturating_sub(start);
+            }
+            (Some(_), None) => {}
+            // Paused, the spec's position is the file's less what the bridge had not sent;
+            // ended, the file's position is where it stopped (or where the program put it since).
+            (None, _) => {
+                let fed_to = stood.as_ref().filter(|(_, open)| *open).map_or(*position, |(p, _)| p.fed_to());
+                *position = fed_to.saturating_sub(unread);
+            }
+        }
     }
     if let Some((paused, _)) = stood {
         close_end(&paused.spec);
@@ -888,15 +927,23 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
     };
     let shown = || match &source {
         Source::Handed(spec) | Source::Held { spec, .. } => spec.shown(),
-        Source::Here(d) => describe(&fds, writes_file, &d.mount.dir, &d.path),
+        Source::Here(d, _) => describe(&fds, writes_file, &d.mount.dir, &d.path),
     };
-    let d = match &source {
-        Source::Handed(spec) | Source::Held { spec, .. } => spec.file.open().map(Arc::new),
-        Source::Here(d) => Ok(Arc::clone(d)),
+    let (d, mut cursor) = match &source {
+        Source::Handed(spec) | Source::Held { spec, .. } => (spec.file.open().map(Arc::new), None),
+        Source::Here(d, cursor) => (Ok(Arc::clone(d)), cursor.map(|c| c.at)),
+    };
+    // Where it stood, `unsent` bytes back: its own cursor's, else the shared position's.
+    let stood = |d: &Description, end: c_int, unsent: u64, cursor: Option<u64>| {
+        let mut spec = spec_of(d, fds.clone(), end, writes_file, unsent)?;
+        if let Some(at) = cursor {
+            spec.file.position = at.saturating_sub(unsent);
+        }
+        Some(Paused { spec, held: Vec::new(), sent: 0 })
     };
     let ended = match &d {
         Ok(d) if writes_file => drain_into(d, end, control, &shown),
-        Ok(d) => feed_from(d, end, control, &shown),
+        Ok(d) => feed_from(d, end, control, &shown, &mut cursor),
         Err(why) => {
             crate::say(&format!("cannot keep {}: {why}", shown()));
             Ended::Done
@@ -904,19 +951,18 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
     };
     match (ended, d) {
         (Ended::Stopped { unsent }, Ok(d)) => {
-            let spec = spec_of(&d, fds.clone(), end, writes_file, unsent);
-            if spec.is_none() {
+            let paused = stood(&d, end, unsent, cursor);
+            if paused.is_none() {
                 crate::say(&format!("{}: the file was unlinked; the next program cannot be given it", shown()));
                 forget_own(end);
                 // SAFETY: the bridge's end, which nothing will take on.
                 unsafe { real::close(end) };
             }
-            spec.map(|spec| Paused { spec, held: Vec::new(), sent: 0 })
+            paused
         }
         (Ended::Done, Ok(d)) if !writes_file => {
             // Where it stood, for a seek back (`seek.rs`): its end is closed below.
-            let last = spec_of(&d, fds, -1, false, 0).map(|spec| Paused { spec, held: Vec::new(), sent: 0 });
-            control.keep_last(last);
+            control.keep_last(stood(&d, -1, 0, cursor));
             end_for_good(end, control);
             None
         }
@@ -1030,14 +1076,24 @@ fn drain_into(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -
     ended
 }
 
-/// A reading program's bridge: the file's bytes are fed into the pipe.
-fn feed_from(d: &Description, end: c_int, control: &Control, shown: &dyn Fn() -> String) -> Ended {
+/// A reading program's bridge: the file's bytes are fed into the pipe,
+/// from the shared position, or from `cursor` (moved on) if it has one.
+fn feed_from(
+    d: &Description,
+    end: c_int,
+    control: &Control,
+    shown: &dyn Fn() -> String,
+    cursor: &mut Option<u64>,
+) -> Ended {
     set_nonblocking(end, true);
     let mut buf = vec![0u8; 64 << 10];
     let (mut at, mut len) = (0usize, 0usize);
     loop {
         if at == len {
-            let n = read_mounted(d, &mut buf, None);
+            let n = read_mounted(d, &mut buf, cursor.map(|c| c as libc::off_t));
+            if let (Some(c), true) = (cursor.as_mut(), n > 0) {
+                *c += n as u64;
+            }
             if n < 0 {
                 crate::say(&format!("{}: {}", shown(), os_error(crate::posix::last_errno())));
                 return Ended::Done;

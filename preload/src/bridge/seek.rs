@@ -31,8 +31,8 @@
 //! mount, and fails with ESPIPE (as a pipe does) if another process has it.
 
 use super::{
-    COUNT, Paused, Reader, Running, Source, Spec, launch, made_up, pause_or_last, pipe_holds, pipe_id, relaunch,
-    running,
+    COUNT, Cursor, Paused, Reader, Running, Source, Spec, launch, made_up, pause_or_last, pipe_holds, pipe_id,
+    relaunch, running,
 };
 use crate::mount::{self, Description, Node, Reopen};
 use crate::real;
@@ -107,8 +107,10 @@ fn target(consumed: u64, size: u64, offset: i64, whence: c_int) -> Result<u64, c
 
 /// How a stopped bridge starts again.
 enum Restart {
-    /// On the program's open file, from this position, for these descriptors.
-    Here(Arc<Description>, u64, Vec<c_int>),
+    /// On the program's open file, from this position, for these
+    /// descriptors (from its own cursor, for a child, if it had one: where
+    /// the shared position stood when it started).
+    Here(Arc<Description>, u64, Vec<c_int>, Option<u64>),
     /// From bytes in memory (`spec`'s position is the first one's), this many in the pipe already.
     Memory(Spec, Vec<u8>, usize),
     /// On its file opened again by path, at `spec`'s position.
@@ -121,6 +123,7 @@ fn move_bridge(mut bridge: Running, read_end: c_int, offset: i64, whence: c_int)
     let reader = bridge.reader.take();
     let description = bridge.description.clone();
     let in_memory = bridge.in_memory;
+    let cursor_start = bridge.cursor_start;
     let Some((stood, open)) = pause_or_last(bridge, false) else {
         reader.into_iter().for_each(Reader::close);
         return Err(libc::ESPIPE); // it failed and said why: nothing to move
@@ -157,7 +160,7 @@ fn move_bridge(mut bridge: Running, read_end: c_int, offset: i64, whence: c_int)
             }
         }
     };
-    let restart = restart_at(stood, description, in_memory, from);
+    let restart = restart_at(stood, description, in_memory, cursor_start, from);
     start(restart, end, reader);
     answer
 }
@@ -183,11 +186,17 @@ fn reachable(stood: &Paused, in_memory: bool, to: u64) -> bool {
 }
 
 /// How a bridge that stood so starts again, feeding from `from`.
-fn restart_at(stood: Paused, description: Option<Arc<Description>>, in_memory: bool, from: u64) -> Restart {
+fn restart_at(
+    stood: Paused,
+    description: Option<Arc<Description>>,
+    in_memory: bool,
+    cursor_start: Option<u64>,
+    from: u64,
+) -> Restart {
     let Paused { spec, held, .. } = stood;
     let base = spec.file.position;
     match description {
-        Some(d) => Restart::Here(d, from, spec.fds),
+        Some(d) => Restart::Here(d, from, spec.fds, cursor_start),
         None if in_memory && (base..=base + held.len() as u64).contains(&from) => {
             Restart::Memory(spec, held, (from - base) as usize)
         }
@@ -198,9 +207,12 @@ fn restart_at(stood: Paused, description: Option<Arc<Description>>, in_memory: b
 /// Starts a bridge again on pipe end `end`.
 fn start(restart: Restart, end: c_int, reader: Option<Reader>) {
     match restart {
-        Restart::Here(d, from, fds) => {
+        Restart::Here(d, from, fds, Some(start)) => {
+            launch(fds, end, false, Source::Here(d, Some(Cursor { start, at: from })), reader);
+        }
+        Restart::Here(d, from, fds, None) => {
             *d.position.lock().unwrap_or_else(|e| e.into_inner()) = from;
-            launch(fds, end, false, Source::Here(d), reader);
+            launch(fds, end, false, Source::Here(d, None), reader);
         }
         Restart::Memory(spec, bytes, sent) => {
             reader.into_iter().for_each(Reader::close);
