@@ -288,9 +288,11 @@ fn a_shell_redirecting_while_the_interposer_mounts_keeps_its_descriptors() {
 /// child's 0 and its 3 kept across exec share one pipe, as they share one
 /// position; two pipes raced for the file's bytes), and in a pipeline
 /// whose other command inherits the descriptor and never reads it (`cat
-/// <&3 | cksum`: the sibling's pipe is fed from a cursor of its own), and
-/// bash's `read` builtin, which reads as from a pipe. Before, `{ head -n 1; cat; } < f` gave cat nothing: head's
-/// seek failed with ESPIPE.
+/// <&3 | cksum`: the sibling's pipe is fed from a cursor of its own),
+/// Python's children with its open file as standard input (a grandchild's
+/// seek goes up past the shell between, which listens to no one), and
+/// bash's `read` builtin, which reads as from a pipe. Before, `{ head -n
+/// 1; cat; } < f` gave cat nothing: head's seek failed with ESPIPE.
 #[test]
 fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file() {
     let script = r#"set -e
@@ -306,8 +308,12 @@ fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file()
         exec 3< "$D/two"; head -n 1 <&3; head -n 2 <&3; cat <&3; exec 3<&-
         python3 -c 'import os; os.read(0, 10); print(os.lseek(0, -4, 1), os.read(0, 3)); \
             print(os.lseek(0, 100, 0), os.read(0, 3)); print(os.lseek(0, -6, 2), os.read(0, 6)); \
-            print(os.lseek(0, 2, 0), os.read(0, 2))' < "$D/in" > "$D/python""#;
-    let names = ["first", "rest", "three", "sorted", "mixed", "bigrest", "read", "python"];
+            print(os.lseek(0, 2, 0), os.read(0, 2))' < "$D/in" > "$D/python"
+        python3 -c 'import os, subprocess, sys; f = open(sys.argv[1], "rb", buffering=0); f.read(3); \
+            a = subprocess.run(["head", "-c", "4"], stdin=f, capture_output=True).stdout; \
+            b = subprocess.run(["sh", "-c", "head -n 1; head -c 3"], stdin=f, capture_output=True).stdout; \
+            print(a, b, os.lseek(f.fileno(), 0, 1), f.read(5))' "$D/in" > "$D/spawned""#;
+    let names = ["first", "rest", "three", "sorted", "mixed", "bigrest", "read", "python", "spawned"];
     let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
     let stdout = [(&kernel_dir, false), (&mount_dir, true)].map(|(dir, mount)| {
         let out = bash_in(script, dir, mount.then_some(image.as_path()));
@@ -319,10 +325,12 @@ fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file()
     let all: Vec<u8> = (1..=300_000).flat_map(|n| format!("{n}\n").into_bytes()).collect();
     let cksum = |out: &[u8]| String::from_utf8_lossy(&out[..out.len().saturating_sub(all.len())]).into_owned();
     assert!(stdout.iter().all(|out| out.ends_with(&all)), "{} and {} bytes", stdout[0].len(), stdout[1].len());
-    assert_eq!(cksum(&stdout[1]), cksum(&stdout[0]), "cat's copy, its sibling md5sum inheriting 3 too");
+    assert_eq!(cksum(&stdout[1]), cksum(&stdout[0]), "cat's copy, its sibling cksum inheriting 3 too");
     same_files_in_image(&image, &kernel_dir, &names);
     let python = std::fs::read_to_string(kernel_dir.join("python")).unwrap();
     assert_eq!(python, "6 b'4\\n5'\n100 b'7\\n3'\n108888 b'20000\\n'\n2 b'2\\n'\n");
+    let spawned = std::fs::read_to_string(kernel_dir.join("spawned")).unwrap();
+    assert_eq!(spawned, "b'\\n3\\n4' b'\\n5\\n6' 11 b'\\n7\\n8\\n'\n");
 }
 
 /// A script whose standard streams are mounted files runs commands that use

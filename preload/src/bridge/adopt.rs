@@ -20,8 +20,9 @@
 //! what the child sent (`after_child_ended`).
 //!
 //! Only the process's own children are served (the peer's credentials:
-//! same user, and its parent is this process), and only a file the parent
-//! still has open at that number by the same path. A forked child listens
+//! same user, and its parent is this process; a seek, `seek.rs`, from any
+//! descendant), and only a file the parent still has open at that number
+//! by the same path. A forked child listens
 //! too and passes its own children's requests up to its parent (a
 //! subshell's command: `( cmd >&3 )`), the descriptor keeping its number
 //! from one generation to the next. A descriptor above 2 the child keeps
@@ -145,8 +146,8 @@ fn serve(listening: c_int) {
         };
         // (The request and the answer wait, with the child's timeout on its side.)
         set_nonblocking(conn, false);
-        let (errno, position) = match own_child(conn) {
-            Some(child) => answer(conn, child),
+        let (errno, position) = match own_descendant(conn) {
+            Some(peer) => answer(conn, peer),
             None => (libc::EPERM, 0),
         };
         let mut bytes = [0u8; 12];
@@ -160,16 +161,38 @@ fn serve(listening: c_int) {
     }
 }
 
-/// The peer of `conn`, if it is this user's process and this process's child.
-fn own_child(conn: c_int) -> Option<libc::pid_t> {
+/// How far down a seek request may come from ([`ask_seek`] walks up as far).
+const GENERATIONS: usize = 8;
+
+/// The peer of a connection: this user's process, a descendant of this one.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    pid: libc::pid_t,
+    /// This process's child (else a grandchild or further down).
+    child: bool,
+}
+
+/// The peer of `conn`, if it is this user's process and descends from
+/// this one (at most [`GENERATIONS`] down).
+fn own_descendant(conn: c_int) -> Option<Peer> {
     // SAFETY: all-zero is a valid ucred; getsockopt fills it.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: a buffer of ours of the size given.
     let got = unsafe { libc::getsockopt(conn, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len) };
     // SAFETY: getuid and getpid cannot fail.
-    let (uid, pid) = unsafe { (libc::getuid(), libc::getpid()) };
-    (got == 0 && cred.uid == uid && parent_of(cred.pid) == Some(pid)).then_some(cred.pid)
+    let (uid, me) = unsafe { (libc::getuid(), libc::getpid()) };
+    if got != 0 || cred.uid != uid {
+        return None;
+    }
+    let mut up = cred.pid;
+    for generation in 0..GENERATIONS {
+        up = parent_of(up).filter(|&p| p > 1)?;
+        if up == me {
+            return Some(Peer { pid: cred.pid, child: generation == 0 });
+        }
+    }
+    None
 }
 
 /// The parent of process `pid` (from `/proc/PID/stat`).
@@ -186,7 +209,7 @@ fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
 /// parent feeds, a copy of the child's reading end (to count what the
 /// child leaves unread: [`super::after_child_ended`]). Or it asks to seek
 /// a pipe ([`SEEK_REQUEST`]): the errno and the new position.
-fn answer(conn: c_int, child: libc::pid_t) -> Answer {
+fn answer(conn: c_int, peer: Peer) -> Answer {
     let mut payload = [0u8; 8 + PATH_BYTES];
     let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
     let mut control = [0u64; 4]; // room for two descriptors' cmsg, aligned
@@ -229,6 +252,12 @@ fn answer(conn: c_int, child: libc::pid_t) -> Answer {
         close_all(&received);
         return answer;
     }
+    // Only a child asks to be bridged (a grandchild asks its parent, which passes it on).
+    if !peer.child {
+        close_all(&received);
+        return (libc::EPERM, 0);
+    }
+    let child = peer.pid;
     let found = mount::lookup(from).filter(|d| matches!(d.node, Node::File(_)) && same_path(d, rest));
     let Some(d) = found else {
         close_all(&received);
@@ -273,25 +302,34 @@ fn forward_seek(from: c_int, args: &[u8], fds: &[c_int]) -> Result<u64, c_int> {
 }
 
 /// In a process whose pipe `fd` the kernel would not seek: asks the
-/// parent whether a bridge of its (or of an ancestor's) feeds the pipe,
-/// and to seek it so. The new position, or errno; `None` where no
-/// bridge feeds it (no parent listening, or none of theirs).
+/// nearest ancestor that listens (the parent, or further up past
+/// processes that hold no mounted file: `sh -c 'head -n 1; cat'` run by a
+/// program with its open file as standard input) whether a bridge of its
+/// (or of an ancestor's) feeds the pipe, and to seek it so. The new
+/// position, or errno; `None` where no bridge feeds it.
 pub fn ask_seek(fd: c_int, offset: i64, whence: c_int) -> Option<Result<u64, c_int>> {
     let mut args = [0u8; 12];
     args[..4].copy_from_slice(&whence.to_ne_bytes());
     args[4..].copy_from_slice(&offset.to_ne_bytes());
-    // SAFETY: socket makes a descriptor of ours, closed below.
-    let conn = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if conn < 0 {
-        return None;
+    // SAFETY: getppid cannot fail.
+    let mut ancestor = unsafe { libc::getppid() };
+    for _ in 0..GENERATIONS {
+        // SAFETY: socket makes a descriptor of ours, closed below.
+        let conn = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if conn < 0 {
+            return None;
+        }
+        let answer = request_to(ancestor, conn, fd, SEEK_REQUEST, &args, &[fd]);
+        // SAFETY: ours.
+        unsafe { real::close(conn) };
+        match answer {
+            Err(Refused::NotListening) => ancestor = parent_of(ancestor).filter(|&p| p > 1)?,
+            Err(Refused::Answered(libc::EBADF | libc::ESPIPE | libc::EPERM)) => return None,
+            Err(Refused::Answered(errno)) => return Some(Err(errno)),
+            Ok(position) => return Some(Ok(position)),
+        }
     }
-    let answer = request(conn, fd, SEEK_REQUEST, &args, &[fd]);
-    // SAFETY: ours.
-    unsafe { real::close(conn) };
-    match answer {
-        Err(libc::EBADF | libc::ESPIPE | libc::EPERM) => None,
-        answer => Some(answer),
-    }
+    None
 }
 
 /// Whether `d` was opened by `path` (as far as a request carries it).
@@ -424,13 +462,37 @@ fn forward(from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<u64, c_
     answer
 }
 
-/// Sends the request on `conn`, carrying descriptors `fds` (one or two),
-/// and reads the answer: the position a seek gives (0 for any other request), or errno.
+/// Sends the request on `conn` to the parent, carrying descriptors `fds`
+/// (one or two), and reads the answer: the position a seek gives (0 for
+/// any other request), or errno (EBADF where the parent does not listen).
 fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<u64, c_int> {
+    // SAFETY: getppid cannot fail.
+    request_to(unsafe { libc::getppid() }, conn, from, to, path, fds).map_err(|refused| match refused {
+        Refused::NotListening => libc::EBADF,
+        Refused::Answered(errno) => errno,
+    })
+}
+
+/// Why a request was not done.
+enum Refused {
+    /// No process listens at that address (or it could not be reached).
+    NotListening,
+    /// It answered with this errno.
+    Answered(c_int),
+}
+
+/// [`request`] to process `pid`.
+fn request_to(
+    pid: libc::pid_t,
+    conn: c_int,
+    from: c_int,
+    to: c_int,
+    path: &[u8],
+    fds: &[c_int],
+) -> Result<u64, Refused> {
     debug_assert!((1..=2).contains(&fds.len()), "a request carries one or two descriptors");
     let fd_bytes = std::mem::size_of_val(fds) as u32;
-    // SAFETY: getppid cannot fail.
-    let (addr, len) = address(unsafe { libc::getppid() });
+    let (addr, len) = address(pid);
     let mut payload = Vec::with_capacity(8 + PATH_BYTES);
     payload.extend_from_slice(&from.to_ne_bytes());
     payload.extend_from_slice(&to.to_ne_bytes());
@@ -441,7 +503,7 @@ fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> R
     // SAFETY: all-zero is a valid msghdr; the control buffer holds one descriptor's cmsg.
     let sent = unsafe {
         if libc::connect(conn, (&raw const addr).cast(), len) != 0 {
-            return Err(libc::EBADF); // no parent listening: as before
+            return Err(Refused::NotListening); // no parent listening: as before
         }
         libc::setsockopt(
             conn,
@@ -465,7 +527,7 @@ fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> R
         libc::sendmsg(conn, &msg, libc::MSG_NOSIGNAL)
     };
     if sent < 0 {
-        return Err(libc::EBADF);
+        return Err(Refused::NotListening);
     }
     let mut answer = [0u8; 12];
     // SAFETY: reads up to 12 bytes into a local.
@@ -473,8 +535,8 @@ fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> R
     let errno = c_int::from_ne_bytes([answer[0], answer[1], answer[2], answer[3]]);
     match (got, errno) {
         (12, 0) => Ok(u64::from_ne_bytes(answer[4..].try_into().unwrap_or_default())),
-        (12, errno) => Err(errno),
-        _ => Err(libc::EBADF),
+        (12, errno) => Err(Refused::Answered(errno)),
+        _ => Err(Refused::Answered(libc::EBADF)),
     }
 }
 

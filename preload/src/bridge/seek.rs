@@ -10,7 +10,9 @@
 //! of a bridge's descriptors), or in a parent (a shell that redirected a
 //! group's standard input and forked the group's commands), through the
 //! parent's adopter socket (`adopt.rs`), which passes it on up when the
-//! bridge is not its own. The bridge is stopped; what the reader consumed
+//! bridge is not its own; where the parent does not listen (a shell that
+//! holds no mounted file, between a program and the `head` it runs), the
+//! nearest ancestor that does. The bridge is stopped; what the reader consumed
 //! is where the file's bytes in the pipe end less what the pipe still
 //! holds; the pipe is emptied and the bridge starts again at the new
 //! position (a bridge that had fed its file to the end, and closed its
