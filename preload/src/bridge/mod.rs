@@ -781,10 +781,13 @@ fn end_bridge(ended: Running, unread: impl FnOnce() -> u64) {
         let unread = unread();
         let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
         match (cursor_start, &stood) {
-            // Its own cursor: the shared position moves by what the child consumed.
+            // Its own cursor: the shared position moves by what the child consumed
+            // (not past the end, where two children that each read it all would put it).
             (Some(start), Some((paused, _))) => {
                 let consumed_to = paused.fed_to().saturating_sub(unread);
-                *position = (*position + consumed_to).saturating_sub(start);
+                let moved = (*position + consumed_to).saturating_sub(start);
+                let size = d.file().map_or(u64::MAX, |f| f.len());
+                *position = if moved > size && *position <= size { size } else { moved };
             }
             (Some(_), None) => {}
             // Paused, the spec's position is the file's less what the bridge had not sent;
