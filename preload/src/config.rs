@@ -14,7 +14,8 @@
 //!   against the working directory when the program starts.
 //! - `IOPATH_MOUNT_WAIT`: seconds to wait for another process that has a
 //!   mount's device mounted (default 10; then calls into the mount fail
-//!   with EBUSY and a message naming that process).
+//!   with EBUSY and a message naming that process; calls within another
+//!   such stretch only look, without waiting again).
 //! - `IOPATH_FSYNC_PATH`: the mounts' fsync path (`conventional`, `aios`,
 //!   `journaled`; default `journaled`, measured fastest for programs: see
 //!   `mount.rs`).

@@ -48,6 +48,18 @@ struct MountState {
     lock: Option<MountLock>,
     /// A failure was said on stderr already.
     said: bool,
+    /// When a call last waited the whole `IOPATH_MOUNT_WAIT` for another
+    /// process in vain: calls within another such wait of it only look,
+    /// without waiting again. bash stats "." twice in a command search: a
+    /// forked bash whose working directory is on a mount another process
+    /// kept waited 10 s for each (`{ head; cat; } < big | md5sum`: 20 s).
+    gave_up: Option<std::time::Instant>,
+}
+
+/// How long a call waits for another process to let go of a mount: `wait`,
+/// or nothing within `wait` of a call that waited it all in vain (`gave_up`).
+fn wait_now(gave_up: Option<std::time::Instant>, wait: std::time::Duration) -> std::time::Duration {
+    if gave_up.is_some_and(|at| at.elapsed() < wait) { std::time::Duration::ZERO } else { wait }
 }
 
 /// Each mount's lender: one thread per process (never ending: a thread
@@ -177,11 +189,18 @@ impl Mount {
         }
         let _inside = crate::Inside::enter();
         let spec = self.engine_spec();
-        let lock = match MountLock::acquire(&spec, wait) {
+        let waited_in_vain = wait_now(state.gave_up, wait).is_zero() && !wait.is_zero();
+        let lock = match MountLock::acquire(&spec, wait_now(state.gave_up, wait)) {
             Ok(lock) => lock,
             Err(_) if !say_busy => return Err(libc::EBUSY),
-            Err(e) => return Err(self.failed(&mut state, &e, libc::EBUSY)),
+            Err(e) => {
+                if !waited_in_vain {
+                    state.gave_up = Some(std::time::Instant::now());
+                }
+                return Err(self.failed(&mut state, &e, libc::EBUSY));
+            }
         };
+        state.gave_up = None;
         let options = mount_options();
         let mounted = iopath::PathConfig::preset(&crate::config().path)
             .and_then(|path| iopath::Engine::open(&spec, path))
@@ -943,6 +962,18 @@ pub fn in_table(description: &Arc<Description>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_after_one_that_waited_in_vain_only_looks_for_a_while() {
+        use std::time::{Duration, Instant};
+        let wait = Duration::from_secs(10);
+        assert_eq!(wait_now(None, wait), wait);
+        assert_eq!(wait_now(Some(Instant::now()), wait), Duration::ZERO);
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(11));
+        if let Some(at) = long_ago {
+            assert_eq!(wait_now(Some(at), wait), wait, "a later call waits again");
+        }
+    }
 
     #[test]
     fn paths_normalize_by_name() {

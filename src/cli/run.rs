@@ -77,7 +77,8 @@ pub struct RunArgs {
     #[arg(long)]
     log: bool,
     /// Seconds to wait for another process that has a mount's device mounted
-    /// (default: IOPATH_MOUNT_WAIT if set, else 10).
+    /// (default: IOPATH_MOUNT_WAIT if set, else 10); a call within that long
+    /// after one that waited in vain does not wait again.
     #[arg(long, value_name = "SECONDS", value_parser = non_negative_seconds)]
     wait: Option<f64>,
     /// The program and its arguments (after --).
