@@ -338,8 +338,11 @@ fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file()
 /// let go of it at each fork (holding what arrives in memory), so the
 /// children can mount it; their output, the shell's own and what an exec
 /// hands on all land in order, byte for byte as on the kernel's files, also
-/// where the shell writes the same file directly between them. (Before,
-/// every such command waited for the mount and failed: EBUSY.)
+/// where the shell writes the same file directly between them. A shell
+/// reading a file longer than a bridge holds in memory (4 MiB) lets go
+/// too, and reads it on a window at a time (before, its bridge kept the
+/// mount, and `ls` waited 10 s and failed). (Before, every such command
+/// waited for the mount and failed: EBUSY.)
 #[test]
 fn a_script_writing_into_a_mount_runs_commands_that_use_the_mount() {
     let script = r#"set -e
@@ -350,8 +353,10 @@ fn a_script_writing_into_a_mount_runs_commands_that_use_the_mount() {
         bash -c 'ls "$D" > /dev/null; echo held; exec echo handed' > "$D/exec"
         bash -c 'ls "$D" > /dev/null; read -r first; echo "first $first"; exec tail -n 2' < "$D/in" > "$D/rest"
         { date -d @0 -u; ls "$D" > /dev/null; } 2>&1 >> "$D/block"
-        for i in 1 2 3; do { echo "one $i"; echo two >> "$D/order"; echo three; cat "$D/order" > "$D/seen"; } >> "$D/order"; done"#;
-    let names = ["block", "loop", "big", "exec", "rest", "order", "seen"];
+        for i in 1 2 3; do { echo "one $i"; echo two >> "$D/order"; echo three; cat "$D/order" > "$D/seen"; } >> "$D/order"; done
+        seq 1 1000000 > "$D/long"
+        { head -c 100 > /dev/null; ls "$D" > "$D/listed"; cat; } < "$D/long" > "$D/tail""#;
+    let names = ["block", "loop", "big", "exec", "rest", "order", "seen", "long", "listed", "tail"];
     let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
     for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
         let out = bash_in(script, dir, mount.then_some(image.as_path()));

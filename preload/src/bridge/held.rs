@@ -4,10 +4,10 @@
 
 use super::control::{Control, SETTLE, wait};
 use super::{
-    COUNT, Paused, Pipe, Running, Source, Spec, end_for_good, launch, os_error, pause_or_last, pipe_holds, read_pipe,
-    relaunch, running, set_nonblocking,
+    COUNT, Paused, Pipe, Running, Source, Spec, end_for_good, os_error, pause_or_last, pipe_holds, read_pipe, relaunch,
+    running, set_nonblocking,
 };
-use crate::mount::{self, Description};
+use crate::mount::{self, Reopen};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::real;
 use libc::c_int;
@@ -16,8 +16,9 @@ use std::sync::atomic::Ordering;
 
 /// Most bytes a bridge holds in memory: a writing program's output beyond
 /// it goes into the file as soon as the mount can be had without waiting;
-/// a file to be read that is larger keeps its mount held across a fork.
-pub(super) const HELD_BYTES: usize = 4 << 20;
+/// a file to be read that is larger is read on this much at a time, the
+/// mount taken for each ([`feed_held`]).
+pub(crate) const HELD_BYTES: usize = 4 << 20;
 
 /// Writes bytes a writing program's bridge held into its file, at `spec`'s
 /// position (moved past them), if the mount can be had (`may_wait`: waiting for
@@ -79,8 +80,8 @@ pub struct LetGo(Vec<Paused>);
 /// /mnt/i/log` in a shell. Bytes held from an earlier fork go into their
 /// files first, if the mount can be had without waiting (what the program
 /// wrote before the fork lies before what the child writes). A reading
-/// program's file, if no larger than [`HELD_BYTES`], is read into memory;
-/// a larger one keeps its mount.
+/// program's file is read into memory, up to [`HELD_BYTES`] of it (the rest
+/// later, a window at a time: [`feed_held`]).
 pub fn let_go() -> LetGo {
     if COUNT.load(Ordering::Acquire) == 0 {
         return LetGo::default();
@@ -102,12 +103,12 @@ pub fn let_go() -> LetGo {
         control.flush();
     }
     let mut paused = Vec::new();
-    for (Paused { mut spec, mut held, sent }, _) in alone.into_iter().filter_map(|b| pause_or_last(b, false)) {
+    for (Paused { mut spec, mut held, sent, more }, _) in alone.into_iter().filter_map(|b| pause_or_last(b, false)) {
         if spec.writes_file {
             write_held(&mut spec, &mut held, false);
-            paused.push(Paused { spec, held, sent });
+            paused.push(Paused { spec, held, sent, more });
         } else if !held.is_empty() {
-            paused.push(Paused { spec, held, sent }); // the rest of its file is in memory already
+            paused.push(Paused { spec, held, sent, more }); // its file is in memory already
         } else {
             // Read from what the reader has not taken yet: the bytes in the pipe
             // are kept too, so that a seek back into them finds them. (A bridge
@@ -115,46 +116,43 @@ pub fn let_go() -> LetGo {
             let counted_on = if spec.end >= 0 { spec.end } else { spec.fds.first().copied().unwrap_or(-1) };
             let in_pipe = pipe_holds(counted_on).min(spec.file.position);
             spec.file.position -= in_pipe;
-            match read_rest(&spec) {
-                Ok(rest) => {
-                    let sent = rest.len().min(in_pipe as usize);
-                    paused.push(Paused { spec, held: rest, sent });
-                }
-                Err(d) => {
-                    *d.position.lock().unwrap_or_else(|e| e.into_inner()) += in_pipe;
-                    launch(spec.fds, spec.end, false, Source::Here(d, None), None);
-                }
-            }
+            // (The mount is this process's here, before the fork.)
+            let (rest, more) = read_window(&spec).unwrap_or_default(); // (unread: the reader sees the end)
+            let sent = rest.len().min(in_pipe as usize);
+            paused.push(Paused { spec, held: rest, sent, more });
         }
     }
     LetGo(paused)
 }
 
-/// The rest of a reading program's file, from `spec`'s position, if it
-/// ends within [`HELD_BYTES`]; else the file open at that position (to
-/// keep it, and its mount).
-fn read_rest(spec: &Spec) -> Result<Vec<u8>, Arc<Description>> {
-    let d = match spec.file.open() {
-        Ok(d) => Arc::new(d),
-        Err(why) => {
-            crate::say(&format!("cannot keep {}: {why}", spec.shown()));
-            return Ok(Vec::new()); // the reader sees the end
+/// Up to [`HELD_BYTES`] of a reading program's file from `spec`'s
+/// position, and whether the file goes on past them; read with its mount,
+/// mounted for this if this process does not have it (waiting as any call
+/// does) and given back after. `None` if it cannot be read (said).
+fn read_window(spec: &Spec) -> Option<(Vec<u8>, bool)> {
+    let m = mount::mounts().get(spec.file.mount)?;
+    let was_mounted = m.mounted().is_some();
+    let read = || {
+        let fs = m.fs().map_err(|errno| os_error(errno).to_string())?;
+        let d = spec.file.open_in(&fs, m)?;
+        let mut window = vec![0u8; HELD_BYTES + 1];
+        let mut len = 0;
+        while len < window.len() {
+            let at = (spec.file.position + len as u64) as libc::off_t;
+            match read_mounted(&d, &mut window[len..], Some(at)) {
+                0 => break,
+                n if n > 0 => len += n as usize,
+                _ => return Err(os_error(crate::posix::last_errno()).to_string()),
+            }
         }
+        window.truncate(len.min(HELD_BYTES));
+        Ok::<_, String>((window, len > HELD_BYTES))
     };
-    let mut rest = vec![0u8; HELD_BYTES + 1];
-    let mut len = 0;
-    while len < rest.len() {
-        let n = read_mounted(&d, &mut rest[len..], Some((spec.file.position + len as u64) as libc::off_t));
-        if n <= 0 {
-            break;
-        }
-        len += n as usize;
+    let got = read();
+    if !was_mounted {
+        m.release_if_idle("after reading a standard stream's next bytes");
     }
-    if len > HELD_BYTES {
-        return Err(d);
-    }
-    rest.truncate(len);
-    Ok(rest)
+    got.map_err(|why| crate::say(&format!("cannot read on {}: {why}; its reader sees the end here", spec.shown()))).ok()
 }
 
 impl LetGo {
@@ -162,8 +160,8 @@ impl LetGo {
     /// the bridges run again, holding their bytes in memory (a reading one
     /// whose file is all in the pipe ends at once, and a seek can start it again).
     pub fn resume(self) {
-        for Paused { spec, held, sent } in self.0 {
-            relaunch(Source::Held { spec, bytes: held, sent });
+        for Paused { spec, held, sent, more } in self.0 {
+            relaunch(Source::Held { spec, bytes: held, sent, more });
         }
     }
 }
@@ -196,7 +194,7 @@ pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control
             if told.stop >= SETTLE {
                 write_held(&mut spec, &mut held, true);
             }
-            return Some(Paused { spec, held, sent: 0 });
+            return Some(Paused { spec, held, sent: 0, more: false });
         }
         // Into the file when the mount is here anyway (asked to flush: the program
         // is opening the file, so it has the mount), or when much is held.
@@ -211,14 +209,43 @@ pub(super) fn hold_output(mut spec: Spec, mut held: Vec<u8>, end: c_int, control
 }
 
 /// A reading program's bridge let go before a fork: the rest of its file,
-/// read into memory then, is fed into the pipe from byte `sent` on. When
-/// all is fed, where it stood is kept for a seek ([`Control::keep_last`]).
-pub(super) fn feed_held(spec: Spec, rest: Vec<u8>, sent: usize, end: c_int, control: &Control) -> Option<Paused> {
+/// read into memory then, is fed into the pipe from byte `sent` on; a file
+/// longer than [`HELD_BYTES`] is read on a window at a time, the mount
+/// taken for each (as any call takes it) and given back after, so that a
+/// shell reading a long list keeps no mount from the commands it starts.
+/// When all is fed, where it stood is kept for a seek ([`Control::keep_last`]).
+pub(super) fn feed_held(
+    mut spec: Spec,
+    mut rest: Vec<u8>,
+    sent: usize,
+    mut more: bool,
+    end: c_int,
+    control: &Control,
+) -> Option<Paused> {
     set_nonblocking(end, true);
     let mut at = sent;
-    while at < rest.len() {
+    loop {
+        if at == rest.len() && more {
+            // The window is fed: the next, once the pipe has room (a reader that
+            // stopped reading does not make this process take the mount).
+            if wait(end, libc::POLLOUT, control).stop != 0 {
+                return Some(Paused { spec, held: rest, sent: at, more });
+            }
+            let next = Spec {
+                file: Reopen { position: spec.file.position + rest.len() as u64, ..spec.file.clone() },
+                ..spec.clone()
+            };
+            match crate::background(|| read_window(&next)) {
+                Some((window, further)) => (spec, rest, at, more) = (next, window, 0, further),
+                None => more = false,
+            }
+            continue;
+        }
+        if at >= rest.len() {
+            break;
+        }
         if wait(end, libc::POLLOUT, control).stop != 0 {
-            return Some(Paused { spec, held: rest, sent: at });
+            return Some(Paused { spec, held: rest, sent: at, more });
         }
         // SAFETY: writes from a buffer we own.
         let n = unsafe { real::write(end, rest[at..].as_ptr().cast(), rest.len() - at) };
@@ -228,7 +255,7 @@ pub(super) fn feed_held(spec: Spec, rest: Vec<u8>, sent: usize, end: c_int, cont
             break; // the reader is gone (EPIPE)
         }
     }
-    control.keep_last(Some(Paused { spec: Spec { end: -1, ..spec }, held: rest, sent: at }));
+    control.keep_last(Some(Paused { spec: Spec { end: -1, ..spec }, held: rest, sent: at, more: false }));
     end_for_good(end, control);
     None
 }

@@ -27,7 +27,8 @@
 //! fork, a bridge that alone keeps its file open *lets go* ([`let_go`]),
 //! the mount is given back, and the bridge runs on *held*
 //! ([`Source::Held`]): a writing program's bytes are kept in memory until
-//! the mount can be had, a reading program's file is read into memory.
+//! the mount can be had, a reading program's file is read into memory (a
+//! window of 4 MiB at a time, the mount taken again for the next one).
 //! The program's `open` of a file a bridge writes into first makes the
 //! bridge write what its pipe holds ([`written_before`]): what the
 //! program wrote before lands first, as with the kernel's file.
@@ -148,8 +149,10 @@ enum Source {
     /// for a writing program, bytes that arrived and are not in the file yet
     /// (they go at `spec`'s position); for a reading one, the rest of the
     /// file from `spec`'s position, read into memory, of which the first
-    /// `sent` bytes are in the pipe already (kept: a seek back finds them).
-    Held { spec: Spec, bytes: Vec<u8>, sent: usize },
+    /// `sent` bytes are in the pipe already (kept: a seek back finds them);
+    /// `more` if the file goes on past them (up to [`held::HELD_BYTES`] are
+    /// read at a time, the mount taken for each: see [`held::feed_held`]).
+    Held { spec: Spec, bytes: Vec<u8>, sent: usize, more: bool },
 }
 
 /// Where a bridge feeding a forked or spawned child reads its parent's
@@ -224,6 +227,8 @@ struct Paused {
     /// For a reading bridge feeding from memory: bytes of `held` in the
     /// pipe already (`spec`'s position is `held`'s first byte's); else 0.
     sent: usize,
+    /// For a reading bridge feeding from memory: the file goes on past `held`.
+    more: bool,
 }
 
 impl Paused {
@@ -920,12 +925,12 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
         // Handed on having fed its file to the end: nothing to feed until a seek
         // (and no mount needed for that).
         Source::Handed(spec) if !writes_file && end < 0 => {
-            control.keep_last(Some(Paused { spec, held: Vec::new(), sent: 0 }));
+            control.keep_last(Some(Paused { spec, held: Vec::new(), sent: 0, more: false }));
             end_for_good(end, control);
             return None;
         }
         Source::Held { spec, bytes, .. } if writes_file => return hold_output(spec, bytes, end, control),
-        Source::Held { spec, bytes, sent } => return feed_held(spec, bytes, sent, end, control),
+        Source::Held { spec, bytes, sent, more } => return feed_held(spec, bytes, sent, more, end, control),
         source => source,
     };
     let shown = || match &source {
@@ -942,7 +947,7 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
         if let Some(at) = cursor {
             spec.file.position = at.saturating_sub(unsent);
         }
-        Some(Paused { spec, held: Vec::new(), sent: 0 })
+        Some(Paused { spec, held: Vec::new(), sent: 0, more: false })
     };
     let ended = match &d {
         Ok(d) if writes_file => drain_into(d, end, control, &shown),

@@ -113,8 +113,9 @@ enum Restart {
     /// descriptors (from its own cursor, for a child, if it had one: where
     /// the shared position stood when it started).
     Here(Arc<Description>, u64, Vec<c_int>, Option<u64>),
-    /// From bytes in memory (`spec`'s position is the first one's), this many in the pipe already.
-    Memory(Spec, Vec<u8>, usize),
+    /// From bytes in memory (`spec`'s position is the first one's), this
+    /// many in the pipe already; the file goes on past them if `more`.
+    Memory(Spec, Vec<u8>, usize, bool),
     /// On its file opened again by path, at `spec`'s position.
     File(Spec),
 }
@@ -195,12 +196,12 @@ fn restart_at(
     cursor_start: Option<u64>,
     from: u64,
 ) -> Restart {
-    let Paused { spec, held, .. } = stood;
+    let Paused { spec, held, more, .. } = stood;
     let base = spec.file.position;
     match description {
         Some(d) => Restart::Here(d, from, spec.fds, cursor_start),
         None if in_memory && (base..=base + held.len() as u64).contains(&from) => {
-            Restart::Memory(spec, held, (from - base) as usize)
+            Restart::Memory(spec, held, (from - base) as usize, more)
         }
         None => Restart::File(Spec { file: Reopen { position: from, ..spec.file }, ..spec }),
     }
@@ -216,9 +217,9 @@ fn start(restart: Restart, end: c_int, reader: Option<Reader>) {
             *d.position.lock().unwrap_or_else(|e| e.into_inner()) = from;
             launch(fds, end, false, Source::Here(d, None), reader);
         }
-        Restart::Memory(spec, bytes, sent) => {
+        Restart::Memory(spec, bytes, sent, more) => {
             reader.into_iter().for_each(Reader::close);
-            relaunch(Source::Held { spec: Spec { end, ..spec }, bytes, sent });
+            relaunch(Source::Held { spec: Spec { end, ..spec }, bytes, sent, more });
         }
         Restart::File(spec) => {
             reader.into_iter().for_each(Reader::close);
