@@ -28,9 +28,9 @@
 //! pipe (as before) and 0.04 s on the kernel's file. So Python's
 //! `sys.stdin.seek` still fails (its `seekable()` asks the query).
 //!
-//! A bridge let go before a fork feeds from memory: a seek back within
-//! what it read then is served from there; further back it needs the
-//! mount, and fails with ESPIPE (as a pipe does) if another process has it.
+//! A bridge let go before a fork feeds from memory: a seek within what it
+//! holds there is served from there; outside it, it needs the mount, and
+//! fails with ESPIPE (as a pipe does) if another process has it.
 
 use super::{
     COUNT, Cursor, Paused, Reader, Running, Source, Spec, launch, made_up, pause_or_last, pipe_holds, pipe_id,
@@ -70,30 +70,11 @@ pub(super) fn reposition(read_end: c_int, offset: i64, whence: c_int) -> Option<
     let bridge = {
         let mut running = running();
         let at = running.iter().position(|b| b.feeds && b.pipe == Some(pipe))?;
-        if let Some(answer) = ended_and_unmoved(&running[at], read_end, offset, whence) {
-            return Some(answer);
-        }
         let bridge = running.swap_remove(at);
         COUNT.store(running.len(), Ordering::Release);
         bridge
     };
     Some(move_bridge(bridge, read_end, offset, whence))
-}
-
-/// A seek to where the reader stands (`lseek(fd, 0, SEEK_SET)` at the
-/// start) on a bridge that has fed its file to the end: answered from
-/// where it stood, nothing stopped.
-fn ended_and_unmoved(b: &Running, read_end: c_int, offset: i64, whence: c_int) -> Option<Result<u64, c_int>> {
-    if !b.control.ended.load(Ordering::Acquire) || whence == libc::SEEK_END {
-        return None;
-    }
-    let last = b.control.last();
-    let consumed = last.as_ref()?.fed_to().saturating_sub(pipe_holds(read_end));
-    match target(consumed, 0, offset, whence) {
-        Ok(to) if to == consumed => Some(Ok(to)),
-        Err(errno) => Some(Err(errno)),
-        Ok(_) => None,
-    }
 }
 
 /// Where a seek goes from `consumed`, in a file of `size` bytes; or errno.
@@ -105,19 +86,6 @@ fn target(consumed: u64, size: u64, offset: i64, whence: c_int) -> Result<u64, c
         _ => return Err(libc::EINVAL),
     };
     (base as i64).checked_add(offset).filter(|to| *to >= 0).map(|to| to as u64).ok_or(libc::EINVAL)
-}
-
-/// How a stopped bridge starts again.
-enum Restart {
-    /// On the program's open file, from this position, for these
-    /// descriptors (from its own cursor, for a child, if it had one: where
-    /// the shared position stood when it started).
-    Here(Arc<Description>, u64, Vec<c_int>, Option<u64>),
-    /// From bytes in memory (`spec`'s position is the first one's), this
-    /// many in the pipe already; the file goes on past them if `more`.
-    Memory(Spec, Vec<u8>, usize, bool),
-    /// On its file opened again by path, at `spec`'s position.
-    File(Spec),
 }
 
 /// Stops `bridge`, empties the pipe if the position moves, and starts it
@@ -143,7 +111,7 @@ fn move_bridge(mut bridge: Running, read_end: c_int, offset: i64, whence: c_int)
         }
         Ok(to) => {
             crate::log(&format!(
-                "{}: cannot seek back to {to}, before what was read into memory at the last fork, \
+                "{}: cannot seek to {to}, outside what is held in memory since the last fork, \
                  while another process has the mount",
                 stood.spec.shown()
             ));
@@ -163,8 +131,7 @@ fn move_bridge(mut bridge: Running, read_end: c_int, offset: i64, whence: c_int)
             }
         }
     };
-    let restart = restart_at(stood, description, in_memory, cursor_start, from);
-    start(restart, end, reader);
+    restart(stood, description, in_memory, cursor_start, from, end, reader);
     answer
 }
 
@@ -188,42 +155,38 @@ fn reachable(stood: &Paused, in_memory: bool, to: u64) -> bool {
         || mount::mounts().get(stood.spec.file.mount).is_some_and(|m| m.mounted().or_else(|| m.try_fs()).is_some())
 }
 
-/// How a bridge that stood so starts again, feeding from `from`.
-fn restart_at(
+/// Starts a bridge that stood so again on pipe end `end`, feeding from
+/// `from`: on the program's open file (from its own cursor, for a child,
+/// if it had one: where the shared position stood when it started), from
+/// the bytes in memory if `from` is among them, else on its file opened
+/// again by path.
+fn restart(
     stood: Paused,
     description: Option<Arc<Description>>,
     in_memory: bool,
     cursor_start: Option<u64>,
     from: u64,
-) -> Restart {
+    end: c_int,
+    reader: Option<Reader>,
+) {
     let Paused { spec, held, more, .. } = stood;
     let base = spec.file.position;
     match description {
-        Some(d) => Restart::Here(d, from, spec.fds, cursor_start),
-        None if in_memory && (base..=base + held.len() as u64).contains(&from) => {
-            Restart::Memory(spec, held, (from - base) as usize, more)
+        Some(d) => {
+            let cursor = cursor_start.map(|start| Cursor { start, at: from });
+            if cursor.is_none() {
+                *d.position.lock().unwrap_or_else(|e| e.into_inner()) = from;
+            }
+            launch(spec.fds, end, false, Source::Here(d, cursor), reader);
         }
-        None => Restart::File(Spec { file: Reopen { position: from, ..spec.file }, ..spec }),
-    }
-}
-
-/// Starts a bridge again on pipe end `end`.
-fn start(restart: Restart, end: c_int, reader: Option<Reader>) {
-    match restart {
-        Restart::Here(d, from, fds, Some(start)) => {
-            launch(fds, end, false, Source::Here(d, Some(Cursor { start, at: from })), reader);
-        }
-        Restart::Here(d, from, fds, None) => {
-            *d.position.lock().unwrap_or_else(|e| e.into_inner()) = from;
-            launch(fds, end, false, Source::Here(d, None), reader);
-        }
-        Restart::Memory(spec, bytes, sent, more) => {
+        None => {
             reader.into_iter().for_each(Reader::close);
-            relaunch(Source::Held { spec: Spec { end, ..spec }, bytes, sent, more });
-        }
-        Restart::File(spec) => {
-            reader.into_iter().for_each(Reader::close);
-            relaunch(Source::Handed(Spec { end, ..spec }));
+            let spec = Spec { end, ..spec };
+            if in_memory && (base..=base + held.len() as u64).contains(&from) {
+                relaunch(Source::Held { spec, bytes: held, sent: (from - base) as usize, more });
+            } else {
+                relaunch(Source::Handed(Spec { file: Reopen { position: from, ..spec.file }, ..spec }));
+            }
         }
     }
 }
