@@ -189,8 +189,9 @@ impl Mount {
         }
         let _inside = crate::Inside::enter();
         let spec = self.engine_spec();
-        let waited_in_vain = wait_now(state.gave_up, wait).is_zero() && !wait.is_zero();
-        let lock = match MountLock::acquire(&spec, wait_now(state.gave_up, wait)) {
+        let waiting = wait_now(state.gave_up, wait);
+        let waited_in_vain = waiting < wait;
+        let lock = match MountLock::acquire(&spec, waiting) {
             Ok(lock) => lock,
             Err(_) if !say_busy => return Err(libc::EBUSY),
             Err(e) => {
