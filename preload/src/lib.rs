@@ -224,6 +224,7 @@ extern "C" fn in_child_after_fork() {
     if files::any_engine_across_fork() || mount::any_held_across_fork() {
         FORKED.store(true, Ordering::SeqCst);
     }
+    mount::leave_locks_to_parent();
     bridge::in_child_after_fork();
 }
 

@@ -120,7 +120,7 @@ fn lend(m: &'static Mount) {
             }
             match until {
                 Some(end) if now < end => {
-                    if crate::background(|| m.release_if_idle("to a process that waits for it")) {
+                    if crate::background(|| m.release("to a process that waits for it", true)) {
                         break;
                     }
                 }
@@ -253,6 +253,31 @@ impl Mount {
                 state.fs.is_some() || state.lock.is_some()
             }
             Err(std::sync::TryLockError::WouldBlock) => true,
+        }
+    }
+}
+
+/// In a child just forked: closes its copies of the mount locks the parent
+/// held ([`MountLock::leave_to_parent`]), so that they go with the parent's
+/// (given back to a process that waits, or the parent's exit), whatever the
+/// child does. A state whose lock a thread of the parent had at the fork is
+/// left as it is (that thread is not here to let it go).
+pub fn leave_locks_to_parent() {
+    for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
+        let mut state = match m.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(state)) => state.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => continue,
+        };
+        if let Some(lock) = state.lock.take() {
+            lock.leave_to_parent();
+        }
+        // The lender's watch maps the lock file: a mapping holds the lock as a descriptor does.
+        if let Ok(mut current) = m.lending.current.try_lock()
+            && let Some(wanted) = current.take()
+        {
+            wanted.leave_to_parent();
+            std::mem::forget(wanted); // (unmapped: its drop would unmap again)
         }
     }
 }
@@ -691,9 +716,59 @@ pub fn named_through_kernel_link(dirfd: c_int, path: &[u8]) -> Option<Inside> {
 /// What an open descriptor of a mount stands for.
 pub enum Node {
     /// A file.
-    File(File),
+    File(Slot),
     /// A directory (its path from the mount's root, as opened).
     Dir,
+}
+
+impl Node {
+    /// A file just opened.
+    pub fn file(file: File) -> Node {
+        Node::File(Slot { state: RwLock::new(SlotState::Open(file)) })
+    }
+}
+
+/// The file of an open description: open while this process has the mount,
+/// or, after the mount was given to another process with the description
+/// still open ([`Mount::release`] with `dormant`), where to find it
+/// again: the next call on it mounts again and opens the file anew, by its
+/// path, checked by its inode number.
+pub struct Slot {
+    state: RwLock<SlotState>,
+}
+
+enum SlotState {
+    Open(File),
+    Dormant { ino: u64, path: Vec<u8> },
+}
+
+/// The file of a description, borrowed for one call (the mount cannot be
+/// given away meanwhile).
+pub struct FileRef<'a>(std::sync::RwLockReadGuard<'a, SlotState>);
+
+impl std::ops::Deref for FileRef<'_> {
+    type Target = File;
+    fn deref(&self) -> &File {
+        match &*self.0 {
+            SlotState::Open(f) => f,
+            // A FileRef is made only of an open slot, and holds it so.
+            SlotState::Dormant { .. } => unreachable!("a borrowed file is open"),
+        }
+    }
+}
+
+impl Slot {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotState> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// (inode number, path from the mount's root) of a dormant slot.
+    fn dormant(&self) -> Option<(u64, Vec<u8>)> {
+        match &*self.read() {
+            SlotState::Open(_) => None,
+            SlotState::Dormant { ino, path } => Some((*ino, path.clone())),
+        }
+    }
 }
 
 /// An open file description: shared by a descriptor and its duplicates.
@@ -708,6 +783,10 @@ pub struct Description {
     pub flags: AtomicI32,
     /// The file position.
     pub position: Mutex<u64>,
+    /// A lock (record lock or flock) was taken on it: its mount is never
+    /// given away while it is open ([`Mount::release`] with `dormant`), as
+    /// another process could then write what the lock keeps it from.
+    pub locked: AtomicBool,
 }
 
 impl Description {
@@ -726,12 +805,58 @@ impl Description {
         self.flags.load(Ordering::Relaxed) & libc::O_APPEND != 0
     }
 
-    /// The file, or `EISDIR`.
-    pub fn file(&self) -> std::result::Result<&File, c_int> {
-        match &self.node {
-            Node::File(f) => Ok(f),
-            Node::Dir => Err(libc::EISDIR),
+    /// The file, or `EISDIR`. A file whose mount this process gave to
+    /// another one meanwhile is opened again first (mounting, waiting as
+    /// any call does): `EBUSY` if the mount cannot be had, `ESTALE` if the
+    /// file was renamed, replaced or deleted meanwhile (said on stderr).
+    pub fn file(&self) -> std::result::Result<FileRef<'_>, c_int> {
+        let Node::File(slot) = &self.node else { return Err(libc::EISDIR) };
+        loop {
+            let state = slot.read();
+            if let SlotState::Open(_) = &*state {
+                return Ok(FileRef(state));
+            }
+            drop(state);
+            let fs = self.mount.fs()?;
+            // Never waits as a writer: a thread may hold this slot twice (copy_file_range
+            // within one description), and a waiting writer can stop a second reader.
+            let mut state = match slot.state.try_write() {
+                Ok(state) => state,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::yield_now();
+                    continue;
+                }
+            };
+            if let SlotState::Dormant { ino, path } = &*state {
+                let _inside = crate::Inside::enter();
+                let direct = self.flags.load(Ordering::Relaxed) & libc::O_DIRECT != 0;
+                match open_checked(&fs, path, *ino, direct) {
+                    Ok(file) => {
+                        crate::log(&format!(
+                            "opened {}{} again",
+                            String::from_utf8_lossy(&self.mount.dir),
+                            String::from_utf8_lossy(path)
+                        ));
+                        *state = SlotState::Open(file);
+                    }
+                    Err(why) => {
+                        crate::say(&format!(
+                            "{}{}: open again after this process gave its mount to another: {why}",
+                            String::from_utf8_lossy(&self.mount.dir),
+                            String::from_utf8_lossy(path)
+                        ));
+                        return Err(libc::ESTALE);
+                    }
+                }
+            }
         }
+    }
+
+    /// Whether its file is open (not a directory, not dormant): what an
+    /// in-memory answer (a size, an inode number) needs without mounting.
+    pub fn is_file(&self) -> bool {
+        matches!(self.node, Node::File(_))
     }
 }
 
@@ -763,13 +888,21 @@ impl Reopen {
     /// from the file, not yet given to the reader); `None` if it is a
     /// directory or has no name any more (the next program could not open it).
     pub fn of(d: &Description, unsent: u64) -> Option<Reopen> {
-        let file = d.file().ok()?;
+        let Node::File(slot) = &d.node else { return None };
+        // A dormant file is where it was when this process gave the mount away.
+        let (ino, path) = match slot.dormant() {
+            Some(found) => found,
+            None => {
+                let file = d.file().ok()?;
+                (file.metadata().ino, file.path()?)
+            }
+        };
         Some(Reopen {
             mount: mounts().iter().position(|m| std::ptr::eq(m, d.mount))?,
-            ino: file.metadata().ino,
+            ino,
             flags: d.flags.load(Ordering::Relaxed) & !libc::O_DIRECT,
             position: d.position.lock().unwrap_or_else(|e| e.into_inner()).saturating_sub(unsent),
-            path: file.path()?,
+            path,
         })
     }
 
@@ -813,18 +946,27 @@ impl Reopen {
 
     /// [`Reopen::open`] in `fs`, mount `m`'s file system.
     pub fn open_in(&self, fs: &FileSystem, m: &'static Mount) -> std::result::Result<Description, String> {
-        let file = fs.open(&self.path).map_err(|e| e.to_string())?;
-        if file.metadata().ino != self.ino {
-            return Err("the file was renamed or replaced meanwhile".into());
-        }
+        let file = open_checked(fs, &self.path, self.ino, false)?;
         Ok(Description {
             mount: m,
             path: self.path.clone(),
-            node: Node::File(file),
+            node: Node::file(file),
             flags: AtomicI32::new(self.flags),
             position: Mutex::new(self.position),
+            locked: AtomicBool::new(false),
         })
     }
+}
+
+/// The file at `path` in `fs` if it is still inode `ino` (an open file
+/// found again by another program, or by this one after it gave the mount
+/// away for a while).
+fn open_checked(fs: &FileSystem, path: &[u8], ino: u64, direct: bool) -> std::result::Result<File, String> {
+    let file = if direct { fs.open_direct(path) } else { fs.open(path) }.map_err(|e| e.to_string())?;
+    if file.metadata().ino != ino {
+        return Err("the file was renamed or replaced meanwhile".into());
+    }
+    Ok(file)
 }
 
 /// Descriptor numbers with a description: one bit each, so a call on any
@@ -923,12 +1065,32 @@ impl Mount {
     /// [`release_idle`] of this mount (`when`: for the log). Whether this
     /// process no longer has it mounted.
     pub fn release_if_idle(&self, when: &str) -> bool {
+        self.release(when, false)
+    }
+
+    /// Gives the mount back as [`Mount::release_if_idle`] does, and with
+    /// `dormant` even while descriptors of this process stand for files in
+    /// it, if no call on them is under way and each can be found again
+    /// (it has a name; no lock was ever taken on it here): each is then
+    /// closed and remembered by path and inode number ([`Slot`]), and the
+    /// next call on it mounts again. For a process that waits for the
+    /// mount while this one keeps a file open and does nothing with it (a
+    /// shell's `exec 3< file` while it runs `ls`).
+    fn release(&self, when: &str, dormant: bool) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(fs) = &state.fs else { return true };
-        if fs.in_use_elsewhere() {
+        let _inside = crate::Inside::enter();
+        let mut asleep: Vec<(Arc<Description>, File)> = Vec::new();
+        if dormant && fs.in_use_elsewhere() && !self.put_to_sleep(&mut asleep) {
+            wake(asleep);
             return false;
         }
-        let _inside = crate::Inside::enter();
+        if fs.in_use_beyond(asleep.len()) {
+            wake(asleep);
+            return false;
+        }
+        let files = asleep.len();
+        drop(asleep); // (their handles: only the file system's own is left)
         if let Err(e) = fs.quiesce() {
             crate::say(&format!("cannot commit {} {when}: {e}; keeping it mounted", self.device));
             return false;
@@ -937,10 +1099,51 @@ impl Mount {
         self.lending.set(None); // (its thread waits for the next mount)
         state.fs = None; // the last handle: unmounted
         state.lock = None; // and the next process may mount it
-        crate::log(&format!("gave back {} {when} (nothing here holds it open): {stats}", self.device));
+        let held = if files == 0 {
+            "nothing here holds it open".to_string()
+        } else {
+            format!("{files} open file(s) here to be opened again at their next use")
+        };
+        crate::log(&format!("gave back {} {when} ({held}): {stats}", self.device));
+        true
+    }
+
+    /// Takes the file of every description of this mount out of its slot
+    /// into `asleep`, leaving where to find it again; false (some taken
+    /// already) if one cannot be: a call on it under way, no name, a lock.
+    fn put_to_sleep(&self, asleep: &mut Vec<(Arc<Description>, File)>) -> bool {
+        for (_, d) in descriptors() {
+            if !std::ptr::eq(d.mount, self) || asleep.iter().any(|(a, _)| Arc::ptr_eq(a, &d)) {
+                continue;
+            }
+            let Node::File(slot) = &d.node else { continue };
+            if d.locked.load(Ordering::Acquire) {
+                return false;
+            }
+            let Ok(mut state) = slot.state.try_write() else { return false };
+            let SlotState::Open(file) = &*state else { continue };
+            let Some(path) = file.path() else { return false }; // unlinked: only this process has it
+            let ino = file.metadata().ino;
+            let SlotState::Open(file) = std::mem::replace(&mut *state, SlotState::Dormant { ino, path }) else {
+                unreachable!("matched open above")
+            };
+            drop(state);
+            asleep.push((d, file));
+        }
         true
     }
 }
+
+/// Puts files [`Mount::put_to_sleep`] took back in their slots: the mount stays.
+fn wake(asleep: Vec<(Arc<Description>, File)>) {
+    for (d, file) in asleep {
+        if let Node::File(slot) = &d.node {
+            *slot.state.write().unwrap_or_else(|e| e.into_inner()) = SlotState::Open(file);
+        }
+    }
+}
+
+impl Mount {}
 
 /// Every mounted descriptor and its description.
 pub fn descriptors() -> Vec<(c_int, Arc<Description>)> {

@@ -333,6 +333,47 @@ fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file()
     assert_eq!(spawned, "b'\\n3\\n4' b'\\n5\\n6' 11 b'\\n7\\n8\\n'\n");
 }
 
+/// A shell that keeps mounted files open (`exec 3<`, `exec 4>>`) and does
+/// nothing with them while its commands run gives them the mount: its
+/// lender closes those files when a command waits for the mount, and the
+/// shell's next use of each opens it again where it stood. A subshell
+/// forked meanwhile (a background job) keeps no hold on it. Before, `ls`
+/// waited 10 s and failed with EBUSY: the shell held the mount for its
+/// open descriptors, and a forked child's copy of the lock's descriptor
+/// (and of its mapping) kept the lock even after the shell let go.
+#[test]
+fn a_shell_keeping_files_open_gives_the_mount_to_its_commands() {
+    let script = r#"set -e
+        seq 1 5 > "$D/list"
+        exec 3< "$D/list"
+        read -r a <&3
+        (sleep 2; true) &
+        listing=$(ls "$D")
+        n=$(cat "$D/list" | wc -l)
+        read -r b <&3
+        exec 4>> "$D/log"
+        echo "$a $b $n" >&4
+        echo "$listing" >&4
+        c=$(cat "$D/log")
+        echo "$c" > "$D/copy"
+        read -r rest <&3
+        echo "rest $rest" >&4
+        exec 3<&- 4>&-
+        wait"#;
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
+        let started = std::time::Instant::now();
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
+        // (Each command would have waited IOPATH_MOUNT_WAIT, 10 s, for the mount.)
+        assert!(started.elapsed() < std::time::Duration::from_secs(9), "{:?}", started.elapsed());
+    }
+    same_files_in_image(&image, &kernel_dir, &["log", "copy"]);
+    let log = std::fs::read_to_string(kernel_dir.join("log")).unwrap();
+    assert_eq!(log, "1 2 5\nlist\nrest 3\n");
+}
+
 /// A script whose standard streams are mounted files runs commands that use
 /// the mount: the shell's bridges are its only hold on the mount, and they
 /// let go of it at each fork (holding what arrives in memory), so the

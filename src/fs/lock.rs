@@ -228,6 +228,19 @@ impl MountLock {
         Ok(Some(MountLock { _file: file, path, device }))
     }
 
+    /// In a child just forked from the holder: closes the child's copy of
+    /// the lock file's descriptor, leaving the lock (and the file) to the
+    /// parent. A copy kept open holds the lock as long as the child lives:
+    /// after the parent gave the mount back (or was killed), no other
+    /// process could take it until the child was gone. System calls only,
+    /// as a fork handler may make.
+    pub fn leave_to_parent(self) {
+        // SAFETY: closes our own descriptor; `self` is forgotten, so nothing closes it again
+        // (and its Drop, which would remove the parent's lock file, never runs).
+        unsafe { libc::syscall(libc::SYS_close, self._file.as_raw_fd()) };
+        std::mem::forget(self);
+    }
+
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -273,6 +286,15 @@ pub struct Wanted {
 }
 
 impl Wanted {
+    /// In a child just forked from the holder: unmaps the child's copy of
+    /// the lock file's mapping, which holds the file (and so its lock) as a
+    /// descriptor does ([`MountLock::leave_to_parent`]). The watch must not
+    /// be used or dropped after (the caller forgets it). System calls only.
+    pub fn leave_to_parent(&self) {
+        // SAFETY: our own mapping, never touched again (the caller forgets `self`).
+        unsafe { libc::munmap(self.map.as_mut_ptr().cast(), self.map.len()) };
+    }
+
     /// Waits up to `timeout` (for ever if `None`) for a taker's nudge, or
     /// for [`Wanted::wake`]; whether a taker has nudged since the last call.
     pub fn wait(&self, timeout: Option<Duration>) -> bool {

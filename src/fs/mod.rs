@@ -994,7 +994,13 @@ impl FileSystem {
     /// Whether anything but this handle holds the file system: open files, or
     /// other clones of it. When nothing does, dropping it unmounts.
     pub fn in_use_elsewhere(&self) -> bool {
-        Arc::strong_count(&self.mount) > 1
+        self.in_use_beyond(0)
+    }
+
+    /// Whether anything holds the file system open but this handle and
+    /// `files` open files the caller holds.
+    pub fn in_use_beyond(&self, files: usize) -> bool {
+        Arc::strong_count(&self.mount) > 1 + files
     }
 
     /// Commits everything and checkpoints the journal, leaving the device as

@@ -36,7 +36,7 @@ use super::{
     COUNT, Cursor, Paused, Reader, Running, Source, Spec, launch, made_up, pause_or_last, pipe_holds, pipe_id,
     relaunch, running,
 };
-use crate::mount::{self, Description, Node, Reopen};
+use crate::mount::{self, Description, Reopen};
 use crate::real;
 use libc::c_int;
 use std::sync::Arc;
@@ -138,9 +138,9 @@ fn move_bridge(mut bridge: Running, read_end: c_int, offset: i64, whence: c_int)
 /// The size of the file a stopped bridge feeds from (its size when it
 /// was read into memory, for one that feeds from there).
 fn file_size(stood: &Paused, description: Option<&Description>, in_memory: bool) -> u64 {
-    match description.map(|d| &d.node) {
-        Some(Node::File(f)) => f.len(),
-        Some(Node::Dir) => 0,
+    match description.map(|d| d.file()) {
+        Some(Ok(f)) => f.len(),
+        Some(Err(_)) => 0,
         None if in_memory => stood.spec.file.position + stood.held.len() as u64,
         None => stood.spec.file.open().ok().and_then(|d| d.file().ok().map(|f| f.len())).unwrap_or(0),
     }

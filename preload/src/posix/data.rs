@@ -5,7 +5,7 @@
 //! is refused with ENODEV: it would not see the file system's writes).
 
 use super::{errno_of, fail, fail_size, on_fd, on_file_fd};
-use crate::mount::{Description, Node};
+use crate::mount::Description;
 use crate::real;
 use crate::route::{self, at_offset, at_position, one, pieces_of};
 use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
@@ -312,9 +312,10 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 }
 
 fn seek(d: &Description, offset: off_t, whence: c_int) -> off_t {
-    let size = match &d.node {
-        Node::File(f) => f.len() as i64,
-        Node::Dir => 0,
+    let size = match d.file() {
+        Ok(f) => f.len() as i64,
+        Err(libc::EISDIR) => 0,
+        Err(e) => return fail(e) as off_t,
     };
     let mut position = d.position.lock().unwrap_or_else(|e| e.into_inner());
     let to = match whence {
@@ -366,13 +367,14 @@ hook_lseek!(lseek, lseek64);
 /// for a directory the namespace's (its entries are in the journal; no
 /// file's data is written back, as on Linux).
 fn sync_mounted(d: &Arc<Description>, data_only: bool) -> c_int {
-    let done = match &d.node {
-        Node::File(f) if data_only => f.fdatasync(),
-        Node::File(f) => f.fsync(),
-        Node::Dir => match d.mount.fs() {
+    let done = match d.file() {
+        Ok(f) if data_only => f.fdatasync(),
+        Ok(f) => f.fsync(),
+        Err(libc::EISDIR) => match d.mount.fs() {
             Ok(fs) => fs.sync_namespace(),
             Err(e) => return fail(e),
         },
+        Err(e) => return fail(e),
     };
     match done {
         Ok(()) => 0,
@@ -674,7 +676,7 @@ pub unsafe extern "C" fn copy_file_range(
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return fail_size(e),
     };
-    if source.same_file(target) {
+    if source.same_file(&target) {
         // Overlapping ranges of one file: EINVAL, as the kernel says.
         let start = |o: &Option<&mut off_t>, d: &Description| {
             o.as_deref().map_or(*d.position.lock().unwrap_or_else(|e| e.into_inner()) as off_t, |v| *v)

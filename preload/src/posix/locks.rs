@@ -41,6 +41,8 @@ pub(crate) fn record_lock(d: &Description, cmd: c_int, lock: *mut libc::flock) -
     }
     if cmd == libc::F_GETLK || cmd == libc::F_OFD_GETLK {
         lock.l_type = libc::F_UNLCK as i16;
+    } else if kind != libc::F_UNLCK {
+        d.locked.store(true, Ordering::Release);
     }
     0
 }
@@ -83,6 +85,7 @@ fn flock_mounted(d: &Arc<Description>, operation: c_int) -> c_int {
             _ => return fail(libc::EINVAL),
         };
         if free {
+            d.locked.store(true, Ordering::Release);
             if operation & !libc::LOCK_NB == libc::LOCK_SH {
                 holders.shared.push(me);
             } else {

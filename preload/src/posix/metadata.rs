@@ -6,7 +6,7 @@
 //! modification time.
 
 use super::{errno_of, fail, on_fd, on_file_fd, on_path, on_path_nofollow};
-use crate::mount::{Description, Inside, Mount, Node};
+use crate::mount::{Description, Inside, Mount};
 use crate::real;
 use iopath::fs::{Kind, Metadata};
 use libc::{c_char, c_int, c_uint};
@@ -54,9 +54,10 @@ fn on_path_flags<R>(
 
 /// What `fstat` says of a mounted description.
 fn metadata_of(d: &Description) -> Result<Metadata, c_int> {
-    match &d.node {
-        Node::File(f) => Ok(f.metadata()),
-        Node::Dir => d.mount.fs()?.metadata(&d.path).map_err(|e| errno_of(&e)),
+    match d.file() {
+        Ok(f) => Ok(f.metadata()),
+        Err(libc::EISDIR) => d.mount.fs()?.metadata(&d.path).map_err(|e| errno_of(&e)),
+        Err(e) => Err(e),
     }
 }
 
@@ -286,10 +287,11 @@ fn result(r: iopath::Result<()>) -> c_int {
 
 /// chmod of a mounted description (a file through its handle: it may have been renamed).
 fn fchmod_mounted(d: &Description, mode: libc::mode_t) -> c_int {
-    match (&d.node, d.mount.fs()) {
+    match (d.file(), d.mount.fs()) {
+        (_, Err(e)) | (Err(e), _) if e != libc::EISDIR => fail(e),
+        (Ok(f), Ok(_)) => result(f.set_mode(mode)),
+        (_, Ok(fs)) => result(fs.set_mode(&d.path, mode)),
         (_, Err(e)) => fail(e),
-        (Node::File(f), Ok(_)) => result(f.set_mode(mode)),
-        (Node::Dir, Ok(fs)) => result(fs.set_mode(&d.path, mode)),
     }
 }
 
@@ -408,10 +410,11 @@ fn futimens_mounted(d: &Description, times: *const libc::timespec) -> c_int {
         Ok(None) => return 0,
         Ok(Some(ns)) => ns,
     };
-    match (&d.node, d.mount.fs()) {
+    match (d.file(), d.mount.fs()) {
+        (_, Err(e)) | (Err(e), _) if e != libc::EISDIR => fail(e),
+        (Ok(f), Ok(_)) => result(f.set_mtime(ns)),
+        (_, Ok(fs)) => result(fs.set_mtime(&d.path, ns)),
         (_, Err(e)) => fail(e),
-        (Node::File(f), Ok(_)) => result(f.set_mtime(ns)),
-        (Node::Dir, Ok(fs)) => result(fs.set_mtime(&d.path, ns)),
     }
 }
 

@@ -8,7 +8,7 @@ use crate::real;
 use crate::route::made;
 use iopath::fs::Kind;
 use libc::{c_char, c_int, c_uint, mode_t, off_t};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The process's umask as last set (read from /proc at first use).
@@ -102,7 +102,7 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
             {
                 return fail(errno_of(&e));
             }
-            Node::File(file)
+            Node::file(file)
         }
         Err(e) if create && e.errno() == Some(libc::ENOENT) => {
             if flags & libc::O_DIRECTORY != 0 {
@@ -119,7 +119,7 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
                 other => other,
             };
             match made {
-                Ok(f) => Node::File(f),
+                Ok(f) => Node::file(f),
                 Err(e) => return fail(errno_of(&e)),
             }
         }
@@ -135,6 +135,7 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
         node,
         flags: AtomicI32::new(flags & KEPT),
         position: Mutex::new(0),
+        locked: AtomicBool::new(false),
     });
     if crate::bridge::wanted(&description, fd) {
         // A standard stream (the program had closed it): a pipe a bridge keeps.
