@@ -815,15 +815,18 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
         "it mounted again and sees the tool's change"
     );
     assert!(succeeds(&["ls", img]).contains("by-a-tool"));
-    // While a program holds a file open there, others are refused by name (the file tools
-    // after a second of asking).
+    // While a program holds a locked file open there, others are refused by name (the file
+    // tools after a second of asking). (A file open without a lock and not in use does not
+    // keep the mount: the lender closes it, to be opened again at its next use.)
+    let script =
+        format!("import fcntl, time\nf = open('{mnt_s}/d/{name}')\nfcntl.flock(f, fcntl.LOCK_SH)\ntime.sleep(6)");
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
-        .args(["run", "--mount", &mount, "--", "sh", "-c", &format!("exec 3< {mnt_s}/d/{name}; sleep 6; true")])
+        .args(["run", "--mount", &mount, "--", "python3", "-c", &script])
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    std::thread::sleep(std::time::Duration::from_millis(2500));
     let e = fails(&["ls", img]);
-    assert!(e.contains("mounted by process") && e.contains("sleep"), "{e}");
+    assert!(e.contains("mounted by process") && e.contains("python3"), "{e}");
     let o = common::iopath(&["run", "--wait", "0", "--mount", &mount, "--", "sh", "-c", &format!("ls {mnt_s}/d")]);
     assert!(!o.status.success() && stderr(&o).contains("mounted by process"), "{}", stderr(&o));
     assert!(holder.wait().unwrap().success());
