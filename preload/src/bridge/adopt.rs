@@ -530,8 +530,14 @@ fn request_to(
         return Err(Refused::NotListening);
     }
     let mut answer = [0u8; 12];
-    // SAFETY: reads up to 12 bytes into a local.
-    let got = unsafe { libc::recv(conn, answer.as_mut_ptr().cast(), answer.len(), 0) };
+    // A signal may come meanwhile (the child's own mount's threads, a timer): the answer still comes.
+    let got = loop {
+        // SAFETY: reads up to 12 bytes into a local.
+        let got = unsafe { libc::recv(conn, answer.as_mut_ptr().cast(), answer.len(), 0) };
+        if got >= 0 || crate::posix::last_errno() != libc::EINTR {
+            break got;
+        }
+    };
     let errno = c_int::from_ne_bytes([answer[0], answer[1], answer[2], answer[3]]);
     match (got, errno) {
         (12, 0) => Ok(u64::from_ne_bytes(answer[4..].try_into().unwrap_or_default())),

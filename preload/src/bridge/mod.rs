@@ -242,8 +242,58 @@ static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
 /// How many bridges run: a call on any descriptor costs one load while none does.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
-fn running() -> std::sync::MutexGuard<'static, Vec<Running>> {
-    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+/// The running bridges, locked. The shell's `SIGCHLD` handler may call
+/// `waitpid` (and so [`after_child_ended`]) on a thread that holds this
+/// lock (bash's `close` interrupted in [`unread`]: it waited for itself
+/// for ever, a hang seen once in about 200 runs of the mount suite's seek
+/// script): while a thread holds it, a child it reaps is noted
+/// ([`DEFERRED`]) and seen to as the lock is let go.
+fn running() -> RunningGuard {
+    // Said before the lock is taken, and unsaid after it is let go: a signal between the
+    // two only defers what it reaps.
+    HOLDS_RUNNING.with(|h| h.set(true));
+    let guard = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    RunningGuard(std::mem::ManuallyDrop::new(guard))
+}
+
+thread_local! {
+    /// This thread holds [`RUNNING`] ([`running`]).
+    static HOLDS_RUNNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Children reaped by a signal handler while its thread held [`RUNNING`]
+/// (0: a free slot; a handler reaps a child at a time, so a few are enough).
+static DEFERRED: [std::sync::atomic::AtomicI32; 16] = [const { std::sync::atomic::AtomicI32::new(0) }; 16];
+
+/// [`RUNNING`] locked by this thread: seeing to the children reaped
+/// meanwhile once it is let go.
+struct RunningGuard(std::mem::ManuallyDrop<std::sync::MutexGuard<'static, Vec<Running>>>);
+
+impl std::ops::Deref for RunningGuard {
+    type Target = Vec<Running>;
+    fn deref(&self) -> &Vec<Running> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RunningGuard {
+    fn deref_mut(&mut self) -> &mut Vec<Running> {
+        &mut self.0
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
+        HOLDS_RUNNING.with(|h| h.set(false));
+        for slot in &DEFERRED {
+            let child = slot.swap(0, Ordering::AcqRel);
+            if child > 0 {
+                after_child_ended(child);
+            }
+        }
+    }
 }
 
 /// Whether a bridge of this process feeds a pipe (a child may ask it to
@@ -426,6 +476,12 @@ fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, reader: Option<R
 /// gone, fed into head's pipe).
 pub fn after_child_ended(child: libc::pid_t) {
     if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    if HOLDS_RUNNING.with(|h| h.get()) {
+        // A signal handler on a thread that holds the bridges' lock: later (see `running`).
+        let _ =
+            DEFERRED.iter().any(|slot| slot.compare_exchange(0, child, Ordering::AcqRel, Ordering::Relaxed).is_ok());
         return;
     }
     // SAFETY: kill with signal 0 only asks whether the process is there (a stopped
