@@ -36,7 +36,6 @@ use crate::real;
 use libc::c_int;
 use std::ffi::CString;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 /// The environment variable that hands descriptors to the next program.
 const VARIABLE: &str = "IOPATH_FDS";
@@ -95,16 +94,16 @@ fn kept() -> Vec<(Vec<c_int>, Arc<Description>)> {
 
 /// Before an exec: what the next program gets of the mounted descriptors
 /// above 2 that the exec keeps (see the module's documentation). In a
-/// forked child of the holder they become pipes its parent bridges now, and
-/// nothing is handed on.
+/// forked child of the holder, those it inherited become pipes its parent
+/// bridges now (they are the parent's); those it opened itself are handed on.
 pub fn hand_over() -> HandOver {
-    let kept = kept();
-    if kept.is_empty() {
+    let (parents, kept): (Vec<_>, Vec<_>) = kept().into_iter().partition(|(_, d)| mount::inherited(d));
+    if kept.is_empty() && parents.is_empty() {
         return HandOver::default();
     }
     let _inside = crate::Inside::enter();
-    if crate::FORKED.load(Ordering::Relaxed) {
-        for (fds, d) in kept {
+    if !parents.is_empty() {
+        for (fds, d) in parents {
             for fd in fds {
                 if crate::bridge::ask_parent(&d, fd, fd, false) == fd {
                     // The number is a pipe now. The description is the parent's: this
@@ -116,7 +115,6 @@ pub fn hand_over() -> HandOver {
                 }
             }
         }
-        return HandOver::default();
     }
     let mut handed = Vec::new();
     for (fds, d) in kept {

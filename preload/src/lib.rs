@@ -208,7 +208,7 @@ extern "C" fn in_parent_after_fork() {
 /// Standard streams on mounted files do not count as holding them: their
 /// bridges hold what arrives in memory meanwhile (`bridge::let_go`).
 pub(crate) fn release_mounts_before_fork() {
-    if MOUNTING.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed) {
+    if MOUNTING.load(Ordering::Relaxed) {
         let let_go = bridge::let_go();
         mount::release_idle();
         let_go.resume();
@@ -224,7 +224,7 @@ extern "C" fn in_child_after_fork() {
     if files::any_engine_across_fork() || mount::any_held_across_fork() {
         FORKED.store(true, Ordering::SeqCst);
     }
-    mount::leave_locks_to_parent();
+    mount::leave_to_parent();
     bridge::in_child_after_fork();
 }
 
@@ -280,15 +280,19 @@ extern "C" fn on_unload() {
 /// `_exit`), once: writes what its standard streams on mounted files hold
 /// into them (after flushing stdio, for `exit`: `flush_stdio`), commits the
 /// mounts, and with `IOPATH_LOG` says where the waiting time went and how
-/// many calls were routed. Nothing in a forked child that has its parent's
-/// engines and mounts (they are not here).
+/// many calls were routed. In a forked child of a process that held a
+/// mount or routed files, only what the child itself mounted and bridged:
+/// the parent's engines and mounts are not here.
 pub(crate) fn at_exit(flush_stdio: bool) {
     static DONE: AtomicBool = AtomicBool::new(false);
-    if FORKED.load(Ordering::Relaxed) || DONE.swap(true, Ordering::AcqRel) {
+    if DONE.swap(true, Ordering::AcqRel) {
         return;
     }
     bridge::finish(flush_stdio);
     commit_mounts_now();
+    if FORKED.load(Ordering::Relaxed) {
+        return; // (the figures below are the parent's)
+    }
     if let Some(waits) = iopath::path::completion::explain::summary() {
         log(&waits);
     }
@@ -302,9 +306,9 @@ pub(crate) fn at_exit(flush_stdio: bool) {
 }
 
 /// Commits every mount now (at exit, and before an exec, which may still fail and let
-/// the process go on); not in a forked child.
+/// the process go on): in a forked child, those it mounted itself.
 pub(crate) fn commit_mounts_now() {
-    if !MOUNTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
+    if !MOUNTING.load(Ordering::Relaxed) {
         return;
     }
     // On a thread of its own: this one's thread-local storage (the engine's per-thread

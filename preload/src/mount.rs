@@ -40,6 +40,10 @@ pub struct Mount {
     state: Mutex<MountState>,
     /// Its lender (gives it back to a process that waits for it).
     lending: Lending,
+    /// In a forked child: a thread of the parent had this mount's state
+    /// locked at the fork, so the child can neither drop the parent's file
+    /// system nor mount its own (calls on it fail with EPERM, said once).
+    stuck: AtomicBool,
 }
 
 #[derive(Default)]
@@ -237,6 +241,16 @@ impl Mount {
         errno
     }
 
+    /// Whether a forked child cannot use this mount at all (see [`leave_to_parent`]).
+    pub fn stuck(&self) -> bool {
+        self.stuck.load(Ordering::Acquire)
+    }
+
+    /// [`Mount::mounted`], never waiting: `None` for a stuck mount.
+    fn mounted_here(&self) -> Option<FileSystem> {
+        if self.stuck() { None } else { self.mounted() }
+    }
+
     /// The file system if this process has it mounted now.
     pub fn mounted(&self) -> Option<FileSystem> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).fs.clone()
@@ -257,18 +271,30 @@ impl Mount {
     }
 }
 
-/// In a child just forked: closes its copies of the mount locks the parent
-/// held ([`MountLock::leave_to_parent`]), so that they go with the parent's
-/// (given back to a process that waits, or the parent's exit), whatever the
-/// child does. A state whose lock a thread of the parent had at the fork is
-/// left as it is (that thread is not here to let it go).
-pub fn leave_locks_to_parent() {
+/// In a child just forked: leaves the mounts the parent held to the parent.
+/// The child's copy of each file system is forgotten (never dropped: that
+/// would unmount the parent's device with engine threads that are not
+/// here), so the child's first call into the mount mounts it anew, waiting
+/// its turn as another process does (the parent's lender lends it when
+/// nothing there is in use), and the descriptors it inherited stay the
+/// parent's ([`inherited`]: EBADF). Its copies of the mount locks are
+/// closed ([`MountLock::leave_to_parent`]), so that they go with the
+/// parent's (given back to a process that waits, or the parent's exit),
+/// whatever the child does. A mount whose state a thread of the parent had
+/// locked at the fork stays stuck: that thread is not here to let it go.
+pub fn leave_to_parent() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
         let mut state = match m.state.try_lock() {
             Ok(state) => state,
             Err(std::sync::TryLockError::Poisoned(state)) => state.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => continue,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                m.stuck.store(true, Ordering::Release);
+                continue;
+            }
         };
+        if let Some(fs) = state.fs.take() {
+            std::mem::forget(fs);
+        }
         if let Some(lock) = state.lock.take() {
             lock.leave_to_parent();
         }
@@ -280,6 +306,13 @@ pub fn leave_locks_to_parent() {
             std::mem::forget(wanted); // (unmapped: its drop would unmap again)
         }
     }
+}
+
+/// In a forked child of a process that held a mount: whether `d` is one
+/// of the parent's descriptions (opened before the fork), which the child
+/// cannot use (its file belongs to the parent's mount).
+pub fn inherited(d: &Description) -> bool {
+    crate::FORKED.load(Ordering::Relaxed) && d.born != iopath::sys::fork_generation()
 }
 
 /// In a child just forked: whether the parent held any mount (then the child
@@ -371,6 +404,7 @@ pub fn mounts() -> &'static [Mount] {
                 dev: 0x1_0000_0000 + i as u64,
                 state: Mutex::new(MountState::default()),
                 lending: Lending::default(),
+                stuck: AtomicBool::new(false),
             })
             .collect()
     })
@@ -783,6 +817,10 @@ pub struct Description {
     pub flags: AtomicI32,
     /// The file position.
     pub position: Mutex<u64>,
+    /// The fork generation of the process that opened it
+    /// (`iopath::sys::fork_generation`): in a forked child, another one's
+    /// means the parent's ([`inherited`]).
+    pub born: u64,
     /// A lock (record lock or flock) was taken on it: its mount is never
     /// given away while it is open ([`Mount::release`] with `dormant`), as
     /// another process could then write what the lock keeps it from.
@@ -954,6 +992,7 @@ impl Reopen {
             flags: AtomicI32::new(self.flags),
             position: Mutex::new(self.position),
             locked: AtomicBool::new(false),
+            born: iopath::sys::fork_generation(),
         })
     }
 }
@@ -1030,7 +1069,7 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
 /// Commits every mounted file system (at exit).
 pub fn sync_all() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
-        if let Some(fs) = m.mounted() {
+        if let Some(fs) = m.mounted_here() {
             let started = std::time::Instant::now();
             match fs.carry_over() {
                 Ok(0) => {}
@@ -1056,7 +1095,7 @@ pub fn sync_all() {
 /// command) can mount it. The next call into it mounts it again. Run before
 /// `fork`.
 pub fn release_idle() {
-    for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
+    for m in MOUNTS.get().map_or(&[][..], |v| &v[..]).iter().filter(|m| !m.stuck()) {
         m.release_if_idle("before fork");
     }
 }

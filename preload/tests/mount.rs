@@ -341,6 +341,11 @@ fn a_reader_that_seeks_back_leaves_the_rest_to_the_next_as_on_the_kernels_file()
 /// waited 10 s and failed with EBUSY: the shell held the mount for its
 /// open descriptors, and a forked child's copy of the lock's descriptor
 /// (and of its mapping) kept the lock even after the shell let go.
+/// Subshells forked while the shell holds the mount use it too: they
+/// mount in their turn for their own paths (`[ -f ]`, `$(< f)`, a
+/// redirection before an exec), and the shell's descriptors they use
+/// (`echo >&4`, `read <&3`) become pipes the shell bridges, sharing its
+/// positions (before: EPERM and EBADF).
 #[test]
 fn a_shell_keeping_files_open_gives_the_mount_to_its_commands() {
     let script = r#"set -e
@@ -358,6 +363,13 @@ fn a_shell_keeping_files_open_gives_the_mount_to_its_commands() {
         echo "$c" > "$D/copy"
         read -r rest <&3
         echo "rest $rest" >&4
+        exec 3< "$D/list"
+        ( [ -f "$D/list" ] && echo "subshell sees list" >&4 )
+        ( echo "subshell writes" >&4; read -r x <&3; echo "subshell read $x" >&4 )
+        read -r y <&3; echo "then the shell reads $y" >&4
+        v=$(< "$D/copy"); echo "${#v} bytes" >&4
+        while read -r n <&3; do grep -c . "$D/list" > "$D/out.$n"; done
+        cat "$D"/out.* >&4
         exec 3<&- 4>&-
         wait"#;
     let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
@@ -369,9 +381,13 @@ fn a_shell_keeping_files_open_gives_the_mount_to_its_commands() {
         // (Each command would have waited IOPATH_MOUNT_WAIT, 10 s, for the mount.)
         assert!(started.elapsed() < std::time::Duration::from_secs(9), "{:?}", started.elapsed());
     }
-    same_files_in_image(&image, &kernel_dir, &["log", "copy"]);
+    same_files_in_image(&image, &kernel_dir, &["log", "copy", "out.3", "out.5"]);
     let log = std::fs::read_to_string(kernel_dir.join("log")).unwrap();
-    assert_eq!(log, "1 2 5\nlist\nrest 3\n");
+    assert_eq!(
+        log,
+        "1 2 5\nlist\nrest 3\nsubshell sees list\nsubshell writes\nsubshell read 1\nthen the shell reads 2\n\
+         10 bytes\n5\n5\n5\n"
+    );
 }
 
 /// A script whose standard streams are mounted files runs commands that use

@@ -263,7 +263,7 @@ fn answer(conn: c_int, peer: Peer) -> Answer {
         close_all(&received);
         return (libc::EBADF, 0);
     };
-    if crate::FORKED.load(Ordering::Relaxed) {
+    if mount::inherited(&d) {
         // This process is a forked child itself (a subshell): its parent holds the file,
         // and the same number stands for it there. The request goes up (its parent
         // counts what is left unread when this subshell is reaped).

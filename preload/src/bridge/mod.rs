@@ -453,6 +453,13 @@ pub fn spawned(spawn: libc::pid_t, pid: Option<libc::pid_t>) {
 fn start_for_child(d: &Arc<Description>, to: c_int, end: c_int, reader: Option<Reader>) {
     reap_ended();
     let writes_file = writes_into(d, to);
+    if writes_file && let Ok(file) = d.file() {
+        // What the child wrote through an earlier pipe into this file (a subshell's
+        // `echo one >&4; echo two >&4`: a pipe each) lies before what it writes next.
+        let ino = file.metadata().ino;
+        drop(file);
+        written_before(d.mount, ino);
+    }
     crate::log(&format!(
         "bridging a child's {} (a pipe: the child cannot reach the mount)",
         describe(&[to], writes_file, &d.mount.dir, &d.path)

@@ -4,7 +4,7 @@
 //! (a private mapping of a mounted file is a copy of its bytes; a shared one
 //! is refused with ENODEV: it would not see the file system's writes).
 
-use super::{errno_of, fail, fail_size, on_fd, on_file_fd};
+use super::{errno_of, fail, fail_size, on_fd, on_file_fd, on_stream_fd};
 use crate::mount::Description;
 use crate::real;
 use crate::route::{self, at_offset, at_position, one, pieces_of};
@@ -153,17 +153,19 @@ fn buffer<'a>(buf: *mut c_void, n: size_t) -> Option<&'a mut [u8]> {
 }
 
 fn mounted_read(fd: c_int, buf: *mut c_void, n: size_t, offset: Option<off_t>) -> Option<ssize_t> {
-    on_fd(fd, fail_size, |d| match buffer(buf, n) {
+    let serve = |d: &Arc<Description>| match buffer(buf, n) {
         Some(b) => read_mounted(d, b, offset),
         None => fail_size(libc::EFAULT),
-    })
+    };
+    if offset.is_none() { on_stream_fd(fd, false, fail_size, serve) } else { on_fd(fd, fail_size, serve) }
 }
 
 fn mounted_write(fd: c_int, buf: *const c_void, n: size_t, offset: Option<off_t>) -> Option<ssize_t> {
-    on_fd(fd, fail_size, |d| match buffer(buf.cast_mut(), n) {
+    let serve = |d: &Arc<Description>| match buffer(buf.cast_mut(), n) {
         Some(b) => write_mounted(d, b, offset),
         None => fail_size(libc::EFAULT),
-    })
+    };
+    if offset.is_none() { on_stream_fd(fd, true, fail_size, serve) } else { on_fd(fd, fail_size, serve) }
 }
 
 macro_rules! hook_pread {
@@ -298,7 +300,8 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: passed on as the caller gave it.
-    on_fd(fd, fail_size, |d| readv_mounted(d, iov, cnt, None)).unwrap_or_else(|| unsafe { real::readv(fd, iov, cnt) })
+    on_stream_fd(fd, false, fail_size, |d| readv_mounted(d, iov, cnt, None))
+        .unwrap_or_else(|| unsafe { real::readv(fd, iov, cnt) })
 }
 
 /// `writev` at the file position: a mounted file's, or the C library's.
@@ -308,7 +311,8 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: passed on as the caller gave it.
-    on_fd(fd, fail_size, |d| writev_mounted(d, iov, cnt, None)).unwrap_or_else(|| unsafe { real::writev(fd, iov, cnt) })
+    on_stream_fd(fd, true, fail_size, |d| writev_mounted(d, iov, cnt, None))
+        .unwrap_or_else(|| unsafe { real::writev(fd, iov, cnt) })
 }
 
 fn seek(d: &Description, offset: off_t, whence: c_int) -> off_t {

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 /// In a forked child the description is the parent's: it is left alone.
 fn drop_mounted(fd: c_int) {
     if let Some(description) = mount::remove(fd) {
-        if FORKED.load(Ordering::Relaxed) {
+        if mount::inherited(&description) {
             std::mem::forget(description); // its file belongs to the parent's mount
         } else {
             let _inside = crate::Inside::enter();
@@ -93,7 +93,7 @@ fn duplicated(from: c_int, new: c_int, description: Option<Arc<Description>>, cl
     {
         if bridge::wanted(&d, new) {
             let _inside = crate::Inside::enter();
-            if FORKED.load(Ordering::Relaxed) {
+            if mount::inherited(&d) {
                 // A forked child's: its parent holds the file, and bridges it (`bridge/adopt.rs`).
                 return bridge::ask_parent(&d, from, new, cloexec);
             }
@@ -217,7 +217,7 @@ fn duplicates(cmd: c_int) -> bool {
 fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) -> c_int {
     let description = mounting().then(|| mount::lookup(fd)).flatten();
     if let Some(d) = &description {
-        if crate::FORKED.load(Ordering::Relaxed) {
+        if mount::inherited(d) {
             // Close-on-exec is the kernel's, per number: a forked child may set it on
             // its parent's descriptor before an exec (Python's `pass_fds` does).
             return if matches!(cmd, libc::F_GETFD | libc::F_SETFD) { call() } else { fail(libc::EBADF) };

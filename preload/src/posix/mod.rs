@@ -83,17 +83,59 @@ pub(crate) fn errno_of(e: &iopath::Error) -> c_int {
     iopath::capi::errno_of(e)
 }
 
-static SAID_FORKED: AtomicBool = AtomicBool::new(false);
+static SAID_INHERITED: AtomicBool = AtomicBool::new(false);
+static SAID_STUCK: AtomicBool = AtomicBool::new(false);
 
-fn forked() -> bool {
-    let forked = FORKED.load(Ordering::Relaxed);
-    if forked && !SAID_FORKED.swap(true, Ordering::Relaxed) {
+/// In a forked child of a process that held the mount, a call on `fd`,
+/// one of the parent's mounted descriptors (its file is the parent's
+/// mount's, see [`mount::inherited`]): with `stream` (`read`, `write`,
+/// `readv`, `writev`: `Some(true)` for a write) on a description open
+/// that way only, the number becomes a pipe the parent bridges, as an exec
+/// does with them (`bridge/adopt.rs`), and the call goes to the kernel on
+/// it (`Some(None)`): a forked child's `write(4, ...)` lands in the
+/// parent's file at the shared position. Any other call, or where the
+/// parent does not take it: `Some(Some(EBADF))`, said once. `None` if `d`
+/// is not the parent's.
+fn inherited(fd: c_int, d: &Description, stream: Option<bool>) -> Option<Option<c_int>> {
+    if !mount::inherited(d) {
+        return None;
+    }
+    let one_way = match d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE {
+        libc::O_RDONLY => Some(false),
+        libc::O_WRONLY => Some(true),
+        _ => None,
+    };
+    if stream.is_some() && stream == one_way {
+        // SAFETY: F_GETFD on the caller's descriptor.
+        let cloexec = unsafe { crate::real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+        let _inside = crate::Inside::enter();
+        if crate::bridge::ask_parent(d, fd, fd, cloexec) == fd {
+            // The number is a pipe now. The description is the parent's: this child
+            // neither closes its file nor drops its locks.
+            std::mem::forget(mount::remove(fd));
+            return Some(None);
+        }
+    }
+    if !SAID_INHERITED.swap(true, Ordering::Relaxed) {
         crate::say(
-            "a forked child cannot use its parent's iopath mount (its engine's threads are not here); \
-             calls on inherited mounted descriptors fail with EBADF, on mounted paths with EPERM",
+            "a forked child cannot use its parent's iopath mount through the descriptors it had open at the \
+             fork (their files are the parent's mount's): calls on them fail with EBADF, but for reading or \
+             writing one open only for that, which the parent bridges; open the file again in the child",
         );
     }
-    forked
+    Some(Some(libc::EBADF))
+}
+
+/// Whether a forked child cannot use `m` at all ([`mount::Mount::stuck`]); said once.
+fn stuck(m: &mount::Mount) -> bool {
+    let stuck = m.stuck();
+    if stuck && !SAID_STUCK.swap(true, Ordering::Relaxed) {
+        crate::say(
+            "a forked child cannot use its parent's iopath mount (a thread of the parent was using it at \
+             the fork); calls on mounted paths fail with EPERM",
+        );
+    }
+    stuck
 }
 
 /// What a call on descriptor `fd` does: `None` if it is not a mount's (the
@@ -103,13 +145,36 @@ pub(crate) fn on_fd<R>(
     failed: impl FnOnce(c_int) -> R,
     serve: impl FnOnce(&Arc<Description>) -> R,
 ) -> Option<R> {
+    on_fd_as(fd, None, failed, serve)
+}
+
+/// [`on_fd`] for `read`, `write`, `readv` and `writev` (`writes`: the
+/// latter two) at the file position: in a forked child, a descriptor of
+/// its parent's open only that way becomes a pipe the parent bridges.
+pub(crate) fn on_stream_fd<R>(
+    fd: c_int,
+    writes: bool,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(&Arc<Description>) -> R,
+) -> Option<R> {
+    on_fd_as(fd, Some(writes), failed, serve)
+}
+
+fn on_fd_as<R>(
+    fd: c_int,
+    stream: Option<bool>,
+    failed: impl FnOnce(c_int) -> R,
+    serve: impl FnOnce(&Arc<Description>) -> R,
+) -> Option<R> {
     if !mounting() || !mount::is_mounted(fd) {
         return None;
     }
-    if forked() {
-        return Some(failed(libc::EBADF));
-    }
     let description = mount::lookup(fd)?;
+    match inherited(fd, &description, stream) {
+        None => {}
+        Some(None) => return None,
+        Some(Some(errno)) => return Some(failed(errno)),
+    }
     let _inside = crate::Inside::enter();
     Some(serve(&description))
 }
@@ -125,7 +190,7 @@ pub(crate) fn on_file_fd<R>(
     failed: impl FnOnce(c_int) -> R,
     serve: impl FnOnce(&Arc<Description>) -> R,
 ) -> Option<R> {
-    if !mounting() || mount::is_mounted(fd) || forked() {
+    if !mounting() || mount::is_mounted(fd) || FORKED.load(Ordering::Relaxed) {
         return on_fd(fd, failed, serve);
     }
     let description = crate::bridge::file_of(fd)?;
@@ -182,7 +247,7 @@ fn on_path_as<R>(
     let bytes = path_bytes(path)?;
     forget_redirect(path);
     let inside = mount::resolve(dirfd, bytes)?;
-    if forked() {
+    if stuck(inside.mount) {
         return Some(failed(libc::EPERM));
     }
     let _inside = crate::Inside::enter();

@@ -136,6 +136,7 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
         flags: AtomicI32::new(flags & KEPT),
         position: Mutex::new(0),
         locked: AtomicBool::new(false),
+        born: iopath::sys::fork_generation(),
     });
     if crate::bridge::wanted(&description, fd) {
         // A standard stream (the program had closed it): a pipe a bridge keeps.
@@ -864,7 +865,7 @@ enum Component {
 /// system if it lies in one, else by the kernel (its link not followed).
 fn component(path: &[u8]) -> Result<Component, c_int> {
     if let Some(inside) = mount::resolve(libc::AT_FDCWD, path) {
-        if super::forked() {
+        if super::stuck(inside.mount) {
             return Err(libc::EPERM);
         }
         let _inside = crate::Inside::enter();
