@@ -764,7 +764,7 @@ impl Node {
 
 /// The file of an open description: open while this process has the mount,
 /// or, after the mount was given to another process with the description
-/// still open ([`Mount::release`] with `dormant`), where to find it
+/// still open (`Mount::release` with `dormant`, by its lender), where to find it
 /// again: the next call on it mounts again and opens the file anew, by its
 /// path, checked by its inode number.
 pub struct Slot {
@@ -822,7 +822,7 @@ pub struct Description {
     /// means the parent's ([`inherited`]).
     pub born: u64,
     /// A lock (record lock or flock) was taken on it: its mount is never
-    /// given away while it is open ([`Mount::release`] with `dormant`), as
+    /// given away while it is open (`Mount::release` with `dormant`, by its lender), as
     /// another process could then write what the lock keeps it from.
     pub locked: AtomicBool,
 }
