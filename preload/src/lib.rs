@@ -233,6 +233,8 @@ extern "C" fn on_load() {
     if c.files.is_empty() && c.mounts.is_empty() {
         return;
     }
+    // Forks are counted from now on (a forked child's exit prints no figures).
+    iopath::sys::fork_generation();
     // A program is single-threaded as it loads us, most often: room for our own
     // descriptors now is cheap; later, with threads, it costs a grace period.
     iopath::sys::grow_descriptor_table();
@@ -290,8 +292,10 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     }
     bridge::finish(flush_stdio);
     commit_mounts_now();
-    if FORKED.load(Ordering::Relaxed) {
-        return; // (the figures below are the parent's)
+    if iopath::sys::fork_generation() > 0 {
+        // A forked child that did not exec: the figures below are mostly its parent's
+        // (bash's subshells each printed the shell's waiting times again).
+        return;
     }
     if let Some(waits) = iopath::path::completion::explain::summary() {
         log(&waits);
