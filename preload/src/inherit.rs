@@ -102,17 +102,11 @@ pub fn hand_over() -> HandOver {
         return HandOver::default();
     }
     let _inside = crate::Inside::enter();
-    if !parents.is_empty() {
-        for (fds, d) in parents {
-            for fd in fds {
-                if crate::bridge::ask_parent(&d, fd, fd, false) == fd {
-                    // The number is a pipe now. The description is the parent's: this
-                    // child neither closes its file nor drops its locks.
-                    std::mem::forget(mount::remove(fd));
-                } else {
-                    let why = std::io::Error::last_os_error();
-                    crate::log(&format!("descriptor {fd} on {}: not bridged by the parent ({why})", shown(&d)));
-                }
+    for (fds, d) in parents {
+        for fd in fds {
+            if !crate::bridge::bridged_in_place(&d, fd, false) {
+                let why = std::io::Error::last_os_error();
+                crate::log(&format!("descriptor {fd} on {}: not bridged by the parent ({why})", shown(&d)));
             }
         }
     }

@@ -890,12 +890,6 @@ impl Description {
             }
         }
     }
-
-    /// Whether its file is open (not a directory, not dormant): what an
-    /// in-memory answer (a size, an inode number) needs without mounting.
-    pub fn is_file(&self) -> bool {
-        matches!(self.node, Node::File(_))
-    }
 }
 
 impl Drop for Description {
@@ -1181,8 +1175,6 @@ fn wake(asleep: Vec<(Arc<Description>, File)>) {
         }
     }
 }
-
-impl Mount {}
 
 /// Every mounted descriptor and its description.
 pub fn descriptors() -> Vec<(c_int, Arc<Description>)> {

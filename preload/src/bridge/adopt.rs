@@ -388,6 +388,19 @@ pub fn ask_parent(d: &Description, from: c_int, to: c_int, cloexec: bool) -> c_i
     }
 }
 
+/// In a forked child: [`ask_parent`] to bridge inherited mounted `d` at
+/// its own number `fd`. The number is a pipe then, and the description,
+/// the parent's, leaves this child's table without being dropped (the
+/// child neither closes its file nor lets go of its locks). Whether it is
+/// one now.
+pub fn bridged_in_place(d: &Description, fd: c_int, cloexec: bool) -> bool {
+    if ask_parent(d, fd, fd, cloexec) != fd {
+        return false;
+    }
+    std::mem::forget(mount::remove(fd));
+    true
+}
+
 /// A pipe a forked child was given by its parent for one of the parent's open files.
 struct Given {
     /// The description (its address: the child's table keeps it alive).

@@ -51,7 +51,7 @@ mod control;
 mod held;
 mod seek;
 
-pub use adopt::{ask_parent, listen_before_fork};
+pub use adopt::{ask_parent, bridged_in_place, listen_before_fork};
 pub use held::let_go;
 pub use seek::seek;
 
@@ -287,7 +287,8 @@ impl Drop for RunningGuard {
         // SAFETY: dropped once, here; not used after.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
         HOLDS_RUNNING.with(|h| h.set(false));
-        for slot in &DEFERRED {
+        // (Loads first: this runs at every release of the lock, and there is rarely any.)
+        for slot in DEFERRED.iter().filter(|slot| slot.load(Ordering::Acquire) != 0) {
             let child = slot.swap(0, Ordering::AcqRel);
             if child > 0 {
                 after_child_ended(child);

@@ -285,14 +285,26 @@ fn result(r: iopath::Result<()>) -> c_int {
     }
 }
 
-/// chmod of a mounted description (a file through its handle: it may have been renamed).
-fn fchmod_mounted(d: &Description, mode: libc::mode_t) -> c_int {
-    match (d.file(), d.mount.fs()) {
-        (_, Err(e)) | (Err(e), _) if e != libc::EISDIR => fail(e),
-        (Ok(f), Ok(_)) => result(f.set_mode(mode)),
-        (_, Ok(fs)) => result(fs.set_mode(&d.path, mode)),
-        (_, Err(e)) => fail(e),
+/// A change to a mounted description's inode: a file's through its handle
+/// (it may have been renamed since it was opened), a directory's by its path.
+fn change_inode(
+    d: &Description,
+    file: impl FnOnce(&iopath::fs::File) -> iopath::Result<()>,
+    dir: impl FnOnce(&iopath::fs::FileSystem) -> iopath::Result<()>,
+) -> c_int {
+    match d.file() {
+        Ok(f) => result(file(&f)),
+        Err(libc::EISDIR) => match d.mount.fs() {
+            Ok(fs) => result(dir(&fs)),
+            Err(e) => fail(e),
+        },
+        Err(e) => fail(e),
     }
+}
+
+/// chmod of a mounted description.
+fn fchmod_mounted(d: &Description, mode: libc::mode_t) -> c_int {
+    change_inode(d, |f| f.set_mode(mode), |fs| fs.set_mode(&d.path, mode))
 }
 
 fn chmod_inside(inside: Inside, mode: libc::mode_t) -> c_int {
@@ -410,12 +422,7 @@ fn futimens_mounted(d: &Description, times: *const libc::timespec) -> c_int {
         Ok(None) => return 0,
         Ok(Some(ns)) => ns,
     };
-    match (d.file(), d.mount.fs()) {
-        (_, Err(e)) | (Err(e), _) if e != libc::EISDIR => fail(e),
-        (Ok(f), Ok(_)) => result(f.set_mtime(ns)),
-        (_, Ok(fs)) => result(fs.set_mtime(&d.path, ns)),
-        (_, Err(e)) => fail(e),
-    }
+    change_inode(d, |f| f.set_mtime(ns), |fs| fs.set_mtime(&d.path, ns))
 }
 
 /// `futimens`.

@@ -109,10 +109,7 @@ fn inherited(fd: c_int, d: &Description, stream: Option<bool>) -> Option<Option<
         // SAFETY: F_GETFD on the caller's descriptor.
         let cloexec = unsafe { crate::real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
         let _inside = crate::Inside::enter();
-        if crate::bridge::ask_parent(d, fd, fd, cloexec) == fd {
-            // The number is a pipe now. The description is the parent's: this child
-            // neither closes its file nor drops its locks.
-            std::mem::forget(mount::remove(fd));
+        if crate::bridge::bridged_in_place(d, fd, cloexec) {
             return Some(None);
         }
     }
