@@ -86,6 +86,83 @@ fn a_second_mount_reads_what_the_first_left_in_its_carried_cache() {
     assert_eq!(read_all(&fs, "d/f7"), contents(7));
 }
 
+/// Every name under `d` with what `stat` says of it, as a mount sees them.
+fn listing(fs: &FileSystem) -> Vec<(Vec<u8>, iopath::fs::Metadata)> {
+    let mut out: Vec<_> = fs
+        .read_dir("d")
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            let path = [&b"d/"[..], &e.name].concat();
+            (e.name, fs.symlink_metadata(path).unwrap())
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn a_mount_lends_the_inode_table_the_last_one_left_and_sees_every_change_made_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image_left_with_files(dir.path(), 40);
+    // The table comes from the carried cache (the mount's reads are compared
+    // with a mount's without it at the end: one now would set it aside).
+    let (fs, mounted, lock) = mount_carrying(&image);
+    let read = fs.stats().device_read_bytes;
+    assert!(mounted.carried.unwrap() > 40, "{mounted:?}");
+    let before = listing(&fs);
+    assert_eq!(before.len(), 40);
+    // Inodes in lent blocks change: a mode, a name, a new file, a deleted one, a size.
+    fs.set_mode("d/f1", 0o600).unwrap();
+    fs.rename("d/f3", "d/g3").unwrap();
+    fs.create("d/new").unwrap().write_at(&[7; 5000], 0).unwrap();
+    fs.unlink("d/f4").unwrap();
+    fs.open("d/f5").unwrap().truncate(10).unwrap();
+    let changed = listing(&fs);
+    assert_ne!(changed, before);
+    fs.unmount().unwrap();
+    drop(lock);
+
+    // What the next mount lends is what the device holds, changes and all.
+    for _ in 0..2 {
+        let (fs, mounted, lock) = mount_carrying(&image);
+        assert!(mounted.carried.unwrap() > 40, "{mounted:?}");
+        assert_eq!(listing(&fs), changed);
+        assert_eq!(read_all(&fs, "d/g3"), contents(3));
+        assert_eq!(read_all(&fs, "d/f5"), contents(5)[..10].to_vec());
+        assert_eq!(read_all(&fs, "d/new"), vec![7; 5000]);
+        fs.unmount().unwrap();
+        drop(lock);
+    }
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    assert_eq!(listing(&fs), changed, "the device agrees");
+    let from_device = fs.stats().device_read_bytes;
+    assert!(read + 32 * 4096 <= from_device, "{read} bytes read, {from_device} without the carried cache");
+    drop(fs);
+    let report = iopath::fs::check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+/// A name made after the exit left the carried cache (a thread still
+/// running): the table the carried cache holds is not the device's any more,
+/// and the next mount must not lend it.
+#[test]
+fn a_change_after_leaving_the_carried_cache_keeps_its_table_from_the_next_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image_left_with_files(dir.path(), 8);
+    let (fs, _, lock) = mount_carrying(&image);
+    assert!(fs.carry_over().unwrap() > 0);
+    fs.rename("d/f2", "d/late").unwrap();
+    fs.sync().unwrap();
+    std::mem::forget(fs);
+    drop(lock);
+
+    let (fs, mounted, _lock) = mount_carrying(&image);
+    assert_eq!(mounted.carried, Some(0), "{mounted:?}");
+    assert!(!fs.exists("d/f2"));
+    assert_eq!(read_all(&fs, "d/late"), contents(2));
+}
+
 #[test]
 fn a_mount_without_the_carried_cache_sets_it_aside() {
     let dir = tempfile::tempdir().unwrap();

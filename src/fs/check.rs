@@ -162,11 +162,29 @@ pub(super) fn recover(disk: &Disk, log: Option<&ShmLog>) -> Result<(Superblock, 
 /// find an inode beyond the mark.
 pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<Vec<Option<IoBuf>>> {
     let count = if whole { sb.inode_blocks } else { sb.inode_mark.div_ceil(INODES_PER_BLOCK as u64) };
-    let mut out = Vec::with_capacity(sb.inode_blocks as usize);
-    // Kept in blocks of the pool (page frames a process before may have faulted
-    // in already): 4 KiB boxes of fresh heap were a page fault and a zeroing
-    // each, a fifth of a short program's time on a mount of 26K names.
-    read_each(disk, sb.inode_start, count, |c| out.push((!format::all_zero(c)).then(|| IoBuf::from_slice(c))))?;
+    let mut out: Vec<Option<IoBuf>> = Vec::with_capacity(sb.inode_blocks as usize);
+    // A block the carried cache holds (the last process left the table there)
+    // is lent: its frame, read in place and copied by the kernel only if an
+    // inode there changes, where each mount read the table from the device
+    // (tar's tree: 4.5 MiB, 3.4 ms of an 11.5 ms mount).
+    let mut missing: Vec<u64> = Vec::new();
+    for i in 0..count {
+        let lent = disk.lend_carried(sb.inode_start + i);
+        if lent.is_none() {
+            missing.push(i);
+        }
+        out.push(lent.filter(|b| !format::all_zero(b)));
+    }
+    // The rest is read into blocks of the pool (page frames a process before may
+    // have faulted in already): 4 KiB boxes of fresh heap were a page fault and a
+    // zeroing each, a fifth of a short program's time on a mount of 26K names.
+    for run in missing.chunk_by(|a, b| a + 1 == *b) {
+        let mut at = run[0] as usize;
+        read_each(disk, sb.inode_start + run[0], run.len() as u64, |c| {
+            out[at] = (!format::all_zero(c)).then(|| IoBuf::from_slice(c));
+            at += 1;
+        })?;
+    }
     out.resize_with(sb.inode_blocks as usize, || None);
     Ok(out)
 }

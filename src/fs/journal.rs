@@ -242,6 +242,12 @@ impl Journal {
         self.log_taken = true;
     }
 
+    /// Whether every committed image is home: nothing in the journal or in
+    /// the shared-memory log that the device's own blocks do not hold.
+    pub fn all_home(&self) -> bool {
+        self.used == 0 && self.pending.is_empty() && self.unwritten.is_empty()
+    }
+
     /// Whether the shared-memory log holds transactions the device does not have.
     pub fn has_unwritten(&self) -> bool {
         !self.unwritten.is_empty()

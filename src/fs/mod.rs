@@ -1252,9 +1252,10 @@ impl Inner {
         // held or staged already, each a cache miss: 10 ms of the exit).
         let mut keys: Vec<Key> = Vec::new();
         self.cache.for_each_key(|key| keys.push(*key));
-        let mark = self.meta().inode_mark;
+        let (mark, table) = self.table_to_carry(carry);
+        let table = table.iter().map(|(block, image)| (*block, image.as_ref().map(|i| &i[..])));
         if keys.is_empty() {
-            return self.save_carried(carry, mark, std::iter::empty());
+            return self.save_carried(carry, mark, table);
         }
         // Each live file's pages by cache id, with the device block of each. The files
         // are taken under the metadata lock and their own locks after it is let go: a
@@ -1307,9 +1308,48 @@ impl Inner {
             let guard = guard.as_ref()?;
             (!guard.dirty).then(|| (block, Some(&guard.buf[..])))
         });
-        let held = self.save_carried(carry, mark, clean);
+        let held = self.save_carried(carry, mark, clean.chain(table));
         drop(guards);
         held
+    }
+
+    /// The inode mark, and the inode table's blocks below it and the overflow
+    /// extent blocks for the carried cache, if the device holds what they do (everything committed
+    /// is home and nothing changed since: as after [`Inner::quiesce`]): a
+    /// copy of each block it does not hold yet, `None` for those it does.
+    /// The next mount lends them instead of reading the table.
+    fn table_to_carry(&self, carry: &carry::CarriedCache) -> (u64, Vec<(u64, Option<Block>)>) {
+        // The journal's lock first, as a commit takes them: no commit between the
+        // look at the journal and the copies.
+        let journal = self.journal.lock().expect("journal lock poisoned");
+        let meta = self.meta();
+        if !journal.all_home() || !meta.dirty.is_empty() {
+            return (meta.inode_mark, Vec::new());
+        }
+        // The table's blocks up to the mark, then the overflow extent blocks
+        // (a mount reads them one at a time as it decodes the inodes they extend).
+        let count = meta.inode_mark.div_ceil(INODES_PER_BLOCK as u64) as usize;
+        let mut images: Vec<(u64, Option<&[u8]>)> =
+            (0..count).map(|i| (self.sb.inode_start + i as u64, meta.table[i].as_ref().map(|b| &b[..BLOCK]))).collect();
+        images.extend(meta.overflow.iter().map(|(&b, image)| (b, Some(&image[..]))));
+        images.sort_unstable_by_key(|&(b, _)| b);
+        let blocks: Vec<u64> = images.iter().map(|&(b, _)| b).collect();
+        let wanted = carry.wanted(&blocks);
+        let table = images
+            .iter()
+            .zip(wanted)
+            .map(|(&(block, image), want)| {
+                let copy = want.then(|| {
+                    let mut copy = zero_block();
+                    if let Some(image) = image {
+                        copy.copy_from_slice(image);
+                    }
+                    copy
+                });
+                (block, copy)
+            })
+            .collect();
+        (meta.inode_mark, table)
     }
 
     /// Saves `clean` (device block, its bytes, or `None` for one the carried
