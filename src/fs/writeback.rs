@@ -30,8 +30,13 @@ use std::sync::{Arc, Mutex, RwLockWriteGuard};
 /// Files written back together at most (each one's lock is held meanwhile).
 const FILES_PER_BATCH: usize = 256;
 
-/// Pages copied out for one batch at most (16 MiB: the copies are memory too).
-const PAGES_PER_BATCH: usize = 4096;
+/// Pages copied out for one batch at most (2 MiB). Two batches' copies are
+/// alive at once (one in flight, the next being copied), and small ones stay
+/// in the CPU's cache while the carried cache's stage and the device read
+/// them: with 16 MiB batches (32 MiB of copies, this machine's whole L3 and
+/// fresh memory to fault in) the exit of `tar cf` of /usr/include took
+/// 64.7-78.1 ms to commit, with 2 MiB 57.1-67.3 ms.
+const PAGES_PER_BATCH: usize = 512;
 
 /// Below this many queued files the queue is never pruned of clean ones.
 const PRUNE_FLOOR: usize = 1024;
