@@ -609,11 +609,20 @@ impl CarriedCache {
             // Nothing changed (a process that only read what it held): the stamp only.
             return self.stamp(volume_id, stamp, state.count);
         }
-        // What stays: the index less what was written since.
-        let mut kept: Vec<(u64, usize)> = (0..state.count)
-            .map(|i| self.entry(i))
-            .filter(|(b, f)| *f < self.frames && !state.removed.contains(b))
-            .collect();
+        // What stays: the index less what was written since. The index is sorted
+        // by block: one walk beside the sorted written blocks (a hash lookup per
+        // entry took 4.4 ms of a save beside an index of 164,000 entries).
+        let mut removed: Vec<u64> = state.removed.iter().copied().collect();
+        removed.sort_unstable();
+        let mut gone = removed.iter().peekable();
+        let mut kept: Vec<(u64, usize)> = Vec::with_capacity(state.count + pages.len());
+        for i in 0..state.count {
+            let (b, f) = self.entry(i);
+            while gone.next_if(|&&r| r < b).is_some() {}
+            if f < self.frames && gone.peek() != Some(&&b) {
+                kept.push((b, f));
+            }
+        }
         let mut taken = vec![0u64; self.frames.div_ceil(64)];
         for &(_, f) in &kept {
             set_bit(&mut taken, f);
@@ -686,19 +695,30 @@ impl CarriedCache {
             }
             i = end;
         }
-        kept.extend(new[..written].iter().map(|&(f, b, _)| (b, f)));
-        kept.extend(from_stage);
-        kept.sort_unstable_by_key(|&(b, _)| b);
-        let mut index = vec![0u8; Self::index_bytes_for(kept.len().max(1)).min(Self::index_bytes_for(self.frames))];
-        for (k, &(b, f)) in kept.iter().enumerate() {
-            put(&mut index, k * ENTRY, b);
-            put(&mut index, k * ENTRY + 8, f as u64);
+        // The new entries, sorted, merged into the kept ones (sorted already).
+        let mut added: Vec<(u64, usize)> = new[..written].iter().map(|&(f, b, _)| (b, f)).chain(from_stage).collect();
+        added.sort_unstable_by_key(|&(b, _)| b);
+        let count = kept.len() + added.len();
+        let mut index = Vec::with_capacity(Self::index_bytes_for(count.max(1)));
+        let (mut k, mut a) = (kept.iter().peekable(), added.iter().peekable());
+        let mut last = None;
+        while let Some(&(b, f)) = match (k.peek(), a.peek()) {
+            (Some(x), Some(y)) if x.0 < y.0 => k.next(),
+            (Some(_), Some(_)) | (None, Some(_)) => a.next(),
+            (Some(_), None) => k.next(),
+            (None, None) => None,
+        } {
+            debug_assert!(last < Some(b), "each block once, in order");
+            last = Some(b);
+            index.extend_from_slice(&b.to_le_bytes());
+            index.extend_from_slice(&(f as u64).to_le_bytes());
         }
+        index.resize(Self::index_bytes_for(count.max(1)).min(Self::index_bytes_for(self.frames)), 0);
         self.file.write_all_at(&index, HEADER as u64).map_err(fail("write"))?;
-        state.count = kept.len();
+        state.count = count;
         state.removed.clear();
-        self.entries.store(kept.len(), Relaxed);
-        self.stamp(volume_id, stamp, kept.len())
+        self.entries.store(count, Relaxed);
+        self.stamp(volume_id, stamp, count)
     }
 
     /// Writes the header's volume, stamp and entry count: the file vouches for the device again.
