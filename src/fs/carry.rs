@@ -11,7 +11,9 @@
 //!
 //! - **What it holds**: copies of device blocks, by block number, each equal
 //!   to what the device holds (a file's last block is zero past the file's
-//!   end, as the page cache has it). It lives in a file in `/dev/shm` named
+//!   end, as the page cache has it): the clean pages of live files, and the
+//!   inode table and overflow extent blocks, which a mount then lends
+//!   instead of reading. It lives in a file in `/dev/shm` named
 //!   after the device's identity, next to its mount lock; only the lock's
 //!   holder opens it, so one process uses it at a time.
 //! - **Why it can be trusted**: the file's header and the superblock carry
