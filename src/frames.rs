@@ -274,6 +274,28 @@ fn claim(dir: &Path, bound: usize) -> Option<()> {
     None
 }
 
+/// A new open file of the file `fd` is open on (`/proc/self/fd/N`, read
+/// only), without its lock; -1 if there is none. For the fork handler: no
+/// allocation, system calls only.
+fn reopen_fd(fd: i32) -> i32 {
+    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.max(0) as u32, 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..len].iter().rev().enumerate() {
+        path[14 + i] = *d;
+    }
+    // SAFETY: a NUL-terminated path in a buffer of ours (14 + at most 10 digits, then zeros).
+    unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) }
+}
+
 /// Opens `path` (created if missing, ours only) and locks it, with the
 /// bytes at its start whose memory is allocated (all of it or none: a file
 /// with holes is allocated again piece by piece); `None` if another process
@@ -330,6 +352,10 @@ extern "C" fn in_child_after_fork() {
         return;
     }
     if mapped > 0 {
+        // Mapped from an open file of the child's own: a mapping keeps its open
+        // file, and with it the parent's lock on it, alive (a child outliving the
+        // parent, a background job, kept the file from every process after).
+        let own = reopen_fd(fd);
         // SAFETY: replaces our own shared mapping of the file with a private one of the same bytes.
         let at = unsafe {
             libc::mmap(
@@ -337,10 +363,14 @@ extern "C" fn in_child_after_fork() {
                 mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_FIXED,
-                fd,
+                if own >= 0 { own } else { fd },
                 0,
             )
         };
+        if own >= 0 {
+            // SAFETY: the descriptor opened above, ours; the mapping keeps what it needs.
+            unsafe { libc::close(own) };
+        }
         if at == libc::MAP_FAILED {
             // Never share with the parent: no access at all rather than its memory.
             // SAFETY: our own range.

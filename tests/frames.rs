@@ -153,6 +153,24 @@ fn case_runner() {
             assert!(shared.iter().all(|&x| x == 1), "the child's write reached the parent's frame");
             println!("parent: intact");
         }
+        // Forks a child that outlives this process (it waits for its stdin to
+        // close), then leaves: the frame file must be free for the next process.
+        "fork-and-leave" => {
+            let _blocks = take_blocks(1024);
+            let file = iopath::frames::claimed().expect("a frame file claimed");
+            // SAFETY: the child only reads its stdin and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                let mut byte = 0u8;
+                // SAFETY: reads into a byte of ours until the test closes the pipe.
+                while unsafe { libc::read(0, (&raw mut byte).cast(), 1) } > 0 {}
+                // SAFETY: leaves the child at once, running nothing of the parent's.
+                unsafe { libc::_exit(0) };
+            }
+            println!("file: {}", file.display());
+            println!("child: {pid}");
+        }
         other => panic!("unknown case {other}"),
     }
 }
@@ -261,6 +279,42 @@ fn a_forked_child_never_writes_its_parents_frames() {
     let out = run_case("fork", dir.path());
     assert_eq!(said(&out, "child:"), "0", "the child wrote its copy and took no block of the parent's file:\n{out}");
     assert_eq!(said(&out, "parent:"), "intact");
+}
+
+/// A forked child that outlives its parent (a shell's background job, a
+/// daemon) must not keep the parent's frame file locked: its private view
+/// of the frames is mapped from an open file of its own, not from the
+/// parent's locked one, whose lock a mapping of it would keep.
+#[test]
+fn a_child_outliving_its_parent_leaves_the_frame_file_to_the_next_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut parent = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "case_runner", "--nocapture", "--test-threads=1"])
+        .env("FRAMES_CASE", "fork-and-leave")
+        .env("FRAMES_DIR", dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child_stdin = parent.stdin.take();
+    // Up to the child's line (not to the end: the child holds the pipe too).
+    let mut stdout = std::io::BufReader::new(parent.stdout.take().unwrap());
+    let mut out = String::new();
+    while !out.contains("child:") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() == 0 {
+            break;
+        }
+        out.push_str(&line);
+    }
+    assert!(parent.wait().unwrap().success(), "{out}");
+    let held = said(&out, "file:").to_string();
+    let child: i32 = said(&out, "child:").parse().unwrap();
+    // SAFETY: asks whether the child is alive (signal 0 sends nothing).
+    assert_eq!(unsafe { libc::kill(child, 0) }, 0, "the child outlives its parent");
+    let next = run_case("take", dir.path());
+    drop(child_stdin);
+    assert_eq!(said(&next, "file:"), held, "the next process takes the file the parent left");
 }
 
 /// A tool that ran programs under the interposer gives back the frame files
