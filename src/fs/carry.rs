@@ -92,6 +92,8 @@ pub struct CarriedCache {
     sealed: AtomicBool,
     /// Blocks read from here instead of the device.
     hits: AtomicU64,
+    /// Of those, blocks lent in place ([`CarriedCache::lend`]).
+    lent: AtomicU64,
     /// Blocks staged ahead of the save (lets writes skip the lock while none are).
     staged: AtomicUsize,
 }
@@ -285,6 +287,7 @@ impl CarriedCache {
             entries: AtomicUsize::new(0),
             sealed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
+            lent: AtomicU64::new(0),
             staged: AtomicUsize::new(0),
         })
     }
@@ -410,10 +413,45 @@ impl CarriedCache {
         set_bit(&mut lent, f);
         set_bit(&mut state.used, f);
         self.hits.fetch_add(1, Relaxed);
+        self.lent.fetch_add(1, Relaxed);
         // SAFETY: the frame lies inside the private mapping, which is never unmapped,
         // aligned to 4096; it is lent once only in this process, so nothing else here
         // uses that memory.
         Some(unsafe { crate::IoBuf::from_mapped_block(self.lender.base.add(self.frame_offset(f))) })
+    }
+
+    /// Takes back a block [`Self::lend`] lent, so that it may be lent again:
+    /// by a later mount in this process or in a child forked after this one
+    /// (a shell mounts again after each command it runs, and its children
+    /// mount too). Its frame of the private mapping was never written, so it
+    /// still shows the file: whatever the index says that frame holds when it
+    /// is lent again is what the lender reads. Returns `buf` if it is not a
+    /// frame this process's mapping of the file lent.
+    ///
+    /// # Safety
+    /// Nothing may have written `buf`'s bytes since it was lent (the kernel
+    /// would have copied the page: the copy, not the file, would be lent
+    /// again), and nothing may use it after this.
+    pub unsafe fn take_back(&self, buf: crate::IoBuf) -> Option<crate::IoBuf> {
+        let base = self.lender.base.as_ptr() as usize + self.frame_offset(0);
+        let at = buf.as_ptr() as usize;
+        let f = at.wrapping_sub(base) / BLOCK;
+        if at < base || !(at - base).is_multiple_of(BLOCK) || f >= self.frames || buf.len() != BLOCK {
+            return Some(buf);
+        }
+        let mut lent = self.lender.lent.lock().unwrap_or_else(|e| e.into_inner());
+        if !bit(&lent, f) {
+            return Some(buf); // (never: a frame not lent is not in anyone's hands)
+        }
+        lent[f / 64] &= !(1 << (f % 64));
+        // The mapping is never unmapped: the frame is the lender's again, not the pool's.
+        std::mem::forget(buf);
+        None
+    }
+
+    /// Blocks lent in place so far ([`Self::lend`]; each is also a hit).
+    pub fn lent(&self) -> u64 {
+        self.lent.load(Relaxed)
     }
 
     /// Blocks `[block, block + n)` are about to be written on the device:

@@ -159,21 +159,34 @@ pub(super) fn recover(disk: &Disk, log: Option<&ShmLog>) -> Result<(Superblock, 
 /// block of free slots is `None`: most of a young file system's table). A
 /// mount reads it up to the superblock's inode mark (tar's tree of 8,759
 /// files on a 3 GiB image: 4.8 of 24.5 MiB); fsck reads it `whole`, to
-/// find an inode beyond the mark.
-pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<Vec<Option<IoBuf>>> {
+/// find an inode beyond the mark. Returns the blocks, and one bit per
+/// block the carried cache lent (its frame, not a copy).
+pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<(Vec<Option<IoBuf>>, Vec<u64>)> {
     let count = if whole { sb.inode_blocks } else { sb.inode_mark.div_ceil(INODES_PER_BLOCK as u64) };
     let mut out: Vec<Option<IoBuf>> = Vec::with_capacity(sb.inode_blocks as usize);
+    let mut lent_bits = vec![0u64; (sb.inode_blocks as usize).div_ceil(64)];
     // A block the carried cache holds (the last process left the table there)
     // is lent: its frame, read in place and copied by the kernel only if an
     // inode there changes, where each mount read the table from the device
     // (tar's tree: 4.5 MiB, 3.4 ms of an 11.5 ms mount).
     let mut missing: Vec<u64> = Vec::new();
     for i in 0..count {
-        let lent = disk.lend_carried(sb.inode_start + i);
-        if lent.is_none() {
-            missing.push(i);
-        }
-        out.push(lent.filter(|b| !format::all_zero(b)));
+        out.push(match disk.lend_carried(sb.inode_start + i) {
+            None => {
+                missing.push(i);
+                None
+            }
+            Some(block) if format::all_zero(&block) => {
+                // Free slots only: nothing is kept, and the frame (only read) may be lent again.
+                // SAFETY: read above, never written, not used after.
+                drop(unsafe { disk.take_back_lent(block) });
+                None
+            }
+            lent => {
+                lent_bits[i as usize / 64] |= 1 << (i % 64);
+                lent
+            }
+        });
     }
     // The rest is read into blocks of the pool (page frames a process before may
     // have faulted in already): 4 KiB boxes of fresh heap were a page fault and a
@@ -186,7 +199,7 @@ pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<Ve
         })?;
     }
     out.resize_with(sb.inode_blocks as usize, || None);
-    Ok(out)
+    Ok((out, lent_bits))
 }
 
 /// Decodes every inode of `table` (a `None` block: eight free slots) and
@@ -302,7 +315,7 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
         return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
     }
     let (sb, journal) = recover(&disk, log)?;
-    let table = read_table(&disk, &sb, true)?;
+    let (table, _) = read_table(&disk, &sb, true)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
     let mut problems = AllProblems::default();

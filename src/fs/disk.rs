@@ -184,6 +184,19 @@ impl Disk {
         self.carry.get().and_then(|c| c.lend(block))
     }
 
+    /// Gives back a block [`Disk::lend_carried`] lent, to be lent again
+    /// ([`CarriedCache::take_back`]); returns it if it was not one.
+    ///
+    /// # Safety
+    /// As [`CarriedCache::take_back`]: never written since it was lent, not used after.
+    pub unsafe fn take_back_lent(&self, buf: IoBuf) -> Option<IoBuf> {
+        match self.carry.get() {
+            // SAFETY: passed on from the caller.
+            Some(c) => unsafe { c.take_back(buf) },
+            None => Some(buf),
+        }
+    }
+
     /// Blocks `[block, ..)` covering `len` bytes are about to be written.
     fn writing(&self, block: u64, len: usize) {
         if let Some(c) = self.carry.get() {

@@ -260,6 +260,9 @@ pub struct FsStats {
     pub cache: CacheStats,
     /// Blocks read from the carried cache instead of the device ([`carry`]).
     pub carried_reads: u64,
+    /// Of those, blocks lent in place (no copy): the inode table's at a
+    /// mount, and pages of files read.
+    pub carried_lent: u64,
     /// Loads handed to the read-ahead thread (a window of a stream, or a
     /// small file a walk through its directory comes to next).
     pub readahead_posts: u64,
@@ -340,6 +343,9 @@ impl Drop for Mount {
             }
         }
         fs.stop_readahead();
+        if !fs.aborted.load(Ordering::Acquire) {
+            fs.give_back_table();
+        }
     }
 }
 
@@ -464,6 +470,13 @@ struct NodeState {
 struct Meta {
     /// Inode-table block images; `None` for a block of free slots (all zeros).
     table: Vec<Option<IoBuf>>,
+    /// One bit per table block: written since the mount ([`Meta::table_block`]).
+    touched: Vec<u64>,
+    /// One bit per table block: its image is a frame the carried cache lent
+    /// at the mount. One not touched goes back to it at unmount (any other
+    /// block, even one at an address the carried cache once lent, may have
+    /// been written: a block of the pool is).
+    lent_table: Vec<u64>,
     /// What each inode slot holds.
     slots: Vec<Slot>,
     /// Every name, indexed.
@@ -619,7 +632,9 @@ impl Meta {
 
     /// The inode-table block that holds `slot`, made (zeros) if it held nothing.
     fn table_block(&mut self, slot: u32) -> &mut [u8] {
-        self.table[slot as usize / INODES_PER_BLOCK].get_or_insert_with(|| IoBuf::new(BLOCK))
+        let i = slot as usize / INODES_PER_BLOCK;
+        self.touched[i / 64] |= 1 << (i % 64);
+        self.table[i].get_or_insert_with(|| IoBuf::new(BLOCK))
     }
 
     /// Takes the running transaction: its images, and the runs it freed.
@@ -780,7 +795,7 @@ impl FileSystem {
         if let Some(log) = log.filter(|_| options.namespace_commit == NamespaceCommit::Written) {
             journal.keep_log(log);
         }
-        let table = check::read_table(&disk, &sb, false)?;
+        let (table, lent_table) = check::read_table(&disk, &sb, false)?;
         let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
         let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
         let mut first = check::FirstProblem;
@@ -793,6 +808,8 @@ impl FileSystem {
             disk.flush()?;
         }
         let mut meta = Meta {
+            touched: vec![0; table.len().div_ceil(64)],
+            lent_table,
             table,
             slots: (0..sb.inodes()).map(|_| Slot::Free).collect(),
             ns,
@@ -977,6 +994,7 @@ impl FileSystem {
             dirty_pages: fs.dirty.pages() as u64,
             cache: fs.cache.stats(),
             carried_reads: fs.disk.carry().map_or(0, |c| c.hits()),
+            carried_lent: fs.disk.carry().map_or(0, |c| c.lent()),
             readahead_posts: fs.readahead_posts.load(Ordering::Relaxed),
         }
     }
@@ -1366,6 +1384,30 @@ impl Inner {
         let sb = Superblock { inode_mark: mark, carry_stamp: stamp, ..self.sb };
         self.disk.write_stamp(&IoBuf::from_slice(&sb.encode()[..]))?;
         Ok(held)
+    }
+
+    /// Gives the carried cache back the inode-table blocks it lent this
+    /// mount that no inode change wrote ([`carry::CarriedCache::take_back`]),
+    /// for the next mount in this process (or a child forked after) to be
+    /// lent again instead of copying them: at unmount, the table no longer used.
+    fn give_back_table(&self) {
+        if self.disk.carry().is_none() {
+            return;
+        }
+        let mut meta = self.meta();
+        let meta = &mut *meta;
+        for (i, block) in meta.table.iter_mut().enumerate() {
+            let bit = 1 << (i % 64);
+            if meta.lent_table[i / 64] & bit == 0 || meta.touched[i / 64] & bit != 0 {
+                continue;
+            }
+            if let Some(buf) = block.take() {
+                // SAFETY: lent at the mount, and never written since: `Meta::table_block`
+                // is the only way to write a table block, and it marks the block touched;
+                // the table is not used after unmount.
+                *block = unsafe { self.disk.take_back_lent(buf) };
+            }
+        }
     }
 
     /// Commits everything and checkpoints.
