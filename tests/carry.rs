@@ -28,6 +28,12 @@ fn mount_carrying(image: &Path) -> (FileSystem, iopath::fs::Mounted, MountLock) 
     (fs, mounted, lock)
 }
 
+/// `iopath fsck` finds nothing wrong with `image` (`context` says which case).
+fn assert_clean(image: &Path, context: &str) {
+    let report = iopath::fs::check::check(engine(image)).unwrap();
+    assert!(report.is_clean(), "{context}: {report:?}");
+}
+
 /// File contents that differ per file and per byte, with a short last block.
 fn contents(i: usize) -> Vec<u8> {
     (0..(i * 3001 + 100)).map(|k| (k * 31 + i * 7) as u8).collect()
@@ -139,8 +145,7 @@ fn a_mount_lends_the_inode_table_the_last_one_left_and_sees_every_change_made_si
     let from_device = fs.stats().device_read_bytes;
     assert!(read + 32 * 4096 <= from_device, "{read} bytes read, {from_device} without the carried cache");
     drop(fs);
-    let report = iopath::fs::check::check(engine(&image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
+    assert_clean(&image, "");
 }
 
 /// A process that mounts again (a shell, after each command) is lent the
@@ -172,8 +177,7 @@ fn a_process_mounting_again_is_lent_the_table_again_and_sees_every_change() {
     assert_eq!(Some(listing(&fs)), expected, "the device agrees");
     assert_eq!(read_all(&fs, "d/new3"), vec![3; 100]);
     drop(fs);
-    let report = iopath::fs::check::check(engine(&image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
+    assert_clean(&image, "");
 }
 
 /// Blocks of the pool may lie at the addresses of frames the carried cache
@@ -303,8 +307,7 @@ fn writes_while_mounted_drop_the_blocks_they_cover_and_the_rest_is_kept() {
         }
         assert!(fs.stats().carried_reads > 0);
     }
-    let report = iopath::fs::check::check(engine(&image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
+    assert_clean(&image, "");
 }
 
 /// Every file as a mount reads it.
@@ -382,8 +385,7 @@ fn under_concurrent_writers_the_carried_cache_never_disagrees_with_the_device() 
             assert!(hits > 0, "seed {seed}: a clean unmount leaves the carried cache in use ({mounted:?})");
         }
         drop(fs);
-        let report = iopath::fs::check::check(engine(&image)).unwrap();
-        assert!(report.is_clean(), "seed {seed}: {report:?}");
+        assert_clean(&image, &format!("seed {seed}"));
     }
 }
 
