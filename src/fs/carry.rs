@@ -12,8 +12,8 @@
 //! - **What it holds**: copies of device blocks, by block number, each equal
 //!   to what the device holds (a file's last block is zero past the file's
 //!   end, as the page cache has it): the clean pages of live files, and the
-//!   inode table and overflow extent blocks, which a mount then lends
-//!   instead of reading. It lives in a file in `/dev/shm` named
+//!   inode table and overflow extent blocks, which a mount then takes from
+//!   here instead of the device (the table's blocks lent, not copied). It lives in a file in `/dev/shm` named
 //!   after the device's identity, next to its mount lock; only the lock's
 //!   holder opens it, so one process uses it at a time.
 //! - **Why it can be trusted**: the file's header and the superblock carry
@@ -180,11 +180,13 @@ struct State {
 /// Staged blocks: device block -> frame.
 type Staged = std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>;
 
-fn bit(bits: &[u64], i: usize) -> bool {
+/// Bit `i` of a bitmap kept in `u64` words.
+pub(super) fn bit(bits: &[u64], i: usize) -> bool {
     bits[i / 64] & (1 << (i % 64)) != 0
 }
 
-fn set_bit(bits: &mut [u64], i: usize) {
+/// Sets bit `i` of a bitmap kept in `u64` words.
+pub(super) fn set_bit(bits: &mut [u64], i: usize) {
     bits[i / 64] |= 1 << (i % 64);
 }
 
@@ -434,16 +436,16 @@ impl CarriedCache {
     /// again), and nothing may use it after this.
     pub unsafe fn take_back(&self, buf: crate::IoBuf) -> Option<crate::IoBuf> {
         let base = self.lender.base.as_ptr() as usize + self.frame_offset(0);
-        let at = buf.as_ptr() as usize;
-        let f = at.wrapping_sub(base) / BLOCK;
-        if at < base || !(at - base).is_multiple_of(BLOCK) || f >= self.frames || buf.len() != BLOCK {
+        let Some(offset) = (buf.as_ptr() as usize).checked_sub(base) else { return Some(buf) };
+        let f = offset / BLOCK;
+        if !offset.is_multiple_of(BLOCK) || f >= self.frames || buf.len() != BLOCK {
             return Some(buf);
         }
         let mut lent = self.lender.lent.lock().unwrap_or_else(|e| e.into_inner());
         if !bit(&lent, f) {
             return Some(buf); // (never: a frame not lent is not in anyone's hands)
         }
-        lent[f / 64] &= !(1 << (f % 64));
+        clear_bit(&mut lent, f);
         // The mapping is never unmapped: the frame is the lender's again, not the pool's.
         std::mem::forget(buf);
         None

@@ -183,7 +183,7 @@ pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<(V
                 None
             }
             lent => {
-                lent_bits[i as usize / 64] |= 1 << (i % 64);
+                super::carry::set_bit(&mut lent_bits, i as usize);
                 lent
             }
         });

@@ -633,7 +633,7 @@ impl Meta {
     /// The inode-table block that holds `slot`, made (zeros) if it held nothing.
     fn table_block(&mut self, slot: u32) -> &mut [u8] {
         let i = slot as usize / INODES_PER_BLOCK;
-        self.touched[i / 64] |= 1 << (i % 64);
+        carry::set_bit(&mut self.touched, i);
         self.table[i].get_or_insert_with(|| IoBuf::new(BLOCK))
     }
 
@@ -1397,8 +1397,7 @@ impl Inner {
         let mut meta = self.meta();
         let meta = &mut *meta;
         for (i, block) in meta.table.iter_mut().enumerate() {
-            let bit = 1 << (i % 64);
-            if meta.lent_table[i / 64] & bit == 0 || meta.touched[i / 64] & bit != 0 {
+            if !carry::bit(&meta.lent_table, i) || carry::bit(&meta.touched, i) {
                 continue;
             }
             if let Some(buf) = block.take() {
