@@ -7,6 +7,11 @@ use crate::{COUNTING, FORKED, Inside, PASSED_CALLS, ROUTED_CALLS, ROUTING, confi
 use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
 use std::sync::atomic::Ordering;
 
+/// Whether any file is routed (`IOPATH_FILES` is set): engines may run here.
+pub(crate) fn routing() -> bool {
+    ROUTING.load(Ordering::Relaxed)
+}
+
 /// The route of `fd`, unless this call must go to the C library as it is.
 pub(crate) fn route_of(fd: c_int) -> Option<fds::Route> {
     if !ROUTING.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) || crate::inside() {

@@ -36,7 +36,9 @@
 //! A reader that read ahead and gives the rest back with a seek (`{ head
 //! -n 1; cat; } < f`) has the bridge stopped and started again where the
 //! seek says (`seek.rs`), in this process or, asked through the adopter
-//! socket, in the parent that feeds it.
+//! socket, in the parent that feeds it; a writer that opened its output
+//! itself and seeks there (`dd of=f seek=N`) has the bridge write what the
+//! pipe holds, then move.
 //!
 //! What this gives up, against the kernel's file: the program sees a pipe
 //! (`fstat` says FIFO, and `lseek(fd, 0, SEEK_CUR)` fails with ESPIPE, so
@@ -723,6 +725,28 @@ pub fn file_of(fd: c_int) -> Option<Result<Arc<Description>, c_int>> {
         control.flush();
     }
     Some(file)
+}
+
+/// The program's own open file that a writing bridge of this process
+/// writes into from the pipe descriptor `fd` is on (the program opened the
+/// file and put it on 0, 1 or 2 itself: `dd of=f` does), once the bridge
+/// has written what the pipe holds; a seek there moves where the bridge
+/// writes what comes next. `None` if `fd` is on no such bridge: a reading
+/// one, one let go before a fork, or one whose file the program before
+/// handed over (`prog > f`: the program may probe whether its output
+/// seeks, then seek through stdio, which the pipe refuses; see `seek.rs`).
+pub(super) fn written_file(fd: c_int) -> Option<Arc<Description>> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let (control, description) = {
+        let running = running();
+        let b = running.iter().find(|b| b.fds.contains(&fd) && !b.feeds && !b.in_memory)?;
+        (Arc::clone(&b.control), Arc::clone(b.description.as_ref()?))
+    };
+    let _errno = crate::KeepErrno::new();
+    control.flush();
+    Some(description)
 }
 
 /// Stops a bridge and waits for it: it writes what its pipe holds into its

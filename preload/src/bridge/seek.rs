@@ -1,5 +1,5 @@
-//! Seeking a standard input that a bridge feeds: `{ head -n 1; cat; } <
-//! f`, `(head -n 1; sort) < f`, Python's `sys.stdin.seek`.
+//! Seeking a standard stream that a bridge feeds or drains: `{ head -n 1;
+//! cat; } < f`, `(head -n 1; sort) < f`, `dd of=f seek=N conv=notrunc`.
 //!
 //! A reader of a kernel file that read more than it used gives the rest
 //! back with `lseek(0, -n, SEEK_CUR)` (GNU head does), and the next reader
@@ -28,6 +28,17 @@
 //! pipe (as before) and 0.04 s on the kernel's file. So Python's
 //! `sys.stdin.seek` still fails (its `seekable()` asks the query).
 //!
+//! A writer seeks too where it opened the file itself and put it on its
+//! standard output (`dd of=f seek=N conv=notrunc` opens `f`, puts it on
+//! descriptor 1 and moves there): the bridge shares the program's open
+//! file, so once it has written what the pipe holds, the seek moves where
+//! it writes next. Not where the file was handed over (`prog > f`): a
+//! program told that its output seeks may go on to seek it through stdio,
+//! which calls the kernel and fails on the pipe. `zip - a b > out.zip`
+//! probes with `lseek(1, -1, SEEK_CUR)`, and answered so, it wrote a
+//! broken archive; refused with ESPIPE, it writes one that streams. A
+//! query fails with ESPIPE for every writer, for the same reason.
+//!
 //! A bridge let go before a fork feeds from memory: a seek within what it
 //! holds there is served from there; outside it, it needs the mount, and
 //! fails with ESPIPE (as a pipe does) if another process has it.
@@ -48,6 +59,10 @@ use std::sync::atomic::Ordering;
 pub fn seek(fd: c_int, offset: libc::off_t, whence: c_int) -> Option<libc::off_t> {
     if whence == libc::SEEK_CUR && offset == 0 {
         return None; // a query: answered as a pipe (see above)
+    }
+    if let Some(description) = super::written_file(fd) {
+        let _inside = crate::Inside::enter();
+        return Some(crate::posix::data::seek(&description, offset, whence));
     }
     let _inside = crate::Inside::enter();
     let result = match reposition(fd, offset, whence) {
