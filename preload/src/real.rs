@@ -127,6 +127,7 @@ next_symbol! {
     __fxstatat: fn(version: c_int, dirfd: c_int, path: *const c_char, out: *mut libc::stat, flags: c_int) -> c_int;
     __fxstatat64: fn(version: c_int, dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int;
     statx: fn(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, out: *mut libc::statx) -> c_int;
+    syscall: fn(number: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long;
     opendir: fn(path: *const c_char) -> *mut c_void;
     fdopendir: fn(fd: c_int) -> *mut c_void;
     readdir: fn(dir: *mut c_void) -> *mut libc::dirent64;

@@ -26,6 +26,7 @@
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <sys/vfs.h>
 #include <sys/uio.h>
@@ -210,6 +211,11 @@ static void directories(void) {
     CHECK(fstatat(dfd, "", &st, AT_EMPTY_PATH) == 0 && S_ISDIR(st.st_mode), "fstatat AT_EMPTY_PATH");
     struct statx sx;
     CHECK(statx(dfd, "sub/leaf", 0, STATX_BASIC_STATS, &sx) == 0 && sx.stx_size == 4 && S_ISREG(sx.stx_mode), "statx");
+    /* libuv (Node.js) asks for statx by number. */
+    memset(&sx, 0, sizeof sx);
+    CHECK(syscall(SYS_statx, dfd, "sub/leaf", 0, STATX_BASIC_STATS, &sx) == 0 && sx.stx_size == 4, "syscall(SYS_statx)");
+    ERRNO_IS(syscall(SYS_statx, dfd, "sub/none", 0, STATX_BASIC_STATS, &sx), ENOENT);
+    CHECK(syscall(SYS_getpid) == getpid(), "another syscall by number");
     CHECK(mkdirat(dfd, "made", 0755) == 0 && unlinkat(dfd, "made", AT_REMOVEDIR) == 0, "mkdirat, unlinkat");
     CHECK(fsync(dfd) == 0, "fsync of a directory");
     ERRNO_IS(read(dfd, names, 1), EISDIR);

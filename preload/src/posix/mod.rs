@@ -30,6 +30,7 @@
 //! - `locks.rs`: fcntl record locks and flock on mounted files
 //! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`), freopen
 //!   of a standard stream onto one (a bridge)
+//! - `raw.rs`: `syscall`, for the file calls programs make by number (libuv's `statx`)
 //!
 //! Symbolic links are followed here, before a call is served (`on_path`;
 //! `on_path_nofollow` for the calls that act on a last link itself): a
@@ -53,6 +54,7 @@ pub mod locks;
 pub mod metadata;
 pub mod paths;
 pub mod processes;
+pub mod raw;
 pub mod spawn;
 pub mod stdio;
 
