@@ -821,13 +821,27 @@ pub struct Description {
     /// (`iopath::sys::fork_generation`): in a forked child, another one's
     /// means the parent's ([`inherited`]).
     pub born: u64,
-    /// A lock (record lock or flock) was taken on it: its mount is never
-    /// given away while it is open (`Mount::release` with `dormant`, by its lender), as
+    /// A record lock was taken on it: its mount is never given away while
+    /// it is open (`Mount::release` with `dormant`, by its lender), as
     /// another process could then write what the lock keeps it from.
     pub locked: AtomicBool,
+    /// The descriptor of the kernel file its flocks are taken on (-1: none
+    /// yet; `posix/locks.rs`): kept while the description lives, dormant
+    /// or not, and closed with it, which lets go of the flock.
+    pub flock_fd: AtomicI32,
 }
 
 impl Description {
+    /// The inode number of its file, known without the mount (a dormant
+    /// file's is remembered); `None` for a directory.
+    pub fn file_ino(&self) -> Option<u64> {
+        let Node::File(slot) = &self.node else { return None };
+        match &*slot.state.read().unwrap_or_else(|e| e.into_inner()) {
+            SlotState::Open(file) => Some(file.metadata().ino),
+            SlotState::Dormant { ino, .. } => Some(*ino),
+        }
+    }
+
     /// Whether it was opened for reading.
     pub fn readable(&self) -> bool {
         self.flags.load(Ordering::Relaxed) & libc::O_ACCMODE != libc::O_WRONLY
@@ -986,6 +1000,7 @@ impl Reopen {
             flags: AtomicI32::new(self.flags),
             position: Mutex::new(self.position),
             locked: AtomicBool::new(false),
+            flock_fd: AtomicI32::new(-1),
             born: iopath::sys::fork_generation(),
         })
     }

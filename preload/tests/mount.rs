@@ -277,6 +277,39 @@ fn a_shell_redirecting_while_the_interposer_mounts_keeps_its_descriptors() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "one\nfour\n".repeat(40));
 }
 
+/// A flock on a mounted file is the kernel's, taken on a file that stands
+/// for the inode (`posix/locks.rs`): a process holding one lends the mount
+/// to a process that waits for it, and the lock still keeps other
+/// processes out as on ext4. `flock f cmd` runs `cmd` while it holds the
+/// lock, and `cmd` uses the mount; another flock of the same file fails
+/// with `-n` and waits without it; shared locks go together. Before, the
+/// lock was kept in the holder's memory, so a description holding one
+/// kept its mount: `cmd` waited `IOPATH_MOUNT_WAIT` and could not mount.
+#[test]
+fn a_flock_held_lends_the_mount_and_still_keeps_other_processes_out() {
+    let script = r#"set -e
+        cd "$D"; touch lockf
+        flock lockf -c 'ls lockf; echo in > inside; cat inside'
+        flock lockf -c 'flock -n lockf -c true || echo busy'
+        flock -s lockf -c 'flock -s -n lockf -c "echo shared"'
+        (flock lockf -c 'touch held; sleep 0.3; echo first') &
+        while [ ! -e held ]; do sleep 0.01; done
+        flock lockf -c 'echo second'
+        wait"#;
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let stdout = [(&kernel_dir, false), (&mount_dir, true)].map(|(dir, mount)| {
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    assert_eq!(stdout[0], "lockf\nin\nbusy\nshared\nfirst\nsecond\n");
+    assert_eq!(stdout[1], stdout[0]);
+    // The kernel files the flocks were taken on outlive every process (a test's image does not).
+    let dir = iopath::fs::lock::flock_path(&image, 0).unwrap();
+    std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+}
+
 /// A program that opens its output file itself and puts it on its
 /// standard output moves there as on the kernel's file: `dd of=f seek=N`
 /// (with and without `conv=notrunc`) opens `f`, puts it on descriptor 1

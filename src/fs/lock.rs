@@ -127,6 +127,28 @@ pub(super) fn lock_path(path: &Path) -> Result<PathBuf> {
     Ok(PathBuf::from(format!("{dir}/iopath-mount-{id}.lock")))
 }
 
+/// The file whose kernel `flock` stands for the flocks of inode `ino` of
+/// the file system on the device at `path` (an interposer's, on every
+/// process that mounts it): beside the device's lock, made if missing
+/// (anyone may make them, as anyone may take the lock). The kernel then
+/// keeps a flock across a lend of the mount to another process, and
+/// between processes, as it does on its own files.
+pub fn flock_path(path: &Path, ino: u64) -> Result<PathBuf> {
+    let lock = lock_path(path)?;
+    let name = lock.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let dir = lock.with_file_name(name.replace("iopath-mount-", "iopath-flock-").trim_end_matches(".lock"));
+    if !dir.is_dir() {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {
+                let _ = std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(source) => return Err(Error::Os { context: format!("cannot make {}", dir.display()), source }),
+        }
+    }
+    Ok(dir.join(format!("{ino:x}")))
+}
+
 /// The command line of process `pid`, for a message.
 fn command_of(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))

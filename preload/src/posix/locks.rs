@@ -3,10 +3,12 @@
 //! One process holds a mount at a time, so the locks that belong to a
 //! process (`F_SETLK`, `F_SETLKW`: POSIX record locks) never conflict: each
 //! is granted and `F_GETLK` finds none, exactly as the kernel answers a
-//! process that asks about its own locks. `flock` locks belong to the open
-//! file description, so two descriptions of one file in one process do
-//! conflict: they are kept here, per file, with waiting for `LOCK_EX`/`LOCK_SH`
-//! without `LOCK_NB`. Open-file-description record locks (`F_OFD_*`) are
+//! process that asks about its own locks; a description that took one
+//! keeps its mount from other processes while it is open. `flock` locks
+//! belong to the open file description and are the kernel's own, taken on
+//! a file that stands for the inode (see [`flock_mounted`]): they conflict
+//! between descriptions, in one process or across processes that take
+//! turns on the mount. Open-file-description record locks (`F_OFD_*`) are
 //! granted without checking ranges between descriptions (said once with
 //! `IOPATH_LOG`).
 
@@ -14,9 +16,8 @@ use super::{fail, on_fd};
 use crate::mount::Description;
 use crate::real;
 use libc::c_int;
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 
 /// fcntl's record-lock commands on a mounted description.
 pub(crate) fn record_lock(d: &Description, cmd: c_int, lock: *mut libc::flock) -> c_int {
@@ -47,73 +48,73 @@ pub(crate) fn record_lock(d: &Description, cmd: c_int, lock: *mut libc::flock) -
     0
 }
 
-/// Who holds the flock of one file.
-#[derive(Default)]
-struct Holders {
-    shared: Vec<usize>,
-    exclusive: Option<usize>,
-}
-
-#[derive(Default)]
-struct Table {
-    files: Mutex<HashMap<u64, Holders>>,
-    changed: Condvar,
-}
-
-static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
-
+/// `flock` on a mounted description: taken by the kernel on the file that
+/// stands for its inode ([`iopath::fs::lock::flock_path`]), through a
+/// descriptor of its own per description ([`Description::flock_fd`]). So
+/// two descriptions conflict as the kernel's do, in one process or two, a
+/// blocked `LOCK_EX` waits in the kernel, and a flock held does not keep
+/// the mount from a process that waits for it: lent, the description goes
+/// dormant and its descriptor keeps the lock. `flock file cmd` with `cmd`
+/// on the mount waited 10 s for a mount its parent could not lend, and
+/// failed (kept in this process's memory, the lock would have been lost).
 fn flock_mounted(d: &Arc<Description>, operation: c_int) -> c_int {
-    let Ok(file) = d.file() else { return 0 }; // a directory's flock: nothing shares it here
-    let ino = file.metadata().ino;
-    let me = Arc::as_ptr(d) as usize;
-    let table = TABLE.get_or_init(Table::default);
-    let mut files = table.files.lock().unwrap_or_else(|e| e.into_inner());
-    let wait = operation & libc::LOCK_NB == 0;
-    loop {
-        let holders = files.entry(ino).or_default();
-        holders.shared.retain(|&h| h != me);
-        if holders.exclusive == Some(me) {
-            holders.exclusive = None;
-        }
-        let free = match operation & !libc::LOCK_NB {
-            libc::LOCK_UN => {
-                table.changed.notify_all();
-                return 0;
-            }
-            libc::LOCK_SH => holders.exclusive.is_none(),
-            libc::LOCK_EX => holders.exclusive.is_none() && holders.shared.is_empty(),
-            _ => return fail(libc::EINVAL),
-        };
-        if free {
-            d.locked.store(true, Ordering::Release);
-            if operation & !libc::LOCK_NB == libc::LOCK_SH {
-                holders.shared.push(me);
-            } else {
-                holders.exclusive = Some(me);
-            }
-            return 0;
-        }
-        // Converting gave up the lock held (as flock does); others may go now.
-        table.changed.notify_all();
-        if !wait {
-            return fail(libc::EWOULDBLOCK);
-        }
-        files = table.changed.wait(files).unwrap_or_else(|e| e.into_inner());
+    if !matches!(operation & !libc::LOCK_NB, libc::LOCK_SH | libc::LOCK_EX | libc::LOCK_UN) {
+        return fail(libc::EINVAL);
     }
+    let Some(ino) = d.file_ino() else { return 0 }; // a directory's flock: nothing shares it here
+    let mut fd = d.flock_fd.load(Ordering::Acquire);
+    if fd < 0 {
+        if operation & !libc::LOCK_NB == libc::LOCK_UN {
+            return 0; // never locked
+        }
+        fd = match lock_file(d, ino) {
+            Ok(opened) => match d.flock_fd.compare_exchange(-1, opened, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => opened,
+                Err(theirs) => {
+                    // Another thread of the program opened it first.
+                    // SAFETY: ours, used by nothing else.
+                    unsafe { real::close(opened) };
+                    theirs
+                }
+            },
+            Err(errno) => return fail(errno),
+        };
+    }
+    // SAFETY: flock on the description's own descriptor.
+    unsafe { real::flock(fd, operation) }
 }
 
-/// Lets go of every flock a description holds (its last descriptor closed).
-pub(crate) fn release(d: &Description) {
-    let Some(table) = TABLE.get() else { return };
-    let me = d as *const Description as usize;
-    let mut files = table.files.lock().unwrap_or_else(|e| e.into_inner());
-    for holders in files.values_mut() {
-        holders.shared.retain(|&h| h != me);
-        if holders.exclusive == Some(me) {
-            holders.exclusive = None;
+/// Opens the kernel file of inode `ino` of `d`'s file system (close-on-exec,
+/// at a number out of the program's way), or errno.
+fn lock_file(d: &Description, ino: u64) -> Result<c_int, c_int> {
+    let device = iopath::fs::lock::backing_path(&d.mount.device).ok_or(libc::ENOLCK)?;
+    let path = iopath::fs::lock::flock_path(&device, ino).map_err(|e| {
+        crate::log(&format!("flock on {}: {e}", d.mount.device));
+        libc::ENOLCK
+    })?;
+    let path = std::ffi::CString::new(path.into_os_string().into_encoded_bytes()).map_err(|_| libc::ENOLCK)?;
+    let _inside = crate::Inside::enter();
+    let fd = iopath::sys::own_numbers(|| {
+        // SAFETY: a NUL-terminated path; the descriptor is ours.
+        let fd = unsafe { real::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) };
+        if fd >= 0 {
+            // Anyone may lock it next (umask may have taken bits away).
+            // SAFETY: fchmod of our own descriptor.
+            unsafe { libc::fchmod(fd, 0o666) };
         }
+        crate::route::created(fd)
+    });
+    if fd < 0 { Err(crate::posix::last_errno()) } else { Ok(fd) }
+}
+
+/// Lets go of the flock a description holds (its last descriptor closed,
+/// as the kernel does): closes its descriptor of the kernel file.
+pub(crate) fn release(d: &Description) {
+    let fd = d.flock_fd.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the description's own descriptor, closed once (swapped out above).
+        unsafe { real::close(fd) };
     }
-    table.changed.notify_all();
 }
 
 /// `flock`: per description on a mounted file, or the C library's.

@@ -136,6 +136,7 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
         flags: AtomicI32::new(flags & KEPT),
         position: Mutex::new(0),
         locked: AtomicBool::new(false),
+        flock_fd: AtomicI32::new(-1),
         born: iopath::sys::fork_generation(),
     });
     if crate::bridge::wanted(&description, fd) {
