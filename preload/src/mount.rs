@@ -103,6 +103,9 @@ const LEND_FOR: std::time::Duration = std::time::Duration::from_millis(300);
 /// children (make running its jobs, `make -j2` most of all) held them off
 /// the mount until they gave up: now they take turns, as they do after a
 /// fork. The next call here mounts again (waiting its turn).
+/// How a lend is said in the log.
+const LENT: &str = "to a process that waits for it";
+
 fn lend(m: &'static Mount) {
     let _inside = crate::Inside::enter();
     loop {
@@ -113,6 +116,8 @@ fn lend(m: &'static Mount) {
             continue;
         };
         let mut until: Option<std::time::Instant> = None;
+        // Bridges were let go in this stretch of nudges already.
+        let mut bridges_let_go = false;
         while m.lending.epoch.load(Ordering::Acquire) == epoch {
             let nudged = wanted.wait(Some(std::time::Duration::from_millis(if until.is_some() { 10 } else { 1000 })));
             if m.lending.epoch.load(Ordering::Acquire) != epoch {
@@ -120,11 +125,29 @@ fn lend(m: &'static Mount) {
             }
             let now = std::time::Instant::now();
             if nudged {
+                if until.is_none_or(|end| now >= end) {
+                    bridges_let_go = false;
+                }
                 until = Some(now + LEND_FOR);
             }
             match until {
                 Some(end) if now < end => {
-                    if crate::background(|| m.release("to a process that waits for it", true)) {
+                    if crate::background(|| m.release(LENT, true)) {
+                        break;
+                    }
+                    // A standard stream on a file here (a bridge) keeps the mount too:
+                    // `cat in | sort | head > out` in a mounted directory, where head's
+                    // bridge had `out` open first, waited 10 s for cat, which could not
+                    // mount, one run in five. Let go as before a fork, once a stretch
+                    // (what arrives is held in memory), it no longer does.
+                    if !std::mem::replace(&mut bridges_let_go, true)
+                        && crate::background(|| {
+                            let let_go = crate::bridge::let_go();
+                            let released = m.release(LENT, true);
+                            let_go.resume();
+                            released
+                        })
+                    {
                         break;
                     }
                 }

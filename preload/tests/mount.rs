@@ -277,6 +277,32 @@ fn a_shell_redirecting_while_the_interposer_mounts_keeps_its_descriptors() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "one\nfour\n".repeat(40));
 }
 
+/// A pipeline whose last command writes a mounted file and whose first
+/// reads one works whichever starts first: the last one's standard output
+/// is a bridge that has its file open, and when the first waits for the
+/// mount, its lender lets the bridge go as before a fork (what arrives is
+/// held in memory) and gives the mount back. Before, `{ sleep; cat in; } |
+/// sort | head > out` waited `IOPATH_MOUNT_WAIT` and cat failed (EBUSY);
+/// without the sleep, one run in two to five.
+#[test]
+fn a_pipeline_reading_and_writing_the_mount_at_both_ends_runs() {
+    let script = r#"set -e
+        cd "$D"; seq 1 10000 > in
+        { sleep 0.2; cat in; } | sort -rn | head -3 > top
+        cat top
+        { sleep 0.2; cat in; } | tail -2 >> top
+        cat top"#;
+    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let stdout = [(&kernel_dir, false), (&mount_dir, true)].map(|(dir, mount)| {
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    assert_eq!(stdout[0], "10000\n9999\n9998\n10000\n9999\n9998\n9999\n10000\n");
+    assert_eq!(stdout[1], stdout[0]);
+}
+
 /// A flock on a mounted file is the kernel's, taken on a file that stands
 /// for the inode (`posix/locks.rs`): a process holding one lends the mount
 /// to a process that waits for it, and the lock still keeps other
