@@ -160,6 +160,20 @@ fn bash_in(script: &str, dir: &Path, image: Option<&Path>) -> std::process::Outp
     common::output_within(&mut command, std::time::Duration::from_secs(120))
 }
 
+/// Runs `script` in a kernel directory and on a mount, each to success with
+/// nothing on stderr: the standard output of each (kernel's first), and the
+/// scratch directory, the kernel directory and the image.
+fn on_both(script: &str) -> ([String; 2], tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let (scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let stdout = [(&kernel_dir, false), (&mount_dir, true)].map(|(dir, mount)| {
+        let out = bash_in(script, dir, mount.then_some(image.as_path()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    (stdout, scratch, kernel_dir, image)
+}
+
 /// `image` passes fsck, and each of `names` in it holds what the file of
 /// that name in `kernel_dir` holds, byte for byte.
 fn same_files_in_image(image: &Path, kernel_dir: &Path, names: &[&str]) {
@@ -292,13 +306,7 @@ fn a_pipeline_reading_and_writing_the_mount_at_both_ends_runs() {
         cat top
         { sleep 0.2; cat in; } | tail -2 >> top
         cat top"#;
-    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    let stdout = [(&kernel_dir, false), (&mount_dir, true)].map(|(dir, mount)| {
-        let out = bash_in(script, dir, mount.then_some(image.as_path()));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    });
+    let (stdout, _scratch, _kernel_dir, _image) = on_both(script);
     assert_eq!(stdout[0], "10000\n9999\n9998\n10000\n9999\n9998\n9999\n10000\n");
     assert_eq!(stdout[1], stdout[0]);
 }
@@ -322,13 +330,7 @@ fn a_flock_held_lends_the_mount_and_still_keeps_other_processes_out() {
         while [ ! -e held ]; do sleep 0.01; done
         flock lockf -c 'echo second'
         wait"#;
-    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    let stdout = [(&kernel_dir, false), (&mount_dir, true)].map(|(dir, mount)| {
-        let out = bash_in(script, dir, mount.then_some(image.as_path()));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    });
+    let (stdout, _scratch, _kernel_dir, image) = on_both(script);
     assert_eq!(stdout[0], "lockf\nin\nbusy\nshared\nfirst\nsecond\n");
     assert_eq!(stdout[1], stdout[0]);
     // The kernel files the flocks were taken on outlive every process (a test's image does not).
@@ -351,12 +353,7 @@ fn dd_seeks_in_an_output_file_it_opened_itself() {
         seq 1 3000 | dd of="$D/far" bs=1000 seek=5 status=none
         printf '0123456789' > "$D/src"; dd if="$D/src" of="$D/part" bs=2 skip=2 seek=1 count=2 status=none"#;
     let names = ["keep", "cut", "far", "part"];
-    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
-        let out = bash_in(script, dir, mount.then_some(image.as_path()));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
-    }
+    let (_, _scratch, kernel_dir, image) = on_both(script);
     same_files_in_image(&image, &kernel_dir, &names);
     assert_eq!(std::fs::read(kernel_dir.join("keep")).unwrap(), b"abcXYfgh");
     assert_eq!(std::fs::read(kernel_dir.join("cut")).unwrap(), b"abcXY");
@@ -543,12 +540,7 @@ fn a_script_writing_into_a_mount_runs_commands_that_use_the_mount() {
         seq 1 1000000 > "$D/long"
         { head -c 100 > /dev/null; ls "$D" > "$D/listed"; cat; } < "$D/long" > "$D/tail""#;
     let names = ["block", "loop", "big", "exec", "rest", "order", "seen", "long", "listed", "tail"];
-    let (_scratch, kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    for (dir, mount) in [(&kernel_dir, false), (&mount_dir, true)] {
-        let out = bash_in(script, dir, mount.then_some(image.as_path()));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && stderr.is_empty(), "{}: {stderr}", dir.display());
-    }
+    let (_, _scratch, kernel_dir, image) = on_both(script);
     same_files_in_image(&image, &kernel_dir, &names);
     assert_eq!(std::fs::read_to_string(kernel_dir.join("exec")).unwrap(), "held\nhanded\n");
     assert_eq!(std::fs::read_to_string(kernel_dir.join("rest")).unwrap(), "first 1\n199\n200\n");
