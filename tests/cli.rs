@@ -815,11 +815,12 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
         "it mounted again and sees the tool's change"
     );
     assert!(succeeds(&["ls", img]).contains("by-a-tool"));
-    // While a program holds a locked file open there, others are refused by name (the file
-    // tools after a second of asking). (A file open without a lock and not in use does not
-    // keep the mount: the lender closes it, to be opened again at its next use.)
+    // While a program holds a file with a record lock open there, others are refused by name
+    // (the file tools after a second of asking). (A file open without a lock and not in use,
+    // or with a flock, which is the kernel's, does not keep the mount: the lender closes it,
+    // to be opened again at its next use.)
     let script =
-        format!("import fcntl, time\nf = open('{mnt_s}/d/{name}')\nfcntl.flock(f, fcntl.LOCK_SH)\ntime.sleep(6)");
+        format!("import fcntl, time\nf = open('{mnt_s}/d/{name}')\nfcntl.lockf(f, fcntl.LOCK_SH)\ntime.sleep(6)");
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
         .args(["run", "--mount", &mount, "--", "python3", "-c", &script])
         .spawn()
