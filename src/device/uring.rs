@@ -202,8 +202,11 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
         // then fail with EOPNOTSUPP. Ask the file system's device instead.
         file_device_polls(target)?;
     }
-    let mut ring: IoUring =
-        IoUring::builder().setup_iopoll().build(8).map_err(|e| format!("ring setup failed: {e}"))?;
+    // Made where iopath's own descriptors are made: a number the program just freed
+    // (its standard output, closed as it exits) taken by the probe was closed again
+    // through the interposer as if the program had closed it.
+    let mut ring: IoUring = crate::sys::own_numbers(|| IoUring::builder().setup_iopoll().build(8).map(out_of_the_way))
+        .map_err(|e| format!("ring setup failed: {e}"))?;
     let len = target.alignment.max(512) as usize;
     let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
     // SAFETY: the layout has a non-zero size.

@@ -35,6 +35,14 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         crate::set_errno(libc::EBADF); // iopath's own: never the program's to close
         return -1;
     }
+    if crate::inside() {
+        // iopath closing a descriptor of its own (a ring, a file it opened): none of the
+        // program's. A bridge's thread mounting as the program exited had its probe ring
+        // on the number of the program's standard output, just closed by the C library;
+        // closing it ended the bridge from its own thread (a join of itself: abort).
+        // SAFETY: passed on.
+        return unsafe { real::close(fd) };
+    }
     if mount::is_mounted(fd) {
         drop_mounted(fd);
     }
