@@ -96,6 +96,9 @@ impl Lending {
 /// sign that a process waits (a waiter signs every `NUDGE_EVERY`).
 const LEND_FOR: std::time::Duration = std::time::Duration::from_millis(300);
 
+/// How a lend is said in the log.
+const LENT: &str = "to a process that waits for it";
+
 /// A lender's thread: while this process has mount `m`, each time another
 /// process waits for it (`iopath::fs::lock::Wanted`), gives it back as soon
 /// as nothing here holds it open ([`Mount::release_if_idle`]), trying every
@@ -103,9 +106,6 @@ const LEND_FOR: std::time::Duration = std::time::Duration::from_millis(300);
 /// children (make running its jobs, `make -j2` most of all) held them off
 /// the mount until they gave up: now they take turns, as they do after a
 /// fork. The next call here mounts again (waiting its turn).
-/// How a lend is said in the log.
-const LENT: &str = "to a process that waits for it";
-
 fn lend(m: &'static Mount) {
     let _inside = crate::Inside::enter();
     loop {
