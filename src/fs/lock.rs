@@ -120,11 +120,17 @@ pub(super) fn device_id(meta: &std::fs::Metadata) -> String {
 
 /// Where the lock of the device at `path` lives.
 pub(super) fn lock_path(path: &Path) -> Result<PathBuf> {
+    beside_lock(path, "mount", ".lock")
+}
+
+/// `iopath-WHAT-ID` + `suffix` in the directory of the mount locks, ID the
+/// identity of the device at `path` ([`device_id`]).
+fn beside_lock(path: &Path, what: &str, suffix: &str) -> Result<PathBuf> {
     let meta = std::fs::metadata(path)
         .map_err(|source| Error::Os { context: format!("cannot look at {}", path.display()), source })?;
     let id = device_id(&meta);
     let dir = if Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
-    Ok(PathBuf::from(format!("{dir}/iopath-mount-{id}.lock")))
+    Ok(PathBuf::from(format!("{dir}/iopath-{what}-{id}{suffix}")))
 }
 
 /// The file whose kernel `flock` stands for the flocks of inode `ino` of
@@ -134,9 +140,7 @@ pub(super) fn lock_path(path: &Path) -> Result<PathBuf> {
 /// keeps a flock across a lend of the mount to another process, and
 /// between processes, as it does on its own files.
 pub fn flock_path(path: &Path, ino: u64) -> Result<PathBuf> {
-    let lock = lock_path(path)?;
-    let name = lock.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    let dir = lock.with_file_name(name.replace("iopath-mount-", "iopath-flock-").trim_end_matches(".lock"));
+    let dir = beside_lock(path, "flock", "")?;
     if !dir.is_dir() {
         match std::fs::create_dir(&dir) {
             Ok(()) => {
