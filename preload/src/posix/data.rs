@@ -313,11 +313,21 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 /// # Safety
 /// `buf` holds `wanted` bytes (the caller's write).
 unsafe fn whole(fd: c_int, wanted: size_t, done: ssize_t, buf: *const u8) -> ssize_t {
-    if done <= 0 || done as size_t >= wanted || !(super::mounting() || route::routing()) || !interruptible(fd) {
+    if done <= 0 || done as size_t >= wanted || !carried_on(fd) {
         return done;
     }
+    // SAFETY: the caller's buffer.
+    unsafe { write_rest(fd, buf, wanted, done as size_t) as ssize_t }
+}
+
+/// Writes `buf[done..wanted]` with as many kernel writes as it takes; the
+/// count written in all (`done` and more), short only at an error.
+///
+/// # Safety
+/// `buf` holds `wanted` bytes.
+unsafe fn write_rest(fd: c_int, buf: *const u8, wanted: size_t, done: size_t) -> size_t {
     let _errno = crate::KeepErrno::new();
-    let mut total = done as size_t;
+    let mut total = done;
     while total < wanted {
         // SAFETY: the rest of the caller's buffer.
         let more = unsafe { real::write(fd, buf.add(total).cast(), wanted - total) };
@@ -326,11 +336,17 @@ unsafe fn whole(fd: c_int, wanted: size_t, done: ssize_t, buf: *const u8) -> ssi
         }
         total += more as size_t;
     }
-    total as ssize_t
+    total
 }
 
-/// Whether `fd` is a blocking pipe, socket or terminal: where a write
-/// stops short only when interrupted (see [`whole`]).
+/// Whether a short kernel write on `fd` is carried on ([`whole`]): engines
+/// may run in this process, and `fd` is a blocking pipe, socket or terminal,
+/// where a write stops short only when interrupted.
+fn carried_on(fd: c_int) -> bool {
+    (super::mounting() || route::routing()) && interruptible(fd)
+}
+
+/// Whether `fd` is a blocking pipe, socket or terminal.
 fn interruptible(fd: c_int) -> bool {
     // SAFETY: fstat into a local; fcntl F_GETFL has no other effect.
     let (mode, flags) = unsafe {
@@ -377,9 +393,10 @@ unsafe fn whole_vectored(fd: c_int, iov: *const iovec, cnt: c_int, done: ssize_t
     // SAFETY: the caller's pieces.
     let pieces = unsafe { std::slice::from_raw_parts(iov, cnt as usize) };
     let wanted = pieces.iter().fold(0usize, |sum, p| sum.saturating_add(p.iov_len));
-    if done as size_t >= wanted || !(super::mounting() || route::routing()) || !interruptible(fd) {
+    if done as size_t >= wanted || !carried_on(fd) {
         return done;
     }
+    // Each piece from where the vectored write stopped in it.
     let mut skip = done as size_t;
     let mut total = done as size_t;
     for p in pieces {
@@ -387,20 +404,13 @@ unsafe fn whole_vectored(fd: c_int, iov: *const iovec, cnt: c_int, done: ssize_t
             skip -= p.iov_len;
             continue;
         }
-        let rest = p.iov_len - skip;
-        // SAFETY: the rest of this piece; `whole` goes on from its first `write`.
-        let wrote = unsafe {
-            let at = p.iov_base.cast::<u8>().add(skip);
-            whole(fd, rest, real::write(fd, at.cast(), rest), at)
-        };
+        // SAFETY: the caller's piece.
+        let wrote = unsafe { write_rest(fd, p.iov_base.cast::<u8>(), p.iov_len, skip) } - skip;
+        total += wrote;
+        if skip + wrote < p.iov_len {
+            break; // an error: the count so far
+        }
         skip = 0;
-        if wrote <= 0 {
-            break;
-        }
-        total += wrote as size_t;
-        if (wrote as size_t) < rest {
-            break;
-        }
     }
     total as ssize_t
 }
