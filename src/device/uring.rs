@@ -196,12 +196,14 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
     if !target.direct {
         return Err("IOPOLL needs O_DIRECT".into());
     }
-    if !target.is_block_device {
-        // A polled read of a file's hole (or of a file system that is not on a block
-        // device) never reaches a device and so "works"; later reads of written data
-        // then fail with EOPNOTSUPP. Ask the file system's device instead.
-        file_device_polls(target)?;
-    }
+    // The queue's own word first, so that no ring is made where it says no: a ring
+    // torn down sends task work (TWA_SIGNAL) to every thread that used it, and a
+    // program thread that used the probe's ring then had a blocking read or write it
+    // was in cut short (`dd if=/dev/urandom bs=1M` on a mount: "partial read").
+    // A polled read of a file's hole (or of a file system that is not on a block
+    // device) never reaches a device and so "works"; later reads of written data then
+    // fail with EOPNOTSUPP: a file is judged by its file system's device.
+    device_polls(target)?;
     // Made where iopath's own descriptors are made: a number the program just freed
     // (its standard output, closed as it exits) taken by the probe was closed again
     // through the interposer as if the program had closed it.
@@ -248,20 +250,24 @@ pub fn probe_iopoll(target: &Target) -> std::result::Result<(), String> {
     }
 }
 
-/// Whether the block device under a regular file's file system has poll queues.
-fn file_device_polls(target: &Target) -> std::result::Result<(), String> {
+/// Whether the block device (or, for a regular file, the block device under
+/// its file system) has poll queues, from its `queue/io_poll`.
+fn device_polls(target: &Target) -> std::result::Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    let dev = target.file.metadata().map_err(|e| format!("cannot stat the file: {e}"))?.dev();
+    let meta = target.file.metadata().map_err(|e| format!("cannot stat the target: {e}"))?;
+    let (dev, whose) =
+        if target.is_block_device { (meta.rdev(), "device") } else { (meta.dev(), "file system's device") };
     let Some((name, dir)) = super::target::block_queue_dir(libc::major(dev), libc::minor(dev)) else {
-        return Err("the file's file system is not on a block device (tmpfs, overlayfs, ...), which has no poll \
-                    queues"
-            .into());
+        return Err(if target.is_block_device {
+            format!("the device {} has no queue in /sys to say whether it polls", target.path.display())
+        } else {
+            "the file's file system is not on a block device (tmpfs, overlayfs, ...), which has no poll queues".into()
+        });
     };
     match std::fs::read_to_string(dir.join("queue/io_poll")).map(|s| s.trim().to_string()) {
         Ok(v) if v == "1" => Ok(()),
         _ => Err(format!(
-            "the file system's device {name} has no poll queues (queue/io_poll is not 1: NVMe poll_queues=0, loop, \
-             virtio)"
+            "the {whose} {name} has no poll queues (queue/io_poll is not 1: NVMe poll_queues=0, loop, virtio)"
         )),
     }
 }
