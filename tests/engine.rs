@@ -138,6 +138,37 @@ fn opening_uring_on_a_loop_device_leaves_the_thread_blocking_reads_whole() {
     });
 }
 
+/// A thread that slept for a completion on a ring whose task work is not
+/// deferred (the interposer's mounts use `taskrun=coop`) is left with no
+/// timer of the ring's armed: the shared watchdog timeout fired up to 100 ms
+/// after the wait and cut the thread's blocking read short then.
+#[test]
+fn a_sleeping_wait_on_a_cooperative_ring_leaves_no_timer_to_interrupt_the_thread() {
+    common::with_loop_device("a_sleeping_wait_on_a_cooperative_ring_leaves_no_timer_to_interrupt_the_thread", |dev| {
+        let spec = format!("uring:{},taskrun=coop", dev.path.display());
+        let engine = Engine::open(&spec, PathConfig::preset("sync-intr").unwrap()).unwrap();
+        // Queued reads, waited for by sleeping (completions come from the loop's worker).
+        let mut h = engine.handle(HandleOptions { depth: 4, buffers: 4, buffer_size: 4096 }).unwrap();
+        let mut done = Vec::new();
+        for i in 0..64u64 {
+            h.submit(Op::Read, (i % 4) as usize, i * 4096, 4096).unwrap();
+            h.commit().unwrap();
+            while h.reap(1, &mut done).unwrap() == 0 {}
+        }
+        assert_eq!(done.len(), 64);
+        let mut random = std::fs::File::open("/dev/urandom").unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        // (The watchdog fired 100 ms after it was armed.)
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        let mut reads = 0;
+        while std::time::Instant::now() < until {
+            let n = std::io::Read::read(&mut random, &mut buf).unwrap();
+            assert_eq!(n, buf.len(), "read {reads} of /dev/urandom was cut short");
+            reads += 1;
+        }
+    });
+}
+
 #[test]
 fn queued_api_keeps_every_request_and_batches_them() {
     // A device time long enough that nothing completes before the test looks.

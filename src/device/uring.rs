@@ -580,9 +580,18 @@ impl UringQueue {
 
     /// Whether a wait of `timeout_ns` can sleep untimed under the watchdog;
     /// pushes the watchdog's SQE if none is armed, for the waiting enter to
-    /// send with whatever else is queued. Only plain rings qualify.
+    /// send with whatever else is queued. Only rings with deferred task work
+    /// qualify: on any other the watchdog, firing up to 100 ms after the wait
+    /// ended, sends task work to the thread that armed it, which cuts short a
+    /// blocking read or write it is in by then (a program's thread in the
+    /// interposer: `os.read` of /dev/urandom gave part of what it asked).
     fn arm_watchdog(&mut self, timeout_ns: u64) -> bool {
-        if timeout_ns < WATCHDOG_NS || self.iopoll || self.shared.config.sqpoll || self.broken.is_some() {
+        if timeout_ns < WATCHDOG_NS
+            || self.iopoll
+            || self.shared.config.sqpoll
+            || self.taskrun != TaskRun::Defer
+            || self.broken.is_some()
+        {
             return false;
         }
         if !self.watchdog_armed {
