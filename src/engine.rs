@@ -16,7 +16,7 @@ use crate::path::dispatch::{BLOCKING_TAG, Request};
 use memmap2::MmapMut;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -45,6 +45,9 @@ pub struct Engine {
     /// gone, the handles threads keep for it (thread-local) are dropped at their
     /// next use of any engine, so a dropped engine does not keep its device open.
     alive: Arc<()>,
+    /// Handles for any thread given back ([`Engine::give_back`]), to be opened
+    /// again instead of a new queue.
+    spare: Arc<Mutex<Vec<Handle>>>,
 }
 
 /// Options for a [`Handle`].
@@ -90,6 +93,7 @@ impl Engine {
         let dispatch = path.dispatch.build(&device, path.completion, &path, timeout_ns)?;
         Ok(Engine {
             alive: Arc::new(()),
+            spare: Arc::default(),
             shared: Arc::new(Shared {
                 id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
                 dispatch,
@@ -134,8 +138,28 @@ impl Engine {
     /// Opens a handle that threads take turns on (one at a time, under the
     /// caller's lock): any of them may submit, and any may reap what another
     /// submitted (its queue is not tied to the thread that opened it).
+    /// One given back with the same depth and no buffers is opened again.
     pub fn handle_for_any_thread(&self, options: HandleOptions) -> Result<Handle> {
+        if options.buffers == 0 {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = spare.iter().position(|h| h.depth == options.depth) {
+                return Ok(spare.swap_remove(i));
+            }
+        }
         Handle::new(Arc::clone(&self.shared), options, true)
+    }
+
+    /// Keeps a handle [`Engine::handle_for_any_thread`] opened, with nothing
+    /// queued and no buffers, to be opened again while the engine lives
+    /// (any other handle is dropped). Its queue stays: a queue torn down
+    /// sends task work to every thread that used it (io_uring's
+    /// `TWA_SIGNAL`), which cuts short a blocking read or write such a
+    /// thread is in (a pipe's, a socket's, /dev/urandom's), and the threads
+    /// that used it are a program's in the interposer.
+    pub fn give_back(&self, handle: Handle) {
+        if handle.any_thread && handle.buffers.is_none() && handle.queued == 0 {
+            self.spare.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        }
     }
 
     /// Whether [`Handle::commit`] puts every request queued before it in the
@@ -279,6 +303,8 @@ pub struct Handle {
     buffer_busy: Vec<bool>,
     depth: u32,
     queued: u32,
+    /// Opened by [`Engine::handle_for_any_thread`].
+    any_thread: bool,
     /// Queued requests by slot (the tag the path sees: 0..depth, like an NVMe command id).
     slots: Vec<Option<SlotUse>>,
     free_slots: Vec<u64>,
@@ -322,6 +348,7 @@ impl Handle {
             buffer_busy: vec![false; options.buffers],
             depth,
             queued: 0,
+            any_thread,
             slots: vec![None; depth as usize],
             free_slots: (0..depth as u64).rev().collect(),
         })

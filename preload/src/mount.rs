@@ -50,6 +50,15 @@ pub struct Mount {
 struct MountState {
     fs: Option<FileSystem>,
     lock: Option<MountLock>,
+    /// The io_uring engine of the last mount here, kept after the mount was
+    /// given back and used by the next: its queues (the program's threads'
+    /// rings) stay, as when the process keeps the mount. Closing them sent
+    /// task work (`TWA_SIGNAL`) to every program thread that used one, and a
+    /// blocking read or write such a thread was in came back cut short
+    /// (`os.read` of /dev/urandom in a Python program that had run `cat` on
+    /// a mounted file). The device stays open without its lock, as any
+    /// process may open it; no data is held here.
+    kept_engine: Option<Arc<iopath::Engine>>,
     /// A failure was said on stderr already.
     said: bool,
     /// When a call last waited the whole `IOPATH_MOUNT_WAIT` for another
@@ -230,16 +239,20 @@ impl Mount {
         };
         state.gave_up = None;
         let options = mount_options();
-        let mounted = iopath::PathConfig::preset(&crate::config().path)
-            .and_then(|path| iopath::Engine::open(&spec, path))
-            .and_then(|engine| {
-                // No larger than the device: more could never be filled.
-                let bytes = carry_bytes(&options).min(engine.device().size());
-                let carry = beside(&lock, bytes, "carried cache", &self.device, |l| l.carried_cache(bytes));
-                let log_bytes = crate::config().shm_log_bytes.unwrap_or(iopath::fs::shm_log::DEFAULT_BYTES);
-                let log = beside(&lock, log_bytes, "shared-memory log", &self.device, |l| l.shm_log(log_bytes));
-                FileSystem::mount_beside(Arc::new(engine), options, carry, log)
-            });
+        let engine = match state.kept_engine.take() {
+            Some(engine) => Ok(engine),
+            None => iopath::PathConfig::preset(&crate::config().path)
+                .and_then(|path| iopath::Engine::open(&spec, path))
+                .map(Arc::new),
+        };
+        let mounted = engine.and_then(|engine| {
+            // No larger than the device: more could never be filled.
+            let bytes = carry_bytes(&options).min(engine.device().size());
+            let carry = beside(&lock, bytes, "carried cache", &self.device, |l| l.carried_cache(bytes));
+            let log_bytes = crate::config().shm_log_bytes.unwrap_or(iopath::fs::shm_log::DEFAULT_BYTES);
+            let log = beside(&lock, log_bytes, "shared-memory log", &self.device, |l| l.shm_log(log_bytes));
+            FileSystem::mount_beside(engine, options, carry, log)
+        });
         match mounted {
             Ok((fs, found)) => {
                 let carried = match (found.carried, &found.carry_error) {
@@ -317,6 +330,9 @@ pub fn leave_to_parent() {
         };
         if let Some(fs) = state.fs.take() {
             std::mem::forget(fs);
+        }
+        if let Some(engine) = state.kept_engine.take() {
+            std::mem::forget(engine); // (the parent's rings: never closed here)
         }
         if let Some(lock) = state.lock.take() {
             lock.leave_to_parent();
@@ -1167,8 +1183,10 @@ impl Mount {
             return false;
         }
         let stats = fs.stats().summary();
+        let engine = self.engine_spec().starts_with("uring:").then(|| Arc::clone(fs.engine()));
         self.lending.set(None); // (its thread waits for the next mount)
         state.fs = None; // the last handle: unmounted
+        state.kept_engine = engine;
         state.lock = None; // and the next process may mount it
         let held = if files == 0 {
             "nothing here holds it open".to_string()

@@ -403,6 +403,37 @@ print("same", n)' "$D/b"
     assert_eq!(String::from_utf8_lossy(&out.stdout), "same 588895\n".repeat(4));
 }
 
+/// A program's thread is never sent task work by iopath's rings when it
+/// is not waiting on them (`TWA_SIGNAL` interrupts a blocking read or
+/// write that has made progress: a read of /dev/urandom gives part of what
+/// was asked). Three causes, each seen cutting reads short here: the
+/// IOPOLL probe ring made and closed at every mount (`dd if=/dev/urandom
+/// bs=1M` onto a mount: "partial read", 63+1 records, in every run), the
+/// engine closed with its threads' rings when the mount is lent to a child
+/// (a Python program running `cat` on a file it writes), and the watchdog
+/// timeout of a sleeping wait firing up to 100 ms after it.
+#[test]
+fn a_program_using_the_mount_gets_whole_reads_from_dev_urandom() {
+    let script = r#"set -e
+        dd if=/dev/urandom of="$D/r" bs=1M count=16 status=none
+        stat -c %s "$D/r"
+        python3 -c 'import os, subprocess, sys
+f = open(sys.argv[1], "wb")
+short = 0
+for r in range(8):
+    f.write(b"x" * 4096); f.flush()
+    subprocess.run(["cat", sys.argv[1]], stdout=subprocess.DEVNULL, check=True)
+    fd = os.open("/dev/urandom", os.O_RDONLY)
+    short += sum(len(os.read(fd, 1 << 20)) < 1 << 20 for i in range(16))
+    os.close(fd)
+print("short reads:", short)' "$D/h""#;
+    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let out = bash_in(script, &mount_dir, Some(&image));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "16777216\nshort reads: 0\n");
+}
+
 /// A reader that read ahead of what it used gives the rest back with a
 /// seek, and the next reader of its standard input starts there, as on the
 /// kernel's file (`bridge/seek.rs`): GNU head in a group (the shell's

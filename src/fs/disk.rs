@@ -530,7 +530,9 @@ impl Drop for Batch<'_> {
 /// sent again from the buffer it still holds, a few times, before it counts
 /// as failed: the same blocks at the same place, so nothing after it minds.
 pub struct Sent {
-    handle: Handle,
+    /// Given back to the engine when the writes are all back ([`Engine::give_back`]).
+    handle: Option<Handle>,
+    engine: Arc<Engine>,
     /// The disk's count of writes ([`Disk::flush`] skips a flush with nothing new).
     tally: Arc<WriteTally>,
     /// Buffers with writes in flight: (id, buffer, writes not yet back).
@@ -566,7 +568,8 @@ impl Sent {
         let depth = SENT_DEPTH.min(disk.engine.device().capabilities().queue_depth);
         let handle = disk.engine.handle_for_any_thread(HandleOptions { depth, buffers: 0, buffer_size: 0 })?;
         Ok(Sent {
-            handle,
+            handle: Some(handle),
+            engine: Arc::clone(&disk.engine),
             tally: Arc::clone(&disk.tally),
             buffers: Vec::new(),
             writes: std::collections::HashMap::new(),
@@ -581,6 +584,10 @@ impl Sent {
         self.writes.len()
     }
 
+    fn handle(&mut self) -> &mut Handle {
+        self.handle.as_mut().expect("a queue of sent writes holds its handle until dropped")
+    }
+
     fn id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
@@ -588,8 +595,8 @@ impl Sent {
 
     /// Queues `write` (room made by waiting for earlier ones, whose errors come back here).
     fn queue(&mut self, write: SentWrite) -> Result<()> {
-        if self.handle.queued() >= self.depth {
-            self.handle.commit()?;
+        if self.handle().queued() >= self.depth {
+            self.handle().commit()?;
             self.reap(1)?;
         }
         let tag = self.id();
@@ -601,7 +608,7 @@ impl Sent {
         // SAFETY: the buffer stays in `self.buffers` until every write from it is
         // back (or the queue is gone: `Drop` waits).
         let sent =
-            unsafe { self.handle.submit_raw_with(Op::Write, at, write.len, write.offset, tag, Durability::Cached) };
+            unsafe { self.handle().submit_raw_with(Op::Write, at, write.len, write.offset, tag, Durability::Cached) };
         if sent.is_err() {
             self.tally.came_back(1); // never sent
         }
@@ -642,7 +649,7 @@ impl Sent {
             b.2 -= 1;
         }
         self.drop_finished_buffers();
-        let committed = self.handle.commit();
+        let committed = self.handle().commit();
         result.and(committed)
     }
 
@@ -653,7 +660,8 @@ impl Sent {
     /// Takes back the writes that are done (at least `min`, waiting for them),
     /// sending again those given back cancelled; the first error among them.
     fn reap(&mut self, min: usize) -> Result<()> {
-        self.handle.reap(min, &mut self.completed)?;
+        let handle = self.handle.as_mut().expect("a queue of sent writes holds its handle until dropped");
+        handle.reap(min, &mut self.completed)?;
         let mut first = None;
         let mut again = Vec::new();
         for done in std::mem::take(&mut self.completed) {
@@ -677,7 +685,7 @@ impl Sent {
                 first.get_or_insert(e);
             }
         }
-        if let Err(e) = self.handle.commit() {
+        if let Err(e) = self.handle().commit() {
             first.get_or_insert(e);
         }
         self.drop_finished_buffers();
@@ -717,6 +725,9 @@ impl Drop for Sent {
         // The buffers must outlive the writes from them; dropping the handle after
         // a failed wait waits out what is left (the engine's contract).
         let _ = self.wait_all();
+        if let Some(handle) = self.handle.take() {
+            self.engine.give_back(handle);
+        }
     }
 }
 

@@ -1009,6 +1009,12 @@ impl FileSystem {
         Ok(())
     }
 
+    /// The engine the file system is mounted on (it outlives the file
+    /// system: a caller may keep it for the next mount of the same device).
+    pub fn engine(&self) -> &Arc<Engine> {
+        self.mount.disk.engine()
+    }
+
     /// Whether anything but this handle holds the file system: open files, or
     /// other clones of it. When nothing does, dropping it unmounts.
     pub fn in_use_elsewhere(&self) -> bool {
