@@ -3005,3 +3005,66 @@ fn blocks_past_the_recorded_size_of_a_killed_writer_read_as_zeros() {
         assert_eq!(back.iter().position(|&b| b != 0), Some(len as usize - 3).filter(|_| grow == "write"), "{grow}");
     }
 }
+
+/// A mirror ([`iopath::fs::File::mirror`]) holds the file's bytes of its
+/// range and follows every write and truncate through any handle, cached
+/// or direct, until it is dropped; its memory can be mapped read only but
+/// never made writable; it keeps the file system in use while it lives.
+#[test]
+fn a_mirror_follows_every_change_of_its_range_until_dropped() {
+    let (_dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    let f = fs.create("m").unwrap();
+    f.write_at(&bytes(1, 10_000), 0).unwrap();
+    let mirror = fs.open("m").unwrap().mirror(4096, 3 * 4096).unwrap();
+    assert_eq!((mirror.offset(), mirror.len()), (4096, 3 * 4096));
+    // SAFETY: a new read-only shared mapping of the mirror's memory.
+    let p =
+        unsafe { libc::mmap(std::ptr::null_mut(), mirror.len(), libc::PROT_READ, libc::MAP_SHARED, mirror.fd(), 0) };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping above, `len` bytes, unmapped at the end of the test.
+    let seen = || unsafe { std::slice::from_raw_parts(p.cast::<u8>(), 3 * 4096) }.to_vec();
+    let mut want = vec![0u8; 3 * 4096];
+    want[..10_000 - 4096].copy_from_slice(&bytes(1, 10_000)[4096..]);
+    assert_eq!(seen(), want, "the file's bytes, zeros past its end");
+    // A write through another handle, across the mirror's start; one past its end.
+    let g = fs.open("m").unwrap();
+    g.write_at(&bytes(2, 8192), 0).unwrap();
+    g.write_at(&bytes(3, 100), 20_000).unwrap();
+    want[..4096].copy_from_slice(&bytes(2, 8192)[4096..]);
+    want[10_000 - 4096..].fill(0);
+    assert_eq!(seen(), want);
+    // A direct handle's write, then an append that grows the file into the range.
+    let d = fs.open_direct("m").unwrap();
+    d.write_at(&bytes(4, 4096), 8192).unwrap();
+    want[4096..8192].copy_from_slice(&bytes(4, 4096));
+    assert_eq!(seen(), want);
+    // Truncation zeroes what lies past the new end.
+    f.truncate(6000).unwrap();
+    want[6000 - 4096..].fill(0);
+    assert_eq!(seen(), want);
+    f.append(&bytes(5, 3000)).unwrap();
+    want[6000 - 4096..9000 - 4096].copy_from_slice(&bytes(5, 3000));
+    assert_eq!(seen(), want);
+    let mut back = vec![0u8; 3 * 4096];
+    let n = f.read_at(&mut back, 4096).unwrap();
+    assert_eq!(&back[..n], &want[..n], "the mirror and the file agree");
+    // The memory is sealed: no writable mapping, no writable mprotect of ours.
+    // SAFETY: asking for a writable shared mapping (refused) and a protection change of ours.
+    unsafe {
+        let w = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_WRITE, libc::MAP_SHARED, mirror.fd(), 0);
+        assert_eq!(w, libc::MAP_FAILED, "a writable mapping of the mirror");
+        assert_ne!(libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_WRITE), 0, "made writable");
+    }
+    drop((f, g, d));
+    assert!(fs.in_use_elsewhere(), "the mirror keeps its file open");
+    drop(mirror);
+    assert!(!fs.in_use_elsewhere());
+    // Once dropped, it no longer follows the file (its memory stays mapped here).
+    let h = fs.open("m").unwrap();
+    h.write_at(&bytes(6, 4096), 4096).unwrap();
+    assert_eq!(seen(), want);
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(p, 3 * 4096) };
+    // Mirrors of no bytes are refused.
+    assert_eq!(errno(h.mirror(0, 0).err().unwrap()), libc::EINVAL);
+}

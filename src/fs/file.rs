@@ -11,6 +11,7 @@
 
 use super::cache::Page;
 use super::format::{BLOCK, BLOCK_U64};
+use super::mirror::{Mirror, MirrorMemory};
 use super::writeback::{self, Writeback};
 use super::{
     File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, Meta, NodeState, extents, file_error, fsync_path, now_ns, read_path,
@@ -314,11 +315,69 @@ impl File {
                 ));
             }
         }
-        if self.direct {
+        let written = if self.direct {
             self.write_direct(state, data, offset, end_byte)
         } else {
             self.write_cached(state, data, offset, end_byte)
+        };
+        if !state.mirrors.is_empty() {
+            self.update_mirrors(state, written.is_ok(), data, offset);
         }
+        written
+    }
+
+    /// Mirrors of the file ([`File::mirror`]) after a write of `data` at
+    /// `offset`: the bytes copied in, or, after a failed write (which may
+    /// have landed in part), the range read back from the file.
+    fn update_mirrors(&self, state: &NodeState, ok: bool, data: &[u8], offset: u64) {
+        let end = offset + data.len() as u64;
+        for memory in &state.mirrors {
+            if ok {
+                memory.written(data, offset);
+            } else {
+                let size = state.inode.size;
+                let _ = memory.refill(offset, end, |buf, at| {
+                    buf.fill(0);
+                    let upto = size.saturating_sub(at).min(buf.len() as u64) as usize;
+                    self.read_into(state, &mut buf[..upto], at)
+                });
+            }
+        }
+    }
+
+    /// `buf` from the file at `offset`, all of it before the file's end, with
+    /// the file's lock held (read or write) by the caller.
+    fn read_into(&self, state: &NodeState, buf: &mut [u8], offset: u64) -> Result<()> {
+        if buf.is_empty() {
+            Ok(())
+        } else if self.direct {
+            self.read_direct(state, buf, offset)
+        } else {
+            self.read_cached(state, buf, offset)
+        }
+    }
+
+    /// A copy of `len` bytes of the file from `offset` (zeros past its end),
+    /// kept equal to the file while it lives: every write and truncate of
+    /// the file, through any handle, updates it before returning. The mirror
+    /// keeps the file open. For a program's shared read-only mapping.
+    pub fn mirror(&self, offset: u64, len: usize) -> Result<Mirror> {
+        if len == 0 {
+            return Err(file_error("map", &self.state_read().inode.name, libc::EINVAL, "a mapping of no bytes"));
+        }
+        let memory = Mirror::new_memory(offset, len)?;
+        let mut state = self.state_write();
+        self.live(&state, "map")?;
+        let size = state.inode.size;
+        memory.refill(offset, size, |buf, at| self.read_into(&state, buf, at))?;
+        state.mirrors.push(Arc::clone(&memory));
+        drop(state);
+        Ok(Mirror { memory, file: self.clone() })
+    }
+
+    /// Stops updating a mirror (it is being dropped).
+    pub(super) fn forget_mirror(&self, memory: &Arc<MirrorMemory>) {
+        self.state_write().mirrors.retain(|m| !Arc::ptr_eq(m, memory));
     }
 
     fn write_cached(&self, state: &mut NodeState, data: &[u8], offset: u64, end_byte: u64) -> Result<()> {
@@ -646,6 +705,9 @@ impl File {
         }
         state.inode.size = len;
         state.disk_size = len;
+        for memory in &state.mirrors {
+            memory.truncated(len);
+        }
         state.inode.mtime_ns = now_ns();
         state.store(fs, &mut meta)?;
         state.meta_tid = meta.tid;

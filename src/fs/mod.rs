@@ -60,6 +60,7 @@ pub mod format;
 pub mod fsync_path;
 pub mod journal;
 pub mod lock;
+pub mod mirror;
 pub mod namespace;
 pub mod read_path;
 pub mod readahead;
@@ -464,6 +465,8 @@ struct NodeState {
     /// the inode every time (an encode, a CRC and the metadata lock per
     /// `write`: 7% of `tar c`'s samples).
     mtime_unstored: bool,
+    /// Copies of ranges of the file kept equal to it ([`File::mirror`]).
+    mirrors: Vec<Arc<mirror::MirrorMemory>>,
 }
 
 /// All metadata, in memory, as the next commit will write it.
@@ -851,6 +854,7 @@ impl FileSystem {
                 meta_tid: 0,
                 layout_tid: 0,
                 mtime_unstored: false,
+                mirrors: Vec::new(),
             };
             meta.slots[slot as usize] = Slot::File(Node::new(state));
         }

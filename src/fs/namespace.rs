@@ -998,6 +998,7 @@ impl FileSystem {
             meta_tid: tid,
             layout_tid: tid,
             mtime_unstored: false,
+            mirrors: Vec::new(),
         };
         let node = Node::new(state);
         meta.slots[slot as usize] = Slot::File(Arc::clone(&node));

@@ -1,0 +1,166 @@
+//! Mirrors: a range of a file copied into memory and kept equal to the file
+//! for as long as the mirror lives. Every write and truncate of the file,
+//! through any handle, updates the mirrors that overlap it, under the
+//! file's lock, before the call returns; a mirror holds its file (and so
+//! the mount) open.
+//!
+//! For a program's shared read-only mapping of a mounted file (the
+//! interposer's `mmap`): the mirror's memory is a sealed memfd that the
+//! program maps where it asked, read only (the seal refuses to make any
+//! other mapping of it writable, so `mprotect(PROT_WRITE)` fails as on a
+//! file opened read only), while the file layer writes through a mapping of
+//! its own. What the program sees changes when the file does, as a kernel
+//! mapping's pages do; a page wholly past the end reads as zeros where the
+//! kernel would raise SIGBUS.
+
+use super::File;
+use crate::error::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+/// The memory of a mirror, as the file's lock holders see it.
+pub(super) struct MirrorMemory {
+    /// Where in the file the copy starts.
+    offset: u64,
+    /// Bytes mirrored (the mapping may be longer: whole pages).
+    len: usize,
+    /// The file layer's own writable mapping of `fd`.
+    ptr: *mut u8,
+    map_len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the memory is written only under the file's lock (`NodeState` is
+// behind its `RwLock`), and a mapping is not tied to a thread.
+unsafe impl Send for MirrorMemory {}
+// SAFETY: as above.
+unsafe impl Sync for MirrorMemory {}
+
+impl Drop for MirrorMemory {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, made in `MirrorMemory::new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.map_len) };
+    }
+}
+
+impl MirrorMemory {
+    /// Zeroed memory for `len` bytes of the file from `offset`.
+    fn new(offset: u64, len: usize) -> Result<MirrorMemory> {
+        let os = |context: &str| Error::Os { context: context.to_string(), source: std::io::Error::last_os_error() };
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let map_len = len.div_ceil(page) * page;
+        let fd = crate::sys::own_numbers(|| {
+            // SAFETY: a NUL-terminated name and valid flags.
+            let fd =
+                unsafe { libc::memfd_create(c"iopath-mirror".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+            if fd < 0 {
+                return Err(os("cannot make memory for a mapping (memfd_create)"));
+            }
+            let high = crate::sys::copy_high(fd, 0);
+            // SAFETY: `fd` was just made and is ours; closed once.
+            unsafe { libc::close(fd) };
+            // SAFETY: `high` is a descriptor of our own from here on.
+            high.map(|h| unsafe { OwnedFd::from_raw_fd(h) })
+                .ok_or_else(|| os("no descriptor number left for a mapping"))
+        })?;
+        // SAFETY: our descriptor; a size in range.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), map_len as libc::off_t) } != 0 {
+            return Err(os("cannot size the memory for a mapping"));
+        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a new shared mapping of our descriptor, at an address the kernel picks.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), map_len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(os("cannot map the memory for a mapping"));
+        }
+        let memory = MirrorMemory { offset, len, ptr: ptr.cast(), map_len, fd };
+        // Only the mapping above may write: the program's maps it read only, and
+        // cannot make its own writable (mprotect fails, as for a file opened read only).
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+        // SAFETY: our descriptor, made with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(memory.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(os("cannot seal the memory for a mapping"));
+        }
+        Ok(memory)
+    }
+
+    /// The mirrored bytes, to be written (the caller holds the file's lock).
+    #[allow(clippy::mut_from_ref)]
+    fn bytes(&self) -> &mut [u8] {
+        // SAFETY: `len <= map_len` bytes of our mapping; only lock holders write.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The part of `[from, to)` (file bytes) this mirror holds, as a range of
+    /// its memory and the same range's offset in the file.
+    fn overlap(&self, from: u64, to: u64) -> Option<(std::ops::Range<usize>, u64)> {
+        let start = from.max(self.offset);
+        let end = to.min(self.offset + self.len as u64);
+        (start < end).then(|| ((start - self.offset) as usize..(end - self.offset) as usize, start))
+    }
+
+    /// `data`, just written at `offset` of the file, copied in where it overlaps.
+    pub(super) fn written(&self, data: &[u8], offset: u64) {
+        if let Some((range, start)) = self.overlap(offset, offset + data.len() as u64) {
+            let skip = (start - offset) as usize;
+            let n = range.len();
+            self.bytes()[range].copy_from_slice(&data[skip..skip + n]);
+        }
+    }
+
+    /// The file now ends at `len`: what lies past it reads as zeros.
+    pub(super) fn truncated(&self, len: u64) {
+        if let Some((range, _)) = self.overlap(len, u64::MAX) {
+            self.bytes()[range].fill(0);
+        }
+    }
+
+    /// `[from, to)` of the file, for `fill` to copy in (the file's bytes there).
+    pub(super) fn refill(&self, from: u64, to: u64, fill: impl FnOnce(&mut [u8], u64) -> Result<()>) -> Result<()> {
+        match self.overlap(from, to) {
+            Some((range, start)) => fill(&mut self.bytes()[range], start),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A copy of part of a file kept equal to it while this lives ([`File::mirror`]).
+pub struct Mirror {
+    pub(super) memory: Arc<MirrorMemory>,
+    /// Keeps the file open (and its mount): the mirror is updated by the file's changes.
+    pub(super) file: File,
+}
+
+impl Mirror {
+    /// The memory's descriptor, to be mapped shared and read only (at offset 0,
+    /// for the mirror's length); a number of iopath's own, close-on-exec.
+    pub fn fd(&self) -> RawFd {
+        self.memory.fd.as_raw_fd()
+    }
+
+    /// Bytes mirrored.
+    pub fn len(&self) -> usize {
+        self.memory.len
+    }
+
+    /// Whether it mirrors nothing (never: a mirror is made for at least a byte).
+    pub fn is_empty(&self) -> bool {
+        self.memory.len == 0
+    }
+
+    /// Where in the file it starts.
+    pub fn offset(&self) -> u64 {
+        self.memory.offset
+    }
+
+    pub(super) fn new_memory(offset: u64, len: usize) -> Result<Arc<MirrorMemory>> {
+        MirrorMemory::new(offset, len).map(Arc::new)
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        self.file.forget_mirror(&self.memory);
+    }
+}
