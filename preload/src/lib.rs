@@ -225,6 +225,7 @@ extern "C" fn in_child_after_fork() {
         FORKED.store(true, Ordering::SeqCst);
     }
     mount::leave_to_parent();
+    posix::maps::in_child_after_fork();
     bridge::in_child_after_fork();
 }
 

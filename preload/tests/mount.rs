@@ -403,6 +403,43 @@ print("same", n)' "$D/b"
     assert_eq!(String::from_utf8_lossy(&out.stdout), "same 588895\n".repeat(4));
 }
 
+/// A shared map a program cannot write (Python's `ACCESS_READ`, Rust's
+/// `memmap2::Mmap`, LMDB's readers) follows the file as a kernel mapping
+/// does: writes through another descriptor and a truncation show in it at
+/// once, and a writable map of it is refused (EACCES, as on the kernel's
+/// file opened read only). While it lasts the mount stays in the process
+/// (a child that needs it waits, then fails with EBUSY, as beside a record
+/// lock); its unmapping gives the mount to the next process. Before, every
+/// shared map was refused with ENODEV.
+#[test]
+fn a_shared_read_only_map_follows_the_file_and_keeps_the_mount_while_it_lasts() {
+    let script = r#"set -e
+        export IOPATH_MOUNT_WAIT=0.3
+        python3 -c 'import mmap, os, subprocess, sys
+p = sys.argv[1]
+with open(p, "wb") as f:
+    f.write(b"a" * 10000)
+fd = os.open(p, os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+w = os.open(p, os.O_WRONLY)
+os.pwrite(w, b"XYZ", 4095)
+os.truncate(p, 5000)
+print(len(m), m[4094:4099], m[4998:5002])
+try:
+    mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE)
+except OSError as e:
+    print("writable:", e.errno)
+busy = subprocess.run(["cat", p], capture_output=True)
+m.close()
+done = subprocess.run(["cat", p], capture_output=True)
+print(busy.returncode != 0, done.returncode, len(done.stdout), done.stdout[4094:4099])' "$D/f""#;
+    let (outputs, ..) = on_both(script);
+    let [kernel, mounted] = outputs;
+    assert_eq!(kernel, "10000 b'aXYZa' b'aa\\x00\\x00'\nwritable: 13\nFalse 0 5000 b'aXYZa'\n");
+    // The kernel lets the child read the mapped file; on a mount it waits its turn and gives up.
+    assert_eq!(mounted, kernel.replace("False 0", "True 0"));
+}
+
 /// A program's thread is never sent task work by iopath's rings when it
 /// is not waiting on them (`TWA_SIGNAL` interrupts a blocking read or
 /// write that has made progress: a read of /dev/urandom gives part of what

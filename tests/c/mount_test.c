@@ -3,8 +3,9 @@
  * whether DIR is a directory of the kernel's file system or an iopath mount
  * (LD_PRELOAD=libiopath_preload.so IOPATH_MOUNT=DIR=IMAGE). Run by
  * preload/tests/mount.rs both ways; every check is an absolute expectation,
- * except the few where an iopath mount differs by design (mmap is refused,
- * a forked child cannot use the parent's descriptors), which take MODE.
+ * except the few where an iopath mount differs by design (a writable shared
+ * map is refused, a forked child cannot use the parent's descriptors), which
+ * take MODE.
  *
  * Usage: mount_test DIR kernel|iopath. Prints "N passed, M failed".
  */
@@ -126,13 +127,25 @@ static void files(void) {
     ERRNO_IS(write(ro, "x", 1), EBADF);
     ERRNO_IS(ftruncate(ro, 0), EINVAL);
 
-    /* mmap: the kernel maps; an iopath mount refuses a shared map with ENODEV,
-     * and a private one is a copy of the file's bytes (zeros past the end). */
-    void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, ro, 0);
+    /* mmap: a shared map the program cannot write follows the file (a write
+     * through another descriptor shows in it, and it cannot be made
+     * writable); a writable shared map is the kernel's only (an iopath mount
+     * refuses it with ENODEV); a private one is a copy of the file's bytes
+     * (zeros past the end). */
+    char *sm = mmap(NULL, 8192, PROT_READ, MAP_SHARED, ro, 0);
+    CHECK(sm != MAP_FAILED, "shared read-only mmap");
+    if (sm != MAP_FAILED) {
+        CHECK(pread(ro, buf, 16, 100) == 16 && !memcmp(sm + 100, buf, 16), "a shared map holds the file's bytes");
+        CHECK(pwrite(fd, "shared!", 7, 100) == 7 && !memcmp(sm + 100, "shared!", 7), "a write shows in a shared map");
+        ERRNO_IS(mprotect(sm, 4096, PROT_READ | PROT_WRITE), EACCES);
+        CHECK(munmap(sm, 8192) == 0, "munmap of a shared map");
+    }
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (iopath_mode)
-        CHECK(m == MAP_FAILED && errno == ENODEV, "shared mmap refused");
+        CHECK(m == MAP_FAILED && errno == ENODEV, "writable shared mmap refused");
     else
-        CHECK(m != MAP_FAILED && munmap(m, 4096) == 0, "mmap");
+        CHECK(m != MAP_FAILED && munmap(m, 4096) == 0, "writable shared mmap");
+    ERRNO_IS((long)mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), EACCES);
     char want_map[8192];
     CHECK(pread(ro, want_map, 6000, 0) == 6000, "pread for the map");
     memset(want_map + 6000, 0, sizeof want_map - 6000);

@@ -1,8 +1,7 @@
 //! Data: read, write and their positioned and vectored forms, lseek,
 //! copy_file_range and sendfile, fsync, fdatasync, syncfs, sync_file_range,
-//! ftruncate, fallocate, posix_fallocate, posix_fadvise, readahead, and mmap
-//! (a private mapping of a mounted file is a copy of its bytes; a shared one
-//! is refused with ENODEV: it would not see the file system's writes).
+//! ftruncate, fallocate, posix_fallocate, posix_fadvise and readahead (maps
+//! are in `maps.rs`).
 
 use super::{errno_of, fail, fail_size, on_fd, on_file_fd, on_stream_fd};
 use crate::mount::Description;
@@ -666,25 +665,6 @@ pub unsafe extern "C" fn readahead(fd: c_int, offset: off_t, count: size_t) -> s
     mounted.unwrap_or_else(|| unsafe { real::readahead(fd, offset, count) })
 }
 
-/// Says why an mmap of a mounted file fails: the first time always (a
-/// program usually reports only its own error, SQLite's "disk I/O error"),
-/// later ones with `IOPATH_LOG`. SQLite's WAL index (`-shm`) gets the way out.
-fn refuse_mmap(path: &[u8], fd: c_int) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let mut line = format!(
-        "shared mmap of {} (fd {fd}) refused with ENODEV: files on an iopath mount cannot be mapped shared (a private map is a copy)",
-        String::from_utf8_lossy(path)
-    );
-    if path.ends_with(b"-shm") {
-        line.push_str(" (SQLite in WAL mode: run PRAGMA locking_mode=EXCLUSIVE before journal_mode=WAL)");
-    }
-    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        crate::log(&line);
-    } else {
-        crate::say(&line);
-    }
-}
-
 /// A descriptor's description if it is a mount's: `None` if not, `Some(Err)` in a forked child.
 fn mounted(fd: c_int) -> Option<Result<Arc<Description>, c_int>> {
     on_fd(fd, Err, |d| Ok(Arc::clone(d)))
@@ -936,94 +916,3 @@ fn send_through(
     }
     total as ssize_t
 }
-
-/// Map flags a private copy keeps (the rest describe a file mapping).
-const KEPT_MAP_FLAGS: c_int =
-    libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE | libc::MAP_POPULATE | libc::MAP_LOCKED;
-
-/// A private mapping of a mounted file: anonymous memory holding a copy of
-/// the file's bytes from `offset` (zeros past its end), which is what the
-/// kernel's `MAP_PRIVATE` shows until the program writes a page (a change
-/// to the file made after the map is not seen; POSIX leaves that
-/// unspecified). git reads its config, index and packs so.
-fn map_private(
-    d: &Description,
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    offset: off_t,
-) -> Result<*mut c_void, c_int> {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as i64;
-    if len == 0 || offset < 0 || offset % page != 0 {
-        return Err(libc::EINVAL);
-    }
-    if !d.readable() {
-        return Err(libc::EACCES);
-    }
-    let file = d.file().map_err(|_| libc::ENODEV)?;
-    let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | (flags & KEPT_MAP_FLAGS);
-    // SAFETY: an anonymous mapping where the caller asked for one.
-    let p = unsafe { real::mmap(addr, len, libc::PROT_READ | libc::PROT_WRITE, anonymous, -1, 0) };
-    if p == libc::MAP_FAILED {
-        return Err(super::last_errno());
-    }
-    // SAFETY: the mapping just made: `len` writable bytes of ours.
-    let buf = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
-    let mut done = 0;
-    while done < len {
-        match file.read_at(&mut buf[done..], offset as u64 + done as u64) {
-            Ok(0) => break, // past the end: the anonymous memory's zeros
-            Ok(n) => done += n,
-            Err(e) => {
-                // SAFETY: the mapping made above, unmapped once.
-                unsafe { libc::munmap(p, len) };
-                return Err(errno_of(&e));
-            }
-        }
-    }
-    // SAFETY: the mapping made above.
-    if prot != libc::PROT_READ | libc::PROT_WRITE && unsafe { libc::mprotect(p, len, prot) } != 0 {
-        let errno = super::last_errno();
-        // SAFETY: as above.
-        unsafe { libc::munmap(p, len) };
-        return Err(errno);
-    }
-    Ok(p)
-}
-
-macro_rules! hook_mmap {
-    ($($name:ident),*) => {$(
-        /// `mmap`: a private mapping of a mounted file is a copy of its bytes
-        /// ([`map_private`]); a shared one is refused (ENODEV, said on stderr
-        /// with `IOPATH_LOG`: the file system's writes would not reach it, nor
-        /// its writes the file); anything else is the C library's.
-        ///
-        /// # Safety
-        /// As the C function.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void {
-            if flags & libc::MAP_ANONYMOUS == 0 {
-                let mapped = on_fd(fd, Err, |d| {
-                    if flags & libc::MAP_SHARED_VALIDATE == libc::MAP_PRIVATE {
-                        return map_private(d, addr, len, prot, flags, offset);
-                    }
-                    refuse_mmap(&d.path, fd);
-                    Err(libc::ENODEV)
-                });
-                match mapped {
-                    Some(Ok(p)) => return p,
-                    Some(Err(e)) => {
-                        crate::set_errno(e);
-                        return libc::MAP_FAILED;
-                    }
-                    None => {}
-                }
-            }
-            // SAFETY: passed on.
-            unsafe { real::$name(addr, len, prot, flags, fd, offset) }
-        }
-    )*};
-}
-hook_mmap!(mmap, mmap64);

@@ -21,7 +21,9 @@
 //!   a `chdir` into a mount is passed on as an exec passes the working directory
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, copy_file_range,
 //!   sendfile, fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate,
-//!   fadvise, readahead, mmap
+//!   fadvise, readahead
+//! - `maps.rs`: mmap and munmap (a private map of a mounted file is a copy; a shared one the
+//!   program cannot write follows the file; a writable shared one is refused)
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd
 //! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
@@ -51,6 +53,7 @@ pub mod data;
 pub mod descriptors;
 pub mod directories;
 pub mod locks;
+pub mod maps;
 pub mod metadata;
 pub mod paths;
 pub mod processes;
