@@ -57,6 +57,16 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
 }
 
+/// The arguments of an `mmap` call but its descriptor.
+#[derive(Clone, Copy)]
+struct MapCall {
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    offset: off_t,
+}
+
 /// What every map of a mounted file checks first, as the kernel does.
 fn check_map(d: &Description, len: size_t, offset: off_t) -> Result<(), c_int> {
     if len == 0 || offset < 0 || !(offset as usize).is_multiple_of(page_size()) {
@@ -70,14 +80,8 @@ fn check_map(d: &Description, len: size_t, offset: off_t) -> Result<(), c_int> {
 
 /// A private mapping of a mounted file: anonymous memory holding a copy of
 /// the file's bytes from `offset` (zeros past its end).
-fn map_private(
-    d: &Description,
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    offset: off_t,
-) -> Result<*mut c_void, c_int> {
+fn map_private(d: &Description, call: MapCall) -> Result<*mut c_void, c_int> {
+    let MapCall { addr, len, prot, flags, offset } = call;
     check_map(d, len, offset)?;
     let file = d.file().map_err(|_| libc::ENODEV)?;
     let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | (flags & KEPT_MAP_FLAGS);
@@ -113,14 +117,8 @@ fn map_private(
 /// A shared read-only mapping of a mounted file: the memory of a mirror of
 /// `len` bytes from `offset`, mapped where the program asked, kept until
 /// the program unmaps it ([`MAPPED`]).
-fn map_shared_read_only(
-    d: &Description,
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    offset: off_t,
-) -> Result<*mut c_void, c_int> {
+fn map_shared_read_only(d: &Description, call: MapCall) -> Result<*mut c_void, c_int> {
+    let MapCall { addr, len, prot, flags, offset } = call;
     check_map(d, len, offset)?;
     let mirror = d.file().map_err(|_| libc::ENODEV)?.mirror(offset as u64, len).map_err(|e| errno_of(&e))?;
     let shared = libc::MAP_SHARED | (flags & KEPT_MAP_FLAGS);
@@ -216,12 +214,13 @@ macro_rules! hook_mmap {
                 unmapped(addr as usize, len);
             }
             if flags & libc::MAP_ANONYMOUS == 0 {
+                let call = MapCall { addr, len, prot, flags, offset };
                 let mapped = on_fd(fd, Err, |d| {
                     if flags & libc::MAP_SHARED_VALIDATE == libc::MAP_PRIVATE {
-                        return map_private(d, addr, len, prot, flags, offset);
+                        return map_private(d, call);
                     }
                     if prot & libc::PROT_WRITE == 0 {
-                        return map_shared_read_only(d, addr, len, prot, flags, offset);
+                        return map_shared_read_only(d, call);
                     }
                     if !d.readable() || !d.writable() {
                         return Err(libc::EACCES); // (the kernel's answer: opened for both or not at all)
