@@ -228,31 +228,37 @@ impl PageCache {
     /// if the page is in the index, ready, and not being written this very
     /// moment: a hit's whole path under the index's lock, without taking a
     /// reference to the page (no reference count to move between CPUs).
-    /// False copies nothing and counts nothing: the caller looks the page
-    /// up ([`PageCache::lookup`]), which counts the miss or waits for a load.
-    pub fn copy_hit(&self, key: Key, from: usize, dst: &mut [u8]) -> bool {
+    /// `Some(first_use_of_read_ahead)` when copied: whether the page was
+    /// loaded by read-ahead and this is its first use (Linux's `PG_readahead`
+    /// mark: what moves a stream's read-ahead on). `None` copies nothing and
+    /// counts nothing: the caller looks the page up ([`PageCache::lookup`]),
+    /// which counts the miss or waits for a load.
+    pub fn copy_hit(&self, key: Key, from: usize, dst: &mut [u8]) -> Option<bool> {
         let mut shard = self.shard(&key);
-        let Some(page) = shard.pages.get(&key) else { return false };
+        let page = shard.pages.get(&key)?;
         if !page.ready() {
-            return false;
+            return None;
         }
         // Never wait under the index's lock: a writer holding the page may be
         // about to look something up.
-        let Ok(data) = page.data.try_read() else { return false };
+        let data = page.data.try_read().ok()?;
         dst.copy_from_slice(&data.buf[from..from + dst.len()]);
         drop(data);
-        self.on_hit(page);
+        let ahead = self.on_hit(page);
         shard.hits += 1;
-        true
+        Some(ahead)
     }
 
-    /// A hit's marks on the page: S3-FIFO's counter, and read-ahead's use.
-    fn on_hit(&self, page: &Page) {
+    /// A hit's marks on the page: S3-FIFO's counter, and read-ahead's use
+    /// (whether this is the first use of a page read ahead).
+    fn on_hit(&self, page: &Page) -> bool {
         page.touch();
         // Read first: a hit on a hot page should not write to its cache line.
-        if page.speculative.load(Relaxed) && page.speculative.swap(false, Relaxed) {
+        let first_use = page.speculative.load(Relaxed) && page.speculative.swap(false, Relaxed);
+        if first_use {
             self.counters.readahead_used.fetch_add(1, Relaxed);
         }
+        first_use
     }
 
     /// The page for `key` without counting (the file layer's own bookkeeping).
@@ -502,24 +508,28 @@ mod tests {
         cache.insert(&page);
         let mut out = [0u8; 4];
         // Absent, and still loading: nothing copied, nothing counted.
-        assert!(!cache.copy_hit((7, 4), 100, &mut out));
-        assert!(!cache.copy_hit((7, 3), 100, &mut out));
+        assert!(cache.copy_hit((7, 4), 100, &mut out).is_none());
+        assert!(cache.copy_hit((7, 3), 100, &mut out).is_none());
         assert_eq!(out, [0; 4]);
         page.set_ready();
         // Being written: left to the caller, who waits on the page's lock.
         let writing = page.data.write().unwrap();
-        assert!(!cache.copy_hit((7, 3), 100, &mut out));
+        assert!(cache.copy_hit((7, 3), 100, &mut out).is_none());
         drop(writing);
         assert_eq!((cache.stats().hits, cache.stats().misses), (0, 0));
-        assert!(cache.copy_hit((7, 3), 100, &mut out));
+        assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(false));
         assert_eq!(&out, b"abcd");
         // The last bytes of the page, and a hit counted as a lookup's is.
         let mut tail = [1u8; 8];
-        assert!(cache.copy_hit((7, 3), BLOCK - 8, &mut tail));
+        assert_eq!(cache.copy_hit((7, 3), BLOCK - 8, &mut tail), Some(false));
         assert_eq!(tail, [0; 8]);
+        // A page read ahead says so at its first use only (what moves read-ahead on).
+        page.speculative.store(true, Relaxed);
+        assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(true));
+        assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(false));
         assert!(cache.lookup((7, 3)).is_some());
         assert!(cache.lookup((7, 9)).is_none());
-        assert_eq!((cache.stats().hits, cache.stats().misses), (3, 1));
+        assert_eq!((cache.stats().hits, cache.stats().misses), (5, 1));
         // No reference is kept: the index's, the small queue's and this test's are all.
         assert_eq!(Arc::strong_count(&page), 3, "the index, the small queue and this test");
     }
