@@ -3068,3 +3068,56 @@ fn a_mirror_follows_every_change_of_its_range_until_dropped() {
     // Mirrors of no bytes are refused.
     assert_eq!(errno(h.mirror(0, 0).err().unwrap()), libc::EINVAL);
 }
+
+/// A writable mirror is the file's truth for its range while it lives:
+/// reads see what was stored into its memory, a write of the file still
+/// shows in it, and its bytes reach the file (only the pages that differ,
+/// only up to the file's end) at `sync`, at an `fsync` of the file and
+/// when it is dropped, across a remount.
+#[test]
+fn a_writable_mirror_is_the_file_while_it_lives_and_reaches_it() {
+    let (dev, fs) = fresh("emu:null,size=16m,wcache=1", FormatOptions::default());
+    let f = fs.create("w").unwrap();
+    f.write_at(&bytes(1, 10_000), 0).unwrap();
+    let mirror = f.mirror_writable(0, 3 * 4096).unwrap();
+    assert!(mirror.writable());
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    // SAFETY: a new writable shared mapping of the mirror's memory.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), 3 * 4096, prot, libc::MAP_SHARED, mirror.fd(), 0) };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping above, 3 pages, unmapped at the end of the test.
+    let map = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), 3 * 4096) };
+    assert_eq!(&map[..10_000], &bytes(1, 10_000)[..]);
+    map[100..104].copy_from_slice(b"mine");
+    map[9000..9003].copy_from_slice(b"end");
+    let mut back = vec![0u8; 10_000];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), 10_000);
+    assert_eq!((&back[100..104], &back[9000..9003]), (&b"mine"[..], &b"end"[..]), "reads see the stores");
+    // A write of the file shows in the map; the store elsewhere in its page stays.
+    f.write_at(b"file", 200).unwrap();
+    assert_eq!((&map[200..204], &map[100..104]), (&b"file"[..], &b"mine"[..]));
+    // Written back at sync: a handle of another mount sees it once durable.
+    mirror.sync().unwrap();
+    fs.set_mtime("w", 1_000_000_000).unwrap();
+    mirror.sync().unwrap();
+    assert_eq!(fs.metadata("w").unwrap().mtime_ns, 1_000_000_000, "a sync with nothing new writes nothing");
+    map[5000..5005].copy_from_slice(b"fsync");
+    f.fsync().unwrap(); // writes the mirror back first
+    // Past the file's end nothing goes to the file.
+    map[11_000..11_004].copy_from_slice(b"past");
+    map[300..303].copy_from_slice(b"drp");
+    drop(mirror); // written back
+    drop(f);
+    let mut want = bytes(1, 10_000);
+    want[100..104].copy_from_slice(b"mine");
+    want[200..204].copy_from_slice(b"file");
+    want[300..303].copy_from_slice(b"drp");
+    want[5000..5005].copy_from_slice(b"fsync");
+    want[9000..9003].copy_from_slice(b"end");
+    assert_eq!(read_all(&fs, "w"), want);
+    fs.sync().unwrap();
+    drop(fs);
+    assert_eq!(read_all(&mount(&dev), "w"), want, "after a remount");
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(p, 3 * 4096) };
+}

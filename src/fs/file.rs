@@ -109,6 +109,10 @@ impl File {
         } else {
             self.read_cached(&state, buf, offset)?;
         }
+        // A writable mirror's bytes are the file's while it lives (see `mirror.rs`).
+        for memory in state.mirrors.iter().filter(|m| m.writable) {
+            memory.lay_over(buf, offset);
+        }
         Ok(n)
     }
 
@@ -372,10 +376,22 @@ impl File {
     /// the file, through any handle, updates it before returning. The mirror
     /// keeps the file open. For a program's shared read-only mapping.
     pub fn mirror(&self, offset: u64, len: usize) -> Result<Mirror> {
+        self.mirror_with(offset, len, false)
+    }
+
+    /// A [`File::mirror`] the program may store into: while it lives its
+    /// bytes are the file's (reads see them), and they are written into the
+    /// file by [`Mirror::sync`], by an `fsync` of the file and when the
+    /// mirror is dropped. For a program's writable shared mapping.
+    pub fn mirror_writable(&self, offset: u64, len: usize) -> Result<Mirror> {
+        self.mirror_with(offset, len, true)
+    }
+
+    fn mirror_with(&self, offset: u64, len: usize, writable: bool) -> Result<Mirror> {
         if len == 0 {
             return Err(file_error("map", &self.state_read().inode.name, libc::EINVAL, "a mapping of no bytes"));
         }
-        let memory = Mirror::new_memory(offset, len)?;
+        let memory = Mirror::new_memory(offset, len, writable)?;
         let mut state = self.state_write();
         self.live(&state, "map")?;
         let size = state.inode.size;
@@ -383,6 +399,40 @@ impl File {
         state.mirrors.push(Arc::clone(&memory));
         drop(state);
         Ok(Mirror { memory, file: self.clone() })
+    }
+
+    /// Writes what writable mirror `memory` holds into the file, page by page
+    /// where it differs from the file's bytes, up to the file's end. The
+    /// mirror is out of the file's list meanwhile, so these writes do not
+    /// copy back into it what the program may have stored again since.
+    /// Only `[from, to)` of the file is looked at.
+    pub(super) fn write_back_mirror(&self, memory: &Arc<MirrorMemory>, from: u64, to: u64) -> Result<()> {
+        let mut state = self.state_write();
+        self.live(&state, "msync")?;
+        let Some(at) = state.mirrors.iter().position(|m| Arc::ptr_eq(m, memory)) else { return Ok(()) };
+        let me = state.mirrors.swap_remove(at);
+        let end = (me.offset() + me.len() as u64).min(state.inode.size).min(to);
+        let mut result = Ok(());
+        let (mut mine, mut theirs) = (vec![0u8; BLOCK], vec![0u8; BLOCK]);
+        let mut at = me.offset().max(from);
+        while at < end && result.is_ok() {
+            let n = ((end - at) as usize).min(BLOCK - (at % BLOCK_U64) as usize);
+            me.lay_over(&mut mine[..n], at);
+            result = self.read_into(&state, &mut theirs[..n], at);
+            if result.is_ok() && mine[..n] != theirs[..n] {
+                result = self.write_locked(&mut state, &mine[..n], at);
+            }
+            at += n as u64;
+        }
+        state.mirrors.push(me);
+        result
+    }
+
+    /// Writes every writable mirror of the file into it (before an fsync).
+    fn write_back_mirrors(&self) -> Result<()> {
+        let writable: Vec<Arc<MirrorMemory>> =
+            self.state_read().mirrors.iter().filter(|m| m.writable).cloned().collect();
+        writable.iter().try_for_each(|m| self.write_back_mirror(m, 0, u64::MAX))
     }
 
     /// Stops updating a mirror (it is being dropped).
@@ -744,6 +794,8 @@ impl File {
     fn sync(&self, data_only: bool) -> Result<()> {
         let fs = &self.fs;
         let op = if data_only { "fdatasync" } else { "fsync" };
+        // What a program stored into a writable map is the file's data too.
+        self.write_back_mirrors()?;
         {
             let state = self.state_read();
             self.live(&state, op)?;

@@ -4,14 +4,23 @@
 //! file's lock, before the call returns; a mirror holds its file (and so
 //! the mount) open.
 //!
-//! For a program's shared read-only mapping of a mounted file (the
-//! interposer's `mmap`): the mirror's memory is a sealed memfd that the
-//! program maps where it asked, read only (the seal refuses to make any
-//! other mapping of it writable, so `mprotect(PROT_WRITE)` fails as on a
-//! file opened read only), while the file layer writes through a mapping of
-//! its own. What the program sees changes when the file does, as a kernel
-//! mapping's pages do; a page wholly past the end reads as zeros where the
-//! kernel would raise SIGBUS.
+//! For a program's shared mapping of a mounted file (the interposer's
+//! `mmap`): the mirror's memory is a memfd that the program maps where it
+//! asked, while the file layer writes through a mapping of its own. What
+//! the program sees changes when the file does, as a kernel mapping's pages
+//! do; a page wholly past the end reads as zeros where the kernel would
+//! raise SIGBUS.
+//!
+//! - A read-only mirror's memfd is sealed against writes (no other mapping
+//!   of it can be made writable: `mprotect(PROT_WRITE)` fails as on a file
+//!   opened read only).
+//! - A writable mirror is the file's truth for its range while it lives:
+//!   reads of the file through the file layer see what the program stored
+//!   in it ([`File::read_at`] lays its bytes over what it read), and its
+//!   bytes go to the file ([`Mirror::sync`]: the interposer's `msync`, the
+//!   file's `fsync`, the mirror's drop, the process's exit), page by page,
+//!   those that differ from the file's. A store that races a read or a
+//!   write-back is seen or not, as with a kernel mapping.
 
 use super::File;
 use crate::error::{Error, Result};
@@ -28,6 +37,8 @@ pub(super) struct MirrorMemory {
     ptr: *mut u8,
     map_len: usize,
     fd: OwnedFd,
+    /// The program may store into it (see the module's doc).
+    pub(super) writable: bool,
 }
 
 // SAFETY: the memory is written only under the file's lock (`NodeState` is
@@ -45,7 +56,7 @@ impl Drop for MirrorMemory {
 
 impl MirrorMemory {
     /// Zeroed memory for `len` bytes of the file from `offset`.
-    fn new(offset: u64, len: usize) -> Result<MirrorMemory> {
+    fn new(offset: u64, len: usize, writable: bool) -> Result<MirrorMemory> {
         let os = |context: &str| Error::Os { context: context.to_string(), source: std::io::Error::last_os_error() };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
@@ -74,10 +85,12 @@ impl MirrorMemory {
         if ptr == libc::MAP_FAILED {
             return Err(os("cannot map the memory for a mapping"));
         }
-        let memory = MirrorMemory { offset, len, ptr: ptr.cast(), map_len, fd };
-        // Only the mapping above may write: the program's maps it read only, and
-        // cannot make its own writable (mprotect fails, as for a file opened read only).
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+        let memory = MirrorMemory { offset, len, ptr: ptr.cast(), map_len, fd, writable };
+        // A read-only mirror: only the mapping above may write (the program's maps it
+        // read only, and cannot make its own writable: mprotect fails, as for a file
+        // opened read only). Neither kind changes size.
+        let write_seal = if writable { 0 } else { libc::F_SEAL_FUTURE_WRITE };
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | write_seal | libc::F_SEAL_SEAL;
         // SAFETY: our descriptor, made with MFD_ALLOW_SEALING.
         if unsafe { libc::fcntl(memory.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(os("cannot seal the memory for a mapping"));
@@ -113,6 +126,29 @@ impl MirrorMemory {
     pub(super) fn truncated(&self, len: u64) {
         if let Some((range, _)) = self.overlap(len, u64::MAX) {
             self.bytes()[range].fill(0);
+        }
+    }
+
+    /// Where in the file the copy starts.
+    pub(super) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes mirrored.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Lays what the mirror holds of `[offset, offset + buf.len())` over `buf`.
+    pub(super) fn lay_over(&self, buf: &mut [u8], offset: u64) {
+        if let Some((range, start)) = self.overlap(offset, offset + buf.len() as u64) {
+            let at = (start - offset) as usize;
+            // SAFETY: `range` lies within the mapping. The program may be storing into
+            // these bytes this moment: what is copied is what a kernel mapping's reader
+            // would see, one byte's value or the other's.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.ptr.add(range.start), buf[at..].as_mut_ptr(), range.len());
+            }
         }
     }
 
@@ -154,13 +190,38 @@ impl Mirror {
         self.memory.offset
     }
 
-    pub(super) fn new_memory(offset: u64, len: usize) -> Result<Arc<MirrorMemory>> {
-        MirrorMemory::new(offset, len).map(Arc::new)
+    /// Whether the program may store into it ([`File::mirror_writable`]).
+    pub fn writable(&self) -> bool {
+        self.memory.writable
+    }
+
+    /// Writes what a writable mirror holds into the file (the pages that
+    /// differ from the file's), up to the file's end; nothing for a
+    /// read-only one. Not durable: the file's `fsync` makes it so.
+    pub fn sync(&self) -> Result<()> {
+        self.sync_range(0, self.memory.len)
+    }
+
+    /// [`Mirror::sync`] of `len` bytes from byte `start` of the mirror only
+    /// (an `msync` of part of a map).
+    pub fn sync_range(&self, start: usize, len: usize) -> Result<()> {
+        if !self.memory.writable {
+            return Ok(());
+        }
+        let from = self.memory.offset + start as u64;
+        self.file.write_back_mirror(&self.memory, from, from.saturating_add(len as u64))
+    }
+
+    pub(super) fn new_memory(offset: u64, len: usize, writable: bool) -> Result<Arc<MirrorMemory>> {
+        MirrorMemory::new(offset, len, writable).map(Arc::new)
     }
 }
 
 impl Drop for Mirror {
     fn drop(&mut self) {
+        // What the program stored reaches the file (an error has no one to go to:
+        // the interposer's munmap has succeeded by now, as the kernel's would).
+        let _ = self.sync();
         self.file.forget_mirror(&self.memory);
     }
 }
