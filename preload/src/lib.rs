@@ -321,6 +321,7 @@ pub(crate) fn commit_mounts_now() {
     let named = std::thread::Builder::new().name("iopath-exit".into());
     let committed = iopath::sys::spawn_without_signals(named, || {
         let _inside = Inside::enter();
+        posix::maps::write_back_all();
         mount::sync_all();
     });
     match committed {

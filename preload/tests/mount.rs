@@ -40,7 +40,7 @@ fn a_program_sees_posix_semantics_on_an_iopath_mount_as_on_the_kernels_file_syst
     );
     assert!(stderr.contains("mounted "), "{stderr}");
     assert!(stderr.contains("a forked child cannot use its parent's iopath mount"), "{stderr}");
-    assert!(stderr.contains("mmap of "), "{stderr}");
+    assert!(stderr.contains("shared writable map of "), "{stderr}");
     assert_eq!(std::fs::read_dir(&mount_dir).unwrap().count(), 0, "nothing reached the host directory");
 
     let report = check::check(engine(&image)).unwrap();
@@ -438,6 +438,36 @@ print(busy.returncode != 0, done.returncode, len(done.stdout), done.stdout[4094:
     assert_eq!(kernel, "10000 b'aXYZa' b'aa\\x00\\x00'\nwritable: 13\nFalse 0 5000 b'aXYZa'\n");
     // The kernel lets the child read the mapped file; on a mount it waits its turn and gives up.
     assert_eq!(mounted, kernel.replace("False 0", "True 0"));
+}
+
+/// A writable shared map (SQLite's WAL index, Python's default `mmap`) is
+/// the file's truth for its range while it lasts: a read of the file sees
+/// what was stored, and `flush` (msync) or closing the map writes it into
+/// the file, which the next process reads. SQLite in WAL mode without
+/// exclusive locking, two processes one after the other, then its
+/// integrity check. Before, the map was refused with ENODEV and SQLite said
+/// "disk I/O error".
+#[test]
+fn a_writable_shared_map_reaches_the_file_and_sqlite_runs_in_wal_mode() {
+    let script = r#"set -e
+        python3 -c 'import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+os.write(fd, b"a" * 8192)
+m = mmap.mmap(fd, 8192)
+m[0:6] = b"stored"
+print(os.pread(fd, 6, 0))
+m[4096:4101] = b"flush"
+m.flush()
+m[8190:8192] = b"zz"
+m.close()
+os.close(fd)' "$D/w"
+        head -c 6 "$D/w"; echo; tail -c 2 "$D/w"; echo; cut -c 4097-4101 "$D/w" | head -c 5; echo
+        sqlite3 "$D/s.db" "pragma journal_mode=wal; create table t(x); insert into t values(1),(2),(3);"
+        sqlite3 "$D/s.db" "insert into t values(4); select sum(x) from t; pragma integrity_check;""#;
+    let (outputs, ..) = on_both(script);
+    let [kernel, mounted] = outputs;
+    assert_eq!(kernel, "b'stored'\nstored\nzz\nflush\nwal\n10\nok\n");
+    assert_eq!(mounted, kernel);
 }
 
 /// A program's thread is never sent task work by iopath's rings when it

@@ -19,8 +19,8 @@ time: a program started while another holds it waits up to --wait seconds, then 
 fail with EBUSY and a message naming the holder. The mount is committed when the program exits;
 what it fsync'd is durable at once. A forked child cannot use a mount its parent holds (a
 subshell of a shell that holds nothing open there mounts in turn); a private mmap of a mounted
-file is a copy, a read-only shared one follows the file (and keeps the mount while it lasts), a
-writable shared one is refused (ENODEV). --cache sets the mounts' page cache (default an eighth of the memory). At exit
+file is a copy, a shared one follows the file and keeps the mount while it lasts (what is stored
+into it reaches the file at msync, fsync, munmap and exit). --cache sets the mounts' page cache (default an eighth of the memory). At exit
 a process leaves its clean pages in the mount's carried cache, a file in /dev/shm, and the next
 process that mounts the device reads them from there instead of the device, as programs find the
 kernel's page cache warm; --carry bounds it (default the page cache, at most 1 GiB; 0 turns it

@@ -3,9 +3,8 @@
  * whether DIR is a directory of the kernel's file system or an iopath mount
  * (LD_PRELOAD=libiopath_preload.so IOPATH_MOUNT=DIR=IMAGE). Run by
  * preload/tests/mount.rs both ways; every check is an absolute expectation,
- * except the few where an iopath mount differs by design (a writable shared
- * map is refused, a forked child cannot use the parent's descriptors), which
- * take MODE.
+ * except the few where an iopath mount differs by design (a forked child
+ * cannot use the parent's descriptors), which take MODE.
  *
  * Usage: mount_test DIR kernel|iopath. Prints "N passed, M failed".
  */
@@ -127,11 +126,10 @@ static void files(void) {
     ERRNO_IS(write(ro, "x", 1), EBADF);
     ERRNO_IS(ftruncate(ro, 0), EINVAL);
 
-    /* mmap: a shared map the program cannot write follows the file (a write
-     * through another descriptor shows in it, and it cannot be made
-     * writable); a writable shared map is the kernel's only (an iopath mount
-     * refuses it with ENODEV); a private one is a copy of the file's bytes
-     * (zeros past the end). */
+    /* mmap: a shared map follows the file (a write through another
+     * descriptor shows in it; one made read only cannot be made writable), a
+     * store into a writable one shows in a read of the file; a private one is
+     * a copy of the file's bytes (zeros past the end). */
     char *sm = mmap(NULL, 8192, PROT_READ, MAP_SHARED, ro, 0);
     CHECK(sm != MAP_FAILED, "shared read-only mmap");
     if (sm != MAP_FAILED) {
@@ -140,11 +138,14 @@ static void files(void) {
         ERRNO_IS(mprotect(sm, 4096, PROT_READ | PROT_WRITE), EACCES);
         CHECK(munmap(sm, 8192) == 0, "munmap of a shared map");
     }
-    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (iopath_mode)
-        CHECK(m == MAP_FAILED && errno == ENODEV, "writable shared mmap refused");
-    else
-        CHECK(m != MAP_FAILED && munmap(m, 4096) == 0, "writable shared mmap");
+    char *wm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(wm != MAP_FAILED, "writable shared mmap");
+    if (wm != MAP_FAILED) {
+        memcpy(wm + 10, "mapped", 6);
+        CHECK(pread(ro, buf, 6, 10) == 6 && !memcmp(buf, "mapped", 6), "a store into a shared map shows in a read");
+        CHECK(msync(wm, 4096, MS_SYNC) == 0 && munmap(wm, 4096) == 0, "msync and munmap of a writable map");
+        CHECK(pread(ro, buf, 6, 10) == 6 && !memcmp(buf, "mapped", 6), "and stays in the file");
+    }
     ERRNO_IS((long)mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), EACCES);
     char want_map[8192];
     CHECK(pread(ro, want_map, 6000, 0) == 6000, "pread for the map");

@@ -1,4 +1,4 @@
-//! Memory maps of mounted files: `mmap`, `mmap64` and `munmap`.
+//! Memory maps of mounted files: `mmap`, `mmap64`, `munmap` and `msync`.
 //!
 //! The kernel cannot map a file it does not hold, so a mounted file's map
 //! is anonymous or shared memory the interposer fills:
@@ -8,45 +8,25 @@
 //!   page (a later change of the file is not seen; POSIX leaves that
 //!   unspecified). git reads its config, index and packs so; the dynamic
 //!   loader maps programs and libraries stored on a mount so.
-//! - a shared map the program cannot write (no `PROT_WRITE`) is the
-//!   memory of a mirror of the file's range (`iopath::fs::mirror`): every
-//!   write and truncate of the file in this process shows in it before the
-//!   call returns, as in a kernel mapping's pages. The mirror holds the
-//!   file open, so the mount is not lent to another process while the map
-//!   lasts (as while a record lock is held): no other process can change
-//!   the file meanwhile. Python's `mmap(..., access=ACCESS_READ)`, Rust's
-//!   `memmap2::Mmap`, LMDB's readers. `munmap` of its last page lets the
-//!   mirror go (a map moved by `mremap` keeps it until the process ends).
-//! - a writable shared map is refused with ENODEV, said on stderr: the
-//!   program's stores would not reach the file.
+//! - a shared map is the memory of a mirror of the file's range
+//!   (`iopath::fs::mirror`): every write and truncate of the file in this
+//!   process shows in it before the call returns, as in a kernel mapping's
+//!   pages. One the program may write is the file's truth for its range:
+//!   reads of the file see what was stored, and `msync`, an `fsync` of the
+//!   file, `munmap` of its last page and the process's exit write it into
+//!   the file. SQLite's WAL index (`-shm`), LMDB's lock file, Python's
+//!   `mmap`. The mirror holds the file open, so the mount is not lent to
+//!   another process while the map lasts (as while a record lock is held):
+//!   no other process can change the file meanwhile. A map moved by
+//!   `mremap` keeps its mirror until the process ends.
 
 use super::{errno_of, on_fd};
 use crate::mount::Description;
 use crate::real;
 use libc::{c_int, c_void, off_t, size_t};
 use std::ops::Range;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Says why an mmap of a mounted file fails: the first time always (a
-/// program usually reports only its own error, SQLite's "disk I/O error"),
-/// later ones with `IOPATH_LOG`. SQLite's WAL index (`-shm`) gets the way out.
-fn refuse_mmap(path: &[u8], fd: c_int) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let mut line = format!(
-        "writable shared mmap of {} (fd {fd}) refused with ENODEV: files on an iopath mount can be mapped shared \
-         only read only (a private map is a copy)",
-        String::from_utf8_lossy(path)
-    );
-    if path.ends_with(b"-shm") {
-        line.push_str(" (SQLite in WAL mode: run PRAGMA locking_mode=EXCLUSIVE before journal_mode=WAL)");
-    }
-    if SAID.swap(true, Ordering::Relaxed) {
-        crate::log(&line);
-    } else {
-        crate::say(&line);
-    }
-}
+use std::sync::{Arc, Mutex};
 
 /// Map flags a map of the interposer's memory keeps (the rest describe a file mapping).
 const KEPT_MAP_FLAGS: c_int =
@@ -114,41 +94,48 @@ fn map_private(d: &Description, call: MapCall) -> Result<*mut c_void, c_int> {
     Ok(p)
 }
 
-/// A shared read-only mapping of a mounted file: the memory of a mirror of
-/// `len` bytes from `offset`, mapped where the program asked, kept until
-/// the program unmaps it ([`MAPPED`]).
-fn map_shared_read_only(d: &Description, call: MapCall) -> Result<*mut c_void, c_int> {
+/// A shared mapping of a mounted file: the memory of a mirror of `len`
+/// bytes from `offset` (writable if the program may store into the map),
+/// mapped where the program asked, kept until the program unmaps it
+/// ([`MAPPED`]).
+fn map_shared(d: &Description, call: MapCall, writable: bool) -> Result<*mut c_void, c_int> {
     let MapCall { addr, len, prot, flags, offset } = call;
     check_map(d, len, offset)?;
-    let mirror = d.file().map_err(|_| libc::ENODEV)?.mirror(offset as u64, len).map_err(|e| errno_of(&e))?;
+    let file = d.file().map_err(|_| libc::ENODEV)?;
+    let mirror = if writable { file.mirror_writable(offset as u64, len) } else { file.mirror(offset as u64, len) }
+        .map_err(|e| errno_of(&e))?;
     let shared = libc::MAP_SHARED | (flags & KEPT_MAP_FLAGS);
-    // SAFETY: a shared mapping of the mirror's memory (sealed: never writable) where the caller asked.
+    // SAFETY: a shared mapping of the mirror's memory where the caller asked.
     let p = unsafe { real::mmap(addr, len, prot, shared, mirror.fd(), 0) };
     if p == libc::MAP_FAILED {
         return Err(super::last_errno());
     }
     crate::log(&format!(
-        "shared read-only map of {} ({len} bytes at {offset}): follows the file; keeps the mount here until unmapped",
+        "shared {} map of {} ({len} bytes at {offset}): follows the file; keeps the mount here until unmapped",
+        if writable { "writable" } else { "read-only" },
         String::from_utf8_lossy(&d.path)
     ));
     let start = p as usize;
     let end = start + len.div_ceil(page_size()) * page_size();
     let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
     #[allow(clippy::single_range_in_vec_init)] // (a list of ranges that starts with one)
-    mapped.push(Mapped { left: vec![start..end], _mirror: mirror });
+    mapped.push(Mapped { base: start, left: vec![start..end], mirror: Arc::new(mirror) });
     MAPS.store(mapped.len(), Ordering::Release);
     Ok(p)
 }
 
-/// A program's shared read-only map of a mounted file, while any of it is mapped.
+/// A program's shared map of a mounted file, while any of it is mapped.
 struct Mapped {
+    /// Where the map began (the mirror's first byte).
+    base: usize,
     /// The address ranges still mapped.
     left: Vec<Range<usize>>,
-    /// Keeps the memory following the file (and the file open).
-    _mirror: iopath::fs::mirror::Mirror,
+    /// Keeps the memory following the file (and the file open); shared with
+    /// a write-back under way, which runs without the registry's lock.
+    mirror: Arc<iopath::fs::mirror::Mirror>,
 }
 
-/// The program's shared read-only maps of mounted files.
+/// The program's shared maps of mounted files.
 static MAPPED: Mutex<Vec<Mapped>> = Mutex::new(Vec::new());
 /// How many: `munmap` looks no further when there are none.
 static MAPS: AtomicUsize = AtomicUsize::new(0);
@@ -177,6 +164,37 @@ fn unmapped(start: usize, len: usize) {
     drop(released);
 }
 
+/// The writable mirrors of the maps that overlap `[start, start + len)`
+/// (all of them for `None`), each with the part of it in the range (bytes
+/// from its start), taken out of the registry's lock: a write-back takes
+/// the file's lock, and a thread holding that may unmap memory.
+fn writable_mirrors(within: Option<Range<usize>>) -> Vec<(Arc<iopath::fs::mirror::Mirror>, Range<usize>)> {
+    if MAPS.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
+    let mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
+    let part = |m: &Mapped| {
+        let whole = m.base..m.base + m.mirror.len();
+        let part = match &within {
+            None => whole,
+            Some(w) => w.start.max(whole.start)..w.end.min(whole.end),
+        };
+        (part.start < part.end).then(|| part.start - m.base..part.end - m.base)
+    };
+    mapped.iter().filter(|m| m.mirror.writable()).filter_map(|m| part(m).map(|p| (Arc::clone(&m.mirror), p))).collect()
+}
+
+/// Writes every writable map of a mounted file into its file: at exit and
+/// before an exec (the maps go with the process image), before the mounts
+/// are committed. Errors are said; nothing else can be done with them.
+pub fn write_back_all() {
+    for (mirror, _) in writable_mirrors(None) {
+        if let Err(e) = mirror.sync() {
+            crate::say(&format!("a shared map's bytes could not be written into its file: {e}"));
+        }
+    }
+}
+
 /// What is left of `r` without `gone`: none, one or two ranges.
 fn subtract(r: Range<usize>, gone: &Range<usize>) -> Vec<Range<usize>> {
     if gone.end <= r.start || r.end <= gone.start {
@@ -201,9 +219,8 @@ pub fn in_child_after_fork() {
 macro_rules! hook_mmap {
     ($($name:ident),*) => {$(
         /// `mmap`: a private mapping of a mounted file is a copy of its bytes
-        /// ([`map_private`]), a shared one the program cannot write follows the
-        /// file ([`map_shared_read_only`]), a writable shared one is refused
-        /// (ENODEV, said on stderr); anything else is the C library's.
+        /// ([`map_private`]), a shared one follows the file ([`map_shared`]);
+        /// anything else is the C library's.
         ///
         /// # Safety
         /// As the C function.
@@ -220,13 +237,12 @@ macro_rules! hook_mmap {
                         return map_private(d, call);
                     }
                     if prot & libc::PROT_WRITE == 0 {
-                        return map_shared_read_only(d, call);
+                        return map_shared(d, call, false);
                     }
                     if !d.readable() || !d.writable() {
                         return Err(libc::EACCES); // (the kernel's answer: opened for both or not at all)
                     }
-                    refuse_mmap(&d.path, fd);
-                    Err(libc::ENODEV)
+                    map_shared(d, call, true)
                 });
                 match mapped {
                     Some(Ok(p)) => return p,
@@ -257,6 +273,36 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
         unmapped(addr as usize, len);
     }
     r
+}
+
+/// `msync`: the system call, then the writable maps of mounted files in
+/// the range are written into their files (EIO if one cannot be).
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int {
+    // SAFETY: passed on as the C library's msync passes it.
+    let r = unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) } as c_int;
+    if r != 0 || crate::inside() {
+        return r;
+    }
+    let start = addr as usize;
+    let mirrors = writable_mirrors(Some(start..start.saturating_add(len)));
+    if mirrors.is_empty() {
+        return r;
+    }
+    let _inside = crate::Inside::enter();
+    let failed = {
+        let _errno = crate::KeepErrno::new();
+        mirrors.iter().filter(|(m, part)| m.sync_range(part.start, part.len()).is_err()).count()
+    };
+    if failed == 0 {
+        0
+    } else {
+        crate::set_errno(libc::EIO);
+        -1
+    }
 }
 
 #[cfg(test)]
