@@ -162,6 +162,11 @@ fn case_runner() {
             let pid = unsafe { libc::fork() };
             assert!(pid >= 0);
             if pid == 0 {
+                // Said once fork has returned here, so after the library's handler for a
+                // forked child has let go of the parent's file: the test waits for it.
+                let line = b"released\n";
+                // SAFETY: writes a buffer of ours to standard output.
+                unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
                 let mut byte = 0u8;
                 // SAFETY: reads into a byte of ours until the test closes the pipe.
                 while unsafe { libc::read(0, (&raw mut byte).cast(), 1) } > 0 {}
@@ -297,10 +302,14 @@ fn a_child_outliving_its_parent_leaves_the_frame_file_to_the_next_process() {
         .spawn()
         .unwrap();
     let child_stdin = parent.stdin.take();
-    // Up to the child's line (not to the end: the child holds the pipe too).
+    // Up to the parent's line naming the child and the child's own, said after the
+    // library's fork handler ran in it (not to the end: the child holds the pipe
+    // too). Waiting for the parent's line alone let the next process come first under
+    // load, while the child still held its inherited copy of the locked file (CI on
+    // 15d7716: the next process took iopath-frames-0-1).
     let mut stdout = std::io::BufReader::new(parent.stdout.take().unwrap());
     let mut out = String::new();
-    while !out.contains("child:") {
+    while !(out.contains("child:") && out.contains("released")) {
         let mut line = String::new();
         if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() == 0 {
             break;
