@@ -445,8 +445,10 @@ print(busy.returncode != 0, done.returncode, len(done.stdout), done.stdout[4094:
 /// what was stored, and `flush` (msync) or closing the map writes it into
 /// the file, which the next process reads. SQLite in WAL mode without
 /// exclusive locking, two processes one after the other, then its
-/// integrity check. Before, the map was refused with ENODEV and SQLite said
-/// "disk I/O error".
+/// integrity check. Python's `mmap.resize` (ftruncate, then mremap), which
+/// grows the map past what its mirror held: a new mirror of the new length.
+/// Before, the map was refused with ENODEV and SQLite said "disk I/O
+/// error"; then the grown part of a resized map raised SIGBUS.
 #[test]
 fn a_writable_shared_map_reaches_the_file_and_sqlite_runs_in_wal_mode() {
     let script = r#"set -e
@@ -463,10 +465,26 @@ m.close()
 os.close(fd)' "$D/w"
         head -c 6 "$D/w"; echo; tail -c 2 "$D/w"; echo; cut -c 4097-4101 "$D/w" | head -c 5; echo
         sqlite3 "$D/s.db" "pragma journal_mode=wal; create table t(x); insert into t values(1),(2),(3);"
-        sqlite3 "$D/s.db" "insert into t values(4); select sum(x) from t; pragma integrity_check;""#;
+        sqlite3 "$D/s.db" "insert into t values(4); select sum(x) from t; pragma integrity_check;"
+        python3 -c 'import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+os.write(fd, b"a" * 4096)
+m = mmap.mmap(fd, 4096)
+m[0:5] = b"first"
+m.resize(3 * 4096)
+m[8000:8005] = b"grown"
+print(os.fstat(fd).st_size, m[0:5], m[4096:4098], os.pread(fd, 5, 8000))
+m.resize(2000)
+print(len(m), m[0:5])
+m.close()
+print(os.pread(fd, 5, 0), os.fstat(fd).st_size)' "$D/r""#;
     let (outputs, ..) = on_both(script);
     let [kernel, mounted] = outputs;
-    assert_eq!(kernel, "b'stored'\nstored\nzz\nflush\nwal\n10\nok\n");
+    assert_eq!(
+        kernel,
+        "b'stored'\nstored\nzz\nflush\nwal\n10\nok\n\
+         12288 b'first' b'\\x00\\x00' b'grown'\n2000 b'first'\nb'first' 2000\n"
+    );
     assert_eq!(mounted, kernel);
 }
 

@@ -212,6 +212,17 @@ impl Mirror {
         self.file.write_back_mirror(&self.memory, from, from.saturating_add(len as u64))
     }
 
+    /// A new mirror of the same file from the same offset, `len` bytes long
+    /// and as writable as this one (for a map the program resizes). Write
+    /// this one back first if it is writable: the new one starts from the file.
+    pub fn resized(&self, len: usize) -> Result<Mirror> {
+        if self.memory.writable {
+            self.file.mirror_writable(self.memory.offset, len)
+        } else {
+            self.file.mirror(self.memory.offset, len)
+        }
+    }
+
     pub(super) fn new_memory(offset: u64, len: usize, writable: bool) -> Result<Arc<MirrorMemory>> {
         MirrorMemory::new(offset, len, writable).map(Arc::new)
     }

@@ -1,4 +1,4 @@
-//! Memory maps of mounted files: `mmap`, `mmap64`, `munmap` and `msync`.
+//! Memory maps of mounted files: `mmap`, `mmap64`, `munmap`, `msync` and `mremap`.
 //!
 //! The kernel cannot map a file it does not hold, so a mounted file's map
 //! is anonymous or shared memory the interposer fills:
@@ -17,8 +17,9 @@
 //!   the file. SQLite's WAL index (`-shm`), LMDB's lock file, Python's
 //!   `mmap`. The mirror holds the file open, so the mount is not lent to
 //!   another process while the map lasts (as while a record lock is held):
-//!   no other process can change the file meanwhile. A map moved by
-//!   `mremap` keeps its mirror until the process ends.
+//!   no other process can change the file meanwhile. `mremap` of a whole
+//!   such map makes it anew from a mirror of the new length (a mirror's
+//!   memory cannot grow); of part of one it is EINVAL.
 
 use super::{errno_of, on_fd};
 use crate::mount::Description;
@@ -119,7 +120,7 @@ fn map_shared(d: &Description, call: MapCall, writable: bool) -> Result<*mut c_v
     let end = start + len.div_ceil(page_size()) * page_size();
     let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
     #[allow(clippy::single_range_in_vec_init)] // (a list of ranges that starts with one)
-    mapped.push(Mapped { base: start, left: vec![start..end], mirror: Arc::new(mirror) });
+    mapped.push(Mapped { base: start, prot, left: vec![start..end], mirror: Arc::new(mirror) });
     MAPS.store(mapped.len(), Ordering::Release);
     Ok(p)
 }
@@ -128,6 +129,8 @@ fn map_shared(d: &Description, call: MapCall, writable: bool) -> Result<*mut c_v
 struct Mapped {
     /// Where the map began (the mirror's first byte).
     base: usize,
+    /// The protection it was made with (a map `mremap` moves is made anew with it).
+    prot: c_int,
     /// The address ranges still mapped.
     left: Vec<Range<usize>>,
     /// Keeps the memory following the file (and the file open); shared with
@@ -303,6 +306,106 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> 
         crate::set_errno(libc::EIO);
         -1
     }
+}
+
+/// `mremap`: of a whole shared map of a mounted file, a map of a new mirror
+/// of the new length ([`remap_mirror`]); anything else is the system
+/// call's. Declared with the optional fifth argument (stable Rust cannot
+/// define a variadic function): it is read only with `MREMAP_FIXED`, when
+/// the caller passed it, and integer arguments sit where a fixed call puts
+/// them on x86-64 and aarch64.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_size: size_t,
+    new_size: size_t,
+    flags: c_int,
+    new_address: *mut c_void,
+) -> *mut c_void {
+    let target = if flags & libc::MREMAP_FIXED != 0 { new_address } else { std::ptr::null_mut() };
+    if MAPS.load(Ordering::Acquire) > 0 && !crate::inside() {
+        match remap_mirror(old as usize, old_size, new_size, flags, target) {
+            Some(Ok(p)) => return p,
+            Some(Err(e)) => {
+                crate::set_errno(e);
+                return libc::MAP_FAILED;
+            }
+            None => {}
+        }
+    }
+    // SAFETY: passed on as the C library's mremap passes it.
+    unsafe { libc::syscall(libc::SYS_mremap, old, old_size, new_size, flags, target) as *mut c_void }
+}
+
+/// A remap of `[old, old + old_size)` if it touches a shared map of a
+/// mounted file: the memory of a mirror cannot grow (its size is sealed),
+/// so a whole map is made anew from a new mirror of the new length (the
+/// old one written back first), where the kernel's mremap would have put
+/// it, and the old map goes. Part of such a map is EINVAL (said); growing
+/// without `MREMAP_MAYMOVE` is ENOMEM, as where the kernel has no room.
+fn remap_mirror(
+    old: usize,
+    old_size: usize,
+    new_size: usize,
+    flags: c_int,
+    target: *mut c_void,
+) -> Option<Result<*mut c_void, c_int>> {
+    let page = page_size();
+    let old_range = old..old.saturating_add(old_size.div_ceil(page) * page);
+    let (mirror, prot) = {
+        let mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
+        let m = mapped.iter().find(|m| m.left.iter().any(|r| r.start < old_range.end && old_range.start < r.end))?;
+        let whole = m.base..m.base + m.mirror.len().div_ceil(page) * page;
+        if m.base != old || old_range != whole || m.left != [whole.clone()] {
+            crate::log("mremap of part of a shared map of a mounted file: EINVAL (remap it whole)");
+            return Some(Err(libc::EINVAL));
+        }
+        (Arc::clone(&m.mirror), m.prot)
+    };
+    let target_range = target as usize..(target as usize).saturating_add(new_size);
+    if new_size == 0 || (!target.is_null() && target_range.start < old_range.end && old_range.start < target_range.end)
+    {
+        return Some(Err(libc::EINVAL)); // (the kernel's answer to a target over the old map too)
+    }
+    if flags & libc::MREMAP_MAYMOVE == 0 && new_size.div_ceil(page) > old_size.div_ceil(page) {
+        return Some(Err(libc::ENOMEM));
+    }
+    let _inside = crate::Inside::enter();
+    let made = mirror.sync().and_then(|()| mirror.resized(new_size));
+    let fresh = match made {
+        Ok(fresh) => fresh,
+        Err(e) => return Some(Err(errno_of(&e))),
+    };
+    let fixed = if target.is_null() { 0 } else { libc::MAP_FIXED };
+    // SAFETY: a shared mapping of the new mirror's memory, where the caller asked if it did.
+    let p = unsafe { real::mmap(target, new_size, prot, libc::MAP_SHARED | fixed, fresh.fd(), 0) };
+    if p == libc::MAP_FAILED {
+        return Some(Err(super::last_errno()));
+    }
+    // The old map goes (its mirror with it, written back again: nothing new by now).
+    let released = {
+        let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
+        let gone = mapped.iter().position(|m| Arc::ptr_eq(&m.mirror, &mirror));
+        let released = gone.map(|i| mapped.swap_remove(i));
+        let start = p as usize;
+        #[allow(clippy::single_range_in_vec_init)] // (a list of ranges that starts with one)
+        mapped.push(Mapped {
+            base: start,
+            prot,
+            left: vec![start..start + new_size.div_ceil(page) * page],
+            mirror: Arc::new(fresh),
+        });
+        MAPS.store(mapped.len(), Ordering::Release);
+        released
+    };
+    // SAFETY: the old map, apart from the new one, ours to unmap now that the new one stands.
+    unsafe { libc::syscall(libc::SYS_munmap, old as *mut c_void, old_range.len()) };
+    drop(released);
+    drop(mirror);
+    Some(Ok(p))
 }
 
 #[cfg(test)]

@@ -22,8 +22,8 @@
 //! - `data.rs`: read, write and their positioned and vectored forms, lseek, copy_file_range,
 //!   sendfile, fsync, fdatasync, syncfs, sync_file_range, ftruncate, fallocate, posix_fallocate,
 //!   fadvise, readahead
-//! - `maps.rs`: mmap and munmap (a private map of a mounted file is a copy; a shared one the
-//!   program cannot write follows the file; a writable shared one is refused)
+//! - `maps.rs`: mmap, munmap, msync and mremap (a private map of a mounted file is a copy; a
+//!   shared one follows the file, and what is stored into it reaches the file)
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd
 //! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
