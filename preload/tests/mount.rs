@@ -466,7 +466,8 @@ os.close(fd)' "$D/w"
         head -c 6 "$D/w"; echo; tail -c 2 "$D/w"; echo; cut -c 4097-4101 "$D/w" | head -c 5; echo
         sqlite3 "$D/s.db" "pragma journal_mode=wal; create table t(x); insert into t values(1),(2),(3);"
         sqlite3 "$D/s.db" "insert into t values(4); select sum(x) from t; pragma integrity_check;"
-        python3 -c 'import mmap, os, sys
+        python3 -c 'import ctypes, mmap, os, sys
+at = lambda m: ctypes.addressof(ctypes.c_char.from_buffer(m))
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 os.write(fd, b"a" * 4096)
 m = mmap.mmap(fd, 4096)
@@ -474,8 +475,9 @@ m[0:5] = b"first"
 m.resize(3 * 4096)
 m[8000:8005] = b"grown"
 print(os.fstat(fd).st_size, m[0:5], m[4096:4098], os.pread(fd, 5, 8000))
+before = at(m)
 m.resize(2000)
-print(len(m), m[0:5])
+print(len(m), m[0:5], at(m) == before)
 m.close()
 print(os.pread(fd, 5, 0), os.fstat(fd).st_size)' "$D/r""#;
     let (outputs, ..) = on_both(script);
@@ -483,7 +485,7 @@ print(os.pread(fd, 5, 0), os.fstat(fd).st_size)' "$D/r""#;
     assert_eq!(
         kernel,
         "b'stored'\nstored\nzz\nflush\nwal\n10\nok\n\
-         12288 b'first' b'\\x00\\x00' b'grown'\n2000 b'first'\nb'first' 2000\n"
+         12288 b'first' b'\\x00\\x00' b'grown'\n2000 b'first' True\nb'first' 2000\n"
     );
     assert_eq!(mounted, kernel);
 }

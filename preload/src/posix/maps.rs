@@ -116,13 +116,17 @@ fn map_shared(d: &Description, call: MapCall, writable: bool) -> Result<*mut c_v
         if writable { "writable" } else { "read-only" },
         String::from_utf8_lossy(&d.path)
     ));
+    register(&mut MAPPED.lock().unwrap_or_else(|e| e.into_inner()), p, len, prot, mirror);
+    Ok(p)
+}
+
+/// Adds the map of `mirror` the program has at `p` to the registry.
+fn register(mapped: &mut Vec<Mapped>, p: *mut c_void, len: usize, prot: c_int, mirror: iopath::fs::mirror::Mirror) {
     let start = p as usize;
     let end = start + len.div_ceil(page_size()) * page_size();
-    let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
     #[allow(clippy::single_range_in_vec_init)] // (a list of ranges that starts with one)
     mapped.push(Mapped { base: start, prot, left: vec![start..end], mirror: Arc::new(mirror) });
     MAPS.store(mapped.len(), Ordering::Release);
-    Ok(p)
 }
 
 /// A program's shared map of a mounted file, while any of it is mapped.
@@ -344,7 +348,7 @@ pub unsafe extern "C" fn mremap(
 /// mounted file: the memory of a mirror cannot grow (its size is sealed),
 /// so a whole map is made anew from a new mirror of the new length (the
 /// old one written back first), where the kernel's mremap would have put
-/// it, and the old map goes. Part of such a map is EINVAL (said); growing
+/// it (in place if it shrinks), and the old map goes. Part of such a map is EINVAL (said); growing
 /// without `MREMAP_MAYMOVE` is ENOMEM, as where the kernel has no room.
 fn remap_mirror(
     old: usize,
@@ -370,9 +374,17 @@ fn remap_mirror(
     {
         return Some(Err(libc::EINVAL)); // (the kernel's answer to a target over the old map too)
     }
-    if flags & libc::MREMAP_MAYMOVE == 0 && new_size.div_ceil(page) > old_size.div_ceil(page) {
+    let new_pages_end = old + new_size.div_ceil(page) * page;
+    if flags & libc::MREMAP_MAYMOVE == 0 && new_pages_end > old_range.end {
         return Some(Err(libc::ENOMEM));
     }
+    // A map that shrinks stays where it is, as the kernel's does (without
+    // MREMAP_MAYMOVE a program counts on it): the new one replaces its start.
+    let (target, tail) = if target.is_null() && new_pages_end <= old_range.end {
+        (old as *mut c_void, new_pages_end..old_range.end)
+    } else {
+        (target, old_range.clone())
+    };
     let _inside = crate::Inside::enter();
     let made = mirror.sync().and_then(|()| mirror.resized(new_size));
     let fresh = match made {
@@ -390,19 +402,13 @@ fn remap_mirror(
         let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
         let gone = mapped.iter().position(|m| Arc::ptr_eq(&m.mirror, &mirror));
         let released = gone.map(|i| mapped.swap_remove(i));
-        let start = p as usize;
-        #[allow(clippy::single_range_in_vec_init)] // (a list of ranges that starts with one)
-        mapped.push(Mapped {
-            base: start,
-            prot,
-            left: vec![start..start + new_size.div_ceil(page) * page],
-            mirror: Arc::new(fresh),
-        });
-        MAPS.store(mapped.len(), Ordering::Release);
+        register(&mut mapped, p, new_size, prot, fresh);
         released
     };
-    // SAFETY: the old map, apart from the new one, ours to unmap now that the new one stands.
-    unsafe { libc::syscall(libc::SYS_munmap, old as *mut c_void, old_range.len()) };
+    if !tail.is_empty() {
+        // SAFETY: what is left of the old map beside the new one, ours to unmap now.
+        unsafe { libc::syscall(libc::SYS_munmap, tail.start as *mut c_void, tail.len()) };
+    }
     drop(released);
     drop(mirror);
     Some(Ok(p))
