@@ -37,6 +37,26 @@ pub fn copy_high(fd: libc::c_int, floor: libc::c_int) -> Option<libc::c_int> {
     (high >= 0).then_some(high)
 }
 
+/// A descriptor of iopath's own from `make` (a call that returns a new
+/// descriptor or -1 with errno set), moved to a high number ([`copy_high`])
+/// inside [`own_numbers`]. The error is `make`'s, or EMFILE where no high
+/// number is free.
+pub fn own_high(make: impl FnOnce() -> libc::c_int) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    own_numbers(|| {
+        let fd = make();
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let high = copy_high(fd, 0);
+        // SAFETY: `fd` was just made by `make` and is ours; closed once.
+        unsafe { libc::close(fd) };
+        // SAFETY: `high` is a new descriptor of our own from here on.
+        high.map(|h| unsafe { std::os::fd::OwnedFd::from_raw_fd(h) })
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EMFILE))
+    })
+}
+
 /// Highest descriptor number [`grow_descriptor_table`] makes room for: room
 /// for iopath's own numbers (a ring per thread of a program with many).
 const TABLE_ROOM: libc::c_int = 2047;

@@ -490,6 +490,78 @@ print(os.pread(fd, 5, 0), os.fstat(fd).st_size)' "$D/r""#;
     assert_eq!(mounted, kernel);
 }
 
+/// Every store into a writable shared map reaches the file, however the
+/// store and the write-back meet: flushes after stores into different
+/// pages (a write-back looks only at the pages stored into since the last,
+/// as the kernel's page tables tell), a page dropped from the page tables
+/// after a store (`MADV_DONTNEED`), a store by a forked child into the map
+/// it shares (in the child's page tables: the parent looks at every page
+/// from then on; its fsync is checked after a SIGKILL, before any unmap
+/// could look again), and a page unmapped alone before the rest. Before the
+/// watch, every write-back compared every page (LMDB with `writemap`: 0.42
+/// s against ext4's 0.05 s).
+#[test]
+fn every_store_into_a_writable_shared_map_reaches_the_file() {
+    let script = r#"set -e
+        python3 -c 'import ctypes, mmap, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+P = mmap.PAGESIZE
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+os.write(fd, b"." * (16 * P))
+m = mmap.mmap(fd, 16 * P)
+m[9 * P:9 * P + 5] = b"after"
+m.flush()
+m[12 * P:12 * P + 5] = b"alone"
+m[15 * P:15 * P + 4] = b"last"
+buf = ctypes.c_char.from_buffer(m)
+print(libc.munmap(ctypes.addressof(buf) + 12 * P, P))
+del buf
+m.close()
+os.close(fd)' "$D/w"
+        python3 -c 'import mmap, os, signal, sys
+P = mmap.PAGESIZE
+def run(path, fork):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"." * (16 * P))
+    m = mmap.mmap(fd, 16 * P)
+    if fork:
+        m[0:6] = b"parent"
+        m.flush()
+        pid = os.fork()
+        if pid == 0:
+            m[7 * P:7 * P + 5] = b"child"
+            os._exit(0)
+        os.waitpid(pid, 0)
+    else:
+        for r in range(4):
+            m[r * P:r * P + 5] = b"round"
+            m[r * P + 100:r * P + 101] = b"x"
+            m.flush()
+        m[5 * P:5 * P + 4] = b"gone"
+        m.madvise(mmap.MADV_DONTNEED, 5 * P, P)
+    m.flush()
+    os.fsync(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+for path, fork in [(sys.argv[1], False), (sys.argv[2], True)]:
+    pid = os.fork()
+    if pid == 0:
+        run(path, fork)
+    print("killed" if os.WIFSIGNALED(os.waitpid(pid, 0)[1]) else "not killed")' "$D/f" "$D/g"
+        for f in w f g; do python3 -c 'import mmap, sys
+data = open(sys.argv[1], "rb").read()
+print(len(data), [(i, data[i * mmap.PAGESIZE:i * mmap.PAGESIZE + 5]) for i in range(16) if data[i * mmap.PAGESIZE] != 46])' "$D/$f"; done"#;
+    let (outputs, ..) = on_both(script);
+    let [kernel, mounted] = outputs;
+    assert_eq!(
+        kernel,
+        "0\nkilled\nkilled\n65536 [(9, b'after'), (12, b'alone'), (15, b'last.')]\n\
+         65536 [(0, b'round'), (1, b'round'), (2, b'round'), (3, b'round'), (5, b'gone.')]\n\
+         65536 [(0, b'paren'), (7, b'child')]\n"
+    );
+    assert_eq!(mounted, kernel);
+}
+
 /// A program's thread is never sent task work by iopath's rings when it
 /// is not waiting on them (`TWA_SIGNAL` interrupts a blocking read or
 /// write that has made progress: a read of /dev/urandom gives part of what

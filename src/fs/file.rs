@@ -411,18 +411,26 @@ impl File {
         self.live(&state, "msync")?;
         let Some(at) = state.mirrors.iter().position(|m| Arc::ptr_eq(m, memory)) else { return Ok(()) };
         let me = state.mirrors.swap_remove(at);
-        let end = (me.offset() + me.len() as u64).min(state.inode.size).min(to);
+        // Only the pages the program stored into, where the kernel can tell.
+        let runs = me.written_since_last_look(from, to).unwrap_or_else(|| std::iter::once(from..to).collect());
         let mut result = Ok(());
         let (mut mine, mut theirs) = (vec![0u8; BLOCK], vec![0u8; BLOCK]);
-        let mut at = me.offset().max(from);
-        while at < end && result.is_ok() {
-            let n = ((end - at) as usize).min(BLOCK - (at % BLOCK_U64) as usize);
-            me.lay_over(&mut mine[..n], at);
-            result = self.read_into(&state, &mut theirs[..n], at);
-            if result.is_ok() && mine[..n] != theirs[..n] {
-                result = self.write_locked(&mut state, &mine[..n], at);
+        for run in runs {
+            let end = (me.offset() + me.len() as u64).min(state.inode.size).min(run.end);
+            let mut at = me.offset().max(run.start);
+            while at < end && result.is_ok() {
+                let n = ((end - at) as usize).min(BLOCK - (at % BLOCK_U64) as usize);
+                me.lay_over(&mut mine[..n], at);
+                result = self.read_into(&state, &mut theirs[..n], at);
+                if result.is_ok() && mine[..n] != theirs[..n] {
+                    result = self.write_locked(&mut state, &mine[..n], at);
+                }
+                at += n as u64;
             }
-            at += n as u64;
+        }
+        if result.is_err() {
+            // What was looked at is not in the file: every page is looked at from now on.
+            me.distrust_watch();
         }
         state.mirrors.push(me);
         result

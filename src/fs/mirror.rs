@@ -23,8 +23,9 @@
 //!   write-back is seen or not, as with a kernel mapping.
 
 use super::File;
+use super::written::WriteWatch;
 use crate::error::{Error, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 /// The memory of a mirror, as the file's lock holders see it.
@@ -39,6 +40,9 @@ pub(super) struct MirrorMemory {
     fd: OwnedFd,
     /// The program may store into it (see the module's doc).
     pub(super) writable: bool,
+    /// The pages the program stores into, once it has mapped a writable
+    /// mirror ([`Mirror::watch_writes`]).
+    watch: std::sync::OnceLock<WriteWatch>,
 }
 
 // SAFETY: the memory is written only under the file's lock (`NodeState` is
@@ -61,20 +65,11 @@ impl MirrorMemory {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
         let map_len = len.div_ceil(page) * page;
-        let fd = crate::sys::own_numbers(|| {
+        let fd = crate::sys::own_high(|| {
             // SAFETY: a NUL-terminated name and valid flags.
-            let fd =
-                unsafe { libc::memfd_create(c"iopath-mirror".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-            if fd < 0 {
-                return Err(os("cannot make memory for a mapping (memfd_create)"));
-            }
-            let high = crate::sys::copy_high(fd, 0);
-            // SAFETY: `fd` was just made and is ours; closed once.
-            unsafe { libc::close(fd) };
-            // SAFETY: `high` is a descriptor of our own from here on.
-            high.map(|h| unsafe { OwnedFd::from_raw_fd(h) })
-                .ok_or_else(|| os("no descriptor number left for a mapping"))
-        })?;
+            unsafe { libc::memfd_create(c"iopath-mirror".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) }
+        })
+        .map_err(|source| Error::Os { context: "cannot make memory for a mapping (memfd_create)".into(), source })?;
         // SAFETY: our descriptor; a size in range.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), map_len as libc::off_t) } != 0 {
             return Err(os("cannot size the memory for a mapping"));
@@ -85,7 +80,7 @@ impl MirrorMemory {
         if ptr == libc::MAP_FAILED {
             return Err(os("cannot map the memory for a mapping"));
         }
-        let memory = MirrorMemory { offset, len, ptr: ptr.cast(), map_len, fd, writable };
+        let memory = MirrorMemory { offset, len, ptr: ptr.cast(), map_len, fd, writable, watch: Default::default() };
         // A read-only mirror: only the mapping above may write (the program's maps it
         // read only, and cannot make its own writable: mprotect fails, as for a file
         // opened read only). Neither kind changes size.
@@ -137,6 +132,26 @@ impl MirrorMemory {
     /// Bytes mirrored.
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// The file ranges within `[from, to)` whose pages the program stored
+    /// into since the last look (protected again as they are told), or
+    /// `None` where nothing watches them or the watch cannot tell: then
+    /// every page must be looked at.
+    pub(super) fn written_since_last_look(&self, from: u64, to: u64) -> Option<Vec<std::ops::Range<u64>>> {
+        let watch = self.watch.get()?;
+        let Some((range, _)) = self.overlap(from, to) else { return Some(Vec::new()) };
+        let written = watch.take_written(range)?;
+        let at = |x: usize| self.offset + x as u64;
+        Some(written.into_iter().map(|r| at(r.start)..at(r.end)).collect())
+    }
+
+    /// A write-back failed after a look: the pages it was told of are no
+    /// longer marked, so every page is looked at from now on.
+    pub(super) fn distrust_watch(&self) {
+        if let Some(watch) = self.watch.get() {
+            watch.distrust();
+        }
     }
 
     /// Lays what the mirror holds of `[offset, offset + buf.len())` over `buf`.
@@ -210,6 +225,30 @@ impl Mirror {
         }
         let from = self.memory.offset + start as u64;
         self.file.write_back_mirror(&self.memory, from, from.saturating_add(len as u64))
+    }
+
+    /// The program has mapped this (writable) mirror at `at`: from now on a
+    /// write-back looks only at the pages stored into there, where the kernel
+    /// can tell ([`super::written`]). Once per mirror; later calls and
+    /// read-only mirrors change nothing. Returns whether the stores are
+    /// watched.
+    pub fn watch_writes(&self, at: *mut u8) -> bool {
+        if !self.memory.writable {
+            return false;
+        }
+        if self.memory.watch.get().is_none()
+            && let Some(watch) = WriteWatch::new(at as usize, self.memory.len)
+        {
+            let _ = self.memory.watch.set(watch);
+        }
+        self.memory.watch.get().is_some()
+    }
+
+    /// The program's map of this mirror is gone, or part of it: write-backs
+    /// look at every page from now on (the pages stored into are in the
+    /// memory, but no longer marked where a watch could see them).
+    pub fn unwatch(&self) {
+        self.memory.distrust_watch();
     }
 
     /// A new mirror of the same file from the same offset, `len` bytes long

@@ -67,6 +67,7 @@ pub mod readahead;
 pub mod shm_log;
 pub mod steps;
 mod writeback;
+pub mod written;
 
 use crate::IoBuf;
 use crate::engine::Engine;

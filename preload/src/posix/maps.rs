@@ -116,17 +116,57 @@ fn map_shared(d: &Description, call: MapCall, writable: bool) -> Result<*mut c_v
         if writable { "writable" } else { "read-only" },
         String::from_utf8_lossy(&d.path)
     ));
-    register(&mut MAPPED.lock().unwrap_or_else(|e| e.into_inner()), p, len, prot, mirror);
+    let stale = register(&mut MAPPED.lock().unwrap_or_else(|e| e.into_inner()), p, len, prot, mirror);
+    // Dropped outside the lock (a mirror's drop unmaps its memory through our hook).
+    let _inside = crate::Inside::enter();
+    drop(stale);
     Ok(p)
 }
 
-/// Adds the map of `mirror` the program has at `p` to the registry.
-fn register(mapped: &mut Vec<Mapped>, p: *mut c_void, len: usize, prot: c_int, mirror: iopath::fs::mirror::Mirror) {
+/// Adds the map of `mirror` the program has at `p` to the registry, with
+/// a watch on the pages it stores into (a writable one). Maps the registry
+/// still holds where the new one lies were unmapped past the hooks (a raw
+/// `munmap`): they are let go. Returns what the caller drops outside the
+/// registry's lock.
+#[must_use]
+fn register(
+    mapped: &mut Vec<Mapped>,
+    p: *mut c_void,
+    len: usize,
+    prot: c_int,
+    mirror: iopath::fs::mirror::Mirror,
+) -> Vec<Mapped> {
     let start = p as usize;
     let end = start + len.div_ceil(page_size()) * page_size();
+    let stale = forget(mapped, &(start..end));
+    if mirror.writable() {
+        let watched = mirror.watch_writes(p.cast());
+        crate::log(if watched {
+            "its stores are watched: a write-back looks at the pages stored into since the last"
+        } else {
+            "its stores cannot be watched here (Linux 6.7's userfaultfd WP_ASYNC and PAGEMAP_SCAN): every write-back looks at every page"
+        });
+    }
     #[allow(clippy::single_range_in_vec_init)] // (a list of ranges that starts with one)
     mapped.push(Mapped { base: start, prot, left: vec![start..end], mirror: Arc::new(mirror) });
     MAPS.store(mapped.len(), Ordering::Release);
+    stale
+}
+
+/// Takes `gone` out of every map in the registry and returns the maps
+/// wholly gone. Any map it touches stops watching its stores: a page
+/// unmapped is no longer marked, so its write-backs look at every page.
+fn forget(mapped: &mut Vec<Mapped>, gone: &Range<usize>) -> Vec<Mapped> {
+    for m in mapped.iter_mut() {
+        if m.left.iter().any(|r| r.start < gone.end && gone.start < r.end) {
+            m.mirror.unwatch();
+            m.left = m.left.drain(..).flat_map(|r| subtract(r, gone)).collect();
+        }
+    }
+    let (empty, kept): (Vec<Mapped>, Vec<Mapped>) = mapped.drain(..).partition(|m| m.left.is_empty());
+    *mapped = kept;
+    MAPS.store(mapped.len(), Ordering::Release);
+    empty
 }
 
 /// A program's shared map of a mounted file, while any of it is mapped.
@@ -155,17 +195,7 @@ fn unmapped(start: usize, len: usize) {
         return;
     }
     let gone = start..start.saturating_add(len.div_ceil(page_size()) * page_size());
-    let mut released = Vec::new();
-    {
-        let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
-        for m in mapped.iter_mut() {
-            m.left = m.left.drain(..).flat_map(|r| subtract(r, &gone)).collect();
-        }
-        let (empty, kept): (Vec<Mapped>, Vec<Mapped>) = mapped.drain(..).partition(|m| m.left.is_empty());
-        *mapped = kept;
-        MAPS.store(mapped.len(), Ordering::Release);
-        released.extend(empty);
-    }
+    let released = forget(&mut MAPPED.lock().unwrap_or_else(|e| e.into_inner()), &gone);
     // Dropped outside the lock: a mirror's drop unmaps its own memory (through this hook).
     let _inside = crate::Inside::enter();
     drop(released);
@@ -387,6 +417,9 @@ fn remap_mirror(
     };
     let _inside = crate::Inside::enter();
     let made = mirror.sync().and_then(|()| mirror.resized(new_size));
+    // Its map is about to go (or be mapped over): what it stores from here on is
+    // found by looking at every page (its drop writes it back once more).
+    mirror.unwatch();
     let fresh = match made {
         Ok(fresh) => fresh,
         Err(e) => return Some(Err(errno_of(&e))),
@@ -398,13 +431,13 @@ fn remap_mirror(
         return Some(Err(super::last_errno()));
     }
     // The old map goes (its mirror with it, written back again: nothing new by now).
-    let released = {
+    let (released, stale) = {
         let mut mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
         let gone = mapped.iter().position(|m| Arc::ptr_eq(&m.mirror, &mirror));
         let released = gone.map(|i| mapped.swap_remove(i));
-        register(&mut mapped, p, new_size, prot, fresh);
-        released
+        (released, register(&mut mapped, p, new_size, prot, fresh))
     };
+    drop(stale);
     if !tail.is_empty() {
         // SAFETY: what is left of the old map beside the new one, ours to unmap now.
         unsafe { libc::syscall(libc::SYS_munmap, tail.start as *mut c_void, tail.len()) };
