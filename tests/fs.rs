@@ -1543,6 +1543,62 @@ fn direct_and_cached_handles_of_one_file_see_each_others_writes() {
     assert_eq!(buf, want, "a cached read after a direct write is not stale");
 }
 
+/// A direct write of whole sectors (512-byte multiples, as InnoDB's redo
+/// log writes) inside a block goes to the device as it is, where it was
+/// read and written back whole before (a device read before every such
+/// write); other partial writes still read the block first. What the file
+/// holds is the same either way, past its end included: bytes a sector
+/// write leaves past the new end read as zeros once the file grows there,
+/// and a write that starts past the end reads its block first (the gap is
+/// zeros).
+#[test]
+fn a_direct_write_of_whole_sectors_inside_a_block_reads_nothing_first() {
+    let (dev, fs) = fresh("emu:null,size=32m", FormatOptions::default());
+    let direct = fs.create("f").unwrap();
+    drop(direct);
+    let direct = fs.open_direct("f").unwrap();
+    let mut want = bytes(1, 3 * 4096);
+    direct.write_at(&want, 0).unwrap();
+    direct.fsync().unwrap();
+    let reads = |fs: &FileSystem| fs.stats().device_reads;
+    let before = reads(&fs);
+    for (at, len, seed) in [(4096 + 512, 1536, 2), (0, 512, 3), (2 * 4096 - 512, 1024, 4)] {
+        let data = bytes(seed, len);
+        direct.write_at(&data, at).unwrap();
+        want[at as usize..at as usize + len].copy_from_slice(&data);
+    }
+    assert_eq!(reads(&fs), before, "sector writes read nothing");
+    let mut got = vec![0u8; want.len()];
+    assert_eq!(direct.read_at(&mut got, 0).unwrap(), want.len());
+    assert_eq!(got, want);
+    // Not on sectors: the block is read first.
+    direct.write_at(b"odd", 700).unwrap();
+    want[700..703].copy_from_slice(b"odd");
+    assert!(reads(&fs) > before, "a write not on sectors reads its block");
+    // Shorter, then a sector write across the end: the device's stale bytes past
+    // the new end never show, and read as zeros when the file grows over them.
+    direct.truncate(10_000).unwrap();
+    want.truncate(10_000);
+    let tail = bytes(5, 1024);
+    direct.write_at(&tail, 9728).unwrap();
+    want.truncate(9728);
+    want.extend_from_slice(&tail);
+    assert_eq!(direct.len(), 10_752);
+    // A sector write past the end, leaving a gap in the same block: the gap is zeros.
+    let past = bytes(6, 512);
+    direct.write_at(&past, 11_264).unwrap();
+    want.resize(11_264, 0);
+    want.extend_from_slice(&past);
+    direct.truncate(3 * 4096).unwrap();
+    want.resize(3 * 4096, 0);
+    direct.fsync().unwrap();
+    drop(direct);
+    assert_eq!(read_all(&fs, "f"), want);
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(read_all(&fs, "f"), want, "after a remount");
+}
+
 /// An engine on a 64 MiB file in `dir` over io_uring, formatted (O_DIRECT
 /// alignment is real there, unlike on the emulated device).
 fn formatted_uring_engine(dir: &std::path::Path) -> Arc<Engine> {

@@ -221,9 +221,17 @@ impl Disk {
     /// Writes `buf` (whole blocks, aligned) at `block`.
     pub fn write(&self, block: u64, buf: &[u8]) -> Result<()> {
         debug_assert_eq!(buf.len() % BLOCK, 0);
-        self.writing(block, buf.len());
+        self.write_sectors(block, 0, buf)
+    }
+
+    /// Writes `buf` at byte `offset` of `block`, on into the blocks after it:
+    /// part of a block in the device's own sectors, its other bytes left as
+    /// they are (`buf`'s address, `offset` and its length aligned as the
+    /// device asks).
+    pub fn write_sectors(&self, block: u64, offset: usize, buf: &[u8]) -> Result<()> {
+        self.writing(block, offset + buf.len());
         for (i, chunk) in buf.chunks(self.max_io).enumerate() {
-            let at = (block * BLOCK_U64) + (i * self.max_io) as u64;
+            let at = (block * BLOCK_U64) + (offset + i * self.max_io) as u64;
             self.tally.sending();
             let written = self.engine.write_at(chunk, at);
             self.tally.came_back(1);
