@@ -1599,6 +1599,107 @@ fn a_direct_write_of_whole_sectors_inside_a_block_reads_nothing_first() {
     assert_eq!(read_all(&fs, "f"), want, "after a remount");
 }
 
+/// Direct overwrites of one file run together under its shared lock, while
+/// other threads read it through the page cache: a thread that has written
+/// its blocks reads them back through a cached handle and finds what it
+/// wrote, never a page a concurrent load read from the device before the
+/// write (such a load makes the overwrite forget the cached pages). Every
+/// byte is checked at the end and after a remount.
+#[test]
+fn direct_overwrites_from_many_threads_beside_cached_readers_lose_nothing() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    const WRITERS: u64 = 4;
+    const BLOCKS_EACH: u64 = 16;
+    const ROUNDS: u64 = 60;
+    let blocks = WRITERS * BLOCKS_EACH;
+    drop(fs.create("f").unwrap());
+    let first = fs.open_direct("f").unwrap();
+    first.write_at(&vec![0u8; (blocks * 4096) as usize], 0).unwrap();
+    // Block b of writer w (blocks interleaved: neighbours belong to others), round r.
+    let pattern = |w: u64, r: u64, len: usize| bytes(w * 1_000_000 + r, len);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let cached = fs.open("f").unwrap();
+                let mut buf = vec![0u8; 8192];
+                let mut n = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    cached.read_at(&mut buf, (n >> 33) % (blocks - 1) * 4096).unwrap();
+                }
+            });
+        }
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let fs = &fs;
+                s.spawn(move || {
+                    let direct = fs.open_direct("f").unwrap();
+                    let cached = fs.open("f").unwrap();
+                    for r in 0..ROUNDS {
+                        for i in 0..BLOCKS_EACH {
+                            let at = (i * WRITERS + w) * 4096;
+                            // Whole blocks, and whole sectors inside one.
+                            let (at, len) = if r % 3 == 2 { (at + 1024, 2048) } else { (at, 4096) };
+                            let data = pattern(w, r * BLOCKS_EACH + i, len);
+                            direct.write_at(&data, at).unwrap();
+                            let mut back = vec![0u8; len];
+                            cached.read_at(&mut back, at).unwrap();
+                            assert_eq!(back, data, "writer {w} round {r} block {i}: a cached read after the write");
+                        }
+                    }
+                })
+            })
+            .collect();
+        // The readers stop when the writers are done, or when one of them failed.
+        let results: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in results {
+            if let Err(panic) = r {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    // What each block must hold: its last whole write, with its last sector write over it.
+    let mut want = vec![0u8; (blocks * 4096) as usize];
+    for w in 0..WRITERS {
+        for i in 0..BLOCKS_EACH {
+            let at = ((i * WRITERS + w) * 4096) as usize;
+            let last_whole = (0..ROUNDS).rev().find(|r| r % 3 != 2).unwrap();
+            want[at..at + 4096].copy_from_slice(&pattern(w, last_whole * BLOCKS_EACH + i, 4096));
+            if let Some(r) = (last_whole..ROUNDS).find(|r| r % 3 == 2) {
+                want[at + 1024..at + 3072].copy_from_slice(&pattern(w, r * BLOCKS_EACH + i, 2048));
+            }
+        }
+    }
+    first.fsync().unwrap();
+    drop(first);
+    assert_eq!(read_all(&fs, "f"), want);
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(read_all(&fs, "f"), want, "after a remount");
+}
+
+/// A direct overwrite moves the file's modification time (once per clock
+/// tick, as the kernel's), and replaces one set ahead of the clock.
+#[test]
+fn a_direct_overwrite_moves_the_modification_time() {
+    let (_dev, fs) = fresh("emu:null,size=32m", FormatOptions::default());
+    drop(fs.create("f").unwrap());
+    let direct = fs.open_direct("f").unwrap();
+    direct.write_at(&bytes(1, 8192), 0).unwrap();
+    let before = fs.metadata("f").unwrap().mtime_ns;
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    direct.write_at(&bytes(2, 4096), 4096).unwrap();
+    let after = fs.metadata("f").unwrap().mtime_ns;
+    assert!(after > before, "{after} after {before}");
+    let ahead = after + 3_600_000_000_000;
+    fs.set_mtime("f", ahead).unwrap();
+    direct.write_at(&bytes(3, 4096), 0).unwrap();
+    let now = fs.metadata("f").unwrap().mtime_ns;
+    assert!(now < ahead && now >= after, "{now}: a time an hour ahead replaced");
+}
+
 /// An engine on a 64 MiB file in `dir` over io_uring, formatted (O_DIRECT
 /// alignment is real there, unlike on the emulated device).
 fn formatted_uring_engine(dir: &std::path::Path) -> Arc<Engine> {

@@ -14,7 +14,8 @@ use super::format::{BLOCK, BLOCK_U64};
 use super::mirror::{Mirror, MirrorMemory};
 use super::writeback::{self, Writeback};
 use super::{
-    File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, Meta, NodeState, extents, file_error, fsync_path, now_ns, read_path,
+    File, Inner, MAX_FILE_SIZE, MAX_IO_BLOCKS, Meta, NodeState, coarse_now_ns, extents, file_error, fsync_path, now_ns,
+    read_path,
 };
 use crate::IoBuf;
 use crate::error::Result;
@@ -295,8 +296,89 @@ impl File {
 
     /// Writes `data` at `offset`, growing the file as needed (a gap reads as zeros).
     pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        if self.direct
+            && let Some(done) = self.overwrite_direct(data, offset)
+        {
+            return done;
+        }
         let mut state = self.state_write();
         self.write_locked(&mut state, data, offset)
+    }
+
+    /// A direct write that only overwrites written blocks inside the file,
+    /// done under the file's shared lock, so that direct writes and reads of
+    /// one file go to the device together as on the kernel's file systems
+    /// (InnoDB's threads write and read its tablespaces so). Before, each
+    /// held the exclusive lock through its device time: fio's 16 KiB direct
+    /// random writes from 4 threads to one file made 0.47x ext4's IOPS.
+    /// `None`: not such a write, or pages of it are cached or a journal image
+    /// of one of its blocks is pending; the caller takes the exclusive path.
+    fn overwrite_direct(&self, data: &[u8], offset: u64) -> Option<Result<()>> {
+        let fs = &self.fs;
+        let end_byte = offset.checked_add(data.len() as u64)?;
+        let state = self.state_read();
+        if data.is_empty()
+            || !state.live
+            || end_byte > state.inode.size
+            || !state.dirty.is_empty()
+            || !state.mirrors.is_empty()
+            || fs.check_writable("write", &state.inode.name).is_err()
+        {
+            return None;
+        }
+        // No page load in flight, then none of the pages cached: what a load
+        // finishing or starting from here on may have read, the count tells.
+        let loads = state.loads.load(Ordering::SeqCst);
+        let (first, end) = (offset / BLOCK_U64, end_byte.div_ceil(BLOCK_U64));
+        let runs = extents::runs(&state.inode.extents, first, end);
+        if loads as u32 != 0
+            || runs.iter().any(|r| r.physical.is_none() || r.unwritten)
+            || (first..end).any(|b| fs.cache.peek((state.cache_id, b)).is_some())
+        {
+            return None;
+        }
+        let blocks = || runs.iter().filter_map(|r| r.physical.map(|p| p..p + r.len)).flatten();
+        // (No new journal image of these blocks can appear while the shared lock is
+        // held: only this file's dirty pages could become one.)
+        if fs.meta().holds_journaled(blocks()) {
+            return None;
+        }
+        let written = self.write_runs(&state, data, offset, end_byte);
+        if written.is_ok() {
+            let overwrote_journaled = fs.meta().wrote_in_place(blocks);
+            debug_assert!(!overwrote_journaled, "checked under the same shared lock");
+        }
+        // A page load that started meanwhile may have read what was there before.
+        let raced = state.loads.load(Ordering::SeqCst) != loads;
+        // The modification time moves once per clock tick, as the kernel's
+        // (file_update_time with its coarse clock): the exclusive lock only then.
+        // (A time set ahead of the clock, by utimes, is replaced as the kernel does.)
+        let (now, mtime) = (coarse_now_ns(), state.inode.mtime_ns);
+        let time_moves = written.is_ok() && (now > mtime || mtime > now + 50_000_000);
+        if !raced && !time_moves {
+            return Some(written);
+        }
+        drop(state);
+        let mut state = self.state_write();
+        if raced {
+            // As the exclusive path forgets them: pages written meanwhile go out first.
+            if let Err(e) = self.writeback(&mut state) {
+                return Some(Err(e));
+            }
+            state.cache_id = fs.new_cache_id();
+        }
+        if let Err(e) = written {
+            return Some(Err(e));
+        }
+        if time_moves && state.live {
+            let mut meta = fs.meta();
+            state.inode.mtime_ns = now_ns();
+            if let Err(e) = state.store(fs, &mut meta) {
+                return Some(Err(e));
+            }
+            state.meta_tid = meta.tid;
+        }
+        Some(Ok(()))
     }
 
     /// Writes `data` at the end of the file; returns the offset it went to.
@@ -562,8 +644,40 @@ impl File {
         if offset > old_size && offset / BLOCK_U64 > old_size / BLOCK_U64 {
             self.zero_tail_direct(state)?;
         }
-        // 2. The data, whole blocks per device run; partial blocks at the edges are
-        //    read first where they hold data (read-modify-write).
+        // 2. The data.
+        self.write_runs(state, data, offset, end_byte)?;
+
+        // 3. Now the blocks hold their data: mark them written, grow the size.
+        let mut meta = fs.meta();
+        let overwrote_journaled = meta.wrote_in_place(|| {
+            extents::runs(&state.inode.extents, first, end)
+                .into_iter()
+                .filter_map(|r| r.physical.map(|p| p..p + r.len))
+                .flatten()
+        });
+        let written = extents::mark_written(&mut state.inode.extents, first, end);
+        let grew = end_byte > state.inode.size;
+        if grew {
+            state.inode.size = end_byte;
+        }
+        // Direct writes are preceded by a writeback of the cached pages: all of it is on the device.
+        state.disk_size = state.inode.size;
+        state.inode.mtime_ns = now_ns();
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        if written || grew || overwrote_journaled {
+            state.layout_tid = meta.tid;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` (file bytes `[offset, end_byte)`, every block of them
+    /// mapped) to the device: whole blocks per device run; partial blocks at
+    /// the edges as sectors where they can be, else read first where they
+    /// hold data (read-modify-write). Neither the map nor the size changes.
+    fn write_runs(&self, state: &NodeState, data: &[u8], offset: u64, end_byte: u64) -> Result<()> {
+        let (first, end) = (offset / BLOCK_U64, end_byte.div_ceil(BLOCK_U64));
+        let old_size = state.inode.size;
         for run in extents::pieces(extents::runs(&state.inode.extents, first, end), MAX_IO_BLOCKS) {
             let physical = run.physical.expect("every block of the range is mapped now");
             let run_first = run.logical * BLOCK_U64;
@@ -608,27 +722,6 @@ impl File {
             self.fs.disk.write(physical, &buf)?;
         }
 
-        // 3. Now the blocks hold their data: mark them written, grow the size.
-        let mut meta = fs.meta();
-        let overwrote_journaled = meta.wrote_in_place(|| {
-            extents::runs(&state.inode.extents, first, end)
-                .into_iter()
-                .filter_map(|r| r.physical.map(|p| p..p + r.len))
-                .flatten()
-        });
-        let written = extents::mark_written(&mut state.inode.extents, first, end);
-        let grew = end_byte > state.inode.size;
-        if grew {
-            state.inode.size = end_byte;
-        }
-        // Direct writes are preceded by a writeback of the cached pages: all of it is on the device.
-        state.disk_size = state.inode.size;
-        state.inode.mtime_ns = now_ns();
-        state.store(fs, &mut meta)?;
-        state.meta_tid = meta.tid;
-        if written || grew || overwrote_journaled {
-            state.layout_tid = meta.tid;
-        }
         Ok(())
     }
 

@@ -438,6 +438,9 @@ enum Slot {
     Alias(Box<Inode>),
 }
 
+/// What [`NodeState::loads`] gains when a load starts (it loses 1 when done).
+const LOAD_STARTED: u64 = 1 + (1 << 32);
+
 struct NodeState {
     slot: u32,
     /// The file as the next commit records it, except `inode.size`, which is the
@@ -468,6 +471,13 @@ struct NodeState {
     mtime_unstored: bool,
     /// Copies of ranges of the file kept equal to it ([`File::mirror`]).
     mirrors: Vec<Arc<mirror::MirrorMemory>>,
+    /// Page loads of the file: in flight (the low 32 bits) and started
+    /// (the high ones), counted from before each reads the device or a
+    /// carried frame until its pages are in the cache. A direct overwrite
+    /// under the shared lock goes only while none is in flight, and one that
+    /// sees the count change while it wrote forgets the cached pages (a new
+    /// `cache_id`) before it returns: they may hold what was there before.
+    loads: AtomicU64,
 }
 
 /// All metadata, in memory, as the next commit will write it.
@@ -529,6 +539,12 @@ fn file_error(op: &'static str, name: impl AsRef<[u8]>, errno: i32, why: impl In
 
 fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The wall clock at its coarse resolution (the kernel's tick, a few ms):
+/// a file's modification time newer than this was set in the current tick.
+fn coarse_now_ns() -> u64 {
+    crate::sys::clock_ns(libc::CLOCK_REALTIME_COARSE)
 }
 
 impl Meta {
@@ -687,6 +703,12 @@ impl Meta {
     /// Data blocks (listed by `blocks`, called only if some block is journaled)
     /// were written in place and the running transaction will vouch for them;
     /// true if one of them has an image in the journal.
+    /// Whether an image of one of `blocks` is in the journal (an in-place
+    /// write of it would need [`Meta::wrote_in_place`]'s commit).
+    fn holds_journaled(&self, mut blocks: impl Iterator<Item = u64>) -> bool {
+        !self.journaled.is_empty() && blocks.any(|b| self.journaled.contains(&b))
+    }
+
     fn wrote_in_place<I: IntoIterator<Item = u64>>(&mut self, blocks: impl FnOnce() -> I) -> bool {
         self.in_place_data = true;
         if self.journaled.is_empty() {
@@ -856,6 +878,7 @@ impl FileSystem {
                 layout_tid: 0,
                 mtime_unstored: false,
                 mirrors: Vec::new(),
+                loads: AtomicU64::new(0),
             };
             meta.slots[slot as usize] = Slot::File(Node::new(state));
         }

@@ -999,6 +999,7 @@ impl FileSystem {
             layout_tid: tid,
             mtime_unstored: false,
             mirrors: Vec::new(),
+            loads: Default::default(),
         };
         let node = Node::new(state);
         meta.slots[slot as usize] = Slot::File(Arc::clone(&node));

@@ -22,7 +22,25 @@ use crate::IoBuf;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+/// A load of pages under way, counted in its file's [`NodeState::loads`]
+/// from before it reads anything until its pages are in the cache.
+struct Loading<'a>(&'a NodeState);
+
+impl<'a> Loading<'a> {
+    /// Starts counting: one more in flight, and a new generation.
+    fn start(state: &'a NodeState) -> Loading<'a> {
+        state.loads.fetch_add(super::LOAD_STARTED, SeqCst);
+        Loading(state)
+    }
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.0.loads.fetch_sub(1, SeqCst);
+    }
+}
 
 /// Which read path a mounted file system takes on a cache miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,6 +118,7 @@ const AHEAD_SEND_EVERY: usize = 8;
 /// first pages still gave 80%). Returns how many pages it loaded; pages
 /// already cached or being loaded by someone else are skipped.
 pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<usize> {
+    let _loading = Loading::start(state);
     let mut runs = Runs::default();
     let mut batch = fs.disk.batch()?;
     let mut mine: Vec<Arc<Page>> = Vec::with_capacity(blocks.len());
@@ -147,6 +166,7 @@ pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Resul
 }
 
 fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
+    let _loading = Loading::start(state);
     let mut out = Vec::with_capacity(blocks.len());
     let mut mine = Vec::new();
     for &block in blocks {
@@ -204,6 +224,7 @@ fn conventional(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc
 }
 
 fn aios(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<Arc<Page>>> {
+    let _loading = Loading::start(state);
     let t = fs.steps.start();
     let mine: Vec<Arc<Page>> = blocks.iter().map(|&b| Page::loading((state.cache_id, b), pool_take(fs))).collect();
     let t = fs.steps.lap(t, |s| &s.alloc);
