@@ -256,6 +256,12 @@ pub fn thread_rusage() -> libc::rusage {
     ru
 }
 
+/// The size of a page of memory.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
+}
+
 // ---- threads ----
 
 /// The calling thread's kernel id.

@@ -234,11 +234,17 @@ impl File {
     /// itself: whole blocks, at an address the device can take, unless the
     /// mount asks for the copying path.
     fn zero_copy(&self, mem: &[u8], from: u64, to: u64) -> bool {
-        let align = self.fs.disk.engine().device().capabilities().alignment.max(1) as usize;
+        let align = self.device_alignment() as usize;
         !self.fs.options.direct_copy
             && from.is_multiple_of(BLOCK_U64)
             && to.is_multiple_of(BLOCK_U64)
             && (mem.as_ptr() as usize).is_multiple_of(align)
+    }
+
+    /// The alignment the device asks of direct transfers' addresses, offsets
+    /// and lengths (1: none).
+    fn device_alignment(&self) -> u64 {
+        u64::from(self.fs.disk.engine().device().capabilities().alignment.max(1))
     }
 
     /// Whether a direct write of file bytes `[from, to)` that leaves part of
@@ -248,7 +254,7 @@ impl File {
     /// the read-modify-write writes; bytes past its new end stay as the
     /// device holds them, zeros past the old end).
     fn in_sectors(&self, from: u64, to: u64, old_size: u64) -> bool {
-        let sector = u64::from(self.fs.disk.engine().device().capabilities().alignment).max(512);
+        let sector = self.device_alignment().max(512);
         sector < BLOCK_U64 && from.is_multiple_of(sector) && to.is_multiple_of(sector) && from <= old_size
     }
 

@@ -62,9 +62,7 @@ impl MirrorMemory {
     /// Zeroed memory for `len` bytes of the file from `offset`.
     fn new(offset: u64, len: usize, writable: bool) -> Result<MirrorMemory> {
         let os = |context: &str| Error::Os { context: context.to_string(), source: std::io::Error::last_os_error() };
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let map_len = len.div_ceil(page) * page;
+        let map_len = len.div_ceil(crate::sys::page_size()) * crate::sys::page_size();
         let fd = crate::sys::own_high(|| {
             // SAFETY: a NUL-terminated name and valid flags.
             unsafe { libc::memfd_create(c"iopath-mirror".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) }

@@ -711,10 +711,7 @@ impl Meta {
 
     fn wrote_in_place<I: IntoIterator<Item = u64>>(&mut self, blocks: impl FnOnce() -> I) -> bool {
         self.in_place_data = true;
-        if self.journaled.is_empty() {
-            return false;
-        }
-        let hit = blocks().into_iter().any(|b| self.journaled.contains(&b));
+        let hit = !self.journaled.is_empty() && self.holds_journaled(blocks().into_iter());
         self.overwrote_journaled |= hit;
         hit
     }

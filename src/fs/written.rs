@@ -28,6 +28,7 @@
 //!   with its parent are marked in the child's page tables, which no watch
 //!   here reads.
 
+use crate::sys::page_size;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -221,9 +222,12 @@ impl WriteWatch {
         }
         // Still mapped, all of it? The scan passes over holes in silence, and the
         // stores into a page unmapped meanwhile are in the memory all the same
-        // (msync's ENOMEM; MS_ASYNC asks nothing more of a shared memory map).
+        // (msync's ENOMEM; MS_ASYNC asks nothing more of a shared memory map). The
+        // system call itself: inside the interposer, the C library's name is its
+        // msync hook, which writes maps of mounted files back.
+        let (at, len) = (self.start + from, to - from);
         // SAFETY: only asks about the range; no memory is touched.
-        if unsafe { libc::msync((self.start + from) as *mut libc::c_void, to - from, libc::MS_ASYNC) } != 0 {
+        if unsafe { libc::syscall(libc::SYS_msync, at, len, libc::MS_ASYNC) } != 0 {
             self.distrust();
             return None;
         }
@@ -284,11 +288,6 @@ impl WriteWatch {
     pub fn distrust(&self) {
         self.broken.store(true, Ordering::Relaxed);
     }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 use super::{errno_of, on_fd};
 use crate::mount::Description;
 use crate::real;
+use iopath::sys::page_size;
 use libc::{c_int, c_void, off_t, size_t};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,11 +33,6 @@ use std::sync::{Arc, Mutex};
 /// Map flags a map of the interposer's memory keeps (the rest describe a file mapping).
 const KEPT_MAP_FLAGS: c_int =
     libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE | libc::MAP_POPULATE | libc::MAP_LOCKED;
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
-}
 
 /// The arguments of an `mmap` call but its descriptor.
 #[derive(Clone, Copy)]
