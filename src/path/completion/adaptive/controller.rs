@@ -80,6 +80,16 @@ pub const WAKE_RUN_DELAY_NS: u64 = 10_000;
 /// interrupts never came back for hybrid's 17% more IOPS. Probes confirm
 /// every switch, so a narrow margin does not make it oscillate.
 pub const SWITCH_MARGIN: f64 = 0.95;
+/// A probe gives up on a wait that has taken this many I/Os' worth of the
+/// mode it is compared with (its `J` per I/O): with [`PROBE_IOS`] completions
+/// to a probe, such a wait alone puts the probed mode's mean above the kept
+/// one's, so it cannot win, and what is left of the probe would only cost.
+/// Spinning modes are the ones that need it: on the loop device here a poll
+/// or a hybrid's closing spin beside the program's own runnable threads can
+/// hold the CPU its completion needs (db_bench fillsync, 4 threads on a
+/// mount: probes of hybrid and poll measured 1.7-3.7 ms per I/O against
+/// yield's 40-50 us, each stalling a group commit every writer waited on).
+pub const PROBE_GIVE_UP_IOS: f64 = PROBE_IOS as f64;
 /// A probed mode that costs more than this multiple of the current one lost
 /// clearly: its next probe waits twice as long.
 pub const CLEAR_LOSS: f64 = 1.2;
@@ -155,6 +165,12 @@ pub enum Reason {
         /// The mode returned to.
         kept: f64,
     },
+    /// A wait of the probed mode outlasted [`PROBE_GIVE_UP_IOS`] I/Os of the
+    /// kept mode: it gave up, and the probe lost.
+    ProbeGaveUp {
+        /// The kept mode's cost per I/O.
+        kept: f64,
+    },
     /// The poller was preempted (stalls, involuntary switches or run delay).
     Preempted,
     /// Polling held the CPU that the completion itself needed (a device or
@@ -192,6 +208,12 @@ impl std::fmt::Display for Reason {
             Reason::ProbeLost { tried, kept } => {
                 write!(f, "probe lost: J {:.1} us per I/O against {:.1} us", tried / 1e3, kept / 1e3)
             }
+            Reason::ProbeGaveUp { kept } => write!(
+                f,
+                "probe lost: a wait gave up after {:.1} us, {PROBE_GIVE_UP_IOS} I/Os at the kept mode's J of {:.1} us",
+                PROBE_GIVE_UP_IOS * kept / 1e3,
+                kept / 1e3
+            ),
             Reason::Preempted => write!(f, "the poller was preempted (CPU contended)"),
             Reason::Starved { gave_up_ns, device, .. } if gave_up_ns > 0.0 => write!(
                 f,
@@ -272,8 +294,8 @@ pub struct EpochSignals {
     /// epoch's end (more runnable than a crowd allows: see
     /// [`crowd::cpus_wanted`](crate::path::completion::crowd::cpus_wanted)).
     pub cpus_wanted: bool,
-    /// A polled wait gave up after [`starved_after_ns`] without seeing its
-    /// completion.
+    /// A wait gave up without seeing its completion: a polled one after
+    /// [`starved_after_ns`], a probe's after [`Controller::probe_give_up_ns`].
     pub starved: bool,
 }
 
@@ -414,6 +436,14 @@ impl Controller {
         self.probing_from.is_some()
     }
 
+    /// While a mode is probed, how long one of its waits may take (from the
+    /// I/O's submission) before it gives up: [`PROBE_GIVE_UP_IOS`] I/Os of the
+    /// mode it is compared with. None when not probing, or that mode has no cost.
+    pub fn probe_give_up_ns(&self) -> Option<u64> {
+        let from = self.probing_from?;
+        self.cost(from).map(|c| (PROBE_GIVE_UP_IOS * c) as u64)
+    }
+
     /// (latency, CPU) per I/O measured for `mode`, if it has been measured at
     /// the current contention level.
     pub fn measured(&self, mode: Mode) -> Option<(f64, f64)> {
@@ -537,11 +567,28 @@ impl Controller {
         // CPU back, a sleeper waits milliseconds), while the CPU it holds is taken
         // from the program's work (MariaDB read-write through the interposer: auto
         // polled at 'J 81 us against 2.5 ms' and made 0.75-0.87x the kernel).
-        let poll_ok = !(s.cpus_wanted && self.modes.contains(&Mode::Yield));
+        // Nor while this thread waits for a CPU a good share of its time (HIGH): the
+        // CPUs are oversubscribed, and a poller's every microsecond is taken from a
+        // thread that wanted it, the program's own or the device's worker, which no
+        // figure of the poller's own shows (db_bench fillsync, 4 threads on a mount:
+        // polls kept at 'J 35 us against yield's 55' while the program made 0.85x
+        // of sync-yield's throughput). Yielding spins as polling does when no other
+        // thread wants the CPU, and hands it over when one does.
+        let crowded_cpus = (s.cpus_wanted || self.level == Level::High) && self.modes.contains(&Mode::Yield);
+        let poll_ok = !crowded_cpus;
+        // For the same reason hybrid is left to devices it can sleep through most of:
+        // one it can sleep through only a sliver of, it mostly spins on (the loop
+        // device here: 20-35 us against a 20 us timer overshoot), without handing
+        // the CPU over as a yielding wait does, and it adds a timer wake-up per I/O.
+        // db_bench fillsync, 4 threads on a mount, 6 alternated rounds: auto with
+        // hybrid there 16.2-19.6K ops/s (p99 0.9-1.6 ms), without 18.9-22.6K (p99
+        // 0.38-0.53 ms), sync-yield 19.3-21.8K (0.38-0.51 ms). On NAND (80 us)
+        // beside CPU hogs hybrid stays the best mode (seed 001's matrix).
+        let hybrid_sleeps_most = sleep_feasible(l / 2.0, s.overshoot_ns);
         let feasible = |m: Mode| match m {
             Mode::Poll => l <= MAX_POLL_LATENCY_NS && poll_ok,
             Mode::Yield => l <= MAX_POLL_LATENCY_NS,
-            Mode::Hybrid => hybrid_feasible,
+            Mode::Hybrid => hybrid_feasible && (hybrid_sleeps_most || !crowded_cpus),
             Mode::Interrupt => true,
         };
 
@@ -552,7 +599,9 @@ impl Controller {
         // costs no wake-up; behind a thread that is not the program's, the yielder
         // sleeps on its own. A probe under way ends without a verdict.
         let waiting = s.waiting_ns as f64 / s.wall_ns.max(1) as f64;
+        let gave_up = s.starved && self.probing_from.is_some();
         if s.ios < PROBE_IOS
+            && !gave_up
             && waiting < SPARSE_WAITING_SHARE
             && self.modes.contains(&Mode::Yield)
             && feasible(Mode::Yield)
@@ -572,7 +621,9 @@ impl Controller {
         if let Some(from) = self.probing_from.take() {
             let tried = self.mode;
             let (t, f) = (self.cost(tried).unwrap_or(f64::INFINITY), self.cost(from).unwrap_or(f64::INFINITY));
-            let wins = t < SWITCH_MARGIN * f && feasible(tried);
+            // A wait that gave up left its I/O out of `t`: what did complete says
+            // nothing of the one that would not.
+            let wins = t < SWITCH_MARGIN * f && feasible(tried) && !gave_up;
             if wins && !self.confirming && feasible(from) {
                 self.confirming = true;
                 self.probing_from = Some(from);
@@ -594,13 +645,18 @@ impl Controller {
                 self.switches += 1;
                 self.reason = if wins { Reason::ProbeWon { tried: t, was: f } } else { Reason::Infeasible };
             } else {
-                self.reason = Reason::ProbeLost { tried: t, kept: f };
-                // One epoch is a small sample: only a clear loss makes the next probe wait
-                // longer, and a mode worse on both latency and CPU (it cannot win at any
-                // lambda) waits four times longer.
+                self.reason =
+                    if gave_up { Reason::ProbeGaveUp { kept: f } } else { Reason::ProbeLost { tried: t, kept: f } };
+                // One epoch is a small sample: only a clear loss (a wait that gave up is
+                // one) makes the next probe wait longer, and a mode worse on both latency
+                // and CPU (it cannot win at any lambda) waits four times longer.
                 let factor = if self.dominated(tried, from) { 4 } else { 2 };
                 let i = &mut self.probe_interval_ns[tried as usize];
-                *i = if t > CLEAR_LOSS * f { (*i * factor).min(MAX_PROBE_INTERVAL_NS) } else { PROBE_INTERVAL_NS };
+                *i = if gave_up || t > CLEAR_LOSS * f {
+                    (*i * factor).min(MAX_PROBE_INTERVAL_NS)
+                } else {
+                    PROBE_INTERVAL_NS
+                };
                 self.mode = from;
             }
             return self.mode;
@@ -612,7 +668,7 @@ impl Controller {
         // measured latency, and an interrupt would cost a wake-up on every I/O.
         let wall = s.wall_ns.max(1) as f64;
         let preempted = s.stalls >= 2 || s.involuntary_ctx >= 2 || s.run_delay_ns as f64 / wall >= 0.05;
-        if self.mode == Mode::Poll && preempted && hybrid_feasible {
+        if self.mode == Mode::Poll && preempted && feasible(Mode::Hybrid) {
             let i = &mut self.probe_interval_ns[Mode::Poll as usize];
             *i = (*i * 2).min(MAX_PROBE_INTERVAL_NS);
             self.reason = Reason::Preempted;
@@ -732,6 +788,16 @@ impl Controller {
         self.mode = mode;
         self.probes += 1;
         mode
+    }
+
+    /// Starts a probe of `mode` from the current mode, whose cost per I/O is
+    /// set to `kept_ns` (tests of a probe's give-up).
+    #[cfg(test)]
+    pub(crate) fn probe_against(&mut self, mode: Mode, kept_ns: f64) {
+        let level = self.level;
+        self.seen[self.mode as usize] =
+            Seen { ios: 64.0, latency_ns: 64.0 * kept_ns, cpu_ns: 0.0, at_ns: self.clock_ns, level: Some(level) };
+        self.probe(mode);
     }
 
     /// Puts the controller in `mode` at once, as a switch (tests that make the
@@ -1230,6 +1296,76 @@ mod tests {
             modes.push(c.on_epoch(&s));
         }
         assert!(share(&modes, Mode::Poll) > 0.9, "{}", share(&modes, Mode::Poll));
+    }
+
+    #[test]
+    fn a_probe_whose_wait_gave_up_has_lost_however_few_its_waits() {
+        let mut c = Controller::auto();
+        run(&mut c, &LOOP, 200);
+        assert_eq!(c.mode(), Mode::Yield);
+        assert_eq!(c.probe_give_up_ns(), None, "only a probe gives up");
+        let kept = c.cost(Mode::Yield).unwrap();
+        c.probe(Mode::Hybrid);
+        assert_eq!(c.probe_give_up_ns(), Some((PROBE_GIVE_UP_IOS * kept) as u64));
+        let interval = c.probe_interval_ns[Mode::Hybrid as usize];
+        // Two quick I/Os, then a wait that gave up: few waits in a long epoch,
+        // which would read as sparse (no verdict) and, on the two quick ones, as
+        // cheaper than yield.
+        let gave_up = EpochSignals {
+            ios: 3,
+            wall_ns: 10_000_000,
+            waiting_ns: 2_000_000,
+            latency_sum_ns: 2 * 15_000 + 1_000_000,
+            starved: true,
+            ..LOOP.epoch(Mode::Hybrid, 0)
+        };
+        assert_eq!(c.on_epoch(&gave_up), Mode::Yield);
+        assert!(!c.probing());
+        assert_eq!(c.reason, Reason::ProbeGaveUp { kept });
+        assert!(c.reason.to_string().contains("gave up"), "{}", c.reason);
+        assert!(c.probe_interval_ns[Mode::Hybrid as usize] >= 2 * interval, "a clear loss backs off");
+        // Even where its completed I/Os alone would have won.
+        let mut c = Controller::auto();
+        run(&mut c, &LOOP, 200);
+        c.probe(Mode::Hybrid);
+        let cheap_but_gave_up =
+            EpochSignals { latency_sum_ns: 64 * 5_000, starved: true, ..LOOP.epoch(Mode::Hybrid, 0) };
+        assert_eq!(c.on_epoch(&cheap_but_gave_up), Mode::Yield);
+        assert!(matches!(c.reason, Reason::ProbeGaveUp { .. }), "{}", c.reason);
+    }
+
+    #[test]
+    fn auto_neither_polls_nor_sleeps_a_sliver_on_a_fast_device_while_the_cpus_are_oversubscribed() {
+        // The loop device among the program's own runnable threads: per waiter,
+        // polling and hybrid answer soonest, but the CPU they spin on is one the
+        // others (and the device's worker) wanted; this thread waits for a CPU
+        // 30% of its time (HIGH). A 25 us device behind a 20 us timer overshoot
+        // leaves hybrid only a sliver to sleep.
+        let crowded = Machine {
+            poll: (20.0, 20.0),
+            hybrid: (22.0, 12.0),
+            yielding: (35.0, 10.0),
+            interrupt: (60.0, 20.0),
+            run_delay: 0.3,
+            overshoot_us: 20.0,
+            ..LOOP
+        };
+        let mut c = Controller::auto();
+        let modes = run(&mut c, &crowded, 3_000);
+        assert_eq!(c.level(), Level::High);
+        let settled = &modes[20..];
+        assert!(!settled.contains(&Mode::Poll), "polled at HIGH: {:?}", &settled[..40]);
+        assert!(!settled.contains(&Mode::Hybrid), "hybrid at HIGH: {:?}", &settled[..40]);
+        assert!(share(settled, Mode::Yield) > 0.95, "{}", share(settled, Mode::Yield));
+        // With CPUs to spare, the same figures decide as before (hybrid's J is lowest).
+        let spare = Machine { run_delay: 0.0, ..crowded };
+        let mut c = Controller::auto();
+        let modes = run(&mut c, &spare, 3_000);
+        assert!(share(&modes[1_000..], Mode::Hybrid) > 0.9, "{}", share(&modes[1_000..], Mode::Hybrid));
+        // adaptive has no yield to hand the CPU over with: its rules are unchanged.
+        let mut c = Controller::new();
+        let modes = run(&mut c, &crowded, 3_000);
+        assert!(modes.contains(&Mode::Hybrid));
     }
 
     #[test]
