@@ -134,9 +134,13 @@ fn lend(m: &'static Mount) {
             }
             let now = std::time::Instant::now();
             if nudged {
-                if until.is_none_or(|end| now >= end) {
-                    bridges_let_go = false;
-                }
+                // Bridges are let go once per nudge (a waiter nudges every 100 ms): a
+                // let-go that did not free the mount (a call under way here) is tried
+                // again at the next. Once per stretch of nudges, a program that went
+                // on writing kept the mount until the waiter gave up: rsync's receiver,
+                // whose temp files land on its descriptor 1 (it closes its standard
+                // output), against its sender, every run of `rsync -a` in a mount.
+                bridges_let_go = false;
                 until = Some(now + LEND_FOR);
             }
             match until {

@@ -311,6 +311,56 @@ fn a_pipeline_reading_and_writing_the_mount_at_both_ends_runs() {
     assert_eq!(stdout[1], stdout[0]);
 }
 
+/// Two processes that work on the mount file by file, each with a file
+/// open there in turn, as `rsync -a` between two directories of a mount
+/// does: the receiver (which closed its standard output) creates each temp
+/// file on descriptor 1, so each is a bridge, waits on a pipe for the
+/// sender's bytes, writes them, closes and renames; the sender opens each
+/// source file, reads it and sends it. Every file arrives whole. Before,
+/// the receiver's lender let its bridges go once per stretch of the
+/// sender's nudges, so from the second file on the sender waited out
+/// `IOPATH_MOUNT_WAIT` (rsync failed every time); letting them go at every
+/// nudge then lost a file's bytes when the receiver's close came while its
+/// bridge was let go (the close found no bridge, returned, and the rename
+/// went first).
+#[test]
+fn a_sender_and_a_receiver_taking_turns_file_by_file_lose_nothing() {
+    let script = r#"set -e
+        cd "$D"; mkdir src dst
+        for i in $(seq 1 100); do seq $i 7 $((i * 900)) > src/f$i; done
+        python3 -c 'import os, sys
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(w)
+    os.close(1)
+    pipe = os.fdopen(r, "rb")
+    for i in range(1, 101):
+        n = int.from_bytes(pipe.read(8), "little")
+        data = pipe.read(n)
+        fd = os.open("dst/.f%d.tmp" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        assert fd == 1, fd
+        while data:
+            data = data[os.write(fd, data):]
+        os.close(fd)
+        os.rename("dst/.f%d.tmp" % i, "dst/f%d" % i)
+    os._exit(0)
+os.close(r)
+for i in range(1, 101):
+    with open("src/f%d" % i, "rb") as f:
+        data = f.read()
+    os.write(w, len(data).to_bytes(8, "little"))
+    while data:
+        data = data[os.write(w, data):]
+os.close(w)
+_, status = os.wait()
+sys.exit(os.waitstatus_to_exitcode(status))'
+        diff -r src dst && echo same
+        ls dst | wc -l"#;
+    let (stdout, _scratch, _kernel_dir, _image) = on_both(script);
+    assert_eq!(stdout[0], "same\n100\n");
+    assert_eq!(stdout[1], stdout[0]);
+}
+
 /// A flock on a mounted file is the kernel's, taken on a file that stands
 /// for the inode (`posix/locks.rs`): a process holding one lends the mount
 /// to a process that waits for it, and the lock still keeps other

@@ -11,8 +11,8 @@ use crate::mount::{self, Reopen};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::real;
 use libc::c_int;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Most bytes a bridge holds in memory: a writing program's output beyond
 /// it goes into the file as soon as the mount can be had without waiting;
@@ -69,9 +69,35 @@ fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
 }
 
 /// Bridges stopped before a fork so that their mounts can be given back
-/// ([`let_go`]); [`LetGo::resume`] starts them again after.
-#[derive(Default)]
-pub struct LetGo(Vec<Paused>);
+/// ([`let_go`]); [`LetGo::resume`] starts them again after. While one
+/// exists, the program's closes of bridged descriptors wait for it
+/// ([`wait_for_let_go`]).
+pub struct LetGo(Vec<Paused>, Option<MutexGuard<'static, ()>>);
+
+/// Held from a [`let_go`] until its [`LetGo::resume`]: the bridges are out
+/// of the table of running ones then.
+static LETTING_GO: Mutex<()> = Mutex::new(());
+/// The program's descriptors on the bridges let go (empty: none are).
+static LET_GO_FDS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
+
+/// Waits, if descriptor `fd` (or one of `first..=last`) is on a bridge
+/// that is let go, until [`LetGo::resume`] has it running again. A close of
+/// a bridged descriptor must find its bridge, to make it write what it
+/// holds before the call returns; one that came while a mount's lender had
+/// the bridges out found none, returned at once, and the program went on:
+/// rsync's receiver renamed its temp file (on its descriptor 1) before the
+/// held bytes reached it, and they were lost. Only the program's own
+/// descriptors wait: a bridge's thread that the let-go stops closes its
+/// ring as it ends, and waiting there would never end.
+pub(super) fn wait_for_let_go(first: c_int, last: c_int) {
+    let waits = {
+        let fds = LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner());
+        fds.iter().any(|fd| (first..=last).contains(fd))
+    };
+    if waits && !crate::inside() {
+        drop(LETTING_GO.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
 
 /// Before a fork (`fork`, `vfork`, `posix_spawn`): stops the bridges that
 /// alone keep their file open (no descriptor of the program stands for its
@@ -84,8 +110,9 @@ pub struct LetGo(Vec<Paused>);
 /// later, a window at a time: [`feed_held`]).
 pub fn let_go() -> LetGo {
     if COUNT.load(Ordering::Acquire) == 0 {
-        return LetGo::default();
+        return LetGo(Vec::new(), None);
     }
+    let gate = LETTING_GO.lock().unwrap_or_else(|e| e.into_inner());
     let (alone, writing): (Vec<Running>, Vec<Arc<Control>>) = {
         let mut running = running();
         let (alone, shared): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running).into_iter().partition(|b| {
@@ -95,6 +122,8 @@ pub fn let_go() -> LetGo {
         });
         *running = shared;
         COUNT.store(running.len(), Ordering::Release);
+        // (Under the table's lock: a close finds its bridge there, or its number here.)
+        *LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()) = alone.iter().flat_map(|b| b.fds.clone()).collect();
         let writing = running.iter().filter(|b| b.writes_into.is_some()).map(|b| Arc::clone(&b.control)).collect();
         (alone, writing)
     };
@@ -122,7 +151,7 @@ pub fn let_go() -> LetGo {
             paused.push(Paused { spec, held: rest, sent, more });
         }
     }
-    LetGo(paused)
+    LetGo(paused, Some(gate))
 }
 
 /// Up to [`HELD_BYTES`] of a reading program's file from `spec`'s
@@ -160,8 +189,12 @@ impl LetGo {
     /// the bridges run again, holding their bytes in memory (a reading one
     /// whose file is all in the pipe ends at once, and a seek can start it again).
     pub fn resume(self) {
-        for Paused { spec, held, sent, more } in self.0 {
+        let LetGo(paused, gate) = self;
+        for Paused { spec, held, sent, more } in paused {
             relaunch(Source::Held { spec, bytes: held, sent, more });
+        }
+        if gate.is_some() {
+            LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
     }
 }

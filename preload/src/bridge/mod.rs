@@ -844,6 +844,7 @@ fn pipe_holds(fd: c_int) -> u64 {
 /// (a feeding bridge puts its file's position back by what was not
 /// consumed: `unread` bytes in the pipe, see [`unread`]).
 pub fn closed(fd: c_int, unread: u64) {
+    held::wait_for_let_go(fd, fd);
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -898,6 +899,7 @@ fn end_bridge(ended: Running, unread: impl FnOnce() -> u64) {
 
 /// The program closed descriptors `first..=last`: as [`closed`] for each.
 pub fn closed_range(first: c_int, last: c_int) {
+    held::wait_for_let_go(first, last);
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -910,6 +912,7 @@ pub fn closed_range(first: c_int, last: c_int) {
 
 /// The kernel made `to` a duplicate of `from`: if `from` is a bridge's, so is `to`.
 pub fn duplicated(from: c_int, to: c_int) {
+    held::wait_for_let_go(from, from);
     if COUNT.load(Ordering::Acquire) == 0 || to < 0 || from == to {
         return;
     }
