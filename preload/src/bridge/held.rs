@@ -69,34 +69,36 @@ fn write_held_now(spec: &mut Spec, held: &mut Vec<u8>, may_wait: bool) -> bool {
 }
 
 /// Bridges stopped before a fork so that their mounts can be given back
-/// ([`let_go`]); [`LetGo::resume`] starts them again after. While one
-/// exists, the program's closes of bridged descriptors wait for it
-/// ([`wait_for_let_go`]).
+/// ([`let_go`]); [`LetGo::resume`] starts them again after. Until then,
+/// the program's calls on their descriptors wait ([`let_go_holds`]).
 pub struct LetGo(Vec<Paused>, Option<MutexGuard<'static, ()>>);
 
-/// Held from a [`let_go`] until its [`LetGo::resume`]: the bridges are out
-/// of the table of running ones then.
+/// Held from a [`let_go`] until its [`LetGo::resume`], while its bridges
+/// are out of the table of running ones.
 static LETTING_GO: Mutex<()> = Mutex::new(());
-/// The program's descriptors on the bridges let go (empty: none are).
+/// The program's descriptors on the bridges let go (empty: none are). Set
+/// and cleared with the table of running bridges locked, so that a
+/// descriptor is always in one or the other.
 static LET_GO_FDS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
 
-/// Waits, if descriptor `fd` (or one of `first..=last`) is on a bridge
-/// that is let go, until [`LetGo::resume`] has it running again. A close of
-/// a bridged descriptor must find its bridge, to make it write what it
-/// holds before the call returns; one that came while a mount's lender had
-/// the bridges out found none, returned at once, and the program went on:
-/// rsync's receiver renamed its temp file (on its descriptor 1) before the
-/// held bytes reached it, and they were lost. Only the program's own
-/// descriptors wait: a bridge's thread that the let-go stops closes its
-/// ring as it ends, and waiting there would never end.
-pub(super) fn wait_for_let_go(first: c_int, last: c_int) {
-    let waits = {
-        let fds = LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner());
-        fds.iter().any(|fd| (first..=last).contains(fd))
-    };
-    if waits && !crate::inside() {
-        drop(LETTING_GO.lock().unwrap_or_else(|e| e.into_inner()));
-    }
+/// Whether one of descriptors `first..=last` is on a bridge let go, and
+/// the calling thread may wait for its [`LetGo::resume`] ([`wait_for_resume`]).
+/// Asked with the table of running bridges locked, by a call that did not
+/// find its descriptor there. A close of a bridged descriptor must find
+/// its bridge, to make it write what it holds before the call returns; one
+/// that came while a mount's lender had the bridges out found none,
+/// returned at once, and the program went on: rsync's receiver renamed its
+/// temp file (on its descriptor 1) before the held bytes reached it, and
+/// they were lost. This library's own calls never wait (a thread the
+/// let-go stops closes its ring as it ends).
+pub(super) fn let_go_holds(first: c_int, last: c_int) -> bool {
+    !crate::inside()
+        && LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|fd| (first..=last).contains(fd))
+}
+
+/// Waits until the bridges let go run again ([`LetGo::resume`]).
+pub(super) fn wait_for_resume() {
+    drop(LETTING_GO.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// Before a fork (`fork`, `vfork`, `posix_spawn`): stops the bridges that
@@ -121,8 +123,8 @@ pub fn let_go() -> LetGo {
             b.description.as_ref().is_none_or(|d| !mount::in_table(d)) && !ended_in_memory
         });
         *running = shared;
-        COUNT.store(running.len(), Ordering::Release);
-        // (Under the table's lock: a close finds its bridge there, or its number here.)
+        // COUNT still counts the bridges let go, until the resume: the calls that
+        // skip the table when it says none would not wait for them.
         *LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()) = alone.iter().flat_map(|b| b.fds.clone()).collect();
         let writing = running.iter().filter(|b| b.writes_into.is_some()).map(|b| Arc::clone(&b.control)).collect();
         (alone, writing)
@@ -194,6 +196,8 @@ impl LetGo {
             relaunch(Source::Held { spec, bytes: held, sent, more });
         }
         if gate.is_some() {
+            let running = running();
+            COUNT.store(running.len(), Ordering::Release);
             LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
     }

@@ -258,6 +258,20 @@ fn running() -> RunningGuard {
     RunningGuard(std::mem::ManuallyDrop::new(guard))
 }
 
+/// [`running`], once none of descriptors `first..=last` is on a bridge let
+/// go before a fork or to a waiting process ([`held::let_go_holds`]): it
+/// waits for their resume, when they are in the table again.
+fn running_for(first: c_int, last: c_int) -> RunningGuard {
+    loop {
+        let table = running();
+        if !held::let_go_holds(first, last) {
+            return table;
+        }
+        drop(table);
+        held::wait_for_resume();
+    }
+}
+
 thread_local! {
     /// This thread holds [`RUNNING`] ([`running`]).
     static HOLDS_RUNNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -844,12 +858,11 @@ fn pipe_holds(fd: c_int) -> u64 {
 /// (a feeding bridge puts its file's position back by what was not
 /// consumed: `unread` bytes in the pipe, see [`unread`]).
 pub fn closed(fd: c_int, unread: u64) {
-    held::wait_for_let_go(fd, fd);
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
     let ended = {
-        let mut running = running();
+        let mut running = running_for(fd, fd);
         let Some(at) = running.iter().position(|b| b.fds.contains(&fd)) else { return };
         running[at].fds.retain(|&f| f != fd);
         if !running[at].fds.is_empty() {
@@ -899,11 +912,10 @@ fn end_bridge(ended: Running, unread: impl FnOnce() -> u64) {
 
 /// The program closed descriptors `first..=last`: as [`closed`] for each.
 pub fn closed_range(first: c_int, last: c_int) {
-    held::wait_for_let_go(first, last);
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
-    let mut on_bridges: Vec<c_int> = running().iter().flat_map(|b| b.fds.clone()).collect();
+    let mut on_bridges: Vec<c_int> = running_for(first, last).iter().flat_map(|b| b.fds.clone()).collect();
     on_bridges.retain(|fd| (first..=last).contains(fd));
     for fd in on_bridges {
         closed(fd, 0);
@@ -912,11 +924,10 @@ pub fn closed_range(first: c_int, last: c_int) {
 
 /// The kernel made `to` a duplicate of `from`: if `from` is a bridge's, so is `to`.
 pub fn duplicated(from: c_int, to: c_int) {
-    held::wait_for_let_go(from, from);
     if COUNT.load(Ordering::Acquire) == 0 || to < 0 || from == to {
         return;
     }
-    let mut running = running();
+    let mut running = running_for(from, from);
     if let Some(bridge) = running.iter_mut().find(|b| b.fds.contains(&from))
         && !bridge.fds.contains(&to)
     {
