@@ -574,8 +574,8 @@ impl Controller {
         // polls kept at 'J 35 us against yield's 55' while the program made 0.85x
         // of sync-yield's throughput). Yielding spins as polling does when no other
         // thread wants the CPU, and hands it over when one does.
-        let crowded_cpus = (s.cpus_wanted || self.level == Level::High) && self.modes.contains(&Mode::Yield);
-        let poll_ok = !crowded_cpus;
+        let cpus_oversubscribed = (s.cpus_wanted || self.level == Level::High) && self.modes.contains(&Mode::Yield);
+        let poll_ok = !cpus_oversubscribed;
         // For the same reason hybrid is left to devices it can sleep through most of:
         // one it can sleep through only a sliver of, it mostly spins on (the loop
         // device here: 20-35 us against a 20 us timer overshoot), without handing
@@ -588,7 +588,7 @@ impl Controller {
         let feasible = |m: Mode| match m {
             Mode::Poll => l <= MAX_POLL_LATENCY_NS && poll_ok,
             Mode::Yield => l <= MAX_POLL_LATENCY_NS,
-            Mode::Hybrid => hybrid_feasible && (hybrid_sleeps_most || !crowded_cpus),
+            Mode::Hybrid => hybrid_feasible && (hybrid_sleeps_most || !cpus_oversubscribed),
             Mode::Interrupt => true,
         };
 
