@@ -340,6 +340,53 @@ fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }
 
+/// A mount builds a file's in-memory node only when something first uses
+/// the file. Every change to a file's names, made as the first call after a
+/// remount (so on a file whose node is not built yet), counts its names as
+/// if the node had been there all along, and a listing sees every file.
+#[test]
+fn names_change_the_same_on_files_no_call_has_used_since_the_mount() {
+    let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    for (name, body) in [("d/f", "eff"), ("g", "gee"), ("h", "aitch"), ("k", "kay")] {
+        fs.create(name).unwrap().write_at(body.as_bytes(), 0).unwrap();
+    }
+    fs.hard_link("d/f", "f2").unwrap();
+    fs.hard_link("g", "g2").unwrap();
+    fs.unmount().unwrap();
+    let first = |step: &dyn Fn(&FileSystem)| {
+        let fs = mount(&dev);
+        step(&fs);
+        fs.unmount().unwrap();
+        mount(&dev)
+    };
+    // A third name for a file with two.
+    let fs = first(&|fs| fs.hard_link("f2", "d/f3").unwrap());
+    assert_eq!(fs.metadata("d/f").unwrap().nlink, 3);
+    drop(fs);
+    // An alias removed, then the file's own name while an alias remains.
+    let fs = first(&|fs| fs.unlink("d/f3").unwrap());
+    assert_eq!(fs.metadata("f2").unwrap().nlink, 2);
+    drop(fs);
+    let fs = first(&|fs| fs.unlink("g").unwrap());
+    assert_eq!((fs.metadata("g2").unwrap().nlink, read_all(&fs, "g2")), (1, b"gee".to_vec()));
+    drop(fs);
+    // A rename of a file, and a rename over a file with another name.
+    let fs = first(&|fs| fs.rename("h", "d/h").unwrap());
+    assert_eq!(read_all(&fs, "d/h"), b"aitch");
+    drop(fs);
+    let fs = first(&|fs| fs.rename("k", "f2").unwrap());
+    assert_eq!((fs.metadata("d/f").unwrap().nlink, read_all(&fs, "f2")), (1, b"kay".to_vec()));
+    drop(fs);
+    // A listing, first: every file with its size.
+    let fs = mount(&dev);
+    let listed: Vec<(String, u64)> = fs.list().into_iter().map(|e| (e.name, e.size)).collect();
+    let want = [("d/f", 3), ("d/h", 5), ("f2", 3), ("g2", 3)];
+    assert_eq!(listed, want.map(|(n, s)| (n.to_string(), s)).to_vec());
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
 /// A hard link is another name of one file: one inode number, `nlink`
 /// counting the names, data written through either seen through both. The
 /// file outlives any of its names but the last, keeps its inode number when

@@ -242,6 +242,7 @@ impl Mount {
             }
         };
         state.gave_up = None;
+        let started = std::time::Instant::now();
         let options = mount_options();
         let engine = match state.kept_engine.take() {
             Some(engine) => Ok(engine),
@@ -264,7 +265,9 @@ impl Mount {
                     (Some(blocks), None) => format!(" ({blocks} blocks in its carried cache)"),
                     (None, None) => String::new(),
                 };
-                crate::log(&format!("mounted {} on {}{carried}", self.device, String::from_utf8_lossy(&self.dir)));
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                let (dir, names) = (String::from_utf8_lossy(&self.dir), fs.names());
+                crate::log(&format!("mounted {} on {dir} in {ms:.1} ms ({names} names){carried}", self.device));
                 state.fs = Some(fs.clone());
                 start_lending(self, &lock);
                 state.lock = lock;

@@ -217,6 +217,8 @@ pub(super) fn scan(
         }
     }
     let mut out = Scan { owned: Owned::new(sb.blocks), ..Scan::default() };
+    // Sized once: grown as it filled, its inodes were copied a dozen times.
+    out.inodes.reserve(sb.inode_mark.min(sb.inodes()) as usize);
     for slot in 0..sb.inodes() {
         let index = slot as usize % INODES_PER_BLOCK;
         let Some(block) = &table[slot as usize / INODES_PER_BLOCK] else { continue };

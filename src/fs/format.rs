@@ -106,10 +106,14 @@ pub type Block = Box<[u8; BLOCK]>;
 /// inode slot, most of them free (byte by byte, that was a quarter of
 /// mounting an image of 9,000 files and 65,536 slots).
 pub fn all_zero(b: &[u8]) -> bool {
-    let words = b.chunks_exact(8);
-    let rest = words.remainder();
-    words.map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes"))).fold(0, |acc, w| acc | w) == 0
-        && rest.iter().all(|&x| x == 0)
+    // Line by line, stopping at the first that holds something: an inode block
+    // or slot in use says so in its first bytes (a fold over every word of
+    // every block a mount looked at was a tenth of mounting 8,760 names).
+    let lines = b.chunks_exact(64);
+    let rest = lines.remainder();
+    lines.into_iter().all(|line| {
+        line.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes"))).fold(0, |acc, w| acc | w) == 0
+    }) && rest.iter().all(|&x| x == 0)
 }
 
 /// A zeroed block image.
@@ -672,7 +676,7 @@ impl Inode {
         // Space past the end is only ever allocated ahead of appends, unwritten: written
         // data there is damage (and closing the file would free it as if it were not).
         let past_end = inode.size.div_ceil(BLOCK as u64);
-        if super::extents::runs(&inode.extents, past_end, u32::MAX as u64 + 1).iter().any(|r| r.has_data()) {
+        if inode.extents.iter().any(|e| !e.unwritten && e.end() > past_end) {
             return Err(bad("written data past the end of the file"));
         }
         Ok(Some(inode))
@@ -909,6 +913,19 @@ mod tests {
         empty.size = 0;
         let e = decode(&empty).unwrap_err().to_string();
         assert!(e.contains("wrong length"), "{e}");
+    }
+
+    #[test]
+    fn all_zero_sees_a_byte_anywhere_in_a_block_or_a_short_tail() {
+        for len in [0, 7, 64, 100, 512, BLOCK] {
+            let mut b = vec![0u8; len];
+            assert!(all_zero(&b), "{len} zero bytes");
+            for at in 0..len {
+                b[at] = 0x80;
+                assert!(!all_zero(&b), "a byte at {at} of {len}");
+                b[at] = 0;
+            }
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::hash::{IntMap, IntSet};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLockWriteGuard};
 
 /// Inode number `stat` reports for the root directory (a slot's is slot + 2).
@@ -289,27 +289,38 @@ impl Index {
     /// takes its verdict (a mount of 8,759 files spent 7% of its time
     /// building each one's whole path to learn this).
     fn not_reaching_root(&self) -> Vec<u32> {
-        let mut reaches: IntMap<u32, bool> = IntMap::with_capacity_and_hasher(self.links.len() + 1, Default::default());
-        reaches.insert(ROOT, true);
+        // What is known of each slot, in a table by slot (a hash map of them was a
+        // twentieth of a mount): 0 not yet, then REACHES or LOST.
+        const REACHES: u8 = 1;
+        const LOST: u8 = 2;
+        let slots = self.links.keys().map(|&s| s as usize + 1).max().unwrap_or(0);
+        let mut known = vec![0u8; slots];
+        let verdict_of = |known: &[u8], at: u32| match at {
+            ROOT => REACHES,
+            at => known.get(at as usize).copied().unwrap_or(LOST),
+        };
         let mut lost = Vec::new();
         let mut chain = Vec::new();
         for &slot in self.links.keys() {
             let mut at = slot;
             let verdict = loop {
-                if let Some(&known) = reaches.get(&at) {
-                    break known;
+                match verdict_of(&known, at) {
+                    0 => {}
+                    known => break known,
                 }
                 if chain.len() > self.links.len() {
-                    break false; // a loop: never spin
+                    break LOST; // a loop: never spin
                 }
                 chain.push(at);
                 match self.links.get(&at) {
                     Some(&(parent, _)) => at = parent,
-                    None => break false,
+                    None => break LOST,
                 }
             };
-            reaches.extend(chain.drain(..).map(|s| (s, verdict)));
-            if !verdict {
+            for s in chain.drain(..) {
+                known[s as usize] = verdict;
+            }
+            if verdict == LOST {
                 lost.push(slot);
             }
         }
@@ -589,7 +600,12 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
     ns.entries.reserve(dirs.len() + 1);
     // Files first, then the aliases that name them.
     let (aliases, others): (Vec<_>, Vec<_>) = inodes.into_iter().partition(|(_, i)| i.alias_of.is_some());
-    let mut types: IntMap<u32, u32> = IntMap::with_capacity_and_hasher(others.len(), Default::default());
+    // The type of each named file, for checking its hard links: only if there are any.
+    let mut types: IntMap<u32, u32> = IntMap::default();
+    let any_aliases = !aliases.is_empty();
+    if any_aliases {
+        types.reserve(others.len());
+    }
     for (slot, inode) in others.into_iter().chain(aliases) {
         let (slot, parent) = (*slot, inode.parent);
         if parent != ROOT && !dirs.contains(&parent) {
@@ -618,7 +634,9 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
                 lossy(&inode.name)
             ))?;
         } else if inode.alias_of.is_none() && !inode.is_dir() {
-            types.insert(slot, kind);
+            if any_aliases {
+                types.insert(slot, kind);
+            }
             if inode.is_link() {
                 ns.set_target(slot, inode.target.clone());
             }
@@ -633,20 +651,50 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
 }
 
 impl Meta {
-    /// Every file node (linked or orphan).
+    /// Every file node built so far (linked or orphan): a file whose node
+    /// is not built was not used since the mount, so it has nothing in the
+    /// cache, nothing dirty and no handle.
     pub(super) fn files(&self) -> impl Iterator<Item = &Arc<Node>> + '_ {
         self.slots.iter().filter_map(|s| match s {
-            Slot::File(n) => Some(n),
+            Slot::File(n) => n.get(),
             _ => None,
         })
     }
 
-    /// The file node in `slot`, if it holds a file.
+    /// Every file node, those not built yet built now: for a listing of
+    /// the whole file system, not for a program's calls.
+    fn every_file(&self) -> impl Iterator<Item = &Arc<Node>> + '_ {
+        (0..self.slots.len() as u32).filter_map(|slot| self.file(slot))
+    }
+
+    /// The file node in `slot`, if it holds a file (built now if it was not).
     pub(super) fn file(&self, slot: u32) -> Option<&Arc<Node>> {
         match self.slots.get(slot as usize) {
-            Some(Slot::File(node)) => Some(node),
+            Some(Slot::File(lazy)) => Some(lazy.0.get_or_init(|| self.build_node(slot))),
             _ => None,
         }
+    }
+
+    /// The node of file `slot` as the mount found it ([`super::LazyNode`]).
+    /// Its names are counted now: every change to them (a hard link made or
+    /// removed, a rename over one) takes the file's node first.
+    fn build_node(&self, slot: u32) -> Arc<Node> {
+        let at = self.stored.binary_search_by_key(&slot, |(s, _)| *s).expect("a file not built was found by the mount");
+        let inode = self.stored[at].1.clone();
+        Node::new(NodeState {
+            slot,
+            disk_size: inode.size,
+            inode,
+            cache_id: slot as u64 + 1,
+            dirty: BTreeMap::new(),
+            live: true,
+            nlink: 1 + self.ns.aliases(slot).len() as u32,
+            meta_tid: 0,
+            layout_tid: 0,
+            mtime_unstored: false,
+            mirrors: Vec::new(),
+            loads: AtomicU64::new(0),
+        })
     }
 
     /// A free inode slot: below the inode mark, searching on from the last
@@ -657,9 +705,10 @@ impl Meta {
         let below = (0..mark).map(|i| (self.slot_hint + i) % mark).find(|&s| matches!(self.slots[s], Slot::Free));
         let slot = match below {
             Some(slot) => slot,
-            None if mark < self.slots.len() => {
+            None if (mark as u64) < sb.inodes() => {
                 debug_assert!(self.slots[mark..].iter().all(|s| matches!(s, Slot::Free)), "a slot in use at the mark");
                 self.inode_mark = sb.inode_mark_over(mark as u64);
+                self.slots.resize_with(self.inode_mark as usize, || Slot::Free);
                 self.dirty.insert(0);
                 mark
             }
@@ -705,7 +754,7 @@ impl Meta {
         let size = target.len() as u64;
         let target = target.to_vec();
         let mut inode = Inode { name, mode, mtime_ns: now, ctime_ns: now, size, target, ..Inode::default() };
-        let count = self.slots.len();
+        let count = sb.inodes();
         let Some(slot) = self.free_slot(sb) else {
             return Err(file_error(
                 op,
@@ -917,7 +966,7 @@ impl FileSystem {
                 let why = format!("a file has at most {MAX_HARD_LINKS} names in an iopath file system");
                 return Err(file_error("link", from, libc::EMLINK, why));
             }
-            let count = meta.slots.len();
+            let count = fs.sb.inodes();
             let Some(slot) = meta.free_slot(&fs.sb) else {
                 let why = format!("all {count} inodes are in use (a hard link takes one); remove files first");
                 return Err(file_error("link", to, libc::ENOSPC, why));
@@ -1002,7 +1051,7 @@ impl FileSystem {
             loads: Default::default(),
         };
         let node = Node::new(state);
-        meta.slots[slot as usize] = Slot::File(Arc::clone(&node));
+        meta.slots[slot as usize] = Slot::File(super::LazyNode::built(Arc::clone(&node)));
         // Counted under the metadata lock, as every open: an unlink sees it.
         let file = target.is_empty().then(|| self.handle(node, false));
         fs.namespace_changed(meta)?;
@@ -1276,7 +1325,7 @@ impl FileSystem {
     pub fn list(&self) -> Vec<super::Entry> {
         let meta = self.mount.meta();
         let files: Vec<(Vec<u8>, Arc<Node>)> =
-            meta.files().filter_map(|n| Some((meta.ns.path_of(n.slot)?, Arc::clone(n)))).collect();
+            meta.every_file().filter_map(|n| Some((meta.ns.path_of(n.slot)?, Arc::clone(n)))).collect();
         drop(meta);
         let mut out: Vec<super::Entry> = files
             .into_iter()
