@@ -309,11 +309,7 @@ impl CarriedCache {
     /// header only. Returns the blocks it holds for the device as it is (0 if
     /// it held another state).
     pub fn attach(&self, volume_id: u64, stamp: u64) -> Result<u64> {
-        let header = &self.map[..HEADER];
-        let count = get(header, AT_COUNT) as usize;
-        let valid =
-            stamp != 0 && get(header, AT_STAMP) == stamp && get(header, AT_VOLUME) == volume_id && count <= self.frames;
-        let count = if valid { count } else { 0 };
+        let count = if self.stamped_for(volume_id, stamp) { get(&self.map[..HEADER], AT_COUNT) as usize } else { 0 };
         let mut state = self.lock();
         state.count = count;
         state.removed.clear();
@@ -324,6 +320,16 @@ impl CarriedCache {
             .and_then(|()| self.file.write_all_at(&[0; 8], AT_STAMP as u64))
             .map_err(os(format!("cannot write the carried cache {}", self.path.display())))?;
         Ok(count as u64)
+    }
+
+    /// Whether this file was saved for the device of `volume_id` with the
+    /// stamp its superblock holds, `stamp`, and not written since: its
+    /// process quiesced the device ([`super::FileSystem::carry_over`]) and
+    /// wrote nothing more to it (any write unstamps the file first).
+    pub fn stamped_for(&self, volume_id: u64, stamp: u64) -> bool {
+        let header = &self.map[..HEADER];
+        let count = get(header, AT_COUNT) as usize;
+        stamp != 0 && get(header, AT_STAMP) == stamp && get(header, AT_VOLUME) == volume_id && count <= self.frames
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -141,14 +141,21 @@ fn read_each(disk: &Disk, start: u64, count: u64, mut each: impl FnMut(&[u8])) -
 /// ([`super::shm_log`]) is applied all the same, if the engine names its
 /// device: a mount or check that does not take the lock must not lose what
 /// a killed program's calls returned from.
-pub(super) fn recover(disk: &Disk, log: Option<&ShmLog>) -> Result<(Superblock, Journal)> {
+///
+/// `quiesced` says, from the superblock, whether the last holder left the
+/// device quiesced ([`Journal::recover_after`]).
+pub(super) fn recover(
+    disk: &Disk,
+    log: Option<&ShmLog>,
+    quiesced: impl FnOnce(&Superblock) -> bool,
+) -> Result<(Superblock, Journal)> {
     let found = match log {
         Some(_) => None,
         None => disk.engine().backing().and_then(super::shm_log::existing_for),
     };
     let log = log.or(found.as_ref());
     let sb = Superblock::decode(&disk.read_block(0)?, disk.blocks())?;
-    let journal = Journal::recover(disk, &sb, log)?;
+    let journal = Journal::recover_after(disk, &sb, log, quiesced(&sb))?;
     if journal.stats().replayed == 0 && journal.stats().from_log == 0 {
         return Ok((sb, journal));
     }
@@ -316,7 +323,7 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     if disk.blocks() < 2 {
         return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
     }
-    let (sb, journal) = recover(&disk, log)?;
+    let (sb, journal) = recover(&disk, log, |_| false)?;
     let (table, _) = read_table(&disk, &sb, true)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);

@@ -818,7 +818,10 @@ impl FileSystem {
         if disk.blocks() < 2 {
             return Err(format::corrupt("the device is smaller than two blocks: no file system fits"));
         }
-        let (mut sb, mut journal) = check::recover(&disk, log.as_ref())?;
+        // A carried cache whose stamp the superblock matches vouches that its
+        // process quiesced the device and wrote nothing after (any write unstamps it).
+        let stamped = |sb: &Superblock| carry.as_ref().is_some_and(|c| c.stamped_for(sb.volume_id, sb.carry_stamp));
+        let (mut sb, mut journal) = check::recover(&disk, log.as_ref(), stamped)?;
         let replayed = journal.stats().replayed;
         let from_log = journal.stats().from_log;
         let (mut carried, mut carry_error) = (None, None);
