@@ -340,6 +340,36 @@ fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }
 
+/// A named pipe (`mkfifo`) is a name and an inode: `stat` and `read_dir`
+/// report a FIFO with its mode, it takes hard links, moves and goes as a
+/// file does and survives a remount; its bytes are the kernel's (the
+/// interposer opens a kernel pipe for it), so opening it here is ENXIO.
+#[test]
+fn a_fifo_is_a_name_and_an_inode_that_opens_nowhere_here() {
+    use iopath::fs::Kind;
+    let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    fs.mkdir("d", 0o755).unwrap();
+    fs.mkfifo("d/p", 0o640).unwrap();
+    assert_eq!(errno(fs.mkfifo("d/p", 0o640).unwrap_err()), libc::EEXIST);
+    let m = fs.metadata("d/p").unwrap();
+    assert_eq!((m.kind, m.mode, m.size, m.blocks, m.nlink), (Kind::Fifo, libc::S_IFIFO | 0o640, 0, 0, 1));
+    assert_eq!(fs.read_dir("d").unwrap()[0].kind, Kind::Fifo);
+    let e = fs.open("d/p").unwrap_err();
+    assert_eq!(errno(e), libc::ENXIO);
+    fs.hard_link("d/p", "q").unwrap();
+    fs.rename("d/p", "d/r").unwrap();
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(fs.metadata("q").unwrap().kind, Kind::Fifo);
+    assert_eq!(fs.metadata("d/r").unwrap().nlink, 2);
+    assert_eq!(fs.read_dir("/").unwrap().into_iter().find(|e| e.name == b"q").unwrap().kind, Kind::Fifo);
+    fs.unlink("q").unwrap();
+    fs.unlink("d/r").unwrap();
+    assert!(fs.read_dir("d").unwrap().is_empty());
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
 /// A mount builds a file's in-memory node only when something first uses
 /// the file. Every change to a file's names, made as the first call after a
 /// remount (so on a file whose node is not built yet), counts its names as

@@ -91,6 +91,15 @@ impl Inside {
     pub(crate) fn enter() -> Inside {
         Inside(INSIDE.try_with(|i| i.replace(true)).unwrap_or(true))
     }
+
+    /// Marks the calling thread as the program's again while alive, inside
+    /// a call this library serves: for a kernel call made on the program's
+    /// behalf whose descriptor is the program's (at the number the kernel
+    /// gives, never moved) and that may block for as long as the program
+    /// likes (an open of a FIFO), holding none of iopath's locks.
+    pub(crate) fn leave() -> Inside {
+        Inside(INSIDE.try_with(|i| i.replace(false)).unwrap_or(true))
+    }
 }
 
 impl Drop for Inside {

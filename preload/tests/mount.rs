@@ -311,6 +311,42 @@ fn a_pipeline_reading_and_writing_the_mount_at_both_ends_runs() {
     assert_eq!(stdout[1], stdout[0]);
 }
 
+/// A named pipe in a mount is one: `mkfifo` makes a FIFO that `stat`, `ls`
+/// and `test -p` see; a reader and a writer in two processes meet there
+/// (the reader waiting for the writer, as on the kernel's), also while the
+/// writer has a mounted file open; an open for writing without a reader
+/// that must not wait fails with ENXIO; the FIFO moves, takes a hard link
+/// and goes as a file does; `mknod NAME p` makes one too, and `touch -d`
+/// sets its time (no reader: its open fails, its utimensat not). The same output
+/// as on the kernel's file system, and the FIFO left is one in the image.
+#[test]
+fn a_fifo_made_in_a_mount_carries_bytes_between_processes() {
+    let script = r#"set -e
+        cd "$D"; umask 022
+        mkfifo p; [ -p p ] && echo is-a-fifo
+        stat -c '%F %s %a %h' p; ls -l p | cut -c1-10
+        { sleep 0.3; echo through the fifo; } > p & cat p; wait
+        seq 1 20000 > in
+        cat p | sort -rn | head -2 & sleep 0.3; cat in > p; wait
+        dd if=/dev/null of=p oflag=nonblock conv=notrunc 2>&1 | head -1
+        mv p q; ln q q2; stat -c '%F %h' q2; rm q2
+        mknod r p; mknod f c 1 3 2>/dev/null || true; rm -f f
+        touch -d @1700000000 r; stat -c '%F %s %Y' r; ls"#;
+    let (stdout, _scratch, _kernel_dir, image) = on_both(script);
+    assert_eq!(
+        stdout[0],
+        "is-a-fifo\nfifo 0 644 1\nprw-r--r--\nthrough the fifo\n20000\n19999\n\
+         dd: failed to open 'p': No such device or address\nfifo 2\nfifo 0 1700000000\nin\nq\nr\n"
+    );
+    assert_eq!(stdout[1], stdout[0]);
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    assert_eq!(fs.symlink_metadata("q").unwrap().kind, iopath::fs::Kind::Fifo);
+    assert_eq!(fs.symlink_metadata("r").unwrap().mtime_ns, 1_700_000_000 * 1_000_000_000);
+    assert_eq!(fs.open("q").unwrap_err().errno(), Some(libc::ENXIO));
+}
+
 /// Two processes that work on the mount file by file, each with a file
 /// open there in turn, as `rsync -a` between two directories of a mount
 /// does: the receiver (which closed its standard output) creates each temp

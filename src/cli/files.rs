@@ -215,6 +215,7 @@ fn mode_string(mode: u32) -> String {
     let kind = match mode & libc::S_IFMT {
         libc::S_IFDIR => 'd',
         libc::S_IFLNK => 'l',
+        libc::S_IFIFO => 'p',
         _ => '-',
     };
     let bits = "rwxrwxrwx".chars().enumerate().map(|(i, c)| if mode & (0o400 >> i) != 0 { c } else { '-' });
@@ -508,13 +509,16 @@ fn copy(fs: &FileSystem, from: &Loc, to: &Loc, recursive: bool) -> Result<()> {
     if kind == Kind::File {
         return copy_file(fs, from, to, mode);
     }
+    if kind == Kind::Fifo {
+        return Err(Error::spec("source", from.show(), "it is a FIFO (a named pipe): it holds no bytes to copy"));
+    }
     if !recursive {
         return Err(Error::spec("source", from.show(), "it is a directory; copy it with -r"));
     }
     match kind_of(fs, to)? {
         None => make_dir(fs, to, mode)?,
         Some((Kind::Dir, _)) => {}
-        Some((Kind::File | Kind::Symlink, _)) => {
+        Some((Kind::File | Kind::Symlink | Kind::Fifo, _)) => {
             return Err(Error::spec("destination", to.show(), "it is a file; a directory cannot be copied over it"));
         }
     }
@@ -564,7 +568,7 @@ fn remove_tree(fs: &FileSystem, path: &str) -> Result<()> {
         let child = join(path, &lossy(&entry.name));
         match entry.kind {
             Kind::Dir => remove_tree(fs, &child)?,
-            Kind::File | Kind::Symlink => fs.unlink(&child)?,
+            Kind::File | Kind::Symlink | Kind::Fifo => fs.unlink(&child)?,
         }
     }
     fs.rmdir(path)

@@ -77,8 +77,9 @@ const COMMIT_MAGIC: &[u8; 8] = b"IOPJCOMT";
 const OVERFLOW_MAGIC: &[u8; 4] = b"IOPX";
 /// Format version `mkfs` writes (5: the superblock keeps the inode mark;
 /// 6: and the carried cache's stamp; 7: symbolic links; 8: hard links,
-/// second names of a file. An older iopath would take either for damage).
-pub const VERSION: u32 = 8;
+/// second names of a file; 9: named pipes, FIFO inodes. An older iopath
+/// would take any of those for damage, so it refuses the version).
+pub const VERSION: u32 = 9;
 /// Longest symbolic link target, in bytes: it is kept in the inode, where a
 /// file keeps its extents (Linux allows 4095; every link under /usr and
 /// /etc of these machines is under 100).
@@ -444,7 +445,8 @@ pub struct Inode {
     pub name: Vec<u8>,
     /// The slot of its parent directory, or [`ROOT`].
     pub parent: u32,
-    /// File type and permission bits, as `st_mode` (`S_IFREG`, `S_IFDIR` or `S_IFLNK`).
+    /// File type and permission bits, as `st_mode` (`S_IFREG`, `S_IFDIR`,
+    /// `S_IFLNK` or, from format 9, `S_IFIFO`).
     pub mode: u32,
     /// Unlinked while open: its blocks are freed at its last close, or at
     /// the next mount if a crash comes first.
@@ -507,6 +509,12 @@ impl Inode {
     /// Whether it is a symbolic link.
     pub fn is_link(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+
+    /// Whether it is a named pipe (a FIFO): a name and an inode only; its
+    /// bytes pass through a kernel pipe that stands for it.
+    pub fn is_fifo(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFIFO
     }
 
     /// A hard link: another name, `name` in `parent`, of the file in slot
@@ -600,7 +608,8 @@ impl Inode {
         let mode = match get_u32(slot, 48) {
             0 => OLD_FILE_MODE,
             m if matches!(m & libc::S_IFMT, libc::S_IFREG | libc::S_IFDIR | libc::S_IFLNK) => m,
-            _ => return Err(bad("neither a regular file, a directory nor a symbolic link")),
+            m if m & libc::S_IFMT == libc::S_IFIFO && sb.version >= 9 => m,
+            _ => return Err(bad("neither a regular file, a directory, a symbolic link nor a FIFO")),
         };
         let inline = get_u16(slot, 6) as usize;
         let total = get_u32(slot, 40) as usize;
@@ -663,6 +672,9 @@ impl Inode {
         }
         if inode.is_dir() && (inode.size != 0 || total != 0 || inode.orphan) {
             return Err(bad("a directory with data or an orphan flag"));
+        }
+        if inode.is_fifo() && (inode.size != 0 || total != 0) {
+            return Err(bad("a FIFO with data"));
         }
         let mut end = 0u64;
         for e in &inode.extents {
@@ -913,6 +925,22 @@ mod tests {
         empty.size = 0;
         let e = decode(&empty).unwrap_err().to_string();
         assert!(e.contains("wrong length"), "{e}");
+    }
+
+    #[test]
+    fn a_fifo_inode_is_one_from_format_9_and_holds_no_data() {
+        let fifo = Inode { name: b"p".to_vec(), mode: libc::S_IFIFO | 0o640, ..Inode::default() };
+        let decode = |inode: &Inode, version: u32| {
+            let mut slot = [0u8; INODE_SIZE];
+            inode.encode(&mut slot, &mut Vec::new());
+            Inode::decode(&slot, 3, |_| Ok(zero_block()), &Superblock { version, ..sb() })
+        };
+        let back = decode(&fifo, 9).unwrap().unwrap();
+        assert!(back.is_fifo() && !back.is_link() && !back.is_dir() && back == fifo);
+        let e = decode(&fifo, 8).unwrap_err().to_string();
+        assert!(e.contains("inode 3 is damaged: neither a regular file"), "an older format has none: {e}");
+        let e = decode(&Inode { size: 1, ..fifo.clone() }, 9).unwrap_err().to_string();
+        assert!(e.contains("a FIFO with data"), "{e}");
     }
 
     #[test]

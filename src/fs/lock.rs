@@ -141,16 +141,67 @@ fn beside_lock(path: &Path, what: &str, suffix: &str) -> Result<PathBuf> {
 /// between processes, as it does on its own files.
 pub fn flock_path(path: &Path, ino: u64) -> Result<PathBuf> {
     let dir = beside_lock(path, "flock", "")?;
+    shared_dir(&dir)?;
+    Ok(dir.join(format!("{ino:x}")))
+}
+
+/// The kernel named pipe that stands for FIFO inode `ino` of the file
+/// system on the device at `path`: every process that opens the FIFO
+/// through the interposer opens this pipe, so readers and writers meet
+/// there as they do on a FIFO of the kernel's, across processes and lends
+/// of the mount. Beside the device's lock, in a directory made if missing
+/// (the pipe itself is made by [`make_fifo`]); a new FIFO in a slot that
+/// held one before removes its pipe ([`forget_fifo`]).
+pub fn fifo_path(path: &Path, ino: u64) -> Result<PathBuf> {
+    let dir = beside_lock(path, "fifo", "")?;
+    shared_dir(&dir)?;
+    Ok(dir.join(format!("{ino:x}")))
+}
+
+/// `dir`, made if missing, where anyone may make files (as anyone may take the lock).
+fn shared_dir(dir: &Path) -> Result<()> {
     if !dir.is_dir() {
-        match std::fs::create_dir(&dir) {
+        match std::fs::create_dir(dir) {
             Ok(()) => {
-                let _ = std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+                let _ = std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(source) => return Err(Error::Os { context: format!("cannot make {}", dir.display()), source }),
         }
     }
-    Ok(dir.join(format!("{ino:x}")))
+    Ok(())
+}
+
+/// Removes the kernel pipe of FIFO inode `ino` (see [`fifo_path`]), if
+/// there is one: the inode's slot holds a new FIFO, and whoever still has
+/// the old pipe open keeps it, as with a FIFO unlinked while open.
+pub fn forget_fifo(path: &Path, ino: u64) -> Result<()> {
+    let pipe = fifo_path(path, ino)?;
+    match std::fs::remove_file(&pipe) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::Os { context: format!("cannot remove {}", pipe.display()), source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Makes the kernel pipe `pipe` ([`fifo_path`]) if it is not there,
+/// readable and writable by anyone who may take the device's lock (a
+/// mount's files are open to every process that mounts it).
+pub fn make_fifo(pipe: &Path) -> Result<()> {
+    let c = std::ffi::CString::new(pipe.as_os_str().as_encoded_bytes()).map_err(|_| Error::Os {
+        context: format!("{} holds a NUL", pipe.display()),
+        source: std::io::ErrorKind::InvalidInput.into(),
+    })?;
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o666) } == 0 {
+        let _ = std::fs::set_permissions(pipe, std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        return Ok(());
+    }
+    match std::io::Error::last_os_error() {
+        e if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        source => Err(Error::Os { context: format!("cannot make the pipe {}", pipe.display()), source }),
+    }
 }
 
 /// The command line of process `pid`, for a message.

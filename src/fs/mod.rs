@@ -658,7 +658,7 @@ impl Meta {
         }
         debug_assert!(self.ns.aliases(slot).is_empty(), "a file with hard links keeps its slot");
         self.ns.remove_slot(slot);
-        self.ns.forget_target(slot);
+        self.ns.forget_kind(slot);
         self.clear_slot(sb, slot);
         let dirty = std::mem::take(&mut state.dirty);
         for page in dirty.values() {

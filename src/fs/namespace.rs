@@ -66,6 +66,8 @@ pub(super) struct Index {
     links: IntMap<u32, (u32, Vec<u8>)>,
     /// Each symbolic link's target, by slot.
     targets: IntMap<u32, Vec<u8>>,
+    /// The slots of named pipes (FIFOs).
+    fifos: IntSet<u32>,
     /// The alias slots holding a file's other names (hard links), by the
     /// file's slot; the file's own inode holds one name while it has any.
     aliases: IntMap<u32, Vec<u32>>,
@@ -172,9 +174,20 @@ impl Index {
         self.targets.insert(slot, target);
     }
 
-    /// `slot` holds no symbolic link any more (its inode is free).
-    pub fn forget_target(&mut self, slot: u32) {
+    /// Records that `slot` is a named pipe (a FIFO).
+    pub fn set_fifo(&mut self, slot: u32) {
+        self.fifos.insert(slot);
+    }
+
+    /// Whether `slot` is a named pipe.
+    pub fn is_fifo(&self, slot: u32) -> bool {
+        self.fifos.contains(&slot)
+    }
+
+    /// `slot` holds no symbolic link or FIFO any more (its inode is free).
+    pub fn forget_kind(&mut self, slot: u32) {
         self.targets.remove(&slot);
+        self.fifos.remove(&slot);
     }
 
     /// The target of symbolic link `slot`.
@@ -515,6 +528,10 @@ pub enum Kind {
     Dir,
     /// A symbolic link.
     Symlink,
+    /// A named pipe (FIFO): a name and an inode here; its bytes pass
+    /// through a kernel pipe that stands for it (the interposer opens
+    /// that; [`FileSystem::open`] refuses it with `ENXIO`).
+    Fifo,
 }
 
 /// One entry of a directory, as [`FileSystem::read_dir`] lists it.
@@ -639,6 +656,8 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
             }
             if inode.is_link() {
                 ns.set_target(slot, inode.target.clone());
+            } else if inode.is_fifo() {
+                ns.set_fifo(slot);
             }
         }
     }
@@ -769,6 +788,8 @@ impl Meta {
         debug_assert!(inserted, "the caller checked the name is free");
         if inode.is_link() {
             self.ns.set_target(slot, inode.target.clone());
+        } else if inode.is_fifo() {
+            self.ns.set_fifo(slot);
         }
         self.touch_dir(sb, parent, inode.ctime_ns)?;
         Ok((slot, inode))
@@ -857,7 +878,11 @@ impl Meta {
 fn file_metadata(state: &NodeState) -> Metadata {
     Metadata {
         ino: ino(state.slot),
-        kind: if state.inode.is_link() { Kind::Symlink } else { Kind::File },
+        kind: match state.inode.mode & libc::S_IFMT {
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            _ => Kind::File,
+        },
         mode: state.inode.mode,
         nlink: if state.inode.orphan || !state.live { 0 } else { state.nlink },
         size: state.inode.size,
@@ -902,6 +927,15 @@ impl FileSystem {
     pub fn create_with_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<File> {
         let file = self.create_node("create", path.as_ref(), (libc::S_IFREG | (mode & 0o7777), &[]))?;
         Ok(file.expect("a regular file is opened"))
+    }
+
+    /// Makes a named pipe (a FIFO) at `path` with permission bits `mode`
+    /// (`mkfifo(3)`): a name and an inode that `stat` and `readdir` report
+    /// as one. Its bytes pass through a kernel pipe that stands for it
+    /// ([`super::lock::fifo_path`], opened by the interposer); this file
+    /// system never holds them. `EEXIST` if the name is taken.
+    pub fn mkfifo(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<()> {
+        self.create_node("mkfifo", path.as_ref(), (libc::S_IFIFO | (mode & 0o7777), &[])).map(drop)
     }
 
     /// Makes a symbolic link at `path` that leads to `target` (`symlink(2)`:
@@ -1053,7 +1087,7 @@ impl FileSystem {
         let node = Node::new(state);
         meta.slots[slot as usize] = Slot::File(super::LazyNode::built(Arc::clone(&node)));
         // Counted under the metadata lock, as every open: an unlink sees it.
-        let file = target.is_empty().then(|| self.handle(node, false));
+        let file = (mode & libc::S_IFMT == libc::S_IFREG).then(|| self.handle(node, false));
         fs.namespace_changed(meta)?;
         Ok(file)
     }
@@ -1072,6 +1106,12 @@ impl FileSystem {
         match walk.found {
             None => Err(file_error("open", path, libc::ENOENT, "no such file")),
             Some(c) if c.dir => Err(file_error("open", path, libc::EISDIR, "it is a directory")),
+            Some(c) if meta.ns.is_fifo(c.slot) => Err(file_error(
+                "open",
+                path,
+                libc::ENXIO,
+                "a FIFO's bytes pass through a kernel pipe: open it through the interposer (`iopath run --mount`)",
+            )),
             Some(c) => {
                 let node = Arc::clone(meta.file(c.slot).expect("a file's slot holds its node"));
                 let file = self.handle(node, false);
@@ -1241,6 +1281,8 @@ impl FileSystem {
                         Kind::Dir
                     } else if meta.ns.target(child.slot).is_some() {
                         Kind::Symlink
+                    } else if meta.ns.is_fifo(child.slot) {
+                        Kind::Fifo
                     } else {
                         Kind::File
                     },

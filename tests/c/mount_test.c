@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <sys/vfs.h>
 #include <sys/uio.h>
@@ -423,15 +424,33 @@ static void other_nodes(void) {
     /* What a mount cannot hold is refused with the errno Linux gives a file system without it;
        on ext4 the same calls succeed, so only the refusal of the mount is checked there. */
     char buf[64];
+    struct stat st;
     int fd = open(at("plain"), O_CREAT | O_WRONLY, 0644);
     ERRNO_IS(readlink(at("plain"), buf, sizeof buf), EINVAL);
     ERRNO_IS(readlink(at("none"), buf, sizeof buf), ENOENT);
     if (iopath_mode) {
         ERRNO_IS(linkat(fd, "", AT_FDCWD, at("by-fd"), AT_EMPTY_PATH), ENOENT);
-        ERRNO_IS(mkfifo(at("fifo"), 0644), EPERM);
+        ERRNO_IS(mknod(at("dev"), S_IFCHR | 0600, makedev(1, 3)), EPERM);
         ERRNO_IS(link(at("plain"), "/tmp/iopath-mount-test-cross-link"), EXDEV);
     }
     CHECK(close(fd) == 0 && unlink(at("plain")) == 0, "unlink");
+    /* A FIFO, both ways: made by mkfifo and mknod, a FIFO to stat, bytes through it. */
+    CHECK(mkfifo(at("fifo"), 0640) == 0, "mkfifo");
+    ERRNO_IS(mkfifo(at("fifo"), 0640), EEXIST);
+    mode_t mask = umask(022);
+    umask(mask);
+    CHECK(lstat(at("fifo"), &st) == 0 && S_ISFIFO(st.st_mode) && (st.st_mode & 0777) == (0640 & ~mask),
+          "a FIFO to lstat");
+    ERRNO_IS(open(at("fifo"), O_WRONLY | O_NONBLOCK), ENXIO);
+    int r = open(at("fifo"), O_RDONLY | O_NONBLOCK);
+    int w = open(at("fifo"), O_WRONLY | O_NONBLOCK);
+    CHECK(r >= 0 && w >= 0 && fstat(w, &st) == 0 && S_ISFIFO(st.st_mode), "both ends open, without waiting");
+    CHECK(write(w, "pipe", 4) == 4 && read(r, buf, sizeof buf) == 4 && !memcmp(buf, "pipe", 4), "bytes through");
+    ERRNO_IS(truncate(at("fifo"), 0), EINVAL);
+    CHECK(close(r) == 0 && close(w) == 0 && unlink(at("fifo")) == 0, "unlink a FIFO");
+    CHECK(mknod(at("fifo2"), S_IFIFO | 0600, 0) == 0 && stat(at("fifo2"), &st) == 0 && S_ISFIFO(st.st_mode),
+          "mknod of a FIFO");
+    CHECK(unlink(at("fifo2")) == 0, "unlink");
 }
 
 static void symlinks(void) {

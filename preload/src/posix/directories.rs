@@ -59,6 +59,7 @@ fn snapshot(fd: c_int) -> Result<Vec<(Vec<u8>, u64, u8)>, c_int> {
         let kind = match e.kind {
             Kind::Dir => libc::DT_DIR,
             Kind::Symlink => libc::DT_LNK,
+            Kind::Fifo => libc::DT_FIFO,
             Kind::File => libc::DT_REG,
         };
         entries.push((e.name, e.ino, kind));

@@ -9,7 +9,7 @@
 //!
 //! - `paths.rs`: open and its variants, creat, unlink, rename, mkdir, rmdir, access, truncate, umask,
 //!   chdir, fchdir, getcwd (a working directory inside a mount is kept here: the kernel's cannot be),
-//!   symlink, readlink, link and linkat, and the nodes a mount cannot hold (mknod, mkfifo: EPERM)
+//!   symlink, readlink, link and linkat, mknod and mkfifo (FIFOs and regular files; other nodes EPERM)
 //! - `descriptors.rs`: close, close_range, dup, dup2, dup3, fcntl (duplicates and flags), ioctl;
 //!   a mounted file put on descriptor 0, 1 or 2 becomes a bridge's pipe (`bridge/`)
 //! - `processes.rs`: `_exit`/`_Exit` (which commit the mounts first, as `exit` does),

@@ -81,6 +81,16 @@ pub(crate) fn open_inside(inside: Inside, flags: c_int, mode: mode_t) -> c_int {
             }
             Node::Dir
         }
+        Ok(m) if m.kind == Kind::Fifo => {
+            if create && exclusive {
+                return fail(libc::EEXIST);
+            }
+            if flags & libc::O_DIRECTORY != 0 {
+                return fail(libc::ENOTDIR);
+            }
+            drop(fs);
+            return open_fifo(&inside, m.ino, flags);
+        }
         Ok(_) => {
             if create && exclusive {
                 return fail(libc::EEXIST);
@@ -528,8 +538,9 @@ macro_rules! hook_truncate {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: *const c_char, len: off_t) -> c_int {
             let mounted = on_path(libc::AT_FDCWD, path, fail, |inside| {
-                if len < 0 {
-                    return fail(libc::EINVAL);
+                let fifo = || inside.mount.fs().ok().and_then(|fs| fs.metadata(&inside.path).ok());
+                if len < 0 || fifo().is_some_and(|m| m.kind == Kind::Fifo) {
+                    return fail(libc::EINVAL); // as Linux, for a FIFO too
                 }
                 with_fs(&inside, |fs| fs.open(&inside.path)?.truncate(len as u64))
             });
@@ -821,16 +832,36 @@ pub unsafe extern "C" fn readlinkat(
     mounted.unwrap_or_else(|| unsafe { real::readlinkat(dirfd, super::kernel(dirfd, path).ptr(), buf, size) })
 }
 
-/// `mknod`: a mount holds regular files and directories only (EPERM for other nodes).
+/// `mknodat` in a mount: a named pipe (`S_IFIFO`, see [`open_fifo`]) or a
+/// regular file (`S_IFREG`, or no type); a device node or a socket cannot
+/// be made there (EPERM, as on a file system mounted `nodev`).
+fn mknod_inside(inside: Inside, mode: mode_t) -> c_int {
+    let bits = mode & !umask_now() & 0o7777;
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => with_fs(&inside, |fs| {
+            fs.mkfifo(&inside.path, bits)?;
+            // A FIFO this slot held before may have left its pipe: the new one starts empty.
+            let ino = fs.symlink_metadata(&inside.path)?.ino;
+            match iopath::fs::lock::backing_path(&inside.mount.device) {
+                Some(device) => iopath::fs::lock::forget_fifo(&device, ino),
+                None => Ok(()),
+            }
+        }),
+        0 | libc::S_IFREG => with_fs(&inside, |fs| fs.create_with_mode(&inside.path, bits).map(drop)),
+        _ => unsupported_node("a device node or socket", &inside),
+    }
+}
+
+/// `mknod`: in a mount, a FIFO or a regular file ([`mknod_inside`]).
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
-    let mounted =
-        on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
-    // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::mknod(super::kernel(libc::AT_FDCWD, path).ptr(), mode, dev) })
+    on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mknod_inside(inside, mode))
+        .or_else(|| named_through_kernel_link(libc::AT_FDCWD, path).map(|inside| mknod_inside(inside, mode)))
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::mknod(super::kernel(libc::AT_FDCWD, path).ptr(), mode, dev) })
 }
 
 /// `mknodat`: as [`mknod`].
@@ -839,20 +870,70 @@ pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
-    let mounted = on_path_nofollow(dirfd, path, fail, |inside| unsupported_node("a device node or FIFO", &inside));
-    // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::mknodat(dirfd, super::kernel(dirfd, path).ptr(), mode, dev) })
+    on_path_nofollow(dirfd, path, fail, |inside| mknod_inside(inside, mode))
+        .or_else(|| named_through_kernel_link(dirfd, path).map(|inside| mknod_inside(inside, mode)))
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::mknodat(dirfd, super::kernel(dirfd, path).ptr(), mode, dev) })
 }
 
-/// `mkfifo`: as [`mknod`].
+/// `mkfifo`: a FIFO ([`mknod_inside`]); the C library's calls the kernel itself.
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
-    let mounted = on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| unsupported_node("a FIFO", &inside));
-    // SAFETY: passed on.
-    mounted.unwrap_or_else(|| unsafe { real::mkfifo(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+    let fifo = libc::S_IFIFO | (mode & 0o7777);
+    on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mknod_inside(inside, fifo))
+        .or_else(|| named_through_kernel_link(libc::AT_FDCWD, path).map(|inside| mknod_inside(inside, fifo)))
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::mkfifo(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+}
+
+/// `mkfifoat`: as [`mkfifo`].
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+    let fifo = libc::S_IFIFO | (mode & 0o7777);
+    on_path_nofollow(dirfd, path, fail, |inside| mknod_inside(inside, fifo))
+        .or_else(|| named_through_kernel_link(dirfd, path).map(|inside| mknod_inside(inside, fifo)))
+        // SAFETY: passed on.
+        .unwrap_or_else(|| unsafe { real::mkfifoat(dirfd, super::kernel(dirfd, path).ptr(), mode) })
+}
+
+/// Opens FIFO inode `ino` of `inside`'s mount: the kernel pipe that stands
+/// for it ([`iopath::fs::lock::fifo_path`]), made if missing, with the
+/// program's flags, at the number the kernel gives (a descriptor of the
+/// kernel's from here on: reads, writes, poll and close are the pipe's).
+/// The mount is not held meanwhile: an open for reading waits for a
+/// writer, who may be another process that must mount it to find the FIFO.
+fn open_fifo(inside: &Inside, ino: u64, flags: c_int) -> c_int {
+    let Some(device) = iopath::fs::lock::backing_path(&inside.mount.device) else {
+        crate::log(&format!("a FIFO on {} has no kernel pipe (not a device file): ENXIO", inside.mount.device));
+        return fail(libc::ENXIO);
+    };
+    let pipe = {
+        let _inside = crate::Inside::enter();
+        iopath::fs::lock::fifo_path(&device, ino).and_then(|pipe| iopath::fs::lock::make_fifo(&pipe).map(|()| pipe))
+    };
+    let pipe = match pipe {
+        Ok(pipe) => pipe,
+        Err(e) => {
+            crate::log(&format!("FIFO {}: {e}", String::from_utf8_lossy(&inside.path)));
+            return fail(libc::ENXIO);
+        }
+    };
+    let Ok(pipe) = std::ffi::CString::new(pipe.into_os_string().into_encoded_bytes()) else {
+        return fail(libc::ENXIO);
+    };
+    let kept = libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_ASYNC;
+    // The program's own open from here: an open for reading waits for a writer (and one
+    // for writing for a reader) for as long as it takes, so nothing of iopath's is held
+    // meanwhile (a descriptor made inside waits for the lender's, which waits for it).
+    let _program = crate::Inside::leave();
+    // SAFETY: a NUL-terminated path; the descriptor is the program's.
+    crate::route::created(unsafe { real::open(pipe.as_ptr(), flags & kept, 0) })
 }
 
 /// What a path's component is, for [`canonical`]'s walk.
