@@ -669,6 +669,9 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
     std::fs::write(src.join("a.txt"), "hello\n").unwrap();
     std::fs::write(src.join("sub/with space"), "x").unwrap();
     std::os::unix::fs::symlink("../a.txt", src.join("sub/to-a")).unwrap();
+    let pipe = std::ffi::CString::new(src.join("sub/pipe").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(pipe.as_ptr(), 0o640) }, 0, "a named pipe to copy");
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 4096) as u8).collect();
     std::fs::write(src.join("sub/deeper/big"), &big).unwrap();
     let src_s = src.to_str().unwrap();
@@ -677,7 +680,8 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
     succeeds(&["cp", img, "-r", src_s, "::/"]);
     let out = succeeds(&["ls", "-lR", img]);
     assert!(out.contains("/src/sub/deeper:") && out.contains("3000000") && out.contains("with space"), "{out}");
-    assert!(out.contains("4 file(s), 3 directory(ies)") && out.contains("to-a -> ../a.txt"), "{out}");
+    assert!(out.contains("5 file(s), 3 directory(ies)") && out.contains("to-a -> ../a.txt"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("prw-r-----") && l.ends_with(" pipe")), "a FIFO made anew: {out}");
     assert_eq!(succeeds(&["ls", img, "/src"]), "a.txt\nsub\n");
     assert_eq!(succeeds(&["cat", img, "/src/a.txt", "src/sub/with space"]), "hello\nx");
     // Out again, byte for byte.
@@ -690,6 +694,8 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
         std::path::Path::new("../a.txt"),
         "a link stays one"
     );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(back.join("sub/pipe")).unwrap().file_type().is_fifo(), "a FIFO stays one");
     // Within the file system, into a directory made with -p.
     succeeds(&["mkdir", "-p", img, "/x/y/z"]);
     succeeds(&["cp", img, "::/src/a.txt", "::/src/sub/with space", "::/x/y/z"]);

@@ -375,6 +375,9 @@ fn kind_of(fs: &FileSystem, loc: &Loc) -> Result<Option<(Kind, u32)>> {
     match loc {
         Loc::Host(p) => match std::fs::metadata(p) {
             Ok(m) if m.is_dir() => Ok(Some((Kind::Dir, m.permissions().mode() & 0o7777))),
+            Ok(m) if std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()) => {
+                Ok(Some((Kind::Fifo, m.permissions().mode() & 0o7777)))
+            }
             Ok(m) => Ok(Some((Kind::File, m.permissions().mode() & 0o7777))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(host_error("look at", p, e)),
@@ -409,6 +412,22 @@ fn make_dir(fs: &FileSystem, loc: &Loc, mode: u32) -> Result<()> {
             std::fs::DirBuilder::new().mode(mode).create(p).map_err(|e| host_error("make directory", p, e))
         }
         Loc::Image(p) => fs.mkdir(p, mode),
+    }
+}
+
+/// Makes a named pipe at `loc` with permission bits `mode`.
+fn make_fifo(fs: &FileSystem, loc: &Loc, mode: u32) -> Result<()> {
+    match loc {
+        Loc::Host(p) => {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| Error::spec("destination", loc.show(), "a path holds no NUL byte"))?;
+            // SAFETY: a NUL-terminated path.
+            match unsafe { libc::mkfifo(c.as_ptr(), mode as libc::mode_t) } {
+                0 => Ok(()),
+                _ => Err(host_error("make a FIFO", p, std::io::Error::last_os_error())),
+            }
+        }
+        Loc::Image(p) => fs.mkfifo(p, mode),
     }
 }
 
@@ -510,7 +529,8 @@ fn copy(fs: &FileSystem, from: &Loc, to: &Loc, recursive: bool) -> Result<()> {
         return copy_file(fs, from, to, mode);
     }
     if kind == Kind::Fifo {
-        return Err(Error::spec("source", from.show(), "it is a FIFO (a named pipe): it holds no bytes to copy"));
+        // As `cp -r`: a named pipe is made anew (it holds no bytes to copy).
+        return make_fifo(fs, to, mode);
     }
     if !recursive {
         return Err(Error::spec("source", from.show(), "it is a directory; copy it with -r"));
