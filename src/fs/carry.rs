@@ -816,7 +816,8 @@ impl CarriedCache {
 /// Removes carried caches and shared-memory logs ([`super::shm_log`]) in
 /// `dir` whose device is gone (the path in their header names nothing, or a
 /// file with another identity than their name says) and that no process
-/// holds (their mount lock is free).
+/// holds (their mount lock is free), and with them the files that stood
+/// for that device's flocks and FIFOs.
 pub fn sweep(dir: &Path) {
     let Ok(names) = crate::sys::dir_names(dir) else { return };
     for name in names {
@@ -844,6 +845,10 @@ pub fn sweep(dir: &Path) {
             });
             if !held {
                 let _ = std::fs::remove_file(&path);
+                // And what stood for its flocks and FIFOs (`super::lock::flock_path`, `fifo_path`).
+                for what in ["flock", "fifo"] {
+                    let _ = std::fs::remove_dir_all(dir.join(format!("iopath-{what}-{id}")));
+                }
             }
         }
     }
@@ -1021,8 +1026,14 @@ mod tests {
         let c = CarriedCache::open(&path, &backing, 3 * BLOCK_U64).unwrap();
         assert_eq!(c.attach(1, 5).unwrap(), 0);
         drop(c);
-        // Its name says a device identity that `backing` does not have: swept.
+        // Its name says a device identity that `backing` does not have: swept, and
+        // what stood for the flocks and FIFOs of that device with it.
+        for what in ["flock", "fifo"] {
+            std::fs::create_dir(dir.path().join(format!("iopath-{what}-gone"))).unwrap();
+            std::fs::write(dir.path().join(format!("iopath-{what}-gone/1f")), b"").unwrap();
+        }
         sweep(dir.path());
         assert!(!path.exists());
+        assert!(!dir.path().join("iopath-flock-gone").exists() && !dir.path().join("iopath-fifo-gone").exists());
     }
 }
