@@ -18,7 +18,7 @@
 //!   whose `flock` it gets) the first time it needs a new block, and holds
 //!   it until it exits; the next process claims the same file and maps the
 //!   same pages, already there. Processes running at once claim different
-//!   files; a claim removes the unheld files more than [`SPARE_FILES`]
+//!   files; a claim removes the unheld files more than two (`SPARE_FILES`)
 //!   past its own, so a burst of them leaves that many spares behind.
 //!   Nothing in the file is read: a frame's bytes are the caller's to
 //!   fill, as with any recycled block.
