@@ -52,6 +52,58 @@ pub(super) struct Child {
 
 const ROOT_CHILD: Child = Child { slot: ROOT, dir: true };
 
+/// A map keyed by inode slot, kept as a table by slot: slots are dense (all
+/// below the inode mark), so a lookup is an index, not a hash and a probe
+/// (the hash map of every name's link was a fifth of indexing them at mount).
+#[derive(Debug)]
+struct BySlot<V> {
+    items: Vec<Option<V>>,
+    len: usize,
+}
+
+impl<V> Default for BySlot<V> {
+    fn default() -> Self {
+        BySlot { items: Vec::new(), len: 0 }
+    }
+}
+
+impl<V> BySlot<V> {
+    fn get(&self, slot: &u32) -> Option<&V> {
+        self.items.get(*slot as usize)?.as_ref()
+    }
+
+    fn insert(&mut self, slot: u32, value: V) -> Option<V> {
+        let at = slot as usize;
+        debug_assert!(slot != ROOT, "the root has no link");
+        if at >= self.items.len() {
+            self.items.resize_with(at + 1, || None);
+        }
+        let old = self.items[at].replace(value);
+        self.len += usize::from(old.is_none());
+        old
+    }
+
+    fn remove(&mut self, slot: &u32) -> Option<V> {
+        let old = self.items.get_mut(*slot as usize)?.take();
+        self.len -= usize::from(old.is_some());
+        old
+    }
+
+    /// The slots that hold a value, in order.
+    fn keys(&self) -> impl Iterator<Item = u32> + '_ {
+        self.items.iter().enumerate().filter(|(_, v)| v.is_some()).map(|(slot, _)| slot as u32)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Room for slots below `slots` without growing.
+    fn reserve(&mut self, slots: usize) {
+        self.items.reserve(slots.saturating_sub(self.items.len()));
+    }
+}
+
 /// The in-memory index of every name: built at mount, changed with the
 /// inodes under the metadata lock.
 #[derive(Debug, Default)]
@@ -63,7 +115,7 @@ pub(super) struct Index {
     names: usize,
     /// `slot -> (parent, name)` for every inode that holds a name: a linked
     /// file or directory, or a hard link's alias (an orphan has none).
-    links: IntMap<u32, (u32, Vec<u8>)>,
+    links: BySlot<(u32, Vec<u8>)>,
     /// Each symbolic link's target, by slot.
     targets: IntMap<u32, Vec<u8>>,
     /// The slots of named pipes (FIFOs).
@@ -306,7 +358,7 @@ impl Index {
         // twentieth of a mount): 0 not yet, then REACHES or LOST.
         const REACHES: u8 = 1;
         const LOST: u8 = 2;
-        let slots = self.links.keys().map(|&s| s as usize + 1).max().unwrap_or(0);
+        let slots = self.links.keys().map(|s| s as usize + 1).max().unwrap_or(0);
         let mut known = vec![0u8; slots];
         let verdict_of = |known: &[u8], at: u32| match at {
             ROOT => REACHES,
@@ -314,7 +366,7 @@ impl Index {
         };
         let mut lost = Vec::new();
         let mut chain = Vec::new();
-        for &slot in self.links.keys() {
+        for slot in self.links.keys() {
             let mut at = slot;
             let verdict = loop {
                 match verdict_of(&known, at) {
@@ -613,7 +665,7 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
     // Sized once: grown as it fills, the tables were rehashed a dozen times
     // each mount (a tenth of mounting a tree of 17,000 names).
     let mut ns = Index::default();
-    ns.links.reserve(inodes.len());
+    ns.links.reserve(inodes.iter().map(|(s, _)| *s as usize + 1).max().unwrap_or(0));
     ns.entries.reserve(dirs.len() + 1);
     // Files first, then the aliases that name them.
     let (aliases, others): (Vec<_>, Vec<_>) = inodes.into_iter().partition(|(_, i)| i.alias_of.is_some());
@@ -1633,6 +1685,16 @@ mod tests {
             assert!(ix.insert(parent, name.as_bytes().to_vec(), Child { slot, dir }));
         }
         ix
+    }
+
+    #[test]
+    fn a_table_by_slot_keeps_what_a_map_would() {
+        let mut t = BySlot::default();
+        assert_eq!((t.insert(7, "seven"), t.insert(2, "two"), t.insert(7, "SEVEN")), (None, None, Some("seven")));
+        assert_eq!((t.len(), t.get(&7), t.get(&3), t.get(&ROOT)), (2, Some(&"SEVEN"), None, None));
+        assert_eq!(t.keys().collect::<Vec<_>>(), [2, 7]);
+        assert_eq!((t.remove(&2), t.remove(&2), t.remove(&99), t.len()), (Some("two"), None, None, 1));
+        assert_eq!(t.keys().collect::<Vec<_>>(), [7]);
     }
 
     #[test]
