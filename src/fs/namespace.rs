@@ -52,6 +52,10 @@ pub(super) struct Child {
 
 const ROOT_CHILD: Child = Child { slot: ROOT, dir: true };
 
+/// A name in the index: one copy, shared by its directory's entries and its
+/// link back (two copies of every name were a quarter of indexing them at mount).
+type Name = Arc<[u8]>;
+
 /// A map keyed by inode slot, kept as a table by slot: slots are dense (all
 /// below the inode mark), so a lookup is an index, not a hash and a probe
 /// (the hash map of every name's link was a fifth of indexing them at mount).
@@ -110,12 +114,12 @@ impl<V> BySlot<V> {
 pub(super) struct Index {
     /// `parent -> name -> child`: a directory's entries by name (looked up
     /// by a borrowed name, with no copy of it).
-    entries: IntMap<u32, BTreeMap<Vec<u8>, Child>>,
+    entries: IntMap<u32, BTreeMap<Name, Child>>,
     /// Number of names.
     names: usize,
     /// `slot -> (parent, name)` for every inode that holds a name: a linked
     /// file or directory, or a hard link's alias (an orphan has none).
-    links: BySlot<(u32, Vec<u8>)>,
+    links: BySlot<(u32, Name)>,
     /// Each symbolic link's target, by slot.
     targets: IntMap<u32, Vec<u8>>,
     /// The slots of named pipes (FIFOs).
@@ -173,9 +177,10 @@ type Refusal = (i32, &'static str);
 
 impl Index {
     /// Adds an entry; false if the name is taken.
-    pub fn insert(&mut self, parent: u32, name: Vec<u8>, child: Child) -> bool {
+    pub fn insert(&mut self, parent: u32, name: &[u8], child: Child) -> bool {
         use std::collections::btree_map::Entry;
-        match self.entries.entry(parent).or_default().entry(name.clone()) {
+        let name = Name::from(name);
+        match self.entries.entry(parent).or_default().entry(Arc::clone(&name)) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
                 v.insert(child);
@@ -189,9 +194,10 @@ impl Index {
 
     /// Adds another name of file `file`, held by inode `alias`; false if the
     /// name is taken.
-    pub fn insert_alias(&mut self, parent: u32, name: Vec<u8>, alias: u32, file: u32) -> bool {
+    pub fn insert_alias(&mut self, parent: u32, name: &[u8], alias: u32, file: u32) -> bool {
         use std::collections::btree_map::Entry;
-        match self.entries.entry(parent).or_default().entry(name.clone()) {
+        let name = Name::from(name);
+        match self.entries.entry(parent).or_default().entry(Arc::clone(&name)) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
                 v.insert(Child { slot: file, dir: false });
@@ -278,7 +284,7 @@ impl Index {
     }
 
     /// Where `slot` is linked.
-    pub fn link_of(&self, slot: u32) -> Option<&(u32, Vec<u8>)> {
+    pub fn link_of(&self, slot: u32) -> Option<&(u32, Name)> {
         self.links.get(&slot)
     }
 
@@ -693,8 +699,8 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
                 ))?;
                 continue;
             }
-            Some(file) => ns.insert_alias(parent, inode.name.clone(), slot, file),
-            None => ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() }),
+            Some(file) => ns.insert_alias(parent, &inode.name, slot, file),
+            None => ns.insert(parent, &inode.name, Child { slot, dir: inode.is_dir() }),
         };
         if !inserted {
             problems.found(format!(
@@ -836,7 +842,7 @@ impl Meta {
         };
         inode.parent = parent;
         self.store_inode(sb, slot, &mut inode)?;
-        let inserted = self.ns.insert(parent, inode.name.clone(), Child { slot, dir: inode.is_dir() });
+        let inserted = self.ns.insert(parent, &inode.name, Child { slot, dir: inode.is_dir() });
         debug_assert!(inserted, "the caller checked the name is free");
         if inode.is_link() {
             self.ns.set_target(slot, inode.target.clone());
@@ -891,10 +897,10 @@ impl Meta {
             self.ns.remove_slot(alias);
             self.ns.remove_slot(node.slot);
             self.clear_slot(&fs.sb, alias);
-            let inserted = self.ns.insert(alias_parent, alias_name.clone(), Child { slot: node.slot, dir: false });
+            let inserted = self.ns.insert(alias_parent, &alias_name, Child { slot: node.slot, dir: false });
             debug_assert!(inserted, "the alias's name was just freed");
             state.inode.parent = alias_parent;
-            state.inode.name = alias_name;
+            state.inode.name = alias_name.to_vec();
         } else {
             return self.unlink_file(fs, node, state, now);
         }
@@ -1061,7 +1067,7 @@ impl FileSystem {
             let mut alias = Inode::alias(name.clone(), parent, node.slot, state.inode.mode);
             meta.store_inode(&fs.sb, slot, &mut alias)?;
             meta.slots[slot as usize] = Slot::Alias(Box::new(alias));
-            let inserted = meta.ns.insert_alias(parent, name, slot, node.slot);
+            let inserted = meta.ns.insert_alias(parent, &name, slot, node.slot);
             debug_assert!(inserted, "the name is free");
             state.nlink += 1;
             state.inode.ctime_ns = now;
@@ -1607,7 +1613,7 @@ fn rename_inode(
     now: u64,
 ) -> Result<()> {
     if holder != child.slot {
-        let inserted = meta.ns.insert_alias(parent, name.to_vec(), holder, child.slot);
+        let inserted = meta.ns.insert_alias(parent, name, holder, child.slot);
         debug_assert!(inserted, "the new name is free");
         let Slot::Alias(alias) = &mut meta.slots[holder as usize] else { unreachable!("slot {holder} is an alias") };
         alias.parent = parent;
@@ -1621,7 +1627,7 @@ fn rename_inode(
         state.meta_tid = meta.tid;
         return Ok(());
     }
-    let inserted = meta.ns.insert(parent, name.to_vec(), child);
+    let inserted = meta.ns.insert(parent, name, child);
     debug_assert!(inserted, "the new name is free");
     if child.dir {
         return meta.change_dir(&fs.sb, child.slot, |i| {
@@ -1682,7 +1688,7 @@ mod tests {
     fn index(entries: &[(u32, &str, u32, bool)]) -> Index {
         let mut ix = Index::default();
         for &(parent, name, slot, dir) in entries {
-            assert!(ix.insert(parent, name.as_bytes().to_vec(), Child { slot, dir }));
+            assert!(ix.insert(parent, name.as_bytes(), Child { slot, dir }));
         }
         ix
     }
@@ -1772,7 +1778,7 @@ mod tests {
         assert_eq!(ix.path_of(ROOT).unwrap(), b"");
         assert!(ix.is_within(1, 0) && ix.is_within(0, 0) && ix.is_within(0, ROOT) && !ix.is_within(0, 1));
         assert!(!ix.is_empty_dir(1));
-        assert!(!ix.insert(1, b"f".to_vec(), Child { slot: 9, dir: false }), "a taken name");
+        assert!(!ix.insert(1, b"f", Child { slot: 9, dir: false }), "a taken name");
         ix.remove_slot(2);
         assert!(ix.is_empty_dir(1) && ix.path_of(2).is_none() && ix.get(1, b"f").is_none());
         let names: Vec<&[u8]> = ix.children(ROOT).map(|(n, _)| n).collect();
