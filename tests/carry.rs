@@ -233,6 +233,29 @@ fn a_change_after_leaving_the_carried_cache_keeps_its_table_from_the_next_mount(
     assert_eq!(read_all(&fs, "d/late"), contents(2));
 }
 
+/// A FIFO's bytes pass through a kernel pipe named by the device and the
+/// inode (`fifo_path`). A new FIFO in a slot that held one before starts
+/// with a pipe of its own: whoever made it (the interposer or the library),
+/// the old pipe is removed.
+#[test]
+fn a_new_fifo_in_an_old_fifos_slot_gets_a_new_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    fs.mkfifo("p", 0o600).unwrap();
+    let ino = fs.metadata("p").unwrap().ino;
+    let pipe = iopath::fs::lock::fifo_path(&image, ino).unwrap();
+    iopath::fs::lock::make_fifo(&pipe).unwrap(); // as an open through the interposer does
+    fs.unmount().unwrap();
+    let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+    fs.unlink("p").unwrap();
+    fs.mkfifo("q", 0o600).unwrap();
+    assert_eq!(fs.metadata("q").unwrap().ino, ino, "the slot is taken again");
+    assert!(!pipe.exists(), "the old FIFO's pipe is gone");
+    fs.unmount().unwrap();
+    let _ = std::fs::remove_dir_all(pipe.parent().unwrap());
+}
+
 #[test]
 fn a_mount_without_the_carried_cache_sets_it_aside() {
     let dir = tempfile::tempdir().unwrap();

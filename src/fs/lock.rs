@@ -151,7 +151,8 @@ pub fn flock_path(path: &Path, ino: u64) -> Result<PathBuf> {
 /// there as they do on a FIFO of the kernel's, across processes and lends
 /// of the mount. Beside the device's lock, in a directory made if missing
 /// (the pipe itself is made by [`make_fifo`]); a new FIFO in a slot that
-/// held one before removes its pipe ([`forget_fifo`]).
+/// held one before removes its pipe ([`forget_fifo`], called by
+/// [`super::FileSystem::mkfifo`]).
 pub fn fifo_path(path: &Path, ino: u64) -> Result<PathBuf> {
     let dir = beside_lock(path, "fifo", "")?;
     shared_dir(&dir)?;

@@ -993,7 +993,15 @@ impl FileSystem {
     /// ([`super::lock::fifo_path`], opened by the interposer); this file
     /// system never holds them. `EEXIST` if the name is taken.
     pub fn mkfifo(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<()> {
-        self.create_node("mkfifo", path.as_ref(), (libc::S_IFIFO | (mode & 0o7777), &[])).map(drop)
+        let path = path.as_ref();
+        self.create_node("mkfifo", path, (libc::S_IFIFO | (mode & 0o7777), &[]))?;
+        // A FIFO this slot held before may have left its pipe: the new one starts
+        // empty. (If it cannot be removed, the two share it: not worth failing for.)
+        if let Some(device) = self.mount.disk.engine().backing() {
+            let ino = self.symlink_metadata(path)?.ino;
+            let _ = super::lock::forget_fifo(device, ino);
+        }
+        Ok(())
     }
 
     /// Makes a symbolic link at `path` that leads to `target` (`symlink(2)`:

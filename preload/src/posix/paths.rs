@@ -838,15 +838,7 @@ pub unsafe extern "C" fn readlinkat(
 fn mknod_inside(inside: Inside, mode: mode_t) -> c_int {
     let bits = mode & !umask_now() & 0o7777;
     match mode & libc::S_IFMT {
-        libc::S_IFIFO => with_fs(&inside, |fs| {
-            fs.mkfifo(&inside.path, bits)?;
-            // A FIFO this slot held before may have left its pipe: the new one starts empty.
-            let ino = fs.symlink_metadata(&inside.path)?.ino;
-            match iopath::fs::lock::backing_path(&inside.mount.device) {
-                Some(device) => iopath::fs::lock::forget_fifo(&device, ino),
-                None => Ok(()),
-            }
-        }),
+        libc::S_IFIFO => with_fs(&inside, |fs| fs.mkfifo(&inside.path, bits)),
         0 | libc::S_IFREG => with_fs(&inside, |fs| fs.create_with_mode(&inside.path, bits).map(drop)),
         _ => unsupported_node("a device node or socket", &inside),
     }
