@@ -157,10 +157,10 @@ impl Journal {
         };
         let mut images: BTreeMap<u64, Block> = BTreeMap::new();
         let mut scanned = 0;
-        while let Some((transaction, len)) = match quiesced {
-            true => None,
-            false => j.read_transaction(disk, j.head, j.next_seq, sb.journal_blocks - scanned)?,
-        } {
+        while !quiesced
+            && let Some((transaction, len)) =
+                j.read_transaction(disk, j.head, j.next_seq, sb.journal_blocks - scanned)?
+        {
             for (home, image) in transaction {
                 images.insert(home, image);
             }

@@ -177,7 +177,8 @@ fn shared_dir(dir: &Path) -> Result<()> {
 /// there is one: the inode's slot holds a new FIFO, and whoever still has
 /// the old pipe open keeps it, as with a FIFO unlinked while open.
 pub fn forget_fifo(path: &Path, ino: u64) -> Result<()> {
-    let pipe = fifo_path(path, ino)?;
+    // (Where `fifo_path` puts it, without making the directory for nothing.)
+    let pipe = beside_lock(path, "fifo", "")?.join(format!("{ino:x}"));
     match std::fs::remove_file(&pipe) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(Error::Os { context: format!("cannot remove {}", pipe.display()), source: e })

@@ -1509,6 +1509,28 @@ impl NodeState {
     }
 }
 
+impl NodeState {
+    /// A file's state with nothing cached, dirty or pending: `inode` in
+    /// `slot`, its pages cached under `cache_id`, `nlink` names, its inode
+    /// last changed in transaction `tid` (0: before this mount).
+    fn fresh(slot: u32, inode: Inode, cache_id: u64, nlink: u32, tid: u64) -> NodeState {
+        NodeState {
+            slot,
+            disk_size: inode.size,
+            inode,
+            cache_id,
+            dirty: BTreeMap::new(),
+            live: true,
+            nlink,
+            meta_tid: tid,
+            layout_tid: tid,
+            mtime_unstored: false,
+            mirrors: Vec::new(),
+            loads: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Node {
     fn new(state: NodeState) -> Arc<Node> {
         Arc::new(Node {

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::hash::{IntMap, IntSet};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard};
 
 /// Inode number `stat` reports for the root directory (a slot's is slot + 2).
@@ -364,8 +364,7 @@ impl Index {
         // twentieth of a mount): 0 not yet, then REACHES or LOST.
         const REACHES: u8 = 1;
         const LOST: u8 = 2;
-        let slots = self.links.keys().map(|s| s as usize + 1).max().unwrap_or(0);
-        let mut known = vec![0u8; slots];
+        let mut known = vec![0u8; self.links.items.len()];
         let verdict_of = |known: &[u8], at: u32| match at {
             ROOT => REACHES,
             at => known.get(at as usize).copied().unwrap_or(LOST),
@@ -757,21 +756,8 @@ impl Meta {
     /// removed, a rename over one) takes the file's node first.
     fn build_node(&self, slot: u32) -> Arc<Node> {
         let at = self.stored.binary_search_by_key(&slot, |(s, _)| *s).expect("a file not built was found by the mount");
-        let inode = self.stored[at].1.clone();
-        Node::new(NodeState {
-            slot,
-            disk_size: inode.size,
-            inode,
-            cache_id: slot as u64 + 1,
-            dirty: BTreeMap::new(),
-            live: true,
-            nlink: 1 + self.ns.aliases(slot).len() as u32,
-            meta_tid: 0,
-            layout_tid: 0,
-            mtime_unstored: false,
-            mirrors: Vec::new(),
-            loads: AtomicU64::new(0),
-        })
+        let (inode, nlink) = (self.stored[at].1.clone(), 1 + self.ns.aliases(slot).len() as u32);
+        Node::new(NodeState::fresh(slot, inode, slot as u64 + 1, nlink, 0))
     }
 
     /// A free inode slot: below the inode mark, searching on from the last
@@ -1135,22 +1121,7 @@ impl FileSystem {
             return Err(file_error(op, path, libc::EEXIST, "that name exists; open it or unlink it first"));
         };
         let (slot, inode) = meta.link_new(&fs.sb, walk.parent, name, (mode, target), op)?;
-        let tid = meta.tid;
-        let state = NodeState {
-            slot,
-            disk_size: inode.size,
-            inode,
-            cache_id: fs.new_cache_id(),
-            dirty: BTreeMap::new(),
-            live: true,
-            nlink: 1,
-            meta_tid: tid,
-            layout_tid: tid,
-            mtime_unstored: false,
-            mirrors: Vec::new(),
-            loads: Default::default(),
-        };
-        let node = Node::new(state);
+        let node = Node::new(NodeState::fresh(slot, inode, fs.new_cache_id(), 1, meta.tid));
         meta.slots[slot as usize] = Slot::File(super::LazyNode::built(Arc::clone(&node)));
         // Counted under the metadata lock, as every open: an unlink sees it.
         let file = (mode & libc::S_IFMT == libc::S_IFREG).then(|| self.handle(node, false));
