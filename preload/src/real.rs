@@ -220,10 +220,7 @@ next_symbol! {
     mkostemps64: fn(template: *mut c_char, suffix: c_int, flags: c_int) -> c_int;
     mkdtemp: fn(template: *mut c_char) -> *mut c_char;
     readlinkat: fn(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t;
-    mknod: fn(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int;
     mknodat: fn(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int;
-    mkfifo: fn(path: *const c_char, mode: mode_t) -> c_int;
-    mkfifoat: fn(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int;
     posix_spawn: fn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     execve: fn(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     execvpe: fn(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;

@@ -844,19 +844,17 @@ fn mknod_inside(inside: Inside, mode: mode_t) -> c_int {
     }
 }
 
-/// `mknod`: in a mount, a FIFO or a regular file ([`mknod_inside`]).
+/// `mknod`: [`mknodat`] from the working directory.
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
-    on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mknod_inside(inside, mode))
-        .or_else(|| named_through_kernel_link(libc::AT_FDCWD, path).map(|inside| mknod_inside(inside, mode)))
-        // SAFETY: passed on.
-        .unwrap_or_else(|| unsafe { real::mknod(super::kernel(libc::AT_FDCWD, path).ptr(), mode, dev) })
+    // SAFETY: passed on.
+    unsafe { mknodat(libc::AT_FDCWD, path, mode, dev) }
 }
 
-/// `mknodat`: as [`mknod`].
+/// `mknodat`: in a mount, a FIFO or a regular file ([`mknod_inside`]).
 ///
 /// # Safety
 /// As the C function.
@@ -868,17 +866,15 @@ pub unsafe extern "C" fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t
         .unwrap_or_else(|| unsafe { real::mknodat(dirfd, super::kernel(dirfd, path).ptr(), mode, dev) })
 }
 
-/// `mkfifo`: a FIFO ([`mknod_inside`]); the C library's calls the kernel itself.
+/// `mkfifo`: `mknodat` of a FIFO, as the C library's (which calls the
+/// kernel itself, where no hook sees it).
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
-    let fifo = libc::S_IFIFO | (mode & 0o7777);
-    on_path_nofollow(libc::AT_FDCWD, path, fail, |inside| mknod_inside(inside, fifo))
-        .or_else(|| named_through_kernel_link(libc::AT_FDCWD, path).map(|inside| mknod_inside(inside, fifo)))
-        // SAFETY: passed on.
-        .unwrap_or_else(|| unsafe { real::mkfifo(super::kernel(libc::AT_FDCWD, path).ptr(), mode) })
+    // SAFETY: passed on.
+    unsafe { mknodat(libc::AT_FDCWD, path, mode | libc::S_IFIFO, 0) }
 }
 
 /// `mkfifoat`: as [`mkfifo`].
@@ -887,11 +883,8 @@ pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-    let fifo = libc::S_IFIFO | (mode & 0o7777);
-    on_path_nofollow(dirfd, path, fail, |inside| mknod_inside(inside, fifo))
-        .or_else(|| named_through_kernel_link(dirfd, path).map(|inside| mknod_inside(inside, fifo)))
-        // SAFETY: passed on.
-        .unwrap_or_else(|| unsafe { real::mkfifoat(dirfd, super::kernel(dirfd, path).ptr(), mode) })
+    // SAFETY: passed on.
+    unsafe { mknodat(dirfd, path, mode | libc::S_IFIFO, 0) }
 }
 
 /// Opens FIFO inode `ino` of `inside`'s mount: the kernel pipe that stands
