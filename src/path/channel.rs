@@ -261,7 +261,7 @@ impl Channel {
             command.submitted_ns = now;
             if self.stamp_submissions && idle {
                 // The device starts on this one now: what a hybrid wait will expect.
-                self.expect = Expect { since_ns: now, op: command.op, bytes: command.bytes() };
+                self.expect = Expect::of(&command, now);
             }
         }
         // SAFETY: forwarded from the caller's contract.

@@ -301,6 +301,12 @@ impl CompletionPolicy for Hybrid {
         limit_ns: u64,
         expect: Expect,
     ) -> Result<usize> {
+        if expect.flushes {
+            // A flush's time is not a read's to learn, and its completion (on
+            // io_uring, the next step of its chain too) waits for this thread to
+            // enter the kernel: sleep there, not on a timer.
+            return super::interrupt::Interrupt.wait(queue, out, stats, limit_ns, expect);
+        }
         let n = queue.reap(out)?;
         stats.polls += 1;
         if n > 0 || queue.in_flight() == 0 {
@@ -459,7 +465,7 @@ mod tests {
     #[test]
     fn an_overshoot_raised_by_contention_is_recognized_as_possibly_stale() {
         let mut h = Hybrid::new();
-        h.learn(Expect { since_ns: 0, op: Op::Read, bytes: 4096 }, 80_000);
+        h.learn(Expect::plain(Op::Read, 4096, 0), 80_000);
         h.learn_overshoot(15_000);
         assert!(!h.overshoot_may_be_stale(), "80 us device, 20 us overshoot: sleeping works");
         for _ in 0..200 {
@@ -469,15 +475,61 @@ mod tests {
         assert!(h.overshoot_may_be_stale(), "the timer once did 15 us: worth measuring again");
         // A device the timer could never reach is not worth a calibration sleep.
         let mut h = Hybrid::new();
-        h.learn(Expect { since_ns: 0, op: Op::Read, bytes: 4096 }, 7_000);
+        h.learn(Expect::plain(Op::Read, 4096, 0), 7_000);
         h.learn_overshoot(15_000);
         assert!(!h.overshoot_may_be_stale());
     }
 
     #[test]
+    fn a_flushing_command_sleeps_in_the_kernel_and_teaches_no_bucket() {
+        use crate::buffer::IoBuf;
+        use crate::device::{Command, DeviceSpec, Durability, QueueConfig};
+        let dev = DeviceSpec::parse("emu:nand,size=1m,wcache=1", None).unwrap().open().unwrap();
+        let mut q = dev.open_queue(&QueueConfig::depth(1)).unwrap();
+        let mut h = Hybrid::new();
+        let (mut out, mut stats) = (Vec::new(), WaitStats::default());
+        let mut buf = IoBuf::new(4096);
+        for i in 0..10u64 {
+            let mut c = Command::with_capacity(1);
+            c.reset(Op::Write, i);
+            c.durability = if i % 2 == 0 { Durability::Fua } else { Durability::Ordered };
+            c.push(i * 4096, buf.as_mut_ptr(), 4096);
+            let expect = Expect::of(&c, now_ns());
+            // SAFETY: the buffer outlives the write, which is waited for below.
+            unsafe { q.submit(c) };
+            q.commit().unwrap();
+            while out.is_empty() {
+                h.wait(q.as_mut(), &mut out, &mut stats, u64::MAX, expect).unwrap();
+            }
+            assert_eq!(out.pop().unwrap().segments[0].result, 4096);
+        }
+        assert_eq!(h.bucket(Op::Write, 4096).latency_ns, 0.0, "a flush's time learned as a write's");
+        assert_eq!((stats.oversleeps, h.overshoot_ns()), (0, INITIAL_OVERSHOOT_NS), "a timed sleep was taken");
+    }
+
+    #[test]
+    fn an_expectation_flushes_for_flushes_and_durable_writes_only() {
+        use crate::device::{Command, Durability};
+        let mut c = Command::with_capacity(1);
+        for (op, durability, flushes) in [
+            (Op::Read, Durability::Cached, false),
+            (Op::Write, Durability::Cached, false),
+            (Op::Write, Durability::Fua, true),
+            (Op::Write, Durability::Ordered, true),
+            (Op::Flush, Durability::Cached, true),
+            (Op::Trim, Durability::Cached, false),
+        ] {
+            c.reset(op, 0);
+            c.durability = durability;
+            assert_eq!(Expect::of(&c, 0).flushes, flushes, "{op:?} {durability:?}");
+        }
+        assert!(Expect::plain(Op::Flush, 0, 0).flushes && !Expect::plain(Op::Write, 4096, 0).flushes);
+    }
+
+    #[test]
     fn no_sleep_when_the_device_is_faster_than_a_wake_up() {
         let mut h = Hybrid::new();
-        let expect = Expect { since_ns: 1_000_000, op: Op::Read, bytes: 4096 };
+        let expect = Expect::plain(Op::Read, 4096, 1_000_000);
         assert_eq!(h.sleep_until(expect, 1_000_000), None, "nothing learned yet: poll");
         h.buckets[bucket_index(Op::Read, 4096)].learn_latency(7_000.0);
         assert_eq!(h.sleep_until(expect, 1_000_000), None, "7 us device, 20 us overshoot: poll");

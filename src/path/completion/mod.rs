@@ -20,7 +20,7 @@ pub mod judge;
 pub mod poll;
 pub mod yielding;
 
-use crate::device::{Command, Op, Queue};
+use crate::device::{Command, Durability, Op, Queue};
 use crate::error::{Error, Result};
 
 /// Counters a policy keeps while waiting; summed per thread.
@@ -79,11 +79,30 @@ pub struct Expect {
     pub op: Op,
     /// Its size in bytes.
     pub bytes: u64,
+    /// Whether it flushes the device's cache: a flush, or a write with forced
+    /// unit access or ordered after a flush. Its time is a flush's, not a
+    /// read's, and on io_uring it runs on the kernel's workers, whose
+    /// completion (and the next step of a linked chain) waits for the
+    /// submitting thread to enter the kernel: a timed sleep holds it up.
+    pub flushes: bool,
 }
 
 impl Default for Expect {
     fn default() -> Self {
-        Expect { since_ns: 0, op: Op::Read, bytes: 0 }
+        Expect { since_ns: 0, op: Op::Read, bytes: 0, flushes: false }
+    }
+}
+
+impl Expect {
+    /// What a wait expects of `command`, submitted at `since_ns`.
+    pub fn of(command: &Command, since_ns: u64) -> Expect {
+        let flushes = command.op == Op::Flush || (command.op == Op::Write && command.durability != Durability::Cached);
+        Expect { since_ns, op: command.op, bytes: command.bytes(), flushes }
+    }
+
+    /// A plain (non-durable) command of `op` and `bytes`, submitted at `since_ns`.
+    pub fn plain(op: Op, bytes: u64, since_ns: u64) -> Expect {
+        Expect { since_ns, op, bytes, flushes: op == Op::Flush }
     }
 }
 
