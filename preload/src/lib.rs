@@ -322,7 +322,7 @@ pub(crate) fn at_exit(flush_stdio: bool) {
 /// Commits every mount now (at exit, and before an exec, which may still fail and let
 /// the process go on): in a forked child, those it mounted itself.
 pub(crate) fn commit_mounts_now() {
-    if !MOUNTING.load(Ordering::Relaxed) {
+    if !MOUNTING.load(Ordering::Relaxed) || !(mount::any_mounted_here() || posix::maps::any()) {
         return;
     }
     // On a thread of its own: this one's thread-local storage (the engine's per-thread

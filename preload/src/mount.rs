@@ -1121,6 +1121,18 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
     if fd < 0 { Err(crate::posix::last_errno()) } else { Ok(fd) }
 }
 
+/// Whether a mount may hold anything to commit at exit: one this process
+/// has mounted now, or one whose state another thread holds at this moment
+/// (taken as mounted: the exit commits as before). A process that never
+/// touched its mounts skips the exit's commit thread.
+pub fn any_mounted_here() -> bool {
+    MOUNTS.get().map_or(&[][..], |v| &v[..]).iter().filter(|m| !m.stuck()).any(|m| match m.state.try_lock() {
+        Ok(state) => state.fs.is_some(),
+        Err(std::sync::TryLockError::Poisoned(state)) => state.into_inner().fs.is_some(),
+        Err(std::sync::TryLockError::WouldBlock) => true,
+    })
+}
+
 /// Commits every mounted file system (at exit).
 pub fn sync_all() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {

@@ -217,6 +217,11 @@ fn writable_mirrors(within: Option<Range<usize>>) -> Vec<(Arc<iopath::fs::mirror
     mapped.iter().filter(|m| m.mirror.writable()).filter_map(|m| part(m).map(|p| (Arc::clone(&m.mirror), p))).collect()
 }
 
+/// Whether any map of a mounted file stands in this process.
+pub fn any() -> bool {
+    MAPS.load(Ordering::Acquire) > 0
+}
+
 /// Writes every writable map of a mounted file into its file: at exit and
 /// before an exec (the maps go with the process image), before the mounts
 /// are committed. Errors are said; nothing else can be done with them.
