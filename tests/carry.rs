@@ -233,6 +233,51 @@ fn a_change_after_leaving_the_carried_cache_keeps_its_table_from_the_next_mount(
     assert_eq!(read_all(&fs, "d/late"), contents(2));
 }
 
+/// A mount that only reads (a `stat`, a `cat` in a shell) writes nothing to
+/// the device: the superblock and the carried cache keep the stamp they
+/// vouch for each other with, so the next mount trusts the cache, and the
+/// journal's header and sequence stay where they were.
+#[test]
+fn a_mount_that_only_reads_leaves_the_device_as_it_was_and_the_cache_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image_left_with_files(dir.path(), 12);
+    let before = std::fs::read(&image).unwrap();
+    for ending in ["unmount", "killed"] {
+        let (fs, mounted, lock) = mount_carrying(&image);
+        assert!(mounted.carried.unwrap() > 12, "{ending}: {mounted:?}");
+        assert_eq!(all_files(&fs, 12), (0..12).map(contents).collect::<Vec<_>>(), "{ending}");
+        assert_eq!(listing(&fs).len(), 12);
+        if ending == "unmount" {
+            assert!(fs.carry_over().unwrap() > 12);
+            let stats = fs.stats();
+            assert_eq!((stats.device_writes, stats.device_flushes), (0, 0), "{stats:?}");
+            fs.unmount().unwrap();
+        } else {
+            std::mem::forget(fs);
+        }
+        drop(lock);
+        assert!(std::fs::read(&image).unwrap() == before, "{ending}: the device changed");
+    }
+    let (fs, mounted, _lock) = mount_carrying(&image);
+    assert!(mounted.carried.unwrap() > 12, "{mounted:?}");
+    // A change now journals at the tail the last checkpoint left; the process dies.
+    fs.rename("d/f3", "d/moved").unwrap();
+    fs.open("d/f4").unwrap().write_at(b"new bytes", 0).unwrap();
+    fs.sync().unwrap();
+    std::mem::forget(fs);
+    drop(_lock);
+    let mut f4 = contents(4);
+    f4[..9].copy_from_slice(b"new bytes");
+    let (fs, mounted, lock) = mount_carrying(&image);
+    assert_eq!(mounted.carried, Some(0), "written after the mount: not trusted ({mounted:?})");
+    assert!(!fs.exists("d/f3"));
+    assert_eq!(read_all(&fs, "d/moved"), contents(3));
+    assert_eq!(read_all(&fs, "d/f4"), f4);
+    fs.unmount().unwrap();
+    drop(lock);
+    assert_clean(&image, "");
+}
+
 /// A FIFO's bytes pass through a kernel pipe named by the device and the
 /// inode (`fifo_path`). A new FIFO in a slot that held one before starts
 /// with a pipe of its own: whoever made it (the interposer or the library),

@@ -18,10 +18,13 @@
 //!   holder opens it, so one process uses it at a time.
 //! - **Why it can be trusted**: the file's header and the superblock carry
 //!   the same random *stamp* only while the device holds exactly what the
-//!   file vouches for. A mount reads the stamps, takes the file's blocks if
-//!   they match, and then zeroes both (the superblock's before it writes
-//!   anything else) whether or not it uses the file: a process that dies, a
-//!   mount without the file, an older image copied over the device, a new
+//!   file vouches for. A mount reads the stamps and takes the file's blocks
+//!   if they match; the file then stays stamped, sealed, until the mount's
+//!   first device write, which unstamps it before it goes out (a process
+//!   that writes nothing leaves both as they were, still true). One that
+//!   does not match is unstamped at once, and so is the superblock before
+//!   anything else is written: a process that dies after writing, a mount
+//!   without the file, an older image copied over the device, a new
 //!   `mkfs`, all leave stamps that do not match. While mounted, every device
 //!   write drops the blocks it covers from the index first. A clean unmount
 //!   adds its clean pages, writes the index and the header's new stamp, then
@@ -304,22 +307,34 @@ impl CarriedCache {
     }
 
     /// Takes the file's blocks if its stamp and volume are the device's
-    /// (`stamp` 0 matches nothing), then unstamps the file: from here on it
-    /// is trusted only through this process, until [`Self::save`]. Reads the
-    /// header only. Returns the blocks it holds for the device as it is (0 if
-    /// it held another state).
+    /// (`stamp` 0 matches nothing). A file that matches keeps its stamp,
+    /// sealed: the first device write unstamps it ([`Self::forget`]), so a
+    /// process that writes nothing leaves the device and the file vouching
+    /// for each other as they were, and the next mount trusts them. One that
+    /// does not match is unstamped now. Reads the header only. Returns the
+    /// blocks it holds for the device as it is (0 if it held another state).
     pub fn attach(&self, volume_id: u64, stamp: u64) -> Result<u64> {
-        let count = if self.stamped_for(volume_id, stamp) { get(&self.map[..HEADER], AT_COUNT) as usize } else { 0 };
+        let matches = self.stamped_for(volume_id, stamp);
+        let count = if matches { get(&self.map[..HEADER], AT_COUNT) as usize } else { 0 };
         let mut state = self.lock();
         state.count = count;
         state.removed.clear();
         self.entries.store(count, Relaxed);
         drop(state);
+        if matches {
+            self.sealed.store(true, Relaxed);
+            return Ok(count as u64);
+        }
         self.file
             .write_all_at(&volume_id.to_le_bytes(), AT_VOLUME as u64)
             .and_then(|()| self.file.write_all_at(&[0; 8], AT_STAMP as u64))
             .map_err(os(format!("cannot write the carried cache {}", self.path.display())))?;
         Ok(count as u64)
+    }
+
+    /// The stamp its header holds now (0: it vouches for nothing).
+    pub fn stamp_held(&self) -> u64 {
+        get(&self.map[..HEADER], AT_STAMP)
     }
 
     /// Whether this file was saved for the device of `volume_id` with the
@@ -624,7 +639,9 @@ impl CarriedCache {
     /// not hold yet, making room from blocks this mount did not use, writes
     /// its index and stamps the header with `stamp` (not 0). The caller then
     /// writes the same stamp into the superblock, as its last device write,
-    /// and any later write unstamps the file. A page whose bytes are `None`
+    /// and any later write unstamps the file. A file still sealed with
+    /// nothing to add keeps the stamp it has and writes nothing (then
+    /// [`Self::stamp_held`] is not `stamp`, and the superblock's stands). A page whose bytes are `None`
     /// (one [`Self::wanted`] did not ask for) counts as used if held or staged
     /// and is left out otherwise. Returns the blocks it holds now.
     pub fn save<'a>(
@@ -654,9 +671,16 @@ impl CarriedCache {
             None => true,
         });
         if pages.is_empty() && state.removed.is_empty() {
-            // Nothing changed (a process that only read what it held): the stamp only.
+            if self.sealed.load(Relaxed) {
+                // Still stamped, and nothing changed since (a process that only read
+                // what it held): the stamp the superblock holds stands; nothing written.
+                return Ok(state.count as u64);
+            }
             return self.stamp(volume_id, stamp, state.count);
         }
+        // Unstamped before its frames or index change: a save cut short must not
+        // leave a header that vouches for them.
+        self.unseal();
         // What stays: the index less what was written since. The index is sorted
         // by block: one walk beside the sorted written blocks (a hash lookup per
         // entry took 4.4 ms of a save beside an index of 164,000 entries).
@@ -979,6 +1003,27 @@ mod tests {
     }
 
     #[test]
+    fn a_matching_attach_keeps_the_stamp_until_the_first_write_or_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = holding_one_and_two(dir.path(), 8, 6, 41);
+        assert_eq!(c.stamp_held(), 41, "attached, nothing written: still vouching");
+        c.forget(30, 1);
+        assert_eq!(c.stamp_held(), 0, "a device write (of any block) unstamps it first");
+        drop(c);
+        let c = open_in(dir.path(), 8);
+        assert_eq!(c.attach(6, 41).unwrap(), 0, "not trusted after that write");
+        // A save with new pages unstamps before it changes anything, then stamps anew.
+        let c = holding_one_and_two(dir.path(), 8, 6, 42);
+        assert_eq!(c.save(6, 43, [(3, Some(&block(3)[..]))].into_iter()).unwrap(), 3);
+        assert_eq!(c.stamp_held(), 43);
+        // Another attach that does not match unstamps at once.
+        drop(c);
+        let c = open_in(dir.path(), 8);
+        assert_eq!(c.attach(6, 42).unwrap(), 0);
+        assert_eq!(c.stamp_held(), 0);
+    }
+
+    #[test]
     fn a_lent_frame_holds_the_block_and_writing_it_changes_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
         let (path, backing) = (dir.path().join("carry"), dir.path().join("device"));
@@ -996,9 +1041,10 @@ mod tests {
         let mut out = vec![0u8; BLOCK];
         assert!(c.read(5, &mut out) && out == block(5), "the kernel copied the frame on write");
         c.save(3, 12, std::iter::empty()).unwrap();
+        assert_eq!(c.stamp_held(), 11, "nothing written or added since the attach: the stamp stands");
         drop(c);
         let c = CarriedCache::open(&path, &backing, 8 * BLOCK_U64).unwrap();
-        assert_eq!(c.attach(3, 12).unwrap(), 2);
+        assert_eq!(c.attach(3, 11).unwrap(), 2);
         // A later mount in the same process: the same mapping, and what it lent stays lent.
         assert!(c.lend(5).is_none(), "lent (and written) by an earlier mount of this process: copied instead");
         assert!(c.read(5, &mut out) && out == block(5));

@@ -135,7 +135,9 @@ impl Journal {
     /// written since, as a carried cache whose stamp the superblock matches
     /// vouches): no transaction lies past the header's tail, so the ring is
     /// not searched for one. That search reads up to 59 blocks past the tail
-    /// (about a tenth of mounting 8,760 names) and finds nothing there.
+    /// (about a tenth of mounting 8,760 names) and finds nothing there. With
+    /// nothing in `log` either, the header is not written: the journal goes
+    /// on from its tail and sequence number.
     pub fn recover_after(disk: &Disk, sb: &Superblock, log: Option<&ShmLog>, quiesced: bool) -> Result<Journal> {
         let header = JournalHeader::decode(&disk.read_block(1)?, sb)?;
         let mut j = Journal {
@@ -180,6 +182,13 @@ impl Journal {
             let mut buf = IoBuf::new(BLOCK);
             buf.copy_from_slice(&image[..]);
             disk.write(*home, &buf)?;
+        }
+        if quiesced && images.is_empty() {
+            // The header's tail is where the last holder's checkpoint (or a mount's
+            // skip before it) left it, above every transaction the ring holds: new
+            // ones can start there with nothing to skip, and a mount that writes
+            // nothing (a `stat`, a `cat`) writes no header either.
+            return Ok(j);
         }
         // Skip sequence numbers: whatever a crash left after the last good
         // transaction can then never be mistaken for one written from now on.

@@ -825,17 +825,25 @@ impl FileSystem {
         let replayed = journal.stats().replayed;
         let from_log = journal.stats().from_log;
         let (mut carried, mut carry_error) = (None, None);
+        // The carried cache keeps its stamp, sealed, until the first device write
+        // (`CarriedCache::attach`): then the superblock's stamp can stay too, and a
+        // process that writes nothing writes nothing at all.
+        let mut sealed = false;
         if let Some(carry) = carry {
+            sealed = carry.stamped_for(sb.volume_id, sb.carry_stamp) && replayed == 0 && from_log == 0;
             match carry.attach(sb.volume_id, sb.carry_stamp) {
                 Ok(blocks) => {
                     carried = Some(blocks);
                     disk.attach_carry(Arc::new(carry));
                 }
-                Err(e) => carry_error = Some(e.to_string()),
+                Err(e) => {
+                    sealed = false;
+                    carry_error = Some(e.to_string());
+                }
             }
         }
         let upgraded_from = (sb.version < format::VERSION).then_some(sb.version);
-        if upgraded_from.is_some() || sb.carry_stamp != 0 {
+        if upgraded_from.is_some() || (sb.carry_stamp != 0 && !sealed) {
             // Before anything else is written: no carried cache vouches for the device now.
             // An upgrade's journal is empty now; older inodes read as files in the root.
             sb.version = format::VERSION;
@@ -1435,6 +1443,11 @@ impl Inner {
     ) -> Result<u64> {
         let stamp = fastrand::u64(1..);
         let held = carry.save(self.sb.volume_id, stamp, clean)?;
+        if carry.stamp_held() != stamp {
+            // Nothing written since the mount (or the last save) and nothing to add: the
+            // file and the superblock still vouch for each other under their stamp.
+            return Ok(held);
+        }
         let sb = Superblock { inode_mark: mark, carry_stamp: stamp, ..self.sb };
         self.disk.write_stamp(&IoBuf::from_slice(&sb.encode()[..]))?;
         Ok(held)
