@@ -97,6 +97,13 @@ impl Allocator {
         bit(&self.images, n)
     }
 
+    /// Whether every block of `[start, start + len)` is marked in use
+    /// (counted a byte of the bitmap at a time; false past the device's end).
+    pub fn all_in_use(&self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        end <= self.blocks && marked_in(&self.images, start, end) == len
+    }
+
     /// Blocks that may be allocated now.
     pub fn allocatable(&self) -> u64 {
         self.free
@@ -303,6 +310,25 @@ mod tests {
             assert_eq!(marked_in(&images, from, to), want, "[{from}, {to})");
         }
         assert_eq!(marked_in(&images, 0, total), (0..total).filter(|&n| bit(&images, n)).count() as u64);
+    }
+
+    #[test]
+    fn a_run_is_all_in_use_exactly_when_each_of_its_blocks_is() {
+        let blocks = 2 * BITS_PER_BITMAP_BLOCK;
+        let mut a = Allocator::fresh(blocks, 10);
+        let mut rng = fastrand::Rng::with_seed(5);
+        for _ in 0..2000 {
+            let start = rng.u64(..blocks);
+            let len = rng.u64(..=(blocks - start).min(300));
+            (start..start + len).for_each(|n| set_bit(&mut a.images, n, true));
+        }
+        for _ in 0..2000 {
+            let start = rng.u64(..blocks);
+            let len = rng.u64(..=(blocks - start).min(3000));
+            let want = (start..start + len).all(|n| a.in_use(n));
+            assert_eq!(a.all_in_use(start, len), want, "[{start}, +{len})");
+        }
+        assert!(!a.all_in_use(blocks - 1, 2), "past the device's end");
     }
 
     #[test]
