@@ -375,6 +375,30 @@ fn a_fifo_is_a_name_and_an_inode_that_opens_nowhere_here() {
 /// remount (so on a file whose node is not built yet), counts its names as
 /// if the node had been there all along, and a listing sees every file.
 #[test]
+fn the_read_ahead_thread_starts_with_the_first_stream_and_not_before() {
+    let (dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    let data: Vec<u8> = (0..4 << 20).map(|k: usize| (k * 7 + k / 4096) as u8).collect();
+    fs.create("big").unwrap().write_at(&data, 0).unwrap();
+    fs.create("small").unwrap().write_at(b"a few bytes", 0).unwrap();
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    let mut some = [0u8; 11];
+    assert_eq!(fs.open("small").unwrap().read_at(&mut some, 0).unwrap(), 11);
+    assert!(fs.metadata("big").is_ok());
+    assert_eq!(fs.stats().readahead_threads, 0, "nothing was read ahead: {:?}", fs.stats());
+    let f = fs.open("big").unwrap();
+    let mut back = vec![0u8; data.len()];
+    for (i, piece) in back.chunks_mut(64 << 10).enumerate() {
+        assert_eq!(f.read_at(piece, (i * (64 << 10)) as u64).unwrap(), piece.len());
+    }
+    assert!(back == data);
+    let stats = fs.stats();
+    assert!(stats.readahead_posts > 0 && stats.readahead_threads == 1, "{stats:?}");
+    drop(f);
+    fs.unmount().unwrap();
+}
+
+#[test]
 fn names_change_the_same_on_files_no_call_has_used_since_the_mount() {
     let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
     fs.mkdir("d", 0o755).unwrap();

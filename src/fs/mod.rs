@@ -268,6 +268,9 @@ pub struct FsStats {
     /// Loads handed to the read-ahead thread (a window of a stream, or a
     /// small file a walk through its directory comes to next).
     pub readahead_posts: u64,
+    /// Read-ahead threads running: none until the first load is handed to
+    /// them.
+    pub readahead_threads: usize,
 }
 
 impl FsStats {
@@ -337,7 +340,7 @@ impl std::ops::Deref for Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         let fs = &self.inner;
-        fs.readahead_jobs.lock().map(|mut j| j.take()).ok();
+        fs.readahead.lock().map(|mut r| r.jobs.take()).ok();
         if !fs.unmounted.swap(true, Ordering::AcqRel) && !fs.aborted.load(Ordering::Acquire) {
             // Leave a clean journal if the device lets us; errors have no one to go to.
             if fs.quiesce().is_ok() {
@@ -358,17 +361,14 @@ struct Inner {
     cache: PageCache,
     steps: Steps,
     next_cache_id: AtomicU64,
-    /// Read-ahead jobs for the read-ahead thread.
-    readahead_jobs: Mutex<Option<std::sync::mpsc::Sender<ReadAheadJob>>>,
+    /// This mount, for the read-ahead threads it starts.
+    me: std::sync::Weak<Inner>,
+    /// The read-ahead threads and their queue.
+    readahead: Mutex<ReadAheadThreads>,
     /// Read-ahead jobs posted and not yet finished.
     readahead_pending: AtomicU64,
     /// Loads handed to the read-ahead thread since mount.
     readahead_posts: AtomicU64,
-    /// The read-ahead threads, joined when the file system is unmounted: a
-    /// thread that ended on its own later could end across a `fork` of the
-    /// program, and the child could then wait for ever on a lock of std's
-    /// that the ending thread held.
-    readahead_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The last file opened in each directory ([`Inner::walk_ahead`]).
     walks: Mutex<crate::hash::IntMap<u32, (Vec<u8>, u32)>>,
     meta: Mutex<Meta>,
@@ -415,6 +415,24 @@ const READAHEAD_THREADS: usize = 1;
 
 /// A window to read ahead: the file, and its blocks `[from, to)`.
 type ReadAheadJob = (Arc<Node>, u64, u64);
+
+/// The read-ahead threads and their queue. The threads start with the first
+/// job posted: most short programs (`ls`, `stat`, a `cat` of a small file)
+/// read nothing ahead, and a thread started at every mount cost each of them
+/// a spawn.
+#[derive(Default)]
+struct ReadAheadThreads {
+    /// Where jobs go; `None` when read-ahead is off, or once it is stopped
+    /// (unmount) or its threads could not start.
+    jobs: Option<std::sync::mpsc::Sender<ReadAheadJob>>,
+    /// The queue's other end until the threads start.
+    queue: Option<std::sync::mpsc::Receiver<ReadAheadJob>>,
+    /// The threads, joined when the file system is unmounted: a thread
+    /// that ended on its own later could end across a `fork` of the
+    /// program, and the child could then wait for ever on a lock of std's
+    /// that the ending thread held.
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
 
 struct Node {
     slot: u32,
@@ -920,17 +938,23 @@ impl FileSystem {
         let files = meta.slots.iter().filter(|s| matches!(s, Slot::File(_))).count();
         let dirs = meta.slots.iter().filter(|s| matches!(s, Slot::Dir(_))).count();
         let slots = sb.inodes();
-        let inner = Inner {
+        let readahead = if options.readahead_bytes >= BLOCK_U64 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            ReadAheadThreads { jobs: Some(tx), queue: Some(rx), threads: Vec::new() }
+        } else {
+            ReadAheadThreads::default()
+        };
+        let inner = Arc::new_cyclic(|me| Inner {
+            me: me.clone(),
             disk,
             sb,
             options,
             cache: PageCache::new((options.cache_bytes / BLOCK_U64) as usize),
             steps: Steps::new(options.step_times),
             next_cache_id: AtomicU64::new(slots + 1),
-            readahead_jobs: Mutex::new(None),
+            readahead: Mutex::new(readahead),
             readahead_pending: AtomicU64::new(0),
             readahead_posts: AtomicU64::new(0),
-            readahead_threads: Mutex::new(Vec::new()),
             walks: Mutex::new(crate::hash::IntMap::default()),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
@@ -945,22 +969,7 @@ impl FileSystem {
             shared_commits: AtomicU64::new(0),
             flush_only: AtomicU64::new(0),
             overwrite_syncs: AtomicU64::new(0),
-        };
-        let inner = Arc::new(inner);
-        if options.readahead_bytes >= BLOCK_U64 {
-            let (tx, rx) = std::sync::mpsc::channel();
-            *inner.readahead_jobs.lock().expect("read-ahead lock poisoned") = Some(tx);
-            // One thread: two (one finishing a window while the other starts the next) cost
-            // more than they gave on two CPUs, where they poll alongside the reader.
-            let rx = Arc::new(Mutex::new(rx));
-            for i in 0..READAHEAD_THREADS {
-                let (weak, rx) = (Arc::downgrade(&inner), Arc::clone(&rx));
-                let named = std::thread::Builder::new().name(format!("iopath-readahead-{i}"));
-                let thread = crate::sys::spawn_without_signals(named, move || readahead_thread(weak, rx))
-                    .map_err(|source| Error::Os { context: "cannot start a read-ahead thread".into(), source })?;
-                inner.readahead_threads.lock().expect("read-ahead lock poisoned").push(thread);
-            }
-        }
+        });
         let mounted = Mounted {
             replayed,
             from_log,
@@ -1052,6 +1061,7 @@ impl FileSystem {
             carried_reads: fs.disk.carry().map_or(0, |c| c.hits()),
             carried_lent: fs.disk.carry().map_or(0, |c| c.lent()),
             readahead_posts: fs.readahead_posts.load(Ordering::Relaxed),
+            readahead_threads: fs.readahead.lock().map_or(0, |r| r.threads.len()),
         }
     }
 
@@ -1296,8 +1306,14 @@ impl Inner {
     /// Ends read-ahead: no job is taken after this, and the threads are gone
     /// when it returns (a job in flight is finished or dropped first).
     fn stop_readahead(&self) {
-        self.readahead_jobs.lock().map(|mut j| j.take()).ok();
-        let threads = self.readahead_threads.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        let threads = self
+            .readahead
+            .lock()
+            .map(|mut r| {
+                (r.jobs, r.queue) = (None, None);
+                std::mem::take(&mut r.threads)
+            })
+            .unwrap_or_default();
         for thread in threads {
             debug_assert_ne!(thread.thread().id(), std::thread::current().id(), "a read-ahead thread unmounting");
             let _ = thread.join();
@@ -1305,7 +1321,25 @@ impl Inner {
     }
 
     fn post_readahead(&self, node: &Arc<Node>, from: u64, to: u64) {
-        if let Some(tx) = self.readahead_jobs.lock().expect("read-ahead lock poisoned").as_ref() {
+        let mut readahead = self.readahead.lock().expect("read-ahead lock poisoned");
+        if readahead.jobs.is_some()
+            && let Some(queue) = readahead.queue.take()
+        {
+            // The first job: the threads start now, under the lock, so that an
+            // unmount's stop finds them to join.
+            let queue = Arc::new(Mutex::new(queue));
+            for i in 0..READAHEAD_THREADS {
+                let (weak, queue) = (self.me.clone(), Arc::clone(&queue));
+                let named = std::thread::Builder::new().name(format!("iopath-readahead-{i}"));
+                match crate::sys::spawn_without_signals(named, move || readahead_thread(weak, queue)) {
+                    Ok(thread) => readahead.threads.push(thread),
+                    // Read-ahead only saves time: without a thread, none is posted.
+                    Err(_) if readahead.threads.is_empty() => readahead.jobs = None,
+                    Err(_) => {}
+                }
+            }
+        }
+        if let Some(tx) = readahead.jobs.as_ref() {
             self.readahead_pending.fetch_add(1, Ordering::AcqRel);
             self.readahead_posts.fetch_add(1, Ordering::Relaxed);
             if tx.send((Arc::clone(node), from, to)).is_err() {
