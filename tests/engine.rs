@@ -847,7 +847,7 @@ fn a_request_whose_waiter_sleeps_is_the_kernels_own_blocking_call() {
 }
 
 #[test]
-fn a_uring_queue_makes_blocking_calls_only_for_plain_reads_and_writes() {
+fn a_uring_queue_makes_blocking_calls_for_everything_but_trims() {
     use iopath::device::{Command, Durability};
     let dir = tempfile::tempdir().unwrap();
     let mut q = uring_queue_on_a_file(dir.path(), "p.img");
@@ -866,14 +866,31 @@ fn a_uring_queue_makes_blocking_calls_only_for_plain_reads_and_writes() {
     assert!(unsafe { q.run_blocking(&mut c) });
     assert_eq!(c.segments[0].result, 4096);
     assert!(back.iter().all(|&b| b == 0x3c));
-    // Flushes and durable writes keep the ring's own ordering.
+    // A flush is a datasync, and a durable write a write and a datasync (an
+    // ordered one a datasync first): on io_uring each ran on the kernel's
+    // workers, two more wake-ups for a thread that sleeps anyway.
     c.reset(Op::Flush, 3);
     // SAFETY: no buffer.
-    assert!(!unsafe { q.run_blocking(&mut c) });
-    c.reset(Op::Write, 4);
-    c.durability = Durability::Ordered;
-    c.push(0, buf.as_mut_ptr(), 4096);
-    // SAFETY: as above.
+    assert!(unsafe { q.run_blocking(&mut c) });
+    assert_eq!(c.result, 0);
+    for (tag, durability) in [(4, Durability::Ordered), (5, Durability::Fua)] {
+        buf.fill(tag as u8);
+        c.reset(Op::Write, tag);
+        c.durability = durability;
+        c.push(0, buf.as_mut_ptr(), 4096);
+        // SAFETY: as above.
+        assert!(unsafe { q.run_blocking(&mut c) });
+        assert_eq!((c.result, c.segments[0].result), (0, 4096), "{durability:?}");
+        c.reset(Op::Read, 6);
+        c.push(0, back.as_mut_ptr(), 4096);
+        // SAFETY: as above.
+        assert!(unsafe { q.run_blocking(&mut c) });
+        assert!(back.iter().all(|&b| b == tag as u8), "{durability:?}");
+    }
+    // Trims go through the ring.
+    c.reset(Op::Trim, 7);
+    c.push(0, std::ptr::null_mut(), 4096);
+    // SAFETY: a trim has no buffer to touch.
     assert!(!unsafe { q.run_blocking(&mut c) });
     assert_eq!(q.in_flight(), 0);
 }

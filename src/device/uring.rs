@@ -891,10 +891,9 @@ impl Queue for UringQueue {
     }
 
     unsafe fn run_blocking(&mut self, command: &mut Command) -> bool {
-        // Plain reads and writes only: flushes, trims and durable writes keep the
-        // ring's own ordering (a linked flush, RWF_DSYNC).
-        let plain = command.op == Op::Read || (command.op == Op::Write && command.durability == Durability::Cached);
-        if !plain || self.broken.is_some() {
+        // Reads, writes (durable ones as a datasync and the write, each a blocking
+        // call) and flushes; trims go through the ring.
+        if command.op == Op::Trim || self.broken.is_some() {
             return false;
         }
         self.shared.counters.record(command);

@@ -300,12 +300,14 @@ impl Channel {
     /// `request.buf` must be valid for `request.len` bytes (writable for
     /// reads) for the duration of the call.
     pub unsafe fn run_blocking(&mut self, request: Request) -> Option<Completed> {
-        if request.op == Op::Flush || !self.completion.sleeps_first() {
+        if !self.completion.sleeps_first() {
             return None;
         }
         let mut command = self.take_command(request.op, request.tag);
         command.durability = request.durability;
-        command.push(request.offset, request.buf, request.len);
+        if request.op != Op::Flush {
+            command.push(request.offset, request.buf, request.len);
+        }
         let queue = &mut self.queue;
         // SAFETY: forwarded from the caller's contract.
         let ran =
