@@ -88,12 +88,13 @@ struct PsyncQueue {
     done: Finished,
 }
 
-/// Moves all `len` bytes with pread/pwrite, retrying short transfers and EINTR.
+/// Moves all `len` bytes with pread/pwrite, retrying short transfers and
+/// EINTR; a `durable` write with `RWF_DSYNC` (forced unit access).
 ///
 /// # Safety
 ///
 /// `buf` must be valid for `len` bytes (writable for reads).
-unsafe fn transfer(file: &std::fs::File, op: Op, offset: u64, buf: *mut u8, len: usize) -> i32 {
+unsafe fn transfer(file: &std::fs::File, op: Op, durable: bool, offset: u64, buf: *mut u8, len: usize) -> i32 {
     let mut done = 0usize;
     while done < len {
         // SAFETY: `buf + done .. buf + len` lies inside the caller's valid buffer.
@@ -102,6 +103,7 @@ unsafe fn transfer(file: &std::fs::File, op: Op, offset: u64, buf: *mut u8, len:
             let at = offset + done as u64;
             match op {
                 Op::Read => sys::pread(file, p, len - done, at),
+                _ if durable => sys::pwrite_dsync(file, p, len - done, at),
                 _ => sys::pwrite(file, p, len - done, at),
             }
         };
@@ -118,8 +120,9 @@ unsafe fn transfer(file: &std::fs::File, op: Op, offset: u64, buf: *mut u8, len:
 
 /// Carries `command` out with pread/pwrite/fdatasync (and hole punching for
 /// trims) on `file`, setting every segment's result: a flush, and an ordered
-/// write's flush first, then the data, then for a durable write a datasync
-/// (its forced unit access). Shared by this backend and io_uring's blocking
+/// write's flush first, then the data, a durable write's with `RWF_DSYNC`
+/// (forced unit access where the device has it; where it has none the
+/// kernel writes and flushes, as a datasync after the write did). Shared by this backend and io_uring's blocking
 /// calls ([`Queue::run_blocking`]).
 ///
 /// # Safety
@@ -151,15 +154,8 @@ pub(super) unsafe fn run_command(file: &std::fs::File, command: &mut Command) {
             }
         } else {
             // SAFETY: the caller guarantees each buffer for the call.
-            unsafe { transfer(file, op, seg.offset, seg.buf, seg.len as usize) }
+            unsafe { transfer(file, op, durability != Durability::Cached, seg.offset, seg.buf, seg.len as usize) }
         };
-    }
-    if durability != Durability::Cached && command.segments.iter().all(|s| s.result >= 0) {
-        // Its forced unit access: a datasync after the write (pwritev2's RWF_DSYNC is the same).
-        let r = datasync();
-        if r < 0 {
-            command.fail_all(-r);
-        }
     }
 }
 
