@@ -484,7 +484,7 @@ mod tests {
     fn a_flushing_command_sleeps_in_the_kernel_and_teaches_no_bucket() {
         use crate::buffer::IoBuf;
         use crate::device::{Command, DeviceSpec, Durability, QueueConfig};
-        let dev = DeviceSpec::parse("emu:nand,size=1m,wcache=1", None).unwrap().open().unwrap();
+        let dev = DeviceSpec::parse("emu:optane,size=1m", None).unwrap().open().unwrap();
         let mut q = dev.open_queue(&QueueConfig::depth(1)).unwrap();
         let mut h = Hybrid::new();
         let (mut out, mut stats) = (Vec::new(), WaitStats::default());

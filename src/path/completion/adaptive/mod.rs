@@ -765,8 +765,9 @@ mod tests {
         // waited for in hybrid mode slept on a timer while io_uring held the
         // chain's write back for this thread to enter the kernel: single fsyncs
         // took up to 0.4 s. Durable writes and flushes wait outside the modes.
+        // (A fast device: these waits yield, and the other unit tests share the CPUs.)
         crowd::never_crowded_here();
-        let dev = DeviceSpec::parse("emu:nand,size=1m,wcache=1", None).unwrap().open().unwrap();
+        let dev = DeviceSpec::parse("emu:optane,size=1m", None).unwrap().open().unwrap();
         let mut q = dev.open_queue(&QueueConfig::depth(1)).unwrap();
         let mut policy = Adaptive::new();
         let (mut out, mut stats) = (Vec::new(), WaitStats::default());
