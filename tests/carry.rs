@@ -278,7 +278,39 @@ fn a_mount_that_only_reads_leaves_the_device_as_it_was_and_the_cache_trusted() {
     assert_clean(&image, "");
 }
 
-/// A FIFO's bytes pass through a kernel pipe named by the device and the
+/// A sealed mount (nothing written to the device) whose process keeps a
+/// namespace change only in the shared-memory log and is killed: the device
+/// changes at the next mount's replay of the log, behind the carried cache,
+/// which must then not be trusted (its inode table is the old one).
+#[test]
+fn a_change_kept_only_in_the_shared_memory_log_sets_the_cache_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image_left_with_files(dir.path(), 6);
+    let mount_with_log = |image: &Path| {
+        let lock = MountLock::acquire(image.to_str().unwrap(), Duration::ZERO).unwrap().unwrap();
+        let carry = lock.carried_cache(16 << 20).unwrap();
+        let log = lock.shm_log(1 << 20).unwrap();
+        let (fs, mounted) =
+            FileSystem::mount_beside(engine(image), MountOptions::default(), Some(carry), Some(log)).unwrap();
+        (fs, mounted, lock)
+    };
+    let (fs, mounted, lock) = mount_with_log(&image);
+    assert!(mounted.carried.unwrap() > 6, "{mounted:?}");
+    fs.rename("d/f1", "d/renamed").unwrap();
+    fs.create("d/new").unwrap();
+    assert_eq!(fs.stats().device_writes, 0, "the changes went to the shared-memory log only");
+    std::mem::forget(fs);
+    drop(lock);
+    let (fs, mounted, lock) = mount_with_log(&image);
+    assert_eq!((mounted.from_log > 0, mounted.carried), (true, Some(0)), "{mounted:?}");
+    assert!(!fs.exists("d/f1") && fs.exists("d/new"));
+    assert_eq!(read_all(&fs, "d/renamed"), contents(1));
+    fs.unmount().unwrap();
+    drop(lock);
+    assert_clean(&image, "");
+}
+
+/// A FIFO's bytes pass through a kernel pipe named by the device and the/// A FIFO's bytes pass through a kernel pipe named by the device and the
 /// inode (`fifo_path`). A new FIFO in a slot that held one before starts
 /// with a pipe of its own: whoever made it (the interposer or the library),
 /// the old pipe is removed.

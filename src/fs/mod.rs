@@ -843,21 +843,23 @@ impl FileSystem {
         let replayed = journal.stats().replayed;
         let from_log = journal.stats().from_log;
         let (mut carried, mut carry_error) = (None, None);
-        // The carried cache keeps its stamp, sealed, until the first device write
-        // (`CarriedCache::attach`): then the superblock's stamp can stay too, and a
-        // process that writes nothing writes nothing at all.
+        // What recovery wrote changed the device behind the carried cache: a killed
+        // holder's transactions kept only in the shared-memory log leave the stamps
+        // matching (no device write unsealed them), so it is trusted only when
+        // nothing was replayed.
+        let trusted_stamp = if replayed == 0 && from_log == 0 { sb.carry_stamp } else { 0 };
+        // A cache that matches keeps its stamp, sealed, until the first device write
+        // (`CarriedCache::attach`): then the superblock's can stay too, and a process
+        // that writes nothing writes nothing at all.
         let mut sealed = false;
         if let Some(carry) = carry {
-            sealed = carry.stamped_for(sb.volume_id, sb.carry_stamp) && replayed == 0 && from_log == 0;
-            match carry.attach(sb.volume_id, sb.carry_stamp) {
+            let matches = carry.stamped_for(sb.volume_id, trusted_stamp);
+            match carry.attach(sb.volume_id, trusted_stamp) {
                 Ok(blocks) => {
-                    carried = Some(blocks);
+                    (carried, sealed) = (Some(blocks), matches);
                     disk.attach_carry(Arc::new(carry));
                 }
-                Err(e) => {
-                    sealed = false;
-                    carry_error = Some(e.to_string());
-                }
+                Err(e) => carry_error = Some(e.to_string()),
             }
         }
         let upgraded_from = (sb.version < format::VERSION).then_some(sb.version);
