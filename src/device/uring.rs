@@ -891,8 +891,8 @@ impl Queue for UringQueue {
     }
 
     unsafe fn run_blocking(&mut self, command: &mut Command) -> bool {
-        // Reads, writes (durable ones as a datasync and the write, each a blocking
-        // call) and flushes; trims go through the ring.
+        // Reads, writes (a durable one with RWF_DSYNC, an ordered one after a
+        // datasync) and flushes (a datasync); trims go through the ring.
         if command.op == Op::Trim || self.broken.is_some() {
             return false;
         }

@@ -94,39 +94,21 @@ impl Owned {
     /// (or the run leaves the device).
     fn insert_run(&mut self, start: u64, len: u64) -> bool {
         let end = start.saturating_add(len);
-        if end > self.bits.len() as u64 * 64 {
+        if end > self.bits.len() as u64 * 64 || word_masks(start, end).any(|(w, mask)| self.bits[w] & mask != 0) {
             return false;
         }
-        let words = |f: &mut dyn FnMut(usize, u64) -> bool| {
-            let mut n = start;
-            while n < end {
-                let (word, from) = ((n / 64) as usize, n % 64);
-                let upto = (end - word as u64 * 64).min(64);
-                let mask = if upto - from == 64 { u64::MAX } else { ((1u64 << (upto - from)) - 1) << from };
-                if !f(word, mask) {
-                    return false;
-                }
-                n = word as u64 * 64 + upto;
-            }
-            true
-        };
-        if !words(&mut |word, mask| self.bits[word] & mask == 0) {
-            return false;
+        for (w, mask) in word_masks(start, end) {
+            self.bits[w] |= mask;
+            self.count += u64::from(mask.count_ones());
         }
-        let (bits, count) = (&mut self.bits, &mut self.count);
-        words(&mut |word, mask| {
-            bits[word] |= mask;
-            *count += u64::from(mask.count_ones());
-            true
-        })
+        true
     }
 
     /// Takes out a run [`Owned::insert_run`] added.
     fn remove_run(&mut self, start: u64, len: u64) {
-        for b in start..start + len {
-            let (word, bit) = ((b / 64) as usize, 1u64 << (b % 64));
-            self.count -= u64::from(self.bits[word] & bit != 0);
-            self.bits[word] &= !bit;
+        for (w, mask) in word_masks(start, start + len) {
+            self.count -= u64::from((self.bits[w] & mask).count_ones());
+            self.bits[w] &= !mask;
         }
     }
 
@@ -139,6 +121,18 @@ impl Owned {
     pub fn len(&self) -> u64 {
         self.count
     }
+}
+
+/// The words of a bitmap that `[start, end)` covers, each with the bits it
+/// covers there.
+fn word_masks(start: u64, end: u64) -> impl Iterator<Item = (usize, u64)> {
+    let (first, last) = (start / 64, end.div_ceil(64));
+    (first..last).map(move |w| {
+        let from = start.max(w * 64) - w * 64;
+        let upto = end.min(w * 64 + 64) - w * 64;
+        let mask = if upto - from == 64 { u64::MAX } else { ((1u64 << (upto - from)) - 1) << from };
+        (w as usize, mask)
+    })
 }
 
 /// The blocks `inode` owns: its extents' and its overflow extent blocks.
