@@ -21,7 +21,9 @@
 //!   file vouches for. A mount reads the stamps and takes the file's blocks
 //!   if they match; the file then stays stamped, sealed, until the mount's
 //!   first device write, which unstamps it before it goes out (a process
-//!   that writes nothing leaves both as they were, still true). One that
+//!   that writes nothing leaves both as they were, still true; a mount that
+//!   replayed anything, even only a killed holder's shared-memory log, does
+//!   not trust it). One that
 //!   does not match is unstamped at once, and so is the superblock before
 //!   anything else is written: a process that dies after writing, a mount
 //!   without the file, an older image copied over the device, a new
