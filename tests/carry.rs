@@ -310,7 +310,7 @@ fn a_change_kept_only_in_the_shared_memory_log_sets_the_cache_aside() {
     assert_clean(&image, "");
 }
 
-/// A FIFO's bytes pass through a kernel pipe named by the device and the/// A FIFO's bytes pass through a kernel pipe named by the device and the
+/// A FIFO's bytes pass through a kernel pipe named by the device and the
 /// inode (`fifo_path`). A new FIFO in a slot that held one before starts
 /// with a pipe of its own: whoever made it (the interposer or the library),
 /// the old pipe is removed.
