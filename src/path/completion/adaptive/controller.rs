@@ -790,10 +790,14 @@ impl Controller {
         mode
     }
 
-    /// Starts a probe of `mode` from the current mode, whose cost per I/O is
-    /// set to `kept_ns` (tests of a probe's give-up).
+    /// Starts a probe of `mode` from `kept`, whose cost per I/O is set to
+    /// `kept_ns` (tests of a probe's give-up). Whatever mode the controller
+    /// was in: a probe of the mode in use starts its figures afresh, leaves
+    /// nothing to give up against, and never gives up.
     #[cfg(test)]
-    pub(crate) fn probe_against(&mut self, mode: Mode, kept_ns: f64) {
+    pub(crate) fn probe_against(&mut self, kept: Mode, mode: Mode, kept_ns: f64) {
+        debug_assert_ne!(kept, mode, "a probe is of another mode");
+        self.force(kept);
         let level = self.level;
         self.seen[self.mode as usize] =
             Seen { ios: 64.0, latency_ns: 64.0 * kept_ns, cpu_ns: 0.0, at_ns: self.clock_ns, level: Some(level) };
