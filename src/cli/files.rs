@@ -634,7 +634,7 @@ pub fn run_df(args: DfArgs) -> Result<()> {
     let fs = mount(&args.device)?;
     let sb = *fs.superblock();
     let data = sb.blocks - sb.data_start;
-    let free = fs.stats().free_blocks;
+    let free = fs.free_blocks()?;
     let used = data - free.min(data);
     let inodes = sb.inodes();
     let names = fs.names() as u64;

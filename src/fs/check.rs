@@ -250,9 +250,11 @@ pub(super) fn scan(
     disk: &Disk,
     sb: &Superblock,
     table: &[Option<IoBuf>],
-    alloc: &Allocator,
+    alloc: &mut Allocator,
     problems: &mut dyn Problems,
 ) -> Result<Scan> {
+    // Only the part of a lazily read bitmap that covers the metadata and the files.
+    alloc.read_covering(0, sb.data_start)?;
     for n in 0..sb.data_start {
         if !alloc.in_use(n) {
             problems.found(format!("the bitmap marks metadata block {n} free"))?;
@@ -286,6 +288,9 @@ pub(super) fn scan(
         // Each run at once (a 32 MiB file is 8,192 blocks: checked one by one, a
         // mount's scan grew with the data, not the names); block by block only
         // where something is wrong, to say which block.
+        for (start, len) in runs.clone() {
+            alloc.read_covering(start, len)?;
+        }
         let mut inserted = 0;
         let clean = runs.clone().all(|(start, len)| {
             let fine = alloc.all_in_use(start, len) && out.owned.insert_run(start, len);
@@ -378,9 +383,9 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     let (sb, journal) = recover(&disk, log, |_| false)?;
     let (table, _) = read_table(&disk, &sb, true)?;
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
-    let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
+    let mut alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
     let mut problems = AllProblems::default();
-    let scan = scan(&disk, &sb, &table, &alloc, &mut problems)?;
+    let scan = scan(&disk, &sb, &table, &mut alloc, &mut problems)?;
     super::namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut problems)?;
     let leaked = (sb.data_start..sb.blocks).filter(|b| alloc.in_use(*b) && !scan.owned.contains(*b)).count() as u64;
     if leaked > 0 {
@@ -400,7 +405,7 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
         blocks: sb.blocks,
         data_blocks: sb.blocks - sb.data_start,
         owned_blocks: scan.owned.len(),
-        free_blocks: alloc.free_blocks(),
+        free_blocks: alloc.free_blocks()?,
         leaked_blocks: leaked,
         problems: problems.0,
     })

@@ -43,7 +43,7 @@ pub struct Disk {
     max_io: usize,
     /// Blocks on the device.
     blocks: u64,
-    counters: DiskCounters,
+    counters: Arc<DiskCounters>,
     /// Writes sent, back and made durable (shared with the journal's [`Sent`] queue).
     tally: Arc<WriteTally>,
     /// The carried cache, once the mount has checked it ([`super::carry`]):
@@ -128,14 +128,7 @@ impl Disk {
         let caps = engine.device().capabilities();
         let max_io = (caps.max_segment_bytes as usize / BLOCK).max(1) * BLOCK;
         let blocks = engine.device().size() / BLOCK_U64;
-        Disk {
-            engine,
-            max_io,
-            blocks,
-            counters: DiskCounters::default(),
-            tally: Arc::default(),
-            carry: OnceLock::new(),
-        }
+        Disk { engine, max_io, blocks, counters: Arc::default(), tally: Arc::default(), carry: OnceLock::new() }
     }
 
     /// Most blocks one request carries (a larger one is sent as several).
@@ -194,6 +187,20 @@ impl Disk {
             // SAFETY: passed on from the caller.
             Some(c) => unsafe { c.take_back(buf) },
             None => Some(buf),
+        }
+    }
+
+    /// A reader of this device's blocks for a part of the file system that
+    /// reads on its own, later (the lazily read bitmap: [`super::alloc`]):
+    /// from the carried cache attached now where it holds them, else from
+    /// the device, counted with this disk's reads. For blocks this mount
+    /// never writes before it reads them.
+    pub fn reader(&self) -> BlockReader {
+        BlockReader {
+            engine: Arc::clone(&self.engine),
+            carry: self.carry.get().cloned(),
+            counters: Arc::clone(&self.counters),
+            max_io: self.max_io,
         }
     }
 
@@ -291,6 +298,29 @@ impl Disk {
         self.counters.flushes.fetch_add(1, Relaxed);
         self.engine.flush()?;
         self.tally.flushed(covers);
+        Ok(())
+    }
+}
+
+/// Reads a device's blocks, counted with its [`Disk`]'s reads ([`Disk::reader`]).
+pub struct BlockReader {
+    engine: Arc<Engine>,
+    carry: Option<Arc<CarriedCache>>,
+    counters: Arc<DiskCounters>,
+    max_io: usize,
+}
+
+impl BlockReader {
+    /// Reads `buf.len() / 4096` blocks from `block` (buf aligned, as an [`IoBuf`] is).
+    pub fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        debug_assert_eq!(buf.len() % BLOCK, 0);
+        if self.carry.as_ref().is_some_and(|c| c.read(block, buf)) {
+            return Ok(());
+        }
+        for (i, chunk) in buf.chunks_mut(self.max_io).enumerate() {
+            self.engine.read_at(chunk, block * BLOCK_U64 + (i * self.max_io) as u64)?;
+            self.counters.count(Op::Read, chunk.len());
+        }
         Ok(())
     }
 }

@@ -744,6 +744,9 @@ impl File {
         let allocated_end = state.inode.extents.last().map_or(0, |e| e.end());
         let mut added = Vec::new();
         let mut failed = false;
+        // Allocating reads the whole bitmap (lazily read: see `alloc`); read it now, so
+        // that the preallocation below is sized from the device's free space.
+        meta.alloc.read_all()?;
         // What an append preallocates after this write follows it in the same free run.
         let ahead = if end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
         'holes: for hole in holes {
@@ -756,7 +759,8 @@ impl File {
                 // holes small files leave would cut it into pieces); a small one
                 // takes the next free blocks.
                 let min_run = if run >= STREAM_RUN_BLOCKS { run.min(MAX_IO_BLOCKS) } else { 1 };
-                let Some((physical, len)) = meta.allocate(&fs.sb, rest, min_run, goal) else {
+                // (The bitmap is read: allocating cannot fail now, only find no space.)
+                let Some((physical, len)) = meta.allocate(&fs.sb, rest, min_run, goal)? else {
                     failed = true;
                     break 'holes;
                 };
@@ -776,7 +780,7 @@ impl File {
             // Give back what this write took (free once the running transaction commits).
             for (logical, len) in added {
                 for (start, n) in extents::cut(&mut state.inode.extents, logical, logical + len) {
-                    meta.free_data(&fs.sb, start, n);
+                    meta.free_data(&fs.sb, start, n)?;
                 }
             }
             state.store(fs, &mut meta)?;
@@ -801,7 +805,7 @@ impl File {
         if !meta.alloc.is_free(goal) {
             return;
         }
-        if let Some((physical, len)) = meta.allocate(&self.fs.sb, want, want, Some(goal)) {
+        if let Ok(Some((physical, len))) = meta.allocate(&self.fs.sb, want, want, Some(goal)) {
             debug_assert_eq!(physical, goal);
             extents::insert_unwritten(&mut state.inode.extents, end, len, physical);
             added.push((end, len));
@@ -841,8 +845,15 @@ impl File {
             "only unwritten blocks lie past the end of a file"
         );
         let mut meta = fs.meta();
+        // The bitmap under what is cut, read first: a read that fails trims nothing.
+        for e in state.inode.extents.iter().filter(|e| e.end() > keep) {
+            if meta.alloc.read_covering(e.physical, u64::from(e.len)).is_err() {
+                return;
+            }
+        }
         for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
-            meta.free_unwritten(&fs.sb, start, n);
+            let freed = meta.free_unwritten(&fs.sb, start, n);
+            debug_assert!(freed.is_ok(), "its bitmap was read");
         }
         // Fewer extents never need more overflow blocks: storing cannot run out of space.
         if state.store(fs, &mut meta).is_ok() {
@@ -889,8 +900,12 @@ impl File {
         state.cache_id = fs.new_cache_id();
         let mut meta = fs.meta();
         let keep = len.div_ceil(BLOCK_U64);
+        // The bitmap under what is cut, read first: a read that fails changes nothing.
+        for e in state.inode.extents.iter().filter(|e| e.end() > keep) {
+            meta.alloc.read_covering(e.physical, u64::from(e.len))?;
+        }
         for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
-            meta.free_data(&fs.sb, start, n);
+            meta.free_data(&fs.sb, start, n)?;
         }
         state.inode.size = len;
         state.disk_size = len;

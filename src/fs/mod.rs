@@ -254,8 +254,6 @@ pub struct FsStats {
     pub device_read_bytes: u64,
     /// Bytes the file layer wrote to the device.
     pub device_written_bytes: u64,
-    /// Free blocks now.
-    pub free_blocks: u64,
     /// Pages written through the cache and not yet written back.
     pub dirty_pages: u64,
     /// The page cache's counters.
@@ -598,42 +596,46 @@ fn coarse_now_ns() -> u64 {
 impl Meta {
     /// Allocates up to `want` blocks at `goal`, else in the next free run of
     /// at least `min_run` blocks, else at the next free block ([`Allocator::allocate`]).
-    fn allocate(&mut self, sb: &Superblock, want: u64, min_run: u64, goal: Option<u64>) -> Option<(u64, u64)> {
+    fn allocate(&mut self, sb: &Superblock, want: u64, min_run: u64, goal: Option<u64>) -> Result<Option<(u64, u64)>> {
         let dirty = &mut self.dirty;
         self.alloc.allocate(want, min_run, goal, &mut |i| {
             dirty.insert(sb.bitmap_start + i);
         })
     }
 
-    /// Frees a data run: allocatable again once the running transaction commits.
-    fn free_data(&mut self, sb: &Superblock, start: u64, len: u64) {
+    /// Frees a data run: allocatable again once the running transaction
+    /// commits. An error only if its part of the bitmap could not be read.
+    fn free_data(&mut self, sb: &Superblock, start: u64, len: u64) -> Result<()> {
         let dirty = &mut self.dirty;
         let ok = self.alloc.free(start, len, &mut |i| {
             dirty.insert(sb.bitmap_start + i);
-        });
+        })?;
         debug_assert!(ok, "freeing blocks {start}+{len} that are not in use");
         self.freed.push((start, len));
         self.freed_since_mount = true;
+        Ok(())
     }
 
     /// Frees data blocks that never held data, allocatable again at once ([`Allocator::free_now`]).
-    fn free_unwritten(&mut self, sb: &Superblock, start: u64, len: u64) {
+    fn free_unwritten(&mut self, sb: &Superblock, start: u64, len: u64) -> Result<()> {
         let dirty = &mut self.dirty;
         let ok = self.alloc.free_now(start, len, &mut |i| {
             dirty.insert(sb.bitmap_start + i);
-        });
+        })?;
         debug_assert!(ok, "freeing blocks {start}+{len} that are not in use");
+        Ok(())
     }
 
     /// Frees an overflow (metadata) block: allocatable again after the next checkpoint.
-    fn free_meta(&mut self, sb: &Superblock, block: u64) {
-        self.overflow.remove(&block);
+    fn free_meta(&mut self, sb: &Superblock, block: u64) -> Result<()> {
         let dirty = &mut self.dirty;
         let ok = self.alloc.free(block, 1, &mut |i| {
             dirty.insert(sb.bitmap_start + i);
-        });
+        })?;
         debug_assert!(ok, "freeing overflow block {block} that is not in use");
+        self.overflow.remove(&block);
         self.freed_meta.push((block, 1));
+        Ok(())
     }
 
     fn inode_block(&self, sb: &Superblock, slot: u32) -> u64 {
@@ -644,12 +646,13 @@ impl Meta {
     fn store_inode(&mut self, sb: &Superblock, slot: u32, inode: &mut Inode) -> Result<()> {
         let need = Inode::overflow_needed(inode.extents.len());
         while inode.overflow.len() > need {
+            self.alloc.read_covering(*inode.overflow.last().expect("longer than need"), 1)?;
             let b = inode.overflow.pop().expect("longer than need");
-            self.free_meta(sb, b);
+            self.free_meta(sb, b)?;
         }
         while inode.overflow.len() < need {
             let goal = inode.overflow.last().map(|b| b + 1);
-            let Some((b, _)) = self.allocate(sb, 1, 1, goal) else {
+            let Some((b, _)) = self.allocate(sb, 1, 1, goal)? else {
                 return Err(file_error("extend", &inode.name, libc::ENOSPC, "no space left for its extent map"));
             };
             inode.overflow.push(b);
@@ -668,13 +671,16 @@ impl Meta {
 
     /// Frees a file's blocks and slot (unlink, or the target of a rename);
     /// returns how many dirty pages it dropped (for [`writeback::DirtyFiles::forget`]).
-    #[must_use]
-    fn drop_inode(&mut self, sb: &Superblock, slot: u32, state: &mut NodeState) -> usize {
+    /// An error (and the file left as it was) if the part of the bitmap its
+    /// blocks are in could not be read.
+    fn drop_inode(&mut self, sb: &Superblock, slot: u32, state: &mut NodeState) -> Result<usize> {
+        // Everything the frees look at, read before anything changes.
+        self.read_bitmap_of(&state.inode)?;
         for e in std::mem::take(&mut state.inode.extents) {
-            self.free_data(sb, e.physical, e.len as u64);
+            self.free_data(sb, e.physical, e.len as u64)?;
         }
         for b in std::mem::take(&mut state.inode.overflow) {
-            self.free_meta(sb, b);
+            self.free_meta(sb, b)?;
         }
         debug_assert!(self.ns.aliases(slot).is_empty(), "a file with hard links keeps its slot");
         self.ns.remove_slot(slot);
@@ -687,7 +693,20 @@ impl Meta {
         state.live = false;
         state.meta_tid = self.tid;
         state.layout_tid = self.tid;
-        dirty.len()
+        Ok(dirty.len())
+    }
+
+    /// Reads the part of the bitmap that covers `inode`'s blocks (see
+    /// [`alloc`]): before a change that frees them begins, so that a read
+    /// that fails leaves nothing half done.
+    fn read_bitmap_of(&mut self, inode: &Inode) -> Result<()> {
+        for e in &inode.extents {
+            self.alloc.read_covering(e.physical, u64::from(e.len))?;
+        }
+        for &b in &inode.overflow {
+            self.alloc.read_covering(b, 1)?;
+        }
+        Ok(())
     }
 
     /// Frees inode `slot` (already out of the index): zeros in the running transaction.
@@ -787,7 +806,7 @@ impl FileSystem {
             b += n;
         }
         let alloc = Allocator::fresh(blocks, sb.data_start);
-        for (i, image) in alloc.images().iter().enumerate() {
+        for (i, image) in alloc.images().enumerate() {
             disk.write(sb.bitmap_start + i as u64, &IoBuf::from_slice(&image[..]))?;
         }
         Journal::format(&disk, &sb)?;
@@ -880,10 +899,10 @@ impl FileSystem {
             journal.keep_log(log);
         }
         let (table, lent_table) = check::read_table(&disk, &sb, false)?;
-        let bitmap = check::read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
-        let alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
+        // Read as needed (see `alloc`): at first the part the scan checks.
+        let mut alloc = Allocator::lazy(disk.reader(), sb.bitmap_start, sb.bitmap_blocks, sb.blocks, sb.data_start);
         let mut first = check::FirstProblem;
-        let scan = check::scan(&disk, &sb, &table, &alloc, &mut first)?;
+        let scan = check::scan(&disk, &sb, &table, &mut alloc, &mut first)?;
         let ns = namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut first)?;
         if upgraded_from.is_some_and(|v| v < 5) {
             // The mark was not kept: it is where the scan found the last inode.
@@ -936,7 +955,7 @@ impl FileSystem {
             // Unlinked while open, and the crash came before the last close.
             let node = Arc::clone(meta.file(slot).expect("an orphan is a file"));
             let mut state = node.state.write().expect("file lock poisoned");
-            let dropped = meta.drop_inode(&sb, slot, &mut state);
+            let dropped = meta.drop_inode(&sb, slot, &mut state)?;
             debug_assert_eq!(dropped, 0, "nothing is dirty at mount");
         }
         let files = meta.slots.iter().filter(|s| matches!(s, Slot::File(_))).count();
@@ -1043,6 +1062,12 @@ impl FileSystem {
         self.mount.options
     }
 
+    /// Blocks not in use now (statfs, `iopath df`): reads whatever part of
+    /// the bitmap this mount has not read yet (see [`alloc`]).
+    pub fn free_blocks(&self) -> Result<u64> {
+        self.mount.meta().alloc.free_blocks()
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> FsStats {
         let fs = &self.mount;
@@ -1059,7 +1084,6 @@ impl FileSystem {
             device_flushes_skipped: c.flushes_skipped.load(Ordering::Relaxed),
             device_read_bytes: c.read_bytes.load(Ordering::Relaxed),
             device_written_bytes: c.written_bytes.load(Ordering::Relaxed),
-            free_blocks: fs.meta().alloc.free_blocks(),
             dirty_pages: fs.dirty.pages() as u64,
             cache: fs.cache.stats(),
             carried_reads: fs.disk.carry().map_or(0, |c| c.hits()),
@@ -1228,7 +1252,7 @@ impl Inner {
             let meta = self.meta();
             // Blocks freed before this mount were looked for at the last exit.
             if let Some(carry) = self.disk.carry().filter(|_| stage && meta.freed_since_mount) {
-                carry.forget_dead(|block| meta.alloc.in_use(block));
+                carry.forget_dead(|block| meta.alloc.maybe_in_use(block));
             }
             // Only files with pages to write back, and those locked now (a writeback
             // under way there is waited for, as before): walking every file took

@@ -843,9 +843,14 @@ impl Meta {
     /// handle holds it open, else it becomes an orphan its last close frees.
     fn unlink_file(&mut self, fs: &super::Inner, node: &Node, state: &mut NodeState, now: u64) -> Result<()> {
         let (parent, _) = self.ns.link_of(node.slot).cloned().expect("a linked file");
+        let drop_now = node.handles.load(Ordering::Acquire) == 0;
+        if drop_now {
+            // (Before the name goes: a bitmap that cannot be read leaves the file as it was.)
+            self.read_bitmap_of(&state.inode)?;
+        }
         self.ns.remove_slot(node.slot);
-        if node.handles.load(Ordering::Acquire) == 0 {
-            fs.dirty.forget(self.drop_inode(&fs.sb, node.slot, state));
+        if drop_now {
+            fs.dirty.forget(self.drop_inode(&fs.sb, node.slot, state)?);
         } else {
             state.inode.orphan = true;
             state.inode.ctime_ns = now;
@@ -1485,7 +1490,10 @@ impl File {
         }
         let mut meta = fs.meta();
         if self.node.handles.load(Ordering::Acquire) == 0 {
-            fs.dirty.forget(meta.drop_inode(&fs.sb, self.node.slot, &mut state));
+            // A bitmap that cannot be read keeps the orphan: the next mount frees it.
+            if let Ok(dropped) = meta.drop_inode(&fs.sb, self.node.slot, &mut state) {
+                fs.dirty.forget(dropped);
+            }
         }
     }
 }

@@ -602,7 +602,10 @@ fn fill_statfs(mount: &Mount, out: *mut libc::statfs) -> c_int {
     st.f_bsize = 4096;
     st.f_frsize = 4096;
     st.f_blocks = sb.blocks - sb.data_start;
-    st.f_bfree = fs.stats().free_blocks;
+    st.f_bfree = match fs.free_blocks() {
+        Ok(free) => free,
+        Err(e) => return fail(super::errno_of(&e)),
+    };
     st.f_bavail = st.f_bfree;
     st.f_files = sb.inodes();
     st.f_ffree = sb.inodes().saturating_sub(fs.names() as u64);
