@@ -1386,6 +1386,7 @@ impl Inner {
         if self.aborted.load(Ordering::Acquire) {
             return Ok(0);
         }
+        carry.watch_writes();
         // The cached pages first (a process that read and wrote nothing has none, and
         // needs no map of every file: 3% of a `stat` on a mount of 26K names). Taken
         // before any file's lock: a reader holds its file's lock while it takes a shard's.
