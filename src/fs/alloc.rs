@@ -360,15 +360,21 @@ impl Allocator {
         image | self.held[word as usize]
     }
 
+    /// Whether `[start, start + len)` lies in the data area and is all in use
+    /// (its part of the bitmap read first): what a free needs.
+    fn freeable(&mut self, start: u64, len: u64) -> Result<bool> {
+        if start < self.data_start || start.saturating_add(len) > self.blocks {
+            return Ok(false);
+        }
+        self.read_covering(start, len)?;
+        Ok(self.all_in_use(start, len))
+    }
+
     /// Frees `[start, start+len)`: clear in the next commit's bitmap, not allocatable until
     /// [`Allocator::release`]. False (and nothing changed) if any block was
     /// not in use; an error if its bitmap could not be read.
     pub fn free(&mut self, start: u64, len: u64, dirty: &mut impl FnMut(u64)) -> Result<bool> {
-        if start < self.data_start || start + len > self.blocks {
-            return Ok(false);
-        }
-        self.read_covering(start, len)?;
-        if !self.all_in_use(start, len) {
+        if !self.freeable(start, len)? {
             return Ok(false);
         }
         for n in start..start + len {
@@ -393,11 +399,7 @@ impl Allocator {
     /// its 7,800 files with 8,150 commands). False (and nothing freed) if
     /// some block is not in use; an error if its bitmap could not be read.
     pub fn free_now(&mut self, start: u64, len: u64, dirty: &mut impl FnMut(u64)) -> Result<bool> {
-        if start < self.data_start || start + len > self.blocks {
-            return Ok(false);
-        }
-        self.read_covering(start, len)?;
-        if !self.all_in_use(start, len) {
+        if !self.freeable(start, len)? {
             return Ok(false);
         }
         for n in start..start + len {
