@@ -143,7 +143,7 @@ impl Allocator {
             images,
             unread,
             source,
-            // (Zeroed memory the kernel maps on first touch: a held block costs a page.)
+            // (Zeroed: on a large device, pages the kernel maps only where a block is held.)
             held: vec![0; blocks.div_ceil(64) as usize],
             blocks,
             data_start,
@@ -152,11 +152,6 @@ impl Allocator {
             held_count: 0,
             run_miss: None,
         }
-    }
-
-    /// Whether every bitmap block has been read.
-    pub fn complete(&self) -> bool {
-        self.unread == 0
     }
 
     /// Reads the bitmap blocks that cover blocks `[start, start + len)` (those
@@ -629,7 +624,7 @@ mod tests {
         assert_eq!(lazy.all_in_use(third, 50), whole.all_in_use(third, 50));
         lazy.read_covering(BITS_PER_BITMAP_BLOCK - 10, 20).unwrap();
         assert_eq!(lazy.unread, 2);
-        assert!(!lazy.complete());
+        assert_ne!(lazy.unread, 0);
         // What was not read may be in use; what was read says what it is.
         for n in [BITS_PER_BITMAP_BLOCK * 3 + 5, BITS_PER_BITMAP_BLOCK * 4 + 9] {
             assert!(lazy.maybe_in_use(n), "block {n} not read yet");
@@ -641,7 +636,7 @@ mod tests {
         // The counts and an allocation, once all of it is read, are the whole bitmap's.
         let mut whole = whole;
         assert_eq!(lazy.free_blocks().unwrap(), whole.free_blocks().unwrap());
-        assert!(lazy.complete());
+        assert_eq!(lazy.unread, 0);
         assert_eq!(lazy.allocatable(), whole.allocatable());
         let mut d = |_| {};
         for (want, min_run) in [(1, 1), (40, 40), (3, 1), (500, 8)] {

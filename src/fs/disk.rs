@@ -213,16 +213,7 @@ impl Disk {
 
     /// Reads `buf.len() / 4096` blocks from `block` (buf aligned, as an [`IoBuf`] is).
     pub fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
-        debug_assert_eq!(buf.len() % BLOCK, 0);
-        if self.carried(block, buf) {
-            return Ok(());
-        }
-        for (i, chunk) in buf.chunks_mut(self.max_io).enumerate() {
-            let at = (block * BLOCK_U64) + (i * self.max_io) as u64;
-            self.engine.read_at(chunk, at)?;
-            self.counters.count(Op::Read, chunk.len());
-        }
-        Ok(())
+        read_blocks(&self.engine, self.carry.get().map(|c| &**c), &self.counters, self.max_io, block, buf)
     }
 
     /// Writes `buf` (whole blocks, aligned) at `block`.
@@ -313,16 +304,30 @@ pub struct BlockReader {
 impl BlockReader {
     /// Reads `buf.len() / 4096` blocks from `block` (buf aligned, as an [`IoBuf`] is).
     pub fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
-        debug_assert_eq!(buf.len() % BLOCK, 0);
-        if self.carry.as_ref().is_some_and(|c| c.read(block, buf)) {
-            return Ok(());
-        }
-        for (i, chunk) in buf.chunks_mut(self.max_io).enumerate() {
-            self.engine.read_at(chunk, block * BLOCK_U64 + (i * self.max_io) as u64)?;
-            self.counters.count(Op::Read, chunk.len());
-        }
-        Ok(())
+        read_blocks(&self.engine, self.carry.as_deref(), &self.counters, self.max_io, block, buf)
     }
+}
+
+/// [`Disk::read`] and [`BlockReader::read`]: from `carry` if it holds all of
+/// `[block, ..)`, else from the device in requests of at most `max_io` bytes,
+/// each counted in `counters`.
+fn read_blocks(
+    engine: &Engine,
+    carry: Option<&CarriedCache>,
+    counters: &DiskCounters,
+    max_io: usize,
+    block: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    debug_assert_eq!(buf.len() % BLOCK, 0);
+    if carry.is_some_and(|c| c.read(block, buf)) {
+        return Ok(());
+    }
+    for (i, chunk) in buf.chunks_mut(max_io).enumerate() {
+        engine.read_at(chunk, block * BLOCK_U64 + (i * max_io) as u64)?;
+        counters.count(Op::Read, chunk.len());
+    }
+    Ok(())
 }
 
 impl Disk {
