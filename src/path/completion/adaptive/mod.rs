@@ -113,6 +113,8 @@ pub struct Adaptive {
     set_aside: bool,
     /// The process's [judge](super::judge) may make every wait sleep (`auto`).
     judged: bool,
+    /// The judge's window this thread last noted itself waiting in.
+    noted_window: u64,
     schedstat: Option<File>,
     pressure: Option<File>,
     buf: [u8; 128],
@@ -156,6 +158,7 @@ impl Adaptive {
         Adaptive {
             name,
             judged: controller.modes().contains(&Mode::Yield),
+            noted_window: u64::MAX,
             controller,
             hybrid: Hybrid::new(),
             yielder: Yield::default(),
@@ -356,6 +359,7 @@ impl CompletionPolicy for Adaptive {
         if !self.judged {
             return false;
         }
+        judge::note_waiter(&mut self.noted_window);
         let began = now_ns();
         if self.judged_way(began) != Way::Sleep {
             return false;
@@ -412,6 +416,7 @@ impl Adaptive {
         }
         let waiting = Waiting::enter();
         if self.judged {
+            judge::note_waiter(&mut self.noted_window);
             let began = now_ns();
             if self.judged_way(began) == Way::Sleep {
                 // The process's trials found its work goes faster when no wait takes
