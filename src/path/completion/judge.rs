@@ -277,6 +277,7 @@ pub fn reset() {
     WAY.store(0, Ordering::Relaxed);
     WINDOW_END_NS.store(0, Ordering::Relaxed);
     CONTESTED.store(false, Ordering::Relaxed);
+    WAITERS.store(0, Ordering::Relaxed);
 }
 
 /// Makes waits take `way` until the current window ends (tests that change
