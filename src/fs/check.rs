@@ -54,11 +54,69 @@ impl Problems for AllProblems {
     }
 }
 
+/// What the namespace (and a mount) needs of an inode the scan decoded: its
+/// name and kind, not its extents. A mount of a tree of 8,821 names kept
+/// every inode whole (168 bytes each, with its extents on the heap beside):
+/// 2 MB of fresh memory faulted in by every process that mounted it, for
+/// the few files a command uses; a file's inode is decoded again from the
+/// table when its node is first built ([`super::Meta::file`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Named {
+    /// Its inode slot.
+    pub slot: u32,
+    /// Its directory's slot (or the root).
+    pub parent: u32,
+    /// File type and permission bits.
+    pub mode: u32,
+    /// Unlinked while open (it has no name in the tree).
+    pub orphan: bool,
+    /// A hard link: the slot of the file it names.
+    pub alias_of: Option<u32>,
+    /// Its name in its directory.
+    pub name: Box<[u8]>,
+    /// A symbolic link's target (empty otherwise).
+    pub target: Vec<u8>,
+}
+
+impl Named {
+    /// The name and kind of `inode`, in `slot`, taking its name and target
+    /// (the rest stays in `inode`).
+    pub fn take(slot: u32, inode: &mut Inode) -> Named {
+        Named {
+            slot,
+            parent: inode.parent,
+            mode: inode.mode,
+            orphan: inode.orphan,
+            alias_of: inode.alias_of,
+            name: std::mem::take(&mut inode.name).into_boxed_slice(),
+            target: std::mem::take(&mut inode.target),
+        }
+    }
+
+    /// Its file type (`S_IFREG`, `S_IFDIR`, ...).
+    pub fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    /// Whether it is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind() == libc::S_IFDIR
+    }
+
+    /// Whether the mount keeps its whole inode: a directory's or a hard link's
+    /// (few; a file's is decoded again when its node is built).
+    pub fn kept_whole(&self) -> bool {
+        self.is_dir() || self.alias_of.is_some()
+    }
+}
+
 /// The inodes a scan decoded, and what they own.
 #[derive(Debug, Default)]
 pub(super) struct Scan {
-    /// Every inode that decoded, by slot.
-    pub inodes: Vec<(u32, Inode)>,
+    /// Every inode that decoded, by slot: its name and kind.
+    pub named: Vec<Named>,
+    /// The whole inodes of directories and hard links ([`Named::kept_whole`]), by slot.
+    pub kept: Vec<(u32, Inode)>,
     /// Overflow extent blocks, by block number.
     pub overflow: HashMap<u64, Block>,
     /// The blocks some inode owns.
@@ -261,13 +319,12 @@ pub(super) fn scan(
         }
     }
     let mut out = Scan { owned: Owned::new(sb.blocks), ..Scan::default() };
-    // Sized once: grown as it filled, its inodes were copied a dozen times.
-    out.inodes.reserve(sb.inode_mark.min(sb.inodes()) as usize);
+    // Sized once: grown as it filled, its entries were copied a dozen times.
+    out.named.reserve(sb.inode_mark.min(sb.inodes()) as usize);
+    let read_overflow = |b: u64| -> Result<Block> { Ok(read_blocks(disk, b, 1)?.remove(0)) };
     for slot in 0..sb.inodes() {
-        let index = slot as usize % INODES_PER_BLOCK;
-        let Some(block) = &table[slot as usize / INODES_PER_BLOCK] else { continue };
-        let raw = &block[index * INODE_SIZE..(index + 1) * INODE_SIZE];
-        let inode = match Inode::decode(raw, slot, |b| Ok(read_blocks(disk, b, 1)?.remove(0)), sb) {
+        let Some(raw) = slot_in(table, slot) else { continue };
+        let mut inode = match Inode::decode(raw, slot, read_overflow, sb) {
             Ok(Some(inode)) => inode,
             Ok(None) => continue,
             Err(Error::Format { why }) => {
@@ -309,8 +366,11 @@ pub(super) fn scan(
                 problems.found(format!("'{named}' (inode {slot}) owns block {b}, which the bitmap marks free"))?;
             }
             if !out.owned.insert(b) {
-                // Rare: which inode had it is looked up only now.
-                let other = out.inodes.iter().find(|(_, i)| owned_by(i).any(|o| o == b)).map(|(s, _)| *s);
+                // Rare: which inode had it is looked up only now, decoding them again.
+                let other = out.named.iter().map(|n| n.slot).find(|&s| {
+                    let earlier = slot_in(table, s as u64).map(|raw| Inode::decode(raw, s as u64, read_overflow, sb));
+                    matches!(earlier, Some(Ok(Some(i))) if owned_by(&i).any(|o| o == b))
+                });
                 problems.found(match other {
                     Some(other) => format!("block {b} is owned by inodes {other} and {slot}"),
                     None => format!("block {b} is owned twice by inode {slot}"),
@@ -320,9 +380,21 @@ pub(super) fn scan(
         for &b in &inode.overflow {
             out.overflow.insert(b, read_blocks(disk, b, 1)?.remove(0));
         }
-        out.inodes.push((slot as u32, inode));
+        let named = Named::take(slot as u32, &mut inode);
+        if named.kept_whole() {
+            inode.name = named.name.to_vec();
+            out.kept.push((slot as u32, inode));
+        }
+        out.named.push(named);
     }
     Ok(out)
+}
+
+/// The bytes of inode `slot` in `table` (`None`: its block holds free slots only).
+pub(super) fn slot_in(table: &[Option<IoBuf>], slot: u64) -> Option<&[u8]> {
+    let block = table.get(slot as usize / INODES_PER_BLOCK)?.as_ref()?;
+    let at = slot as usize % INODES_PER_BLOCK * INODE_SIZE;
+    Some(&block[at..at + INODE_SIZE])
 }
 
 /// What `iopath fsck` found.
@@ -386,7 +458,7 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     let mut alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
     let mut problems = AllProblems::default();
     let scan = scan(&disk, &sb, &table, &mut alloc, &mut problems)?;
-    super::namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut problems)?;
+    super::namespace::index(scan.named.iter().filter(|n| !n.orphan), &mut problems)?;
     let leaked = (sb.data_start..sb.blocks).filter(|b| alloc.in_use(*b) && !scan.owned.contains(*b)).count() as u64;
     if leaked > 0 {
         problems.found(format!(
@@ -396,11 +468,11 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     Ok(Report {
         version: sb.version,
         replayed: journal.stats().replayed + journal.stats().from_log,
-        files: scan.inodes.iter().filter(|(_, i)| !i.is_dir() && !i.is_link() && i.alias_of.is_none()).count(),
-        links: scan.inodes.iter().filter(|(_, i)| i.is_link() && i.alias_of.is_none()).count(),
-        hard_links: scan.inodes.iter().filter(|(_, i)| i.alias_of.is_some()).count(),
-        dirs: scan.inodes.iter().filter(|(_, i)| i.is_dir()).count(),
-        orphans: scan.inodes.iter().filter(|(_, i)| i.orphan).count(),
+        files: scan.named.iter().filter(|n| !n.is_dir() && n.kind() != libc::S_IFLNK && n.alias_of.is_none()).count(),
+        links: scan.named.iter().filter(|n| n.kind() == libc::S_IFLNK && n.alias_of.is_none()).count(),
+        hard_links: scan.named.iter().filter(|n| n.alias_of.is_some()).count(),
+        dirs: scan.named.iter().filter(|n| n.is_dir()).count(),
+        orphans: scan.named.iter().filter(|n| n.orphan).count(),
         inodes: sb.inodes(),
         blocks: sb.blocks,
         data_blocks: sb.blocks - sb.data_start,

@@ -456,15 +456,15 @@ enum Slot {
     Alias(Box<Inode>),
 }
 
-/// A file's node, built the first time [`Meta::file`] asks for it: from the
-/// inode the mount decoded ([`Meta::stored`]) for a file that was there,
-/// at once for one made since. A mount of 8,760 files built a node for
+/// A file's node, built the first time [`Meta::file`] asks for it: from its
+/// inode in the table (decoded again: the mount keeps only its name and
+/// kind) for a file that was there, at once for one made since. A mount of 8,760 files built a node for
 /// each (a fifth of mounting them, most of it fresh heap faulted in) where
 /// a command uses a few.
 struct LazyNode(std::sync::OnceLock<Arc<Node>>);
 
 impl LazyNode {
-    /// A file the mount found: its node is built from [`Meta::stored`] when first used.
+    /// A file the mount found: its node is built from its inode in the table when first used.
     fn stored() -> LazyNode {
         LazyNode(std::sync::OnceLock::new())
     }
@@ -535,10 +535,10 @@ struct Meta {
     lent_table: Vec<u64>,
     /// What each inode slot below the inode mark holds (none above it is in use).
     slots: Vec<Slot>,
-    /// The files' inodes as the mount decoded them, by slot (sorted): where a
-    /// file's node is built from at its first use ([`LazyNode`]). Read only
-    /// for a node not yet built: from then on the node holds its inode.
-    stored: Vec<(u32, Inode)>,
+    /// The superblock as mounted: the layout a file's inode is decoded with
+    /// when its node is first built ([`LazyNode`]; none of the fields that
+    /// decoding reads changes after the mount).
+    layout: Superblock,
     /// Every name, indexed.
     ns: namespace::Index,
     /// The root directory's times (it has no inode: the mount time, then its last change).
@@ -903,10 +903,10 @@ impl FileSystem {
         let mut alloc = Allocator::lazy(disk.reader(), sb.bitmap_start, sb.bitmap_blocks, sb.blocks, sb.data_start);
         let mut first = check::FirstProblem;
         let scan = check::scan(&disk, &sb, &table, &mut alloc, &mut first)?;
-        let ns = namespace::index(scan.inodes.iter().filter(|(_, i)| !i.orphan), &mut first)?;
+        let ns = namespace::index(scan.named.iter().filter(|n| !n.orphan), &mut first)?;
         if upgraded_from.is_some_and(|v| v < 5) {
             // The mark was not kept: it is where the scan found the last inode.
-            sb.inode_mark = scan.inodes.last().map_or(0, |&(slot, _)| sb.inode_mark_over(slot as u64));
+            sb.inode_mark = scan.named.last().map_or(0, |n| sb.inode_mark_over(n.slot as u64));
             disk.write(0, &IoBuf::from_slice(&sb.encode()[..]))?;
             disk.flush()?;
         }
@@ -918,7 +918,7 @@ impl FileSystem {
             // slot for every inode of the table was 1.2 MiB faulted in at each mount
             // of a 3 GiB device, however few files it held.
             slots: (0..sb.inode_mark).map(|_| Slot::Free).collect(),
-            stored: Vec::new(),
+            layout: sb,
             ns,
             root_times: now_ns(),
             alloc,
@@ -935,22 +935,21 @@ impl FileSystem {
             overwrote_journaled: false,
         };
         let mut orphans = Vec::new();
-        let mut stored = scan.inodes;
-        for (slot, inode) in stored.iter_mut() {
-            let slot = *slot;
-            meta.slots[slot as usize] = if inode.is_dir() {
-                Slot::Dir(Box::new(std::mem::take(inode)))
-            } else if inode.alias_of.is_some() {
-                Slot::Alias(Box::new(std::mem::take(inode)))
+        let mut kept = scan.kept.into_iter();
+        for named in &scan.named {
+            let slot = named.slot;
+            meta.slots[slot as usize] = if named.kept_whole() {
+                let (at, inode) = kept.next().expect("the scan kept the inode of every directory and hard link");
+                debug_assert_eq!(at, slot, "kept inodes are in slot order");
+                if named.is_dir() { Slot::Dir(Box::new(inode)) } else { Slot::Alias(Box::new(inode)) }
             } else {
-                if inode.orphan {
+                if named.orphan {
                     orphans.push(slot);
                 }
                 Slot::File(LazyNode::stored())
             };
         }
-        stored.retain(|(slot, _)| matches!(meta.slots[*slot as usize], Slot::File(_)));
-        meta.stored = stored;
+        drop(scan.named);
         for &slot in &orphans {
             // Unlinked while open, and the crash came before the last close.
             let node = Arc::clone(meta.file(slot).expect("an orphan is a file"));

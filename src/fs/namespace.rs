@@ -28,7 +28,7 @@
 //! close frees it; a crash before that leaves the flag, and the next mount
 //! frees it.
 
-use super::check::Problems;
+use super::check::{Named, Problems};
 use super::format::{BLOCK_U64, Inode, MAX_NAME, MAX_PATH, ROOT, check_name};
 use super::{File, FileSystem, Meta, Node, NodeState, Slot, file_error, now_ns};
 use crate::error::{Error, Result};
@@ -664,24 +664,24 @@ fn blocks_512(inode: &Inode) -> u64 {
 /// the tree: each parent is a directory, no name is taken twice, every
 /// directory reaches the root, every hard link names a linked file of its
 /// type. An entry that breaks a rule is reported to `problems` and left out.
-pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems: &mut dyn Problems) -> Result<Index> {
-    let inodes: Vec<&(u32, Inode)> = inodes.collect();
-    let dirs: IntSet<u32> = inodes.iter().filter(|(_, i)| i.is_dir()).map(|(s, _)| *s).collect();
+pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a Named>, problems: &mut dyn Problems) -> Result<Index> {
+    let inodes: Vec<&Named> = inodes.collect();
+    let dirs: IntSet<u32> = inodes.iter().filter(|n| n.is_dir()).map(|n| n.slot).collect();
     // Sized once: grown as it fills, the tables were rehashed a dozen times
     // each mount (a tenth of mounting a tree of 17,000 names).
     let mut ns = Index::default();
-    ns.links.reserve(inodes.iter().map(|(s, _)| *s as usize + 1).max().unwrap_or(0));
+    ns.links.reserve(inodes.iter().map(|n| n.slot as usize + 1).max().unwrap_or(0));
     ns.entries.reserve(dirs.len() + 1);
     // Files first, then the aliases that name them.
-    let (aliases, others): (Vec<_>, Vec<_>) = inodes.into_iter().partition(|(_, i)| i.alias_of.is_some());
+    let (aliases, others): (Vec<_>, Vec<_>) = inodes.into_iter().partition(|n| n.alias_of.is_some());
     // The type of each named file, for checking its hard links: only if there are any.
     let mut types: IntMap<u32, u32> = IntMap::default();
     let any_aliases = !aliases.is_empty();
     if any_aliases {
         types.reserve(others.len());
     }
-    for (slot, inode) in others.into_iter().chain(aliases) {
-        let (slot, parent) = (*slot, inode.parent);
+    for inode in others.into_iter().chain(aliases) {
+        let (slot, parent) = (inode.slot, inode.parent);
         if parent != ROOT && !dirs.contains(&parent) {
             problems.found(format!(
                 "inode {slot} ('{}') names inode {parent} as its directory, which is not one",
@@ -689,7 +689,7 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
             ))?;
             continue;
         }
-        let kind = inode.mode & libc::S_IFMT;
+        let kind = inode.kind();
         let inserted = match inode.alias_of {
             Some(file) if types.get(&file) != Some(&kind) => {
                 problems.found(format!(
@@ -711,9 +711,9 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a (u32, Inode)>, problems
             if any_aliases {
                 types.insert(slot, kind);
             }
-            if inode.is_link() {
+            if kind == libc::S_IFLNK {
                 ns.set_target(slot, inode.target.clone());
-            } else if inode.is_fifo() {
+            } else if kind == libc::S_IFIFO {
                 ns.set_fifo(slot);
             }
         }
@@ -755,8 +755,14 @@ impl Meta {
     /// Its names are counted now: every change to them (a hard link made or
     /// removed, a rename over one) takes the file's node first.
     fn build_node(&self, slot: u32) -> Arc<Node> {
-        let at = self.stored.binary_search_by_key(&slot, |(s, _)| *s).expect("a file not built was found by the mount");
-        let (inode, nlink) = (self.stored[at].1.clone(), 1 + self.ns.aliases(slot).len() as u32);
+        // A file whose node is not built has not changed since the mount decoded it
+        // (every change to a file takes its node first), nor have its overflow blocks.
+        let read_overflow =
+            |b: u64| self.overflow.get(&b).cloned().ok_or_else(|| super::format::corrupt("an overflow block unread"));
+        let inode = super::check::slot_in(&self.table, slot as u64)
+            .and_then(|raw| Inode::decode(raw, slot as u64, read_overflow, &self.layout).ok().flatten())
+            .expect("a file the mount decoded decodes again from its table block");
+        let nlink = 1 + self.ns.aliases(slot).len() as u32;
         Node::new(NodeState::fresh(slot, inode, slot as u64 + 1, nlink, 0))
     }
 
@@ -1704,7 +1710,8 @@ mod tests {
             (6, alias("k", 0, libc::S_IFREG)),
         ];
         let mut problems = super::super::check::AllProblems::default();
-        let ns = super::index(inodes.iter(), &mut problems).unwrap();
+        let named: Vec<Named> = inodes.into_iter().map(|(slot, mut inode)| Named::take(slot, &mut inode)).collect();
+        let ns = super::index(named.iter(), &mut problems).unwrap();
         // Of another type, of an alias, of nothing, and a name taken: four problems.
         assert_eq!(problems.0.len(), 4, "{:?}", problems.0);
         assert!(problems.0[0].contains("inode 2 ('h') is a hard link to inode 0"), "{:?}", problems.0);
