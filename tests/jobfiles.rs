@@ -114,8 +114,14 @@ fn rates_are_held_per_direction_after_the_warm_up() {
     let log = lines(&dir.path().join("rate-limited_iops.1.log"));
     assert!((7..=10).contains(&log.len()), "{log:?}");
     assert!(log.iter().all(|l| l[0] % 500 == 0 && l[3] == 0), "{log:?}");
-    let whole: Vec<&Vec<u64>> = log.iter().filter(|l| l[0] <= 2000).collect();
-    assert!(whole.iter().all(|l| (l[1] as f64 - 1000.0).abs() <= 100.0), "{log:?}");
+    // The first windows depend on when the job's thread got a CPU: on a loaded
+    // machine (two copies of this binary at once) the warm-up's window held 642-656
+    // reads a second and the next one caught up with 1,344-1,358, as fio's limiter
+    // does (it paces by what is done since the start), while the JSON's rate above
+    // stayed within 5%. Once caught up, every whole window is held.
+    let steady: Vec<&Vec<u64>> = log.iter().filter(|l| l[0] > 1000 && l[0] <= 2000).collect();
+    assert_eq!(steady.len(), 4, "{log:?}");
+    assert!(steady.iter().all(|l| (l[1] as f64 - 1000.0).abs() <= 100.0), "{log:?}");
 }
 
 #[test]
