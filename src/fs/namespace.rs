@@ -759,9 +759,11 @@ impl Meta {
         // (every change to a file takes its node first), nor have its overflow blocks.
         let read_overflow =
             |b: u64| self.overflow.get(&b).cloned().ok_or_else(|| super::format::corrupt("an overflow block unread"));
-        let inode = super::check::slot_in(&self.table, slot as u64)
-            .and_then(|raw| Inode::decode(raw, slot as u64, read_overflow, &self.layout).ok().flatten())
-            .expect("a file the mount decoded decodes again from its table block");
+        let raw = super::check::slot_in(&self.table, slot as u64).expect("a file the mount found has its table block");
+        let inode = match Inode::decode(raw, slot as u64, read_overflow, &self.layout) {
+            Ok(Some(inode)) => inode,
+            other => panic!("inode {slot}, decoded at the mount, does not decode again: {other:?}"),
+        };
         let nlink = 1 + self.ns.aliases(slot).len() as u32;
         Node::new(NodeState::fresh(slot, inode, slot as u64 + 1, nlink, 0))
     }
