@@ -438,6 +438,25 @@ impl Extent {
     }
 }
 
+/// The head of an inode ([`Inode::head`]): what names it and says its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head<'a> {
+    /// Its name in its parent directory.
+    pub name: &'a [u8],
+    /// The slot of its parent directory, or [`ROOT`].
+    pub parent: u32,
+    /// File type and permission bits.
+    pub mode: u32,
+    /// Unlinked while open.
+    pub orphan: bool,
+    /// A hard link (its file's slot is in the rest of the inode).
+    pub alias: bool,
+    /// Extents in the inode itself.
+    pub inline: usize,
+    /// Extents in all (beyond [`INLINE_EXTENTS`]: overflow blocks hold the rest).
+    pub total: usize,
+}
+
 /// A file or directory as stored in its inode (and overflow blocks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inode {
@@ -574,18 +593,17 @@ impl Inode {
         slot.fill(0);
     }
 
-    /// Reads slot `index`; `Ok(None)` for a free slot. `read_overflow` fetches an overflow block.
-    pub fn decode(
-        slot: &[u8],
-        index: u64,
-        mut read_overflow: impl FnMut(u64) -> Result<Block>,
-        sb: &Superblock,
-    ) -> Result<Option<Inode>> {
+    /// Reads the head of slot `index` (flags, name, parent, mode, extent
+    /// counts), checked as [`Inode::decode`] checks it, its checksum only if
+    /// `verify`; `Ok(None)` for a free slot. A mount whose carried cache
+    /// vouches for the table reads most inodes this far only: their
+    /// checksums were checked by the process that read them from the device.
+    pub fn head<'a>(slot: &'a [u8], index: u64, sb: &Superblock, verify: bool) -> Result<Option<Head<'a>>> {
         if all_zero(slot) {
             return Ok(None);
         }
         let bad = |why: &str| corrupt(format!("inode {index} is damaged: {why}"));
-        if !sector_sealed(slot) {
+        if verify && !sector_sealed(slot) {
             return Err(bad("checksum mismatch"));
         }
         let flags = get_u32(slot, 0);
@@ -596,7 +614,7 @@ impl Inode {
         if name_len == 0 || name_len > MAX_NAME {
             return Err(bad("name length"));
         }
-        let name = slot[64..64 + name_len].to_vec();
+        let name = &slot[64..64 + name_len];
         if name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
             return Err(bad("name holds '/' or NUL, or is '.' or '..'"));
         }
@@ -616,11 +634,32 @@ impl Inode {
         if inline > INLINE_EXTENTS || inline > total || (total > INLINE_EXTENTS && inline != INLINE_EXTENTS) {
             return Err(bad("extent count"));
         }
-        let mut inode = Inode {
+        Ok(Some(Head {
             name,
             parent,
             mode,
             orphan: flags & INODE_ORPHAN != 0,
+            alias: flags & INODE_ALIAS != 0,
+            inline,
+            total,
+        }))
+    }
+
+    /// Reads slot `index`; `Ok(None)` for a free slot. `read_overflow` fetches an overflow block.
+    pub fn decode(
+        slot: &[u8],
+        index: u64,
+        mut read_overflow: impl FnMut(u64) -> Result<Block>,
+        sb: &Superblock,
+    ) -> Result<Option<Inode>> {
+        let Some(head) = Inode::head(slot, index, sb, true)? else { return Ok(None) };
+        let bad = |why: &str| corrupt(format!("inode {index} is damaged: {why}"));
+        let (total, inline) = (head.total, head.inline);
+        let mut inode = Inode {
+            name: head.name.to_vec(),
+            parent: head.parent,
+            mode: head.mode,
+            orphan: head.orphan,
             size: get_u64(slot, 8),
             mtime_ns: get_u64(slot, 16),
             ctime_ns: get_u64(slot, 56),
@@ -630,7 +669,7 @@ impl Inode {
             target: Vec::new(),
             alias_of: None,
         };
-        if flags & INODE_ALIAS != 0 {
+        if head.alias {
             let file = get_u32(slot, AT_ALIAS_OF);
             let plain = total == 0 && inode.size == 0 && !inode.orphan && !inode.is_dir() && inode.mode & 0o7777 == 0;
             if file == 0 || file as u64 > sb.inodes() || file as u64 - 1 == index || !plain {
