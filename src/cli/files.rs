@@ -125,7 +125,10 @@ journal (replayed first, as a mount would), every inode (checksum, name, parent,
 overflow chain, no written data past its end), the free-space bitmap against what files own (a
 block owned twice, a block owned but marked free, a block marked in use that nothing owns), and the
 directory tree (each parent a directory, no name twice in one directory, no loops). It repairs
-nothing. Exit status: 0 clean, 1 problems found or no file system to check.
+nothing. Where it finds a problem it removes the device's carried cache (the blocks the last
+program left in /dev/shm for the next): a mount takes the inode table that cache vouches for as
+it is, and the next one now checks it whole and refuses the device. Exit status: 0 clean, 1
+problems found or no file system to check.
 
 EXAMPLES:
   iopath fsck /tmp/fs.img
@@ -689,6 +692,13 @@ pub fn run_fsck(args: FsckArgs) -> Result<()> {
     // What a killed process left in the shared-memory log is applied first, as a mount would.
     let log = lock.as_ref().and_then(|l| l.existing_shm_log());
     let r = check::check_with(engine, log.as_ref())?;
+    if !r.is_clean()
+        && let Some(lock) = &lock
+    {
+        // A mount trusts a table its carried cache vouches for (it does not check
+        // it again); this device is not what the cache vouched for.
+        lock.set_carry_aside()?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report_json(&r)).expect("a JSON value prints"));
     } else {

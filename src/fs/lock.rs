@@ -342,6 +342,20 @@ impl MountLock {
         super::carry::CarriedCache::open(&super::carry::path_beside(&self.path), &self.device, bytes)
     }
 
+    /// Removes the locked device's carried cache, if it has one: for a
+    /// holder that found the device is not what the cache vouches for
+    /// (`iopath fsck` that found a problem), so that the next mount checks
+    /// the whole table instead of trusting it ([`super::Mounted::table_checked`]).
+    pub fn set_carry_aside(&self) -> Result<()> {
+        match std::fs::remove_file(super::carry::path_beside(&self.path)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Os {
+                context: format!("cannot remove the carried cache beside {}", self.path.display()),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The shared-memory log of the locked device ([`super::shm_log`]),
     /// beside the lock file, `bytes` long (or longer, if a killed holder
     /// left a longer one): opened (or made) for [`super::FileSystem::mount_beside`].
