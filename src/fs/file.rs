@@ -34,6 +34,13 @@ const SYNC_AHEAD_PAGES: u64 = 4;
 /// trimmed preallocation leaves holes of a few blocks between them.
 const STREAM_RUN_BLOCKS: u64 = 16;
 
+/// Fewest blocks an append that grows a file's allocation maps past its end.
+const MIN_PREALLOC_BLOCKS: u64 = 8;
+
+/// An append preallocates only while this many times what it would map is
+/// free: on a device that is filling up, space goes to the data written.
+const PREALLOC_ROOM: u64 = 16;
+
 /// A file no larger than this is read whole at a miss of a read from its
 /// start (Linux reads 128 KiB ahead at a file's first read): `tar c`, `cp`
 /// and `diff` read small files from start to end in several calls, each of
@@ -744,9 +751,11 @@ impl File {
         let allocated_end = state.inode.extents.last().map_or(0, |e| e.end());
         let mut added = Vec::new();
         let mut failed = false;
-        // Allocating reads the whole bitmap (lazily read: see `alloc`); read it now, so
-        // that the preallocation below is sized from the device's free space.
-        meta.alloc.read_all()?;
+        let mut unreadable = None;
+        // Enough of a lazily read bitmap (see `alloc`) that the preallocation below
+        // is sized from the device's free space: room for the largest, or all of it.
+        let room = PREALLOC_ROOM * (self.fs.options.append_prealloc_bytes / BLOCK_U64).max(MIN_PREALLOC_BLOCKS);
+        meta.alloc.read_until_allocatable(room)?;
         // What an append preallocates after this write follows it in the same free run.
         let ahead = if end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
         'holes: for hole in holes {
@@ -759,10 +768,18 @@ impl File {
                 // holes small files leave would cut it into pieces); a small one
                 // takes the next free blocks.
                 let min_run = if run >= STREAM_RUN_BLOCKS { run.min(MAX_IO_BLOCKS) } else { 1 };
-                // (The bitmap is read: allocating cannot fail now, only find no space.)
-                let Some((physical, len)) = meta.allocate(&fs.sb, rest, min_run, goal)? else {
-                    failed = true;
-                    break 'holes;
+                let (physical, len) = match meta.allocate(&fs.sb, rest, min_run, goal) {
+                    Ok(Some(run)) => run,
+                    Ok(None) => {
+                        failed = true;
+                        break 'holes;
+                    }
+                    // The bitmap could not be read: what this write took goes back first.
+                    Err(e) => {
+                        unreadable = Some(e);
+                        failed = true;
+                        break 'holes;
+                    }
                 };
                 extents::insert_unwritten(&mut state.inode.extents, at, len, physical);
                 added.push((at, len));
@@ -784,7 +801,10 @@ impl File {
                 }
             }
             state.store(fs, &mut meta)?;
-            return Ok(false);
+            return match unreadable {
+                Some(e) => Err(e),
+                None => Ok(false),
+            };
         }
         state.meta_tid = meta.tid;
         state.layout_tid = meta.tid;
@@ -802,7 +822,7 @@ impl File {
             return;
         }
         // Only the piece that continues the file: anything else would fragment it.
-        if !meta.alloc.is_free(goal) {
+        if meta.alloc.read_covering(goal, want).is_err() || !meta.alloc.is_free(goal) {
             return;
         }
         if let Ok(Some((physical, len))) = meta.allocate(&self.fs.sb, want, want, Some(goal)) {
@@ -817,10 +837,9 @@ impl File {
     /// [`MountOptions::append_prealloc_bytes`](super::MountOptions)), none
     /// when space is short (less than 16 times that free).
     fn prealloc_blocks(&self, meta: &Meta, end: u64) -> u64 {
-        const MIN_PREALLOC_BLOCKS: u64 = 8;
         let max = self.fs.options.append_prealloc_bytes / BLOCK_U64;
         let want = end.max(MIN_PREALLOC_BLOCKS).min(max);
-        if want == 0 || end + want > u32::MAX as u64 || meta.alloc.allocatable() < want * 16 {
+        if want == 0 || end + want > u32::MAX as u64 || meta.alloc.allocatable() < want * PREALLOC_ROOM {
             return 0;
         }
         want
