@@ -16,7 +16,7 @@
 //! A mount the carried cache vouches for (its stamp matches the
 //! superblock's and nothing was replayed: the table is as the last process
 //! that held the device left it, which checked it at its own mount or wrote
-//! it) scans under [`Trust::Carried`]: a plain file's inode is read no
+//! it) scans under `Trust::Carried`: a plain file's inode is read no
 //! further than its name and kind, without its checksum, and no block is
 //! checked against the bitmap; the namespace is still checked whole.
 //!
