@@ -16,9 +16,10 @@
 //! A mount the carried cache vouches for (its stamp matches the
 //! superblock's and nothing was replayed: the table is as the last process
 //! that held the device left it, which checked it at its own mount or wrote
-//! it) scans under `Trust::Carried`: a plain file's inode is read no
-//! further than its name and kind, without its checksum, and no block is
-//! checked against the bitmap; the namespace is still checked whole.
+//! it) scans under `Trust::Carried`: every inode is checked as decoding it
+//! would check it, but a plain file's is not decoded (its extents are not
+//! gathered), and no block is checked against the bitmap; the namespace is
+//! still checked whole.
 //!
 //! fsck repairs nothing. Like mount (and e2fsck), it replays the journal
 //! first, so it judges the file system a mount would see.
@@ -89,7 +90,7 @@ pub(super) struct Named {
 }
 
 /// A regular file (or FIFO) that is no hard link and has no overflow
-/// extent blocks: what a [`Trust::Carried`] scan reads no further than its head.
+/// extent blocks: what a [`Trust::Carried`] scan checks but does not decode.
 fn plain_file(head: &Head) -> bool {
     matches!(head.mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFIFO) && !head.alias && head.total <= INLINE_EXTENTS
 }
@@ -340,11 +341,13 @@ pub(super) enum Trust {
     Check,
     /// The table is as the last process that held the device left it (its
     /// carried cache's stamp matches and nothing was replayed): that process
-    /// checked what it read from the device at its mount and wrote the rest
-    /// itself. A plain file's inode is read as far as its name and kind
-    /// ([`Inode::head`], no checksum), and no block is checked against the
-    /// bitmap; directories, hard links, symbolic links and files with
-    /// overflow extent blocks are decoded whole as under `Check`.
+    /// checked the blocks files own against the bitmap at its mount and
+    /// kept them so. Every inode is checked as a mount checks it (checksum,
+    /// fields, extents), but a plain file's is not decoded
+    /// ([`Inode::head`], [`Inode::check_plain`]: its extents are not
+    /// gathered) and no block is checked against the bitmap; directories,
+    /// hard links, symbolic links and files with overflow extent blocks are
+    /// decoded whole as under `Check`.
     Carried,
 }
 
@@ -376,9 +379,13 @@ pub(super) fn scan(
     for slot in 0..sb.inodes() {
         let Some(raw) = slot_in(table, slot) else { continue };
         if !check {
-            match Inode::head(raw, slot, sb, false) {
+            match Inode::head(raw, slot, sb) {
                 Ok(None) => continue,
-                Ok(Some(head)) if plain_file(&head) && slot < sb.inode_mark => {
+                Ok(Some(head))
+                    if plain_file(&head)
+                        && slot < sb.inode_mark
+                        && Inode::check_plain(raw, slot, &head, sb).is_ok() =>
+                {
                     out.named.push(Named::of_head(slot as u32, &head));
                     continue;
                 }

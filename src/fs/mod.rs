@@ -217,10 +217,9 @@ pub struct Mounted {
     pub carried: Option<u64>,
     /// The carried cache could not be used (said why); the mount went on without it.
     pub carry_error: Option<String>,
-    /// Every inode was checked (checksums, extents, blocks against the
-    /// bitmap); false where the carried cache vouched for the table and the
-    /// plain files' inodes were read no further than their names (see
-    /// `check::Trust`).
+    /// Every block a file owns was checked against the bitmap; false where
+    /// the carried cache vouched for the table (its inodes were checked,
+    /// but plain files' were not decoded: see `check::Trust`).
     pub table_checked: bool,
 }
 
