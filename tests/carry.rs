@@ -533,9 +533,13 @@ fn a_stream_through_carried_blocks_is_not_handed_to_the_read_ahead_thread() {
     let (fs, _) = FileSystem::mount_with(engine(&image), MountOptions::default()).unwrap();
     let (uncarried, _) = read_in_pieces(&fs);
     // 1024 blocks in 64 KiB reads: at a miss the reader loads 4 more itself (a
-    // fifth of the blocks); the thread reads ahead most of the rest.
+    // fifth of the blocks), and nothing is handed to the thread; without the
+    // carried cache the stream is. (How much the thread loads before the reader
+    // catches up depends on the machine's load: 440 of 1024 pages once, with
+    // two other test binaries looping beside it; it is not asserted.)
     assert!(carried.cache.readahead_pages <= 1024 / 4, "{carried:?}");
-    assert!(uncarried.cache.readahead_pages > 1024 / 2, "{uncarried:?}");
+    assert_eq!(carried.readahead_posts, 0, "{carried:?}");
+    assert!(uncarried.readahead_posts > 0, "{uncarried:?}");
 }
 
 #[test]
