@@ -282,8 +282,10 @@ mod tests {
 
     #[test]
     fn a_wait_past_its_limit_looks_once_and_returns() {
-        // 80 us of device time: one look with the limit gone cannot find it done.
-        let (mut q, _buf) = read_on("emu:nand,size=1m");
+        // 200 ms of device time: one look with the limit gone cannot find it done
+        // (80 us, `emu:nand`'s, passed once before the look, with three test
+        // binaries looping beside this one).
+        let (mut q, _buf) = read_on("emu:nand,size=1m,rcmd=200000");
         let (mut out, mut stats) = (Vec::new(), WaitStats::default());
         assert_eq!(quiet().wait(q.as_mut(), &mut out, &mut stats, 0, Expect::default()).unwrap(), 0);
         assert_eq!(stats.polls, 1);
