@@ -15,8 +15,9 @@
 //! that only reads (`ls`, `stat`, `cat`) reads the part that covers the
 //! files it has, and one that writes on a device with room a block or two
 //! more, not 4 MiB per 128 GiB of device: a mount of an empty 512 GiB
-//! device read and faulted in all 16 MiB of it, 32 ms per process. A block of the bitmap not read yet is as the mount found it on
-//! the device: only this process changes it, and only after reading it.
+//! device read and faulted in all 16 MiB of it, 32 ms per process. A block
+//! of the bitmap not read yet is as the mount found it on the device: only
+//! this process changes it, and only after reading it.
 
 use super::disk::BlockReader;
 use super::format::{BITS_PER_BITMAP_BLOCK, BLOCK, Block, zero_block};
@@ -772,7 +773,16 @@ mod tests {
         #[test]
         fn a_lazily_read_bitmap_allocates_as_one_read_whole(
             seed in 0u64..1000,
-            ops in proptest::collection::vec((1u64..40_000, 1u64..40_000, proptest::option::of(0u64..4 * BITS_PER_BITMAP_BLOCK), proptest::bool::ANY), 1..12),
+            // (want, min_run, goal, free the last run taken after it)
+            ops in proptest::collection::vec(
+                (
+                    1u64..40_000,
+                    1u64..40_000,
+                    proptest::option::of(0u64..4 * BITS_PER_BITMAP_BLOCK),
+                    proptest::bool::ANY,
+                ),
+                1..12,
+            ),
         ) {
             let images = random_images(4, seed);
             let (disk, given) = on_a_device(&images, "");

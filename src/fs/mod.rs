@@ -458,9 +458,9 @@ enum Slot {
 
 /// A file's node, built the first time [`Meta::file`] asks for it: from its
 /// inode in the table (decoded again: the mount keeps only its name and
-/// kind) for a file that was there, at once for one made since. A mount of 8,760 files built a node for
-/// each (a fifth of mounting them, most of it fresh heap faulted in) where
-/// a command uses a few.
+/// kind) for a file that was there, at once for one made since. A mount of
+/// 8,760 files built a node for each (a fifth of mounting them, most of it
+/// fresh heap faulted in) where a command uses a few.
 struct LazyNode(std::sync::OnceLock<Arc<Node>>);
 
 impl LazyNode {
