@@ -240,6 +240,16 @@ pub(crate) struct ThreadHandles {
     forks: u64,
 }
 
+impl Drop for ThreadHandles {
+    /// As the thread ends: its own handles are dropped as iopath's calls
+    /// ([`crate::sys::own_calls`]: their rings' closes are not the
+    /// program's), a parent's forgotten.
+    fn drop(&mut self) {
+        self.forget_if_forked();
+        crate::sys::own_calls(|| self.handles.clear());
+    }
+}
+
 impl ThreadHandles {
     /// None kept yet.
     pub(crate) const fn new() -> ThreadHandles {

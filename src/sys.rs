@@ -366,6 +366,34 @@ pub fn hold_thread_starts() -> std::sync::MutexGuard<'static, ()> {
     }
 }
 
+thread_local! {
+    /// This thread is iopath's: started by [`spawn_without_signals`] (for
+    /// good), or dropping iopath's per-thread state ([`own_calls`]).
+    static OWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether what the calling thread does now is iopath's own, not the
+/// program's, even where no call of iopath's is under way: it is a thread
+/// iopath started ([`spawn_without_signals`]), to the end of the teardown
+/// of its thread-local storage, or it is inside [`own_calls`]. For the
+/// interposer: a thread's per-thread engine handles are dropped after its
+/// body has returned, and the close of their rings reached the interposer
+/// as the program's: a bridge thread stopped by a mount's lender (which
+/// holds the bridges until it has joined it) then waited in that close for
+/// the lender to resume them, and the mount was never given back.
+pub fn own_thread() -> bool {
+    OWN.try_with(std::cell::Cell::get).unwrap_or(false)
+}
+
+/// Runs `f` as iopath's own ([`own_thread`] is true inside it): for the
+/// drop of iopath's per-thread state on a program's thread.
+pub fn own_calls<R>(f: impl FnOnce() -> R) -> R {
+    let was = OWN.try_with(|o| o.replace(true)).unwrap_or(false);
+    let r = f();
+    let _ = OWN.try_with(|o| o.set(was));
+    r
+}
+
 /// Starts a thread that receives no asynchronous signal: every signal is
 /// blocked while it is created, so it starts (and stays) with all of them
 /// blocked, and the creator's mask is put back. A library's threads in a
@@ -384,6 +412,7 @@ where
 {
     let _starting = THREAD_STARTS.lock().unwrap_or_else(|e| e.into_inner());
     let body = move || {
+        let _ = OWN.try_with(|o| o.set(true)); // (never unset: see `own_thread`)
         if STARTING.fetch_sub(1, Ordering::AcqRel) == 1 {
             futex_wake_all(&STARTING);
         }
@@ -659,6 +688,29 @@ mod tests {
         assert!(!placed.join().unwrap(), "the program's call ran inside the section");
         // And everything is free again.
         placing_numbers(|| own_numbers(|| ()));
+    }
+
+    #[test]
+    fn a_thread_of_ours_is_ours_to_its_storage_teardown_and_a_programs_only_in_own_calls() {
+        // What a thread's storage says as it is torn down, after its body returned.
+        struct Teardown(std::sync::mpsc::Sender<bool>);
+        impl Drop for Teardown {
+            fn drop(&mut self) {
+                let _ = self.0.send(own_thread());
+            }
+        }
+        thread_local! {
+            static KEPT: std::cell::RefCell<Option<Teardown>> = const { std::cell::RefCell::new(None) };
+        }
+        let (said, seen) = std::sync::mpsc::channel();
+        let body = |said| move || KEPT.with(|k| *k.borrow_mut() = Some(Teardown(said)));
+        spawn_without_signals(std::thread::Builder::new(), body(said.clone())).unwrap().join().unwrap();
+        assert!(seen.recv().unwrap(), "a thread of ours, torn down");
+        std::thread::spawn(body(said)).join().unwrap();
+        assert!(!seen.recv().unwrap(), "a program's thread, torn down");
+        assert!(!own_thread());
+        assert!(own_calls(own_thread));
+        assert!(!own_thread(), "own_calls puts it back");
     }
 
     #[test]

@@ -80,8 +80,10 @@ thread_local! {
 }
 
 /// Whether the calling thread is inside iopath (its calls are iopath's own).
+/// A thread iopath started is, to the end of its thread-local storage's
+/// teardown ([`iopath::sys::own_thread`]).
 pub(crate) fn inside() -> bool {
-    INSIDE.try_with(Cell::get).unwrap_or(true)
+    INSIDE.try_with(Cell::get).unwrap_or(true) || iopath::sys::own_thread()
 }
 
 /// Marks the calling thread as inside iopath while alive.
@@ -98,6 +100,7 @@ impl Inside {
     /// gives, never moved) and that may block for as long as the program
     /// likes (an open of a FIFO), holding none of iopath's locks.
     pub(crate) fn leave() -> Inside {
+        debug_assert!(!iopath::sys::own_thread(), "a thread of iopath's makes no call for the program");
         Inside(INSIDE.try_with(|i| i.replace(false)).unwrap_or(true))
     }
 }

@@ -89,8 +89,11 @@ static LET_GO_FDS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
 /// that came while a mount's lender had the bridges out found none,
 /// returned at once, and the program went on: rsync's receiver renamed its
 /// temp file (on its descriptor 1) before the held bytes reached it, and
-/// they were lost. This library's own calls never wait (a thread the
-/// let-go stops closes its ring as it ends).
+/// they were lost. This library's own calls never wait: a thread the
+/// let-go stops closes its ring as it ends, after its body returned, and
+/// that close is iopath's too ([`iopath::sys::own_thread`]); it waited for
+/// the resume while the let-go waited for it to end, and the mount was
+/// never given back (one run in ten of a sender and a receiver taking turns).
 pub(super) fn let_go_holds(first: c_int, last: c_int) -> bool {
     !crate::inside()
         && LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|fd| (first..=last).contains(fd))
