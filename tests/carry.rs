@@ -608,3 +608,86 @@ fn the_frames_of_deleted_files_are_the_first_a_save_fills() {
     assert!(read_all(&fs, "new") == data(2));
     assert_eq!(fs.stats().device_read_bytes, before, "read from the carried cache");
 }
+
+/// Everything under `dir`, depth first in name order: each entry's path,
+/// `lstat`, and a symbolic link's target or a file's bytes.
+fn tree(fs: &FileSystem, dir: &str) -> Vec<(String, iopath::fs::Metadata, Vec<u8>)> {
+    use iopath::fs::Kind;
+    let mut entries = fs.read_dir(dir).unwrap();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut out = Vec::new();
+    for e in entries {
+        let path = format!("{dir}/{}", String::from_utf8(e.name).unwrap());
+        let meta = fs.symlink_metadata(&path).unwrap();
+        let held = match e.kind {
+            Kind::File => read_all(fs, &path),
+            Kind::Symlink => fs.read_link(&path).unwrap(),
+            Kind::Dir | Kind::Fifo => Vec::new(),
+        };
+        out.push((path.clone(), meta, held));
+        if e.kind == Kind::Dir {
+            out.extend(tree(fs, &path));
+        }
+    }
+    out
+}
+
+/// A mount the carried cache vouches for reads a plain file's inode no
+/// further than its name and kind, and checks no block against the bitmap:
+/// what it finds (every kind of inode, files whose extents spill into
+/// overflow blocks, hard links) is what a mount that checks everything
+/// finds, and what it changes is there for the next mount of either kind.
+#[test]
+fn a_mount_the_carried_cache_vouches_for_finds_what_a_checking_mount_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path());
+    let (fs, mounted, lock) = mount_carrying(&image);
+    assert!(mounted.table_checked, "a new carried cache vouches for nothing: {mounted:?}");
+    fs.mkdir("t", 0o755).unwrap();
+    fs.mkdir("t/sub", 0o700).unwrap();
+    fs.mkdir("t/sub/deeper", 0o755).unwrap();
+    for i in 0..30 {
+        fs.create(format!("t/sub/f{i}")).unwrap().write_at(&contents(i), 0).unwrap();
+    }
+    // Block by block in turn: an extent per block, more than an inode holds.
+    let (a, b) = (fs.create("t/a").unwrap(), fs.create("t/sub/deeper/b").unwrap());
+    for i in 0..40u64 {
+        a.write_at(&[i as u8; 4096], i * 4096).unwrap();
+        b.write_at(&[!(i as u8); 4096], i * 4096).unwrap();
+    }
+    drop((a, b));
+    fs.create("t/empty").unwrap();
+    fs.create_with_mode("t/private", 0o600).unwrap().write_at(b"secret", 0).unwrap();
+    fs.symlink("sub/f1", "t/link").unwrap();
+    fs.symlink("/somewhere/else", "t/sub/out").unwrap();
+    fs.hard_link("t/sub/f2", "t/also-f2").unwrap();
+    fs.mkfifo("t/pipe", 0o644).unwrap();
+    fs.unmount().unwrap();
+    drop(lock);
+
+    let (fs, mounted, lock) = mount_carrying(&image);
+    assert!(!mounted.table_checked, "the carried cache vouches for the table: {mounted:?}");
+    let found = tree(&fs, "t");
+    assert_eq!(found.len(), 30 + 10, "{found:#?}");
+    // Changes made on this mount: a rename across directories, an unlink, a new file.
+    fs.rename("t/sub/f3", "t/f3").unwrap();
+    fs.unlink("t/sub/f4").unwrap();
+    fs.create("t/sub/deeper/new").unwrap().write_at(&[9; 7000], 0).unwrap();
+    let changed = tree(&fs, "t");
+    fs.unmount().unwrap();
+    drop(lock);
+
+    let (fs, mounted, lock) = mount_carrying(&image);
+    assert!(!mounted.table_checked, "{mounted:?}");
+    assert_eq!(tree(&fs, "t"), changed);
+    drop((fs, lock));
+    // A mount without the carried cache checks every inode: it finds the same.
+    let (fs, mounted) = FileSystem::mount(engine(&image)).unwrap();
+    assert!(mounted.table_checked);
+    assert_eq!(tree(&fs, "t"), changed, "the checking mount agrees");
+    drop(fs);
+    assert_clean(&image, "");
+    // The first listing held what the tree had before the changes.
+    let before: Vec<&String> = found.iter().map(|(p, _, _)| p).collect();
+    assert!(before.contains(&&"t/sub/f3".to_string()) && before.contains(&&"t/sub/f4".to_string()));
+}

@@ -126,9 +126,9 @@ overflow chain, no written data past its end), the free-space bitmap against wha
 block owned twice, a block owned but marked free, a block marked in use that nothing owns), and the
 directory tree (each parent a directory, no name twice in one directory, no loops). It repairs
 nothing. Where it finds a problem it removes the device's carried cache (the blocks the last
-program left in /dev/shm for the next): the next mount reads the device's own blocks, not the
-cache's copies, and refuses the device as fsck did. Exit status: 0 clean, 1 problems found or
-no file system to check.
+program left in /dev/shm for the next): a mount takes the inode table that cache vouches for as
+it is, and the next one now checks it whole and refuses the device. Exit status: 0 clean, 1
+problems found or no file system to check.
 
 EXAMPLES:
   iopath fsck /tmp/fs.img
@@ -695,8 +695,8 @@ pub fn run_fsck(args: FsckArgs) -> Result<()> {
     if !r.is_clean()
         && let Some(lock) = &lock
     {
-        // This device is not what its carried cache vouched for: the next mount
-        // reads the device's own blocks, not the cache's copies of them.
+        // A mount trusts a table its carried cache vouches for (it does not check
+        // it again); this device is not what the cache vouched for.
         lock.set_carry_aside()?;
     }
     if args.json {

@@ -13,13 +13,24 @@
 //! what only fsck looks for: blocks marked in use that nothing owns, and
 //! orphans (files unlinked while open before a crash) the next mount frees.
 //!
+//! A mount the carried cache vouches for (its stamp matches the
+//! superblock's and nothing was replayed: the table is as the last process
+//! that held the device left it, which checked it at its own mount or wrote
+//! it) scans under `Trust::Carried`: every inode is checked as decoding it
+//! would check it, but a plain file's is not decoded (its extents are not
+//! gathered), and no block is checked against the bitmap; the namespace is
+//! still checked whole.
+//!
 //! fsck repairs nothing. Like mount (and e2fsck), it replays the journal
 //! first, so it judges the file system a mount would see.
 
 use super::alloc::Allocator;
 use super::disk::Disk;
-use super::format::{self, BLOCK, Block, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, zero_block};
+use super::format::{
+    self, BLOCK, Block, Head, INLINE_EXTENTS, INODE_SIZE, INODES_PER_BLOCK, Inode, Superblock, zero_block,
+};
 use super::journal::Journal;
+use super::namespace::Name;
 use super::shm_log::ShmLog;
 use crate::IoBuf;
 use crate::engine::Engine;
@@ -72,13 +83,32 @@ pub(super) struct Named {
     pub orphan: bool,
     /// A hard link: the slot of the file it names.
     pub alias_of: Option<u32>,
-    /// Its name in its directory.
-    pub name: Box<[u8]>,
+    /// Its name in its directory (the index shares this copy).
+    pub name: Name,
     /// A symbolic link's target (empty otherwise).
     pub target: Vec<u8>,
 }
 
+/// A regular file (or FIFO) that is no hard link and has no overflow
+/// extent blocks: what a [`Trust::Carried`] scan checks but does not decode.
+fn plain_file(head: &Head) -> bool {
+    matches!(head.mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFIFO) && !head.alias && head.total <= INLINE_EXTENTS
+}
+
 impl Named {
+    /// The name and kind in `head`, of inode `slot` (a plain file: no alias, no target).
+    fn of_head(slot: u32, head: &Head) -> Named {
+        Named {
+            slot,
+            parent: head.parent,
+            mode: head.mode,
+            orphan: head.orphan,
+            alias_of: None,
+            name: Name::from(head.name),
+            target: Vec::new(),
+        }
+    }
+
     /// The name and kind of `inode`, in `slot`, taking its name and target
     /// (the rest stays in `inode`).
     pub fn take(slot: u32, inode: &mut Inode) -> Named {
@@ -88,7 +118,7 @@ impl Named {
             mode: inode.mode,
             orphan: inode.orphan,
             alias_of: inode.alias_of,
-            name: std::mem::take(&mut inode.name).into_boxed_slice(),
+            name: Name::from(std::mem::take(&mut inode.name)),
             target: std::mem::take(&mut inode.target),
         }
     }
@@ -302,28 +332,67 @@ pub(super) fn read_table(disk: &Disk, sb: &Superblock, whole: bool) -> Result<(V
     Ok((out, lent_bits))
 }
 
-/// Decodes every inode of `table` (a `None` block: eight free slots) and
-/// checks the blocks they own against the bitmap in `alloc`.
+/// How far [`scan`] checks the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Trust {
+    /// Every inode's checksum and extents, and the blocks they own against
+    /// the bitmap: `iopath fsck`, and a mount of a device no carried cache
+    /// vouches for.
+    Check,
+    /// The table is as the last process that held the device left it (its
+    /// carried cache's stamp matches and nothing was replayed): that process
+    /// checked the blocks files own against the bitmap at its mount and
+    /// kept them so. Every inode is checked as a mount checks it (checksum,
+    /// fields, extents), but a plain file's is not decoded
+    /// ([`Inode::head`], [`Inode::check_plain`]: its extents are not
+    /// gathered) and no block is checked against the bitmap; directories,
+    /// hard links, symbolic links and files with overflow extent blocks are
+    /// decoded whole as under `Check`.
+    Carried,
+}
+
+/// Decodes every inode of `table` (a `None` block: eight free slots) and,
+/// under [`Trust::Check`], checks the blocks they own against the bitmap in
+/// `alloc`.
 pub(super) fn scan(
     disk: &Disk,
     sb: &Superblock,
     table: &[Option<IoBuf>],
     alloc: &mut Allocator,
     problems: &mut dyn Problems,
+    trust: Trust,
 ) -> Result<Scan> {
-    // Only the part of a lazily read bitmap that covers the metadata and the files.
-    alloc.read_covering(0, sb.data_start)?;
-    for n in 0..sb.data_start {
-        if !alloc.in_use(n) {
-            problems.found(format!("the bitmap marks metadata block {n} free"))?;
+    let check = trust == Trust::Check;
+    if check {
+        // Only the part of a lazily read bitmap that covers the metadata and the files.
+        alloc.read_covering(0, sb.data_start)?;
+        for n in 0..sb.data_start {
+            if !alloc.in_use(n) {
+                problems.found(format!("the bitmap marks metadata block {n} free"))?;
+            }
         }
     }
-    let mut out = Scan { owned: Owned::new(sb.blocks), ..Scan::default() };
+    let mut out = Scan { owned: Owned::new(if check { sb.blocks } else { 0 }), ..Scan::default() };
     // Sized once: grown as it filled, its entries were copied a dozen times.
     out.named.reserve(sb.inode_mark.min(sb.inodes()) as usize);
     let read_overflow = |b: u64| -> Result<Block> { Ok(read_blocks(disk, b, 1)?.remove(0)) };
     for slot in 0..sb.inodes() {
         let Some(raw) = slot_in(table, slot) else { continue };
+        if !check {
+            match Inode::head(raw, slot, sb) {
+                Ok(None) => continue,
+                Ok(Some(head))
+                    if plain_file(&head)
+                        && slot < sb.inode_mark
+                        && Inode::check_plain(raw, slot, &head, sb).is_ok() =>
+                {
+                    out.named.push(Named::of_head(slot as u32, &head));
+                    continue;
+                }
+                // Decoded whole below (which reports what is wrong).
+                _ => {}
+            }
+        }
         let mut inode = match Inode::decode(raw, slot, read_overflow, sb) {
             Ok(Some(inode)) => inode,
             Ok(None) => continue,
@@ -341,7 +410,7 @@ pub(super) fn scan(
             ))?;
         }
         let runs = inode.extents.iter().map(|e| (e.physical, u64::from(e.len)));
-        let runs = runs.chain(inode.overflow.iter().map(|&b| (b, 1)));
+        let runs = runs.chain(inode.overflow.iter().map(|&b| (b, 1))).filter(|_| check);
         // Each run at once (a 32 MiB file is 8,192 blocks: checked one by one, a
         // mount's scan grew with the data, not the names); block by block only
         // where something is wrong, to say which block.
@@ -382,7 +451,7 @@ pub(super) fn scan(
         }
         let named = Named::take(slot as u32, &mut inode);
         if named.kept_whole() {
-            inode.name = named.name.to_vec();
+            inode.name = named.name[..].to_vec();
             out.kept.push((slot as u32, inode));
         }
         out.named.push(named);
@@ -457,7 +526,7 @@ pub fn check_with(engine: Arc<Engine>, log: Option<&ShmLog>) -> Result<Report> {
     let bitmap = read_blocks(&disk, sb.bitmap_start, sb.bitmap_blocks)?;
     let mut alloc = Allocator::from_images(bitmap, sb.blocks, sb.data_start);
     let mut problems = AllProblems::default();
-    let scan = scan(&disk, &sb, &table, &mut alloc, &mut problems)?;
+    let scan = scan(&disk, &sb, &table, &mut alloc, &mut problems, Trust::Check)?;
     super::namespace::index(scan.named.iter().filter(|n| !n.orphan), &mut problems)?;
     let leaked = (sb.data_start..sb.blocks).filter(|b| alloc.in_use(*b) && !scan.owned.contains(*b)).count() as u64;
     if leaked > 0 {

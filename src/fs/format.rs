@@ -438,6 +438,55 @@ impl Extent {
     }
 }
 
+/// The head of an inode ([`Inode::head`]): what names it and says its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head<'a> {
+    /// Its name in its parent directory.
+    pub name: &'a [u8],
+    /// The slot of its parent directory, or [`ROOT`].
+    pub parent: u32,
+    /// File type and permission bits.
+    pub mode: u32,
+    /// Unlinked while open.
+    pub orphan: bool,
+    /// A hard link (its file's slot is in the rest of the inode).
+    pub alias: bool,
+    /// Extents in the inode itself.
+    pub inline: usize,
+    /// Extents in all (beyond [`INLINE_EXTENTS`]: overflow blocks hold the rest).
+    pub total: usize,
+}
+
+/// What is wrong with the extents of a file of `size` bytes (`head` says
+/// its kind), if anything: a FIFO holds none; each is inside the data area
+/// and after the one before; none holds written data past the end (space
+/// past it is only ever allocated ahead of appends, unwritten: written data
+/// there is damage, and closing the file would free it as if it were not).
+fn check_extents(
+    head: &Head,
+    size: u64,
+    extents: impl Iterator<Item = Extent>,
+    sb: &Superblock,
+) -> Result<(), &'static str> {
+    if head.mode & libc::S_IFMT == libc::S_IFIFO && (size != 0 || head.total != 0) {
+        return Err("a FIFO with data");
+    }
+    let past_end = size.div_ceil(BLOCK as u64);
+    let mut end = 0u64;
+    for e in extents {
+        let inside =
+            e.physical >= sb.data_start && e.physical.checked_add(e.len as u64).is_some_and(|p| p <= sb.blocks);
+        if e.len == 0 || (e.logical as u64) < end || !inside {
+            return Err("extent out of order or outside the data area");
+        }
+        if !e.unwritten && e.end() > past_end {
+            return Err("written data past the end of the file");
+        }
+        end = e.end();
+    }
+    Ok(())
+}
+
 /// A file or directory as stored in its inode (and overflow blocks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inode {
@@ -574,13 +623,12 @@ impl Inode {
         slot.fill(0);
     }
 
-    /// Reads slot `index`; `Ok(None)` for a free slot. `read_overflow` fetches an overflow block.
-    pub fn decode(
-        slot: &[u8],
-        index: u64,
-        mut read_overflow: impl FnMut(u64) -> Result<Block>,
-        sb: &Superblock,
-    ) -> Result<Option<Inode>> {
+    /// Reads the head of slot `index` (flags, name, parent, mode, extent
+    /// counts), checked as [`Inode::decode`] checks it, checksum included;
+    /// `Ok(None)` for a free slot. A mount whose carried cache vouches for
+    /// the table reads most inodes this far, and checks the rest without
+    /// decoding it ([`Inode::check_plain`]).
+    pub fn head<'a>(slot: &'a [u8], index: u64, sb: &Superblock) -> Result<Option<Head<'a>>> {
         if all_zero(slot) {
             return Ok(None);
         }
@@ -596,7 +644,7 @@ impl Inode {
         if name_len == 0 || name_len > MAX_NAME {
             return Err(bad("name length"));
         }
-        let name = slot[64..64 + name_len].to_vec();
+        let name = &slot[64..64 + name_len];
         if name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
             return Err(bad("name holds '/' or NUL, or is '.' or '..'"));
         }
@@ -616,11 +664,32 @@ impl Inode {
         if inline > INLINE_EXTENTS || inline > total || (total > INLINE_EXTENTS && inline != INLINE_EXTENTS) {
             return Err(bad("extent count"));
         }
-        let mut inode = Inode {
+        Ok(Some(Head {
             name,
             parent,
             mode,
             orphan: flags & INODE_ORPHAN != 0,
+            alias: flags & INODE_ALIAS != 0,
+            inline,
+            total,
+        }))
+    }
+
+    /// Reads slot `index`; `Ok(None)` for a free slot. `read_overflow` fetches an overflow block.
+    pub fn decode(
+        slot: &[u8],
+        index: u64,
+        mut read_overflow: impl FnMut(u64) -> Result<Block>,
+        sb: &Superblock,
+    ) -> Result<Option<Inode>> {
+        let Some(head) = Inode::head(slot, index, sb)? else { return Ok(None) };
+        let bad = |why: &str| corrupt(format!("inode {index} is damaged: {why}"));
+        let (total, inline) = (head.total, head.inline);
+        let mut inode = Inode {
+            name: head.name.to_vec(),
+            parent: head.parent,
+            mode: head.mode,
+            orphan: head.orphan,
             size: get_u64(slot, 8),
             mtime_ns: get_u64(slot, 16),
             ctime_ns: get_u64(slot, 56),
@@ -630,7 +699,7 @@ impl Inode {
             target: Vec::new(),
             alias_of: None,
         };
-        if flags & INODE_ALIAS != 0 {
+        if head.alias {
             let file = get_u32(slot, AT_ALIAS_OF);
             let plain = total == 0 && inode.size == 0 && !inode.orphan && !inode.is_dir() && inode.mode & 0o7777 == 0;
             if file == 0 || file as u64 > sb.inodes() || file as u64 - 1 == index || !plain {
@@ -673,25 +742,21 @@ impl Inode {
         if inode.is_dir() && (inode.size != 0 || total != 0 || inode.orphan) {
             return Err(bad("a directory with data or an orphan flag"));
         }
-        if inode.is_fifo() && (inode.size != 0 || total != 0) {
-            return Err(bad("a FIFO with data"));
-        }
-        let mut end = 0u64;
-        for e in &inode.extents {
-            let inside =
-                e.physical >= sb.data_start && e.physical.checked_add(e.len as u64).is_some_and(|p| p <= sb.blocks);
-            if e.len == 0 || (e.logical as u64) < end || !inside {
-                return Err(bad("extent out of order or outside the data area"));
-            }
-            end = e.end();
-        }
-        // Space past the end is only ever allocated ahead of appends, unwritten: written
-        // data there is damage (and closing the file would free it as if it were not).
-        let past_end = inode.size.div_ceil(BLOCK as u64);
-        if inode.extents.iter().any(|e| !e.unwritten && e.end() > past_end) {
-            return Err(bad("written data past the end of the file"));
-        }
+        check_extents(&head, inode.size, inode.extents.iter().copied(), sb).map_err(bad)?;
         Ok(Some(inode))
+    }
+
+    /// Checks what [`Inode::decode`] checks of a plain file's inode (a
+    /// regular file or FIFO, no hard link, no overflow blocks) past its
+    /// `head`, building nothing: its extents in order, inside the data area,
+    /// and none written past its end. A mount the carried cache vouches for
+    /// reads such an inode this far only; its node decodes it whole later.
+    pub fn check_plain(slot: &[u8], index: u64, head: &Head, sb: &Superblock) -> Result<()> {
+        debug_assert!(head.total <= INLINE_EXTENTS && !head.alias);
+        let extents = (0..head.inline).map(|i| Extent::decode(&slot[320 + 16 * i..336 + 16 * i]));
+        let done = if head.inline != head.total { Err("overflow chain length") } else { Ok(()) };
+        done.and_then(|()| check_extents(head, get_u64(slot, 8), extents, sb))
+            .map_err(|why| corrupt(format!("inode {index} is damaged: {why}")))
     }
 }
 
@@ -1023,5 +1088,49 @@ mod tests {
         let own_parent = Inode { name: b"x".to_vec(), parent: 5, ..Inode::default() };
         own_parent.encode(&mut slot, &mut []);
         assert!(Inode::decode(&slot, 5, |_| Ok(zero_block()), &s).is_err(), "an inode is not its own parent");
+    }
+
+    proptest::proptest! {
+        /// A plain file's inode, damaged and sealed again (so that only the
+        /// fields can tell): the head and `check_plain` refuse exactly what
+        /// decoding it whole refuses (a mount the carried cache vouches for
+        /// checks it so, and decodes it only when its node is built).
+        #[test]
+        fn a_plain_inode_checked_without_decoding_is_refused_as_decoding_refuses(
+            extents in 0usize..=INLINE_EXTENTS,
+            fifo in proptest::bool::ANY,
+            // The header's fields and the inline extents.
+            damage in proptest::collection::vec((proptest::prop_oneof![0usize..64, 320usize..496], proptest::num::u8::ANY), 0..4),
+        ) {
+            let s = sb();
+            let extents: Vec<Extent> = (0..extents as u32)
+                .map(|i| Extent { logical: i * 3, len: 2, physical: s.data_start + 40 * i as u64, unwritten: i % 3 == 2 })
+                .collect();
+            let inode = Inode {
+                name: b"plain".to_vec(),
+                mode: if fifo && extents.is_empty() { libc::S_IFIFO | 0o600 } else { libc::S_IFREG | 0o644 },
+                size: extents.last().map_or(0, |e| e.end() * 4096 - 100),
+                extents,
+                ..Inode::default()
+            };
+            let mut slot = [0u8; INODE_SIZE];
+            inode.encode(&mut slot, &mut []);
+            for (at, byte) in damage {
+                slot[at] = byte;
+            }
+            seal_sector(&mut slot);
+            let whole = Inode::decode(&slot, 3, |_| Err(corrupt("no overflow blocks here")), &s);
+            match Inode::head(&slot, 3, &s) {
+                Ok(Some(head)) if matches!(head.mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFIFO)
+                    && !head.alias && head.total <= INLINE_EXTENTS =>
+                {
+                    let checked = Inode::check_plain(&slot, 3, &head, &s);
+                    proptest::prop_assert_eq!(checked.is_ok(), whole.is_ok(), "{:?} against {:?}", checked, whole);
+                }
+                Ok(None) => proptest::prop_assert!(matches!(whole, Ok(None))),
+                Ok(Some(_)) => {} // not a plain file: decoded whole at every mount
+                Err(_) => proptest::prop_assert!(whole.is_err()),
+            }
+        }
     }
 }

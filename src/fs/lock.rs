@@ -344,8 +344,8 @@ impl MountLock {
 
     /// Removes the locked device's carried cache, if it has one: for a
     /// holder that found the device is not what the cache vouches for
-    /// (`iopath fsck` that found a problem), so that the next mount reads
-    /// and checks the device's own blocks, not the cache's copies of them.
+    /// (`iopath fsck` that found a problem), so that the next mount checks
+    /// the whole table instead of trusting it ([`super::Mounted::table_checked`]).
     pub fn set_carry_aside(&self) -> Result<()> {
         match std::fs::remove_file(super::carry::path_beside(&self.path)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Os {

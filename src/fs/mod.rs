@@ -217,6 +217,10 @@ pub struct Mounted {
     pub carried: Option<u64>,
     /// The carried cache could not be used (said why); the mount went on without it.
     pub carry_error: Option<String>,
+    /// Every block a file owns was checked against the bitmap; false where
+    /// the carried cache vouched for the table (its inodes were checked,
+    /// but plain files' were not decoded: see `check::Trust`).
+    pub table_checked: bool,
 }
 
 /// One file as `list` shows it.
@@ -902,7 +906,9 @@ impl FileSystem {
         // Read as needed (see `alloc`): at first the part the scan checks.
         let mut alloc = Allocator::lazy(disk.reader(), sb.bitmap_start, sb.bitmap_blocks, sb.blocks, sb.data_start);
         let mut first = check::FirstProblem;
-        let scan = check::scan(&disk, &sb, &table, &mut alloc, &mut first)?;
+        // A table the last holder left as it is needs no second check (`check::Trust`).
+        let trust = if sealed && upgraded_from.is_none() { check::Trust::Carried } else { check::Trust::Check };
+        let scan = check::scan(&disk, &sb, &table, &mut alloc, &mut first, trust)?;
         let ns = namespace::index(scan.named.iter().filter(|n| !n.orphan), &mut first)?;
         if upgraded_from.is_some_and(|v| v < 5) {
             // The mark was not kept: it is where the scan found the last inode.
@@ -1001,6 +1007,7 @@ impl FileSystem {
             upgraded_from,
             carried,
             carry_error,
+            table_checked: trust == check::Trust::Check,
         };
         Ok((FileSystem { mount: Arc::new(Mount { inner }) }, mounted))
     }

@@ -54,7 +54,7 @@ const ROOT_CHILD: Child = Child { slot: ROOT, dir: true };
 
 /// A name in the index: one copy, shared by its directory's entries and its
 /// link back (two copies of every name were a quarter of indexing them at mount).
-type Name = Arc<[u8]>;
+pub(super) type Name = Arc<[u8]>;
 
 /// A map keyed by inode slot, kept as a table by slot: slots are dense (all
 /// below the inode mark), so a lookup is an index, not a hash and a probe
@@ -178,8 +178,12 @@ type Refusal = (i32, &'static str);
 impl Index {
     /// Adds an entry; false if the name is taken.
     pub fn insert(&mut self, parent: u32, name: &[u8], child: Child) -> bool {
+        self.insert_name(parent, Name::from(name), child)
+    }
+
+    /// [`Index::insert`] of a name already shared (a mount's scan made it).
+    fn insert_name(&mut self, parent: u32, name: Name, child: Child) -> bool {
         use std::collections::btree_map::Entry;
-        let name = Name::from(name);
         match self.entries.entry(parent).or_default().entry(Arc::clone(&name)) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
@@ -194,9 +198,8 @@ impl Index {
 
     /// Adds another name of file `file`, held by inode `alias`; false if the
     /// name is taken.
-    pub fn insert_alias(&mut self, parent: u32, name: &[u8], alias: u32, file: u32) -> bool {
+    pub fn insert_alias(&mut self, parent: u32, name: Name, alias: u32, file: u32) -> bool {
         use std::collections::btree_map::Entry;
-        let name = Name::from(name);
         match self.entries.entry(parent).or_default().entry(Arc::clone(&name)) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
@@ -698,8 +701,8 @@ pub(super) fn index<'a>(inodes: impl Iterator<Item = &'a Named>, problems: &mut 
                 ))?;
                 continue;
             }
-            Some(file) => ns.insert_alias(parent, &inode.name, slot, file),
-            None => ns.insert(parent, &inode.name, Child { slot, dir: inode.is_dir() }),
+            Some(file) => ns.insert_alias(parent, Arc::clone(&inode.name), slot, file),
+            None => ns.insert_name(parent, Arc::clone(&inode.name), Child { slot, dir: inode.is_dir() }),
         };
         if !inserted {
             problems.found(format!(
@@ -1074,7 +1077,7 @@ impl FileSystem {
             let mut alias = Inode::alias(name.clone(), parent, node.slot, state.inode.mode);
             meta.store_inode(&fs.sb, slot, &mut alias)?;
             meta.slots[slot as usize] = Slot::Alias(Box::new(alias));
-            let inserted = meta.ns.insert_alias(parent, &name, slot, node.slot);
+            let inserted = meta.ns.insert_alias(parent, Name::from(&name[..]), slot, node.slot);
             debug_assert!(inserted, "the name is free");
             state.nlink += 1;
             state.inode.ctime_ns = now;
@@ -1608,7 +1611,7 @@ fn rename_inode(
     now: u64,
 ) -> Result<()> {
     if holder != child.slot {
-        let inserted = meta.ns.insert_alias(parent, name, holder, child.slot);
+        let inserted = meta.ns.insert_alias(parent, Name::from(name), holder, child.slot);
         debug_assert!(inserted, "the new name is free");
         let Slot::Alias(alias) = &mut meta.slots[holder as usize] else { unreachable!("slot {holder} is an alias") };
         alias.parent = parent;
