@@ -93,7 +93,8 @@ static LET_GO_FDS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
 /// let-go stops closes its ring as it ends, after its body returned, and
 /// that close is iopath's too ([`iopath::sys::own_thread`]); it waited for
 /// the resume while the let-go waited for it to end, and the mount was
-/// never given back (one run in ten of a sender and a receiver taking turns).
+/// never given back (a few runs in a hundred of a sender and a receiver
+/// taking turns under load).
 pub(super) fn let_go_holds(first: c_int, last: c_int) -> bool {
     !crate::inside()
         && LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|fd| (first..=last).contains(fd))
