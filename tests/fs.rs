@@ -247,9 +247,9 @@ fn a_streaming_append_gets_long_pieces_among_the_holes_small_files_left() {
         fs.create(format!("small{i}")).unwrap().write_at(&bytes(i, 5000), 0).unwrap();
     }
     fs.unmount().unwrap();
-    // A cache large enough that nothing is written before the sync, which writes
-    // the file back in batches.
-    let options = MountOptions { cache_bytes: 256 << 20, ..MountOptions::default() };
+    // A cache large enough, and no write-behind, so that nothing is written
+    // before the sync, which writes the file back in batches.
+    let options = MountOptions { cache_bytes: 256 << 20, write_behind: false, ..MountOptions::default() };
     let fs = FileSystem::mount_with(engine(&dev, "sync-path"), options).unwrap().0;
     let before = fs.stats().device_writes;
     let big = fs.create("big").unwrap();
@@ -271,6 +271,179 @@ fn a_streaming_append_gets_long_pieces_among_the_holes_small_files_left() {
     for i in 0..300 {
         assert_eq!(read_all(&fs, &format!("small{i}")), bytes(i, 5000), "small{i}");
     }
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+/// Writes `data` into `f` from offset 0 in `chunk`-byte writes, as `tar`
+/// writes its archive.
+fn stream_into(f: &iopath::fs::File, data: &[u8], chunk: usize) {
+    for (i, piece) in data.chunks(chunk).enumerate() {
+        f.write_at(piece, (i * chunk) as u64).unwrap();
+    }
+}
+
+/// [`stream_into`] from `offset`, 10 KiB at a time.
+fn stream_into_at(f: &iopath::fs::File, data: &[u8], offset: u64) {
+    for (i, piece) in data.chunks(10240).enumerate() {
+        f.write_at(piece, offset + (i * 10240) as u64).unwrap();
+    }
+}
+
+#[test]
+fn a_long_stream_is_written_behind_its_writer_while_readers_see_every_byte() {
+    // A device with latency: jobs stay in flight while the writer and the readers go on;
+    // a cache of 16 MiB, which the readers' misses keep full: clean pages are evicted.
+    let dev = emu("emu:optane,size=160m");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+    let fs = mount_with(&dev, "sync-path", MountOptions { cache_bytes: 16 << 20, ..MountOptions::default() });
+    let data = Arc::new(bytes(11, 40 << 20));
+    let f = fs.create("archive").unwrap();
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|s| {
+        for reader in 0..2u64 {
+            let (f, data, written, done) = (f.clone(), Arc::clone(&data), Arc::clone(&written), Arc::clone(&done));
+            s.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(reader);
+                let mut buf = vec![0u8; 64 << 10];
+                let mut reads = 0;
+                while !done.load(std::sync::atomic::Ordering::Acquire) || reads < 100 {
+                    let upto = written.load(std::sync::atomic::Ordering::Acquire);
+                    if upto == 0 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    // Anywhere below what the writer has written: dropped, in flight or dirty.
+                    let at = rng.u64(0..upto);
+                    let len = (buf.len() as u64).min(upto - at) as usize;
+                    assert_eq!(f.read_at(&mut buf[..len], at).unwrap(), len);
+                    assert!(buf[..len] == data[at as usize..at as usize + len], "bytes {at}+{len} differ");
+                    reads += 1;
+                }
+            });
+        }
+        for (i, piece) in data.chunks(10240).enumerate() {
+            f.write_at(piece, (i * 10240) as u64).unwrap();
+            written.store(((i * 10240) + piece.len()) as u64, std::sync::atomic::Ordering::Release);
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let stats = fs.stats();
+    assert!(stats.written_behind >= 8192, "{} pages written behind the writer", stats.written_behind);
+    assert!(stats.cache.dropped_behind > 0, "no page left the cache behind the stream");
+    assert!(stats.dirty_pages < 2048, "{} pages still dirty", stats.dirty_pages);
+    assert_eq!(read_all(&fs, "archive"), *data);
+    f.fsync().unwrap();
+    drop(f);
+    // A power cut right after the fsync: every byte is there.
+    let fs = cut_and_remount_after_sync(&dev, fs);
+    assert_eq!(read_all(&fs, "archive"), *data);
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+/// Unmounts `fs` and mounts the device again.
+fn cut_and_remount_after_sync(dev: &Arc<EmuDevice>, fs: FileSystem) -> FileSystem {
+    fs.unmount().unwrap();
+    mount(dev)
+}
+
+#[test]
+fn pages_written_again_while_their_stream_is_in_flight_keep_the_last_bytes() {
+    let (dev, fs) = fresh("emu:optane,size=96m", FormatOptions::default());
+    let f = fs.create("log").unwrap();
+    let mut model = bytes(21, 24 << 20);
+    let mut rng = fastrand::Rng::with_seed(5);
+    let chunk = 16 << 10;
+    for (i, piece) in model.clone().chunks(chunk).enumerate() {
+        let end = (i * chunk + piece.len()) as u64;
+        f.write_at(piece, end - piece.len() as u64).unwrap();
+        if i % 64 == 63 {
+            // Just behind the writer (a job in flight, likely), and far behind it (dropped).
+            for from in [end.saturating_sub(6 << 20), 0] {
+                let at = rng.u64(from..end - 10_000);
+                let new = bytes(rng.u64(..), 10_000);
+                f.write_at(&new, at).unwrap();
+                model[at as usize..at as usize + new.len()].copy_from_slice(&new);
+            }
+        }
+    }
+    assert!(fs.stats().written_behind > 0);
+    assert_eq!(read_all(&fs, "log"), model);
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(read_all(&fs, "log"), model);
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+#[test]
+fn truncate_and_unlink_wait_for_the_stream_in_flight_and_freed_blocks_stay_the_new_owners() {
+    let (dev, fs) = fresh("emu:optane,size=64m", FormatOptions::default());
+    // Cut short while its jobs are likely in flight; the blocks it frees are
+    // taken by `c` once a commit (`c`'s fsync) lets them go, which a late
+    // write of `a`'s would overwrite.
+    let a = fs.create("a").unwrap();
+    let mut a_model = bytes(31, 12 << 20);
+    stream_into(&a, &a_model, 10240);
+    a.truncate((6 << 20) + 123).unwrap();
+    a_model.truncate((6 << 20) + 123);
+    let c = fs.create("c").unwrap();
+    let mut c_model = Vec::new();
+    for i in 0..8 {
+        let piece = bytes(40 + i, 512 << 10);
+        c.write_at(&piece, c_model.len() as u64).unwrap();
+        c_model.extend_from_slice(&piece);
+        c.fsync().unwrap();
+    }
+    let tail = bytes(32, 3 << 20);
+    a.write_at(&tail, a_model.len() as u64).unwrap();
+    a_model.extend_from_slice(&tail);
+    // Unlinked while open, its jobs in flight: its blocks go at the last close.
+    let b = fs.create("b").unwrap();
+    stream_into(&b, &bytes(33, 16 << 20), 10240);
+    fs.unlink("b").unwrap();
+    drop(b);
+    c.fsync().unwrap();
+    let more = bytes(34, 12 << 20);
+    stream_into_at(&c, &more, c_model.len() as u64);
+    c_model.extend_from_slice(&more);
+    drop((a, c));
+    fs.sync().unwrap();
+    assert_eq!(read_all(&fs, "a"), a_model);
+    assert_eq!(read_all(&fs, "c"), c_model);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(read_all(&fs, "a"), a_model);
+    assert_eq!(read_all(&fs, "c"), c_model);
+    assert_eq!(errno(fs.open("b").unwrap_err()), libc::ENOENT);
+    drop(fs);
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}
+
+#[test]
+fn a_write_behind_job_that_fails_leaves_its_pages_for_the_fsync_to_report() {
+    let (dev, fs) = fresh("emu:null,size=64m,wcache=1", FormatOptions::default());
+    let f = fs.create("stream").unwrap();
+    f.fsync().unwrap();
+    let data = bytes(41, 12 << 20);
+    stream_into(&f, &data[..3 << 20], 10240);
+    // The device dies before the first job's write: every write from here fails.
+    assert!(dev.cut_after(0));
+    for (i, piece) in data[3 << 20..].chunks(10240).enumerate() {
+        f.write_at(piece, (3 << 20) + (i * 10240) as u64).unwrap();
+    }
+    // Nothing was lost in memory: the pages of the failed jobs are there to read...
+    assert_eq!(read_all(&fs, "stream"), data);
+    // ...and the fsync says the data did not reach the device.
+    assert!(f.fsync().is_err(), "an fsync after a failed write-behind job succeeded");
+    drop((f, fs));
+    dev.power_on();
+    let fs = mount(&dev);
+    // What was never made durable is not there; the file system is whole.
+    assert!(fs.open("stream").unwrap().len() <= data.len() as u64);
     drop(fs);
     assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
 }

@@ -74,6 +74,9 @@ pub struct Config {
     pub frames_bytes: Option<u64>,
     /// The size of each mount's shared-memory log in bytes, if set (0: none).
     pub shm_log_bytes: Option<u64>,
+    /// Whether the mounts write long streams behind the writer, if set
+    /// (`IOPATH_WRITE_BEHIND=0` turns it off).
+    pub write_behind: Option<bool>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -107,6 +110,7 @@ impl Config {
             carry_bytes: parsed("IOPATH_CARRY", var("IOPATH_CARRY"), iopath::units::parse_size),
             frames_bytes: parsed("IOPATH_FRAMES", var("IOPATH_FRAMES"), iopath::units::parse_size),
             shm_log_bytes: parsed("IOPATH_SHM_LOG", var("IOPATH_SHM_LOG"), iopath::units::parse_size),
+            write_behind: var("IOPATH_WRITE_BEHIND").map(|v| v != "0"),
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -136,6 +140,7 @@ impl Config {
             carry_bytes: None,
             frames_bytes: None,
             shm_log_bytes: None,
+            write_behind: None,
         }
     }
 

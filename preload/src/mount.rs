@@ -382,6 +382,9 @@ fn mount_options() -> MountOptions {
     if let Some(path) = crate::config().fsync_path {
         options.fsync_path = path;
     }
+    if let Some(on) = crate::config().write_behind {
+        options.write_behind = on;
+    }
     options
 }
 

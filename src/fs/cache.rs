@@ -67,6 +67,13 @@ pub struct Page {
     freq: AtomicU8,
     /// Brought in by read-ahead and not yet read by anyone.
     pub speculative: AtomicBool,
+    /// Its bytes are on their way to the device and its block is not yet
+    /// marked written (write-behind, `fs/behind.rs`): clean, but not evictable (a
+    /// reader that missed it would read the block as a hole).
+    pub pinned: AtomicBool,
+    /// Taken out of the cache by drop-behind: its queue entry goes at the
+    /// next sweep ([`PageCache::drop_behind`]).
+    dropped: AtomicBool,
     /// The bytes, and whether they differ from the device.
     pub data: RwLock<PageData>,
 }
@@ -88,6 +95,8 @@ impl Page {
             state: AtomicU8::new(LOADING),
             freq: AtomicU8::new(0),
             speculative: AtomicBool::new(false),
+            pinned: AtomicBool::new(false),
+            dropped: AtomicBool::new(false),
             data: RwLock::new(PageData { buf, dirty: false }),
         })
     }
@@ -133,6 +142,9 @@ pub struct CacheStats {
     pub readahead_used: u64,
     /// Pages evicted.
     pub evictions: u64,
+    /// Pages that left the cache as soon as they were written behind a
+    /// long stream of writes (write-behind, `fs/behind.rs`).
+    pub dropped_behind: u64,
     /// Pages written back.
     pub writebacks: u64,
     /// Misses that found, on inserting their page, that another thread had
@@ -149,6 +161,7 @@ struct Counters {
     readahead_pages: AtomicU64,
     readahead_used: AtomicU64,
     evictions: AtomicU64,
+    dropped_behind: AtomicU64,
     writebacks: AtomicU64,
     duplicates: AtomicU64,
 }
@@ -159,6 +172,8 @@ struct Fifo {
     main: VecDeque<Arc<Page>>,
     ghost: VecDeque<Key>,
     ghosts: crate::hash::IntSet<Key>,
+    /// Pages dropped behind whose entries are still in `small` or `main`.
+    dropped: usize,
 }
 
 /// The page cache of one mounted file system.
@@ -197,6 +212,7 @@ impl PageCache {
                 main: VecDeque::new(),
                 ghost: VecDeque::new(),
                 ghosts: crate::hash::IntSet::default(),
+                dropped: 0,
             }),
             capacity: capacity.max(MIN_PAGES),
             resident: AtomicUsize::new(0),
@@ -346,6 +362,45 @@ impl PageCache {
         }
     }
 
+    /// Takes `page`, written to the device and its block marked written, out
+    /// of the cache at once, its frame to be used again (drop-behind, for
+    /// the pages of a long stream of writes: `fs/behind.rs`). Its entry
+    /// in the eviction queues goes with the next sweep, which comes once
+    /// such entries are an eighth of the queues (and at least 1,024): each
+    /// sweep looks at every entry, at most eight for each it takes out.
+    pub fn drop_behind(&self, page: Arc<Page>) {
+        {
+            let mut shard = self.shard(&page.key);
+            if !shard.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, &page)) {
+                return;
+            }
+            shard.pages.remove(&page.key);
+        }
+        self.resident.fetch_sub(1, Relaxed);
+        self.counters.dropped_behind.fetch_add(1, Relaxed);
+        page.dropped.store(true, Relaxed);
+        drop(page);
+        let mut fifo = self.fifo.lock().expect("cache fifo poisoned");
+        fifo.dropped += 1;
+        if fifo.dropped >= 1024 && fifo.dropped * 8 >= fifo.small.len() + fifo.main.len() {
+            let mut gone = Vec::new();
+            let mut keep = |p: &mut Arc<Page>| {
+                if p.dropped.load(Relaxed) {
+                    gone.push(Arc::clone(p));
+                    false
+                } else {
+                    true
+                }
+            };
+            fifo.small.retain_mut(&mut keep);
+            fifo.main.retain_mut(&mut keep);
+            fifo.dropped = 0;
+            drop(fifo);
+            // Their frames back to the free list (the queue held the last reference).
+            gone.into_iter().for_each(|p| self.recycle(p));
+        }
+    }
+
     /// Evicts until the cache is within its bound or nothing more can go
     /// (dirty, loading or in use by a writer).
     fn evict(&self, fifo: &mut Fifo) {
@@ -358,6 +413,12 @@ impl PageCache {
             let Some(page) = (if from_small { fifo.small.pop_front() } else { fifo.main.pop_front() }) else {
                 break;
             };
+            if page.dropped.load(Relaxed) {
+                // Out of the cache already (drop-behind): only its entry was left.
+                fifo.dropped = fifo.dropped.saturating_sub(1);
+                self.recycle(page);
+                continue;
+            }
             if !self.unindexed(&page) && !Self::evictable(&page) {
                 // Busy: back to the tail of the main queue.
                 fifo.main.push_back(page);
@@ -417,7 +478,7 @@ impl PageCache {
     }
 
     fn evictable(page: &Page) -> bool {
-        if !page.ready() {
+        if !page.ready() || page.pinned.load(Relaxed) {
             return false;
         }
         // Never wait here: a page someone is writing is busy.
@@ -465,6 +526,7 @@ impl PageCache {
             readahead_pages: c.readahead_pages.load(Relaxed),
             readahead_used: c.readahead_used.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
+            dropped_behind: c.dropped_behind.load(Relaxed),
             writebacks: c.writebacks.load(Relaxed),
             duplicates: c.duplicates.load(Relaxed),
             resident: self.resident.load(Relaxed) as u64,

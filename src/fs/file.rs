@@ -63,7 +63,14 @@ impl File {
         self.node.state.read().expect("file lock poisoned")
     }
 
+    /// The file's lock, exclusively, once its write-behind jobs are settled.
     fn state_write(&self) -> std::sync::RwLockWriteGuard<'_, NodeState> {
+        self.node.lock_settled(&self.fs)
+    }
+
+    /// The file's lock, exclusively, for a write: write-behind jobs of the
+    /// file may be in flight (the write settles those that are done).
+    fn state_write_for_write(&self) -> std::sync::RwLockWriteGuard<'_, NodeState> {
         self.node.state.write().expect("file lock poisoned")
     }
 
@@ -295,7 +302,7 @@ impl File {
     fn settle_for_direct(&self, writing: bool) -> Result<()> {
         let needs = {
             let state = self.state_read();
-            !state.dirty.is_empty() || writing
+            state.pending() || writing
         };
         if needs {
             let mut state = self.state_write();
@@ -314,7 +321,7 @@ impl File {
         {
             return done;
         }
-        let mut state = self.state_write();
+        let mut state = self.state_write_for_write();
         self.write_locked(&mut state, data, offset)
     }
 
@@ -333,7 +340,7 @@ impl File {
         if data.is_empty()
             || !state.live
             || end_byte > state.inode.size
-            || !state.dirty.is_empty()
+            || state.pending()
             || !state.mirrors.is_empty()
             || fs.check_writable("write", &state.inode.name).is_err()
         {
@@ -396,7 +403,7 @@ impl File {
 
     /// Writes `data` at the end of the file; returns the offset it went to.
     pub fn append(&self, data: &[u8]) -> Result<u64> {
-        let mut state = self.state_write();
+        let mut state = self.state_write_for_write();
         let offset = state.inode.size;
         self.write_locked(&mut state, data, offset)?;
         Ok(offset)
@@ -585,6 +592,8 @@ impl File {
         state.inode.size = state.inode.size.max(end_byte);
         state.inode.mtime_ns = now_ns();
         state.mtime_unstored = true;
+        // A long stream: its pages go to the device behind the writer.
+        state.write_behind(fs, offset, end_byte);
         // Too much dirty data: write this file's back now (no commit: the next fsync does that).
         if state.dirty.len() > fs.cache.capacity() / 4 {
             self.writeback(state)?;
@@ -852,6 +861,7 @@ impl File {
     pub(super) fn trim_ahead(&self) {
         let fs = &self.fs;
         let Ok(mut state) = self.node.state.write() else { return };
+        state.settle(fs, true);
         if !state.live || fs.check_writable("close", &state.inode.name).is_err() {
             return;
         }
@@ -962,7 +972,7 @@ impl File {
         {
             let state = self.state_read();
             self.live(&state, op)?;
-            if state.dirty.is_empty() && !state.mtime_unstored {
+            if !state.pending() && !state.mtime_unstored {
                 let tid = if data_only { state.layout_tid } else { state.meta_tid };
                 drop(state);
                 if fs.committed.load(Ordering::Acquire) >= tid {

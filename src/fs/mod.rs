@@ -50,6 +50,7 @@
 //! ```
 
 pub mod alloc;
+mod behind;
 pub mod cache;
 pub mod carry;
 pub mod check;
@@ -141,6 +142,11 @@ pub struct MountOptions {
     /// When a create, unlink, rename, mkdir or rmdir reaches the device
     /// (default [`NamespaceCommit::Written`]).
     pub namespace_commit: NamespaceCommit,
+    /// Write-behind (default on): once a file has been written 4 MiB in a
+    /// row, its pages go to the device in the background as the writer goes
+    /// on, and past 16 MiB they leave the cache once written. Off, they
+    /// stay dirty until an fsync, a sync, the dirty budget or unmount.
+    pub write_behind: bool,
 }
 
 /// When a change to the namespace (create, unlink, rename, mkdir, rmdir)
@@ -192,6 +198,7 @@ impl Default for MountOptions {
             direct_copy: false,
             append_prealloc_bytes: 1 << 20,
             namespace_commit: NamespaceCommit::default(),
+            write_behind: true,
         }
     }
 }
@@ -273,6 +280,9 @@ pub struct FsStats {
     /// Read-ahead threads running: none until the first load is handed to
     /// them.
     pub readahead_threads: usize,
+    /// Pages written in the background behind a writer that streamed at
+    /// least 4 MiB into a file (write-behind; among `cache.writebacks`).
+    pub written_behind: u64,
 }
 
 impl FsStats {
@@ -282,7 +292,7 @@ impl FsStats {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         format!(
             "{} commits ({} sent without waiting), {} kept in the shared-memory log, {} checkpoints; {} syncs \
-             ({} shared, {} a flush only, {} overwrites written durable); cache {} hits, {} misses, {} pages written back, {} evicted, {} dirty now; device {} reads \
+             ({} shared, {} a flush only, {} overwrites written durable); cache {} hits, {} misses, {} pages written back ({} behind the writer, {} then dropped), {} evicted, {} dirty now; device {} reads \
              ({:.1} MiB), {} writes ({:.1} MiB), {} flushes ({} more with nothing new to flush); {} blocks read from \
              the carried cache",
             j.commits,
@@ -296,6 +306,8 @@ impl FsStats {
             c.hits,
             c.misses,
             c.writebacks,
+            self.written_behind,
+            c.dropped_behind,
             c.evictions,
             self.dirty_pages,
             self.device_reads,
@@ -350,6 +362,7 @@ impl Drop for Mount {
             }
         }
         fs.stop_readahead();
+        fs.flusher.lock().map(|mut f| f.stop()).ok();
         if !fs.aborted.load(Ordering::Acquire) {
             fs.give_back_table();
         }
@@ -371,6 +384,10 @@ struct Inner {
     readahead_pending: AtomicU64,
     /// Loads handed to the read-ahead thread since mount.
     readahead_posts: AtomicU64,
+    /// The write-behind thread and its queue ([`behind`]).
+    flusher: Mutex<behind::Flusher>,
+    /// Pages handed to it since mount.
+    written_behind: AtomicU64,
     /// The last file opened in each directory ([`Inner::walk_ahead`]).
     walks: Mutex<crate::hash::IntMap<u32, (Vec<u8>, u32)>>,
     meta: Mutex<Meta>,
@@ -524,6 +541,8 @@ struct NodeState {
     /// sees the count change while it wrote forgets the cached pages (a new
     /// `cache_id`) before it returns: they may hold what was there before.
     loads: AtomicU64,
+    /// The stream it is being written in, and its write-behind jobs ([`behind`]).
+    stream: behind::Stream,
 }
 
 /// All metadata, in memory, as the next commit will write it.
@@ -983,6 +1002,8 @@ impl FileSystem {
             readahead: Mutex::new(readahead),
             readahead_pending: AtomicU64::new(0),
             readahead_posts: AtomicU64::new(0),
+            flusher: Mutex::new(behind::Flusher::default()),
+            written_behind: AtomicU64::new(0),
             walks: Mutex::new(crate::hash::IntMap::default()),
             meta: Mutex::new(meta),
             journal: Mutex::new(journal),
@@ -1096,6 +1117,7 @@ impl FileSystem {
             carried_lent: fs.disk.carry().map_or(0, |c| c.lent()),
             readahead_posts: fs.readahead_posts.load(Ordering::Relaxed),
             readahead_threads: fs.readahead.lock().map_or(0, |r| r.threads.len()),
+            written_behind: fs.written_behind.load(Ordering::Relaxed),
         }
     }
 
@@ -1106,6 +1128,7 @@ impl FileSystem {
         self.mount.carry_out()?;
         self.mount.unmounted.store(true, Ordering::Release);
         self.mount.stop_readahead();
+        self.mount.flusher.lock().map(|mut f| f.stop()).ok();
         Ok(())
     }
 
@@ -1263,7 +1286,7 @@ impl Inner {
             // Only files with pages to write back, and those locked now (a writeback
             // under way there is waited for, as before): walking every file took
             // 5% of a `stat`'s time on a mount of 26K names.
-            let needs = |node: &Node| node.state.try_read().map_or(true, |s| s.live && !s.dirty.is_empty());
+            let needs = |node: &Node| node.state.try_read().map_or(true, |s| s.live && s.pending());
             meta.files().filter(|n| needs(n)).cloned().collect()
         };
         writeback::write_back_all(self, nodes, stage)?;
@@ -1609,6 +1632,7 @@ impl NodeState {
             mtime_unstored: false,
             mirrors: Vec::new(),
             loads: AtomicU64::new(0),
+            stream: behind::Stream::default(),
         }
     }
 }

@@ -958,11 +958,11 @@ struct Locked<'a> {
 }
 
 impl<'a> Locked<'a> {
-    fn take(nodes: &'a [Arc<Node>]) -> Locked<'a> {
+    fn take(fs: &super::Inner, nodes: &'a [Arc<Node>]) -> Locked<'a> {
         let mut sorted: Vec<&Arc<Node>> = nodes.iter().collect();
         sorted.sort_by_key(|n| n.slot);
         sorted.dedup_by_key(|n| n.slot);
-        Locked { guards: sorted.into_iter().map(|n| (n.slot, n.state.write().expect("file lock poisoned"))).collect() }
+        Locked { guards: sorted.into_iter().map(|n| (n.slot, n.lock_settled(fs))).collect() }
     }
 
     fn get(&mut self, slot: u32) -> &mut NodeState {
@@ -1058,7 +1058,7 @@ impl FileSystem {
                 }
                 Arc::clone(meta.file(found.slot).expect("a file's slot holds its node"))
             };
-            let mut state = node.state.write().expect("file lock poisoned");
+            let mut state = node.lock_settled(fs);
             let mut meta = fs.meta();
             if meta.ns.walk(from, follow).ok().and_then(|w| w.found).map(|c| c.slot) != Some(node.slot) {
                 continue; // renamed or replaced meanwhile: look again
@@ -1271,7 +1271,7 @@ impl FileSystem {
                     Some(c) => Arc::clone(meta.file(c.slot).expect("a file's slot holds its node")),
                 }
             };
-            let mut state = node.state.write().expect("file lock poisoned");
+            let mut state = node.lock_settled(fs);
             let mut meta = fs.meta();
             let walk = meta.ns.walk(path, false).ok().filter(|w| w.found.map(|c| c.slot) == Some(node.slot));
             let Some((parent, name)) = walk.and_then(|w| Some((w.parent, w.name?))) else {
@@ -1305,7 +1305,7 @@ impl FileSystem {
                 (plan, nodes)
             };
             let Some(plan) = plan else { return Ok(()) };
-            let mut locked = Locked::take(&nodes);
+            let mut locked = Locked::take(fs, &nodes);
             let mut meta = fs.meta();
             if plan_rename(&meta, from, to, how)?.as_ref() != Some(&plan) {
                 continue;
@@ -1477,7 +1477,7 @@ impl File {
 
     fn change_inode(&self, op: &'static str, change: impl FnOnce(&mut Inode)) -> Result<()> {
         let fs = &self.fs;
-        let mut state = self.node.state.write().expect("file lock poisoned");
+        let mut state = self.node.lock_settled(fs);
         fs.check_writable(op, &state.inode.name)?;
         if !state.live {
             return Err(file_error(op, &state.inode.name, libc::ESTALE, "the file is gone"));
@@ -1496,6 +1496,7 @@ impl File {
         self.trim_ahead();
         let fs = &self.fs;
         let Ok(mut state) = self.node.state.write() else { return };
+        state.settle(fs, true);
         if !state.live || !state.inode.orphan || fs.check_writable("close", &state.inode.name).is_err() {
             return;
         }

@@ -111,20 +111,56 @@ impl Writeback {
     /// The file's first `limit` dirty pages (by block), taken from its dirty
     /// set but not copied yet (nor marked clean): [`take_batch`] copies them
     /// with other files' into runs that cross from one file to the next.
+    /// No write-behind job of the file is in flight (its lock was taken with
+    /// [`Node::lock_settled`], or the file's jobs settled): a block is never
+    /// in flight twice.
     fn take_pages_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
-        let pages = match (state.dirty.len() > limit).then(|| state.dirty.keys().nth(limit).copied()).flatten() {
-            Some(first_left) => {
-                let rest = state.dirty.split_off(&first_left);
-                std::mem::replace(&mut state.dirty, rest)
-            }
-            None => std::mem::take(&mut state.dirty),
-        };
+        debug_assert!(!state.stream.busy(), "pages taken while a write-behind job of the file is in flight");
+        Self::take_pages(fs, state, u64::MAX, limit)
+    }
+
+    /// Up to `limit` of the file's dirty pages below block `below`, copied
+    /// out (and marked clean) for a write-behind job ([`super::behind`]),
+    /// which writes them while jobs before it may still be in flight (the
+    /// flusher writes them one after the other).
+    pub(super) fn take_behind(fs: &Inner, state: &mut NodeState, below: u64, limit: usize) -> Writeback {
+        let mut wb = Self::take_pages(fs, state, below, limit);
+        wb.runs = copy_runs(&wb.located()).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
+        wb
+    }
+
+    fn take_pages(fs: &Inner, state: &mut NodeState, below: u64, limit: usize) -> Writeback {
+        let mut left = state.dirty.split_off(&below);
+        let mut pages = std::mem::take(&mut state.dirty);
+        if pages.len() > limit
+            && let Some(&first_left) = pages.keys().nth(limit)
+        {
+            let mut rest = pages.split_off(&first_left);
+            rest.append(&mut left);
+            left = rest;
+        }
+        state.dirty = left;
         fs.dirty.forget(pages.len());
         let physical = pages
             .keys()
             .map(|&block| extents::locate(&state.inode.extents, block).expect("a dirty page's block is mapped").0)
             .collect();
         Writeback { runs: Vec::new(), physical, pages }
+    }
+
+    /// Pins its pages in the cache (or lets them go): see [`Page::pinned`].
+    pub(super) fn pin(&self, on: bool) {
+        self.pages.values().for_each(|p| p.pinned.store(on, Ordering::Relaxed));
+    }
+
+    /// How many pages it writes.
+    pub(super) fn pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Its pages by file block.
+    pub(super) fn taken(&self) -> impl Iterator<Item = (&u64, &Arc<Page>)> {
+        self.pages.iter()
     }
 
     /// Its pages with their device blocks, in file-block order: (device block, (), page).
@@ -202,7 +238,7 @@ impl Writeback {
     /// [`write_together`], in flight or about to be): the size the inode
     /// records stays where it is until the last part is written, or a commit
     /// meanwhile could record a size over blocks that hold nothing yet.
-    fn finish_part(&self, fs: &Inner, state: &mut NodeState, in_place: bool, more: bool) {
+    pub(super) fn finish_part(&self, fs: &Inner, state: &mut NodeState, in_place: bool, more: bool) {
         if self.is_empty() && !state.mtime_unstored {
             return;
         }
@@ -243,11 +279,11 @@ impl Writeback {
 
     /// The write failed: the pages are dirty again (a page the file wrote
     /// anew meanwhile stays as it is now).
-    pub(super) fn restore(self, fs: &Inner, state: &mut NodeState) {
-        for (block, page) in self.pages {
+    pub(super) fn restore(&self, fs: &Inner, state: &mut NodeState) {
+        for (&block, page) in &self.pages {
             if let std::collections::btree_map::Entry::Vacant(slot) = state.dirty.entry(block) {
                 page.data.write().expect("page lock poisoned").dirty = true;
-                slot.insert(page);
+                slot.insert(Arc::clone(page));
                 fs.dirty.pages.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -256,7 +292,7 @@ impl Writeback {
 
 /// Every dirty page of `state` to the device, waited for (no commit).
 pub(super) fn write_back_file(fs: &Inner, state: &mut NodeState) -> Result<()> {
-    if state.dirty.is_empty() {
+    if !state.pending() {
         return Ok(());
     }
     write_together(fs, &mut [state], false)
@@ -436,7 +472,7 @@ pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>, stage: bool) -> 
             }
         }
         let mut states: Vec<&mut NodeState> =
-            guards.iter_mut().filter(|g| g.live && !g.dirty.is_empty()).map(|g| &mut **g).collect();
+            guards.iter_mut().filter(|g| g.live && g.pending()).map(|g| &mut **g).collect();
         write_together(fs, &mut states, stage)?;
     }
     Ok(())
@@ -451,6 +487,8 @@ pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>, stage: bool) -> 
 /// device, nor the device for the copy. A file whose write failed keeps its
 /// pages dirty; the first error is returned.
 fn write_together(fs: &Inner, states: &mut [&mut NodeState], stage: bool) -> Result<()> {
+    // The files' write-behind jobs first: a block is never in flight twice.
+    states.iter_mut().for_each(|s| s.settle(fs, true));
     let carry = fs.disk.carry().filter(|_| stage);
     let mut current = take_batch(fs, states);
     while !current.runs.is_empty() {

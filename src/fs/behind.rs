@@ -1,0 +1,266 @@
+//! Write-behind and drop-behind: the pages of a file written in one long
+//! stream go to the device in the background while the writer goes on,
+//! and once the stream is long they leave the cache as soon as they are
+//! written.
+//!
+//! Why: `tar cf` of /usr/include into a mount (a 120 MB archive written
+//! once, 10 KiB at a time, never read) kept every page of it dirty until
+//! the process exited, whose exit then spent 57-64 ms copying them out and
+//! writing them back after tar was done, while 126 MiB of page frames were
+//! mapped in to hold them (`MADV_POPULATE_WRITE`: 5.6% of the run's
+//! samples) and copied again into the carried cache. The kernel writes
+//! such pages back in the background; `RWF_DONTCACHE` drops them too.
+//!
+//! - **When**: a buffered write that starts where the file's stream ended
+//!   adds its bytes to it; one that ends past it starts a new stream; one
+//!   behind its end (a header written again) leaves it as it is. Once the stream is [`START_BYTES`] long and [`JOB_PAGES`] pages
+//!   of the file are dirty, its dirty whole blocks behind the writer (up to
+//!   [`MAX_JOB_PAGES`]) are copied out as any writeback copies them
+//!   (marked clean, and pinned: not evictable until their blocks are marked
+//!   written) and handed to the flusher thread as a [`Job`], which writes
+//!   them and says so. The writer does not wait.
+//! - **Settled** under the file's exclusive lock: the next write settles the
+//!   jobs that are done (without waiting), and everyone else who takes the
+//!   lock exclusively (fsync, a writeback, truncate, unlink, rename, close)
+//!   waits for every job in flight first, then settles: the blocks are
+//!   marked written (the next commit records them), the pages unpinned, and
+//!   on a stream past [`DROP_AFTER_BYTES`] taken out of the cache, their
+//!   frames used again for the pages the writer makes next. So no block of
+//!   the file is ever in flight twice, no block a job writes is freed or
+//!   moved meanwhile, and a reader finds either the page or a written block.
+//!   A job that failed puts its pages back dirty and stops write-behind for
+//!   the file: the next fsync writes them again and reports the error.
+//! - **Bounds**: at most [`JOBS_PER_FILE`] jobs of a file in flight; a writer
+//!   that outruns the device leaves its pages dirty for the next job or for
+//!   the dirty budget ([`super::writeback`]).
+//! - **What it gives up**: a long stream's pages are not kept for a reader
+//!   (nor carried to the next process): it reads them from the device.
+
+use super::format::BLOCK_U64;
+use super::writeback::Writeback;
+use super::{Inner, Node, NodeState};
+use crate::error::Result;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, RwLockWriteGuard, Weak, mpsc};
+
+/// Stream length from which a file's pages are written behind.
+pub(super) const START_BYTES: u64 = 4 << 20;
+
+/// Dirty pages of a file that start a job (4 MiB).
+pub(super) const JOB_PAGES: usize = 1024;
+
+/// Pages one job takes at most (a writer that outran the flusher).
+pub(super) const MAX_JOB_PAGES: usize = 4096;
+
+/// Jobs of one file in flight at most.
+pub(super) const JOBS_PER_FILE: usize = 2;
+
+/// Stream length from which written pages leave the cache.
+pub(super) const DROP_AFTER_BYTES: u64 = 16 << 20;
+
+/// Part of a file's pages on their way to the device.
+pub(super) struct Job {
+    wb: Writeback,
+    /// Its pages leave the cache once settled (the stream was long).
+    drop_behind: bool,
+    /// The write's result, once the flusher has it.
+    done: Mutex<Option<Result<()>>>,
+    finished: Condvar,
+}
+
+impl Job {
+    fn complete(&self, result: Result<()>) {
+        *self.done.lock().expect("job lock poisoned") = Some(result);
+        self.finished.notify_all();
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.lock().expect("job lock poisoned").is_some()
+    }
+
+    /// Waits until the flusher is done with it; its result.
+    fn wait(&self) -> Result<()> {
+        let mut done = self.done.lock().expect("job lock poisoned");
+        loop {
+            if let Some(result) = done.take() {
+                return result;
+            }
+            done = self.finished.wait(done).expect("job lock poisoned");
+        }
+    }
+}
+
+/// The stream a file is being written in, and its jobs.
+#[derive(Default)]
+pub(super) struct Stream {
+    /// Where the last buffered write ended.
+    end: u64,
+    /// Bytes written one after another up to `end`.
+    len: u64,
+    /// Jobs in flight, or done and not yet settled, oldest first.
+    jobs: VecDeque<Arc<Job>>,
+    /// A job of the file failed (or none could be posted): no more of them.
+    off: bool,
+}
+
+impl Stream {
+    /// Whether a job of the file is in flight or not yet settled.
+    pub(super) fn busy(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+}
+
+/// The flusher thread and its queue: started with the first job (most
+/// programs never stream 4 MiB into a file), stopped at unmount.
+#[derive(Default)]
+pub(super) struct Flusher {
+    /// Where jobs go; `None` before the first or once stopped.
+    jobs: Option<mpsc::Sender<Arc<Job>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Stopped, or the thread could not start: no more jobs.
+    closed: bool,
+}
+
+impl Flusher {
+    /// Hands `job` to the thread (started now if need be); false if it
+    /// cannot take it.
+    fn post(&mut self, fs: &Weak<Inner>, job: Arc<Job>) -> bool {
+        if self.closed {
+            return false;
+        }
+        if self.jobs.is_none() {
+            let (tx, rx) = mpsc::channel();
+            let fs = fs.clone();
+            let named = std::thread::Builder::new().name("iopath-flush".into());
+            match crate::sys::spawn_without_signals(named, move || flusher_thread(fs, rx)) {
+                Ok(thread) => (self.jobs, self.thread) = (Some(tx), Some(thread)),
+                Err(_) => {
+                    self.closed = true;
+                    return false;
+                }
+            }
+        }
+        self.jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+    }
+
+    /// Takes no more jobs; the thread finishes those it has and is gone
+    /// when this returns.
+    pub(super) fn stop(&mut self) {
+        self.closed = true;
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            debug_assert_ne!(thread.thread().id(), std::thread::current().id(), "the flusher unmounting");
+            let _ = thread.join();
+        }
+    }
+}
+
+fn flusher_thread(fs: Weak<Inner>, jobs: mpsc::Receiver<Arc<Job>>) {
+    while let Ok(job) = jobs.recv() {
+        let result = match fs.upgrade() {
+            Some(fs) => job.wb.write(&fs.disk),
+            None => Err(super::file_error("write", "", libc::EIO, "the file system was unmounted")),
+        };
+        job.complete(result);
+    }
+}
+
+impl NodeState {
+    /// Whether the file has data not yet on the device as the file's: dirty
+    /// pages, or a write-behind job in flight or not yet settled.
+    pub(super) fn pending(&self) -> bool {
+        !self.dirty.is_empty() || self.stream.busy()
+    }
+
+    /// After a buffered write of bytes `[offset, end)` of the file (the
+    /// caller holds its lock): counts the stream, settles the jobs that are
+    /// done, and hands the next part of a long stream to the flusher.
+    pub(super) fn write_behind(&mut self, fs: &Inner, offset: u64, end: u64) {
+        let stream = &mut self.stream;
+        if offset == stream.end {
+            stream.len += end - offset;
+            stream.end = end;
+        } else if end > stream.end {
+            // Elsewhere ahead: a new stream. (A write behind the stream's end, a header
+            // rewritten, leaves it going.)
+            (stream.len, stream.end) = (end - offset, end);
+        }
+        if stream.busy() {
+            self.settle(fs, false);
+        }
+        let stream = &self.stream;
+        if stream.off
+            || !fs.options.write_behind
+            || stream.len < START_BYTES
+            || stream.jobs.len() >= JOBS_PER_FILE
+            || self.dirty.len() < JOB_PAGES
+        {
+            return;
+        }
+        // Whole blocks behind the writer: the one it is in may be written again at once.
+        let wb = Writeback::take_behind(fs, self, end / BLOCK_U64, MAX_JOB_PAGES);
+        if wb.is_empty() {
+            return;
+        }
+        wb.pin(true);
+        let pages = wb.pages() as u64;
+        let job = Arc::new(Job {
+            wb,
+            drop_behind: self.stream.len >= DROP_AFTER_BYTES,
+            done: Mutex::new(None),
+            finished: Condvar::new(),
+        });
+        let posted = fs.flusher.lock().expect("flusher lock poisoned").post(&fs.me, Arc::clone(&job));
+        if posted {
+            fs.written_behind.fetch_add(pages, Ordering::Relaxed);
+            self.stream.jobs.push_back(job);
+        } else {
+            job.wb.pin(false);
+            job.wb.restore(fs, self);
+            self.stream.off = true;
+        }
+    }
+
+    /// Settles the file's jobs that are done (see the module's doc); with
+    /// `wait`, waits for every one in flight first. The caller holds the
+    /// file's lock exclusively.
+    pub(super) fn settle(&mut self, fs: &Inner, wait: bool) {
+        while let Some(job) = self.stream.jobs.front() {
+            if !wait && !job.is_done() {
+                return;
+            }
+            let job = self.stream.jobs.pop_front().expect("looked at");
+            match job.wait() {
+                Ok(()) if self.live => {
+                    job.wb.finish_part(fs, self, true, self.stream.busy());
+                    job.wb.pin(false);
+                    if job.drop_behind {
+                        for (block, page) in job.wb.taken() {
+                            let written_again = self.dirty.get(block).is_some_and(|p| Arc::ptr_eq(p, page));
+                            if !written_again {
+                                fs.cache.drop_behind(Arc::clone(page));
+                            }
+                        }
+                    }
+                }
+                Ok(()) => job.wb.pin(false),
+                Err(_) => {
+                    job.wb.pin(false);
+                    job.wb.restore(fs, self);
+                    self.stream.off = true;
+                }
+            }
+        }
+    }
+}
+
+impl Node {
+    /// The file's lock, exclusively, once every write-behind job of the
+    /// file is written and settled.
+    pub(super) fn lock_settled(&self, fs: &Inner) -> RwLockWriteGuard<'_, NodeState> {
+        let mut state = self.state.write().expect("file lock poisoned");
+        state.settle(fs, true);
+        state
+    }
+}
