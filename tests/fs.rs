@@ -449,6 +449,37 @@ fn a_write_behind_job_that_fails_leaves_its_pages_for_the_fsync_to_report() {
 }
 
 #[test]
+fn a_file_is_found_by_its_inode_after_a_rename_and_never_in_a_reused_slot() {
+    let (dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    let f = fs.create("log").unwrap();
+    f.append(b"first").unwrap();
+    let stat = f.metadata();
+    assert_ne!(stat.generation, 0, "a new file has a generation");
+    drop(f);
+    fs.mkdir("old", 0o755).unwrap();
+    fs.rename("log", "old/log.1").unwrap();
+    // Across a remount, as a process that let the file system go finds it again.
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    let again = fs.open_ino(stat.ino, stat.generation, false).unwrap();
+    again.append(b" second").unwrap();
+    assert_eq!(read_all(&fs, "old/log.1"), b"first second");
+    assert_eq!(errno(fs.open_ino(stat.ino, stat.generation + 1, false).unwrap_err()), libc::ENOENT);
+    drop(again);
+    // Deleted, then its slot taken by another file: not found.
+    fs.unlink("old/log.1").unwrap();
+    assert_eq!(errno(fs.open_ino(stat.ino, stat.generation, false).unwrap_err()), libc::ENOENT);
+    let other = fs.create("other").unwrap();
+    assert_eq!(other.metadata().ino, stat.ino, "the slot is used again");
+    assert_eq!(errno(fs.open_ino(stat.ino, stat.generation, false).unwrap_err()), libc::ENOENT);
+    // Directories and the root are not files.
+    let dir = fs.metadata("old").unwrap();
+    assert_eq!(errno(fs.open_ino(dir.ino, dir.generation, false).unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.open_ino(1, 0, false).unwrap_err()), libc::ENOENT);
+    assert_eq!(errno(fs.open_ino(u64::MAX, 0, false).unwrap_err()), libc::ENOENT);
+}
+
+#[test]
 fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
     use iopath::fs::{Kind, Resolved};
     let (dev, fs) = fresh("emu:null,size=16m,wcache=1,cut=drop", FormatOptions::default());

@@ -171,6 +171,7 @@ mod tests {
         let file = |mount, path: &[u8]| Reopen {
             mount,
             ino: 12,
+            generation: 1_795_000_000_123_456_789,
             flags: libc::O_RDWR | libc::O_APPEND,
             position: 1 << 33,
             path: path.to_vec(),
@@ -178,7 +179,7 @@ mod tests {
         let handed = HandOver(vec![(vec![3, 9], file(0, b"/a;b|c=d")), (vec![12], file(2, b"/\xff"))]);
         assert_eq!(HandOver::decode(&handed.encode()), Some(handed));
         assert_eq!(HandOver::decode(""), Some(HandOver::default()));
-        for bad in ["3", "x|0|1|2|3|2f", "3|0|1|2|3|2", "-3|0|1|2|3|2f", "3|0|1|2|3|2f|9"] {
+        for bad in ["3", "x|0|1|7|2|3|2f", "3|0|1|7|2|3|2", "-3|0|1|7|2|3|2f", "3|0|1|7|2|3|2f|9", "3|0|1|2|3|2f"] {
             assert_eq!(HandOver::decode(bad), None, "{bad}");
         }
         assert_eq!(HandOver::default().entry(), None);

@@ -815,14 +815,15 @@ impl Node {
 /// or, after the mount was given to another process with the description
 /// still open (`Mount::release` with `dormant`, by its lender), where to find it
 /// again: the next call on it mounts again and opens the file anew, by its
-/// path, checked by its inode number.
+/// path, checked by its inode number and generation, or by those where the
+/// path no longer leads to it (renamed meanwhile).
 pub struct Slot {
     state: RwLock<SlotState>,
 }
 
 enum SlotState {
     Open(File),
-    Dormant { ino: u64, path: Vec<u8> },
+    Dormant { ino: u64, generation: u64, path: Vec<u8> },
 }
 
 /// The file of a description, borrowed for one call (the mount cannot be
@@ -845,11 +846,11 @@ impl Slot {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// (inode number, path from the mount's root) of a dormant slot.
-    fn dormant(&self) -> Option<(u64, Vec<u8>)> {
+    /// (inode number, generation, path from the mount's root) of a dormant slot.
+    fn dormant(&self) -> Option<(u64, u64, Vec<u8>)> {
         match &*self.read() {
             SlotState::Open(_) => None,
-            SlotState::Dormant { ino, path } => Some((*ino, path.clone())),
+            SlotState::Dormant { ino, generation, path } => Some((*ino, *generation, path.clone())),
         }
     }
 }
@@ -909,7 +910,8 @@ impl Description {
     /// The file, or `EISDIR`. A file whose mount this process gave to
     /// another one meanwhile is opened again first (mounting, waiting as
     /// any call does): `EBUSY` if the mount cannot be had, `ESTALE` if the
-    /// file was renamed, replaced or deleted meanwhile (said on stderr).
+    /// file was deleted meanwhile (said on stderr); a file renamed meanwhile
+    /// is found by its inode.
     pub fn file(&self) -> std::result::Result<FileRef<'_>, c_int> {
         let Node::File(slot) = &self.node else { return Err(libc::EISDIR) };
         loop {
@@ -929,10 +931,10 @@ impl Description {
                     continue;
                 }
             };
-            if let SlotState::Dormant { ino, path } = &*state {
+            if let SlotState::Dormant { ino, generation, path } = &*state {
                 let _inside = crate::Inside::enter();
                 let direct = self.flags.load(Ordering::Relaxed) & libc::O_DIRECT != 0;
-                match open_checked(&fs, path, *ino, direct) {
+                match open_checked(&fs, path, (*ino, *generation), direct) {
                     Ok(file) => {
                         crate::log(&format!(
                             "opened {}{} again",
@@ -963,13 +965,17 @@ impl Drop for Description {
 
 /// An open mounted file as one program hands it to the program it
 /// executes (a bridge's, `bridge/`; a descriptor above 2, `inherit.rs`):
-/// enough to open it again where it stood, by path, checked by inode.
+/// enough to open it again where it stood: by path, checked by inode, or
+/// by inode where the path no longer leads to it (renamed meanwhile).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reopen {
     /// Index of the mount in `IOPATH_MOUNT`.
     pub mount: usize,
-    /// The file's inode number (a file renamed or replaced since is refused).
+    /// The file's inode number.
     pub ino: u64,
+    /// Its generation (with `ino`, the file whatever its name:
+    /// [`iopath::fs::FileSystem::open_ino`]).
+    pub generation: u64,
     /// The open file's status flags.
     pub flags: c_int,
     /// The open file's position.
@@ -985,31 +991,34 @@ impl Reopen {
     pub fn of(d: &Description, unsent: u64) -> Option<Reopen> {
         let Node::File(slot) = &d.node else { return None };
         // A dormant file is where it was when this process gave the mount away.
-        let (ino, path) = match slot.dormant() {
+        let (ino, generation, path) = match slot.dormant() {
             Some(found) => found,
             None => {
                 let file = d.file().ok()?;
-                (file.metadata().ino, file.path()?)
+                let stat = file.metadata();
+                (stat.ino, stat.generation, file.path()?)
             }
         };
         Some(Reopen {
             mount: mounts().iter().position(|m| std::ptr::eq(m, d.mount))?,
             ino,
+            generation,
             flags: d.flags.load(Ordering::Relaxed) & !libc::O_DIRECT,
             position: d.position.lock().unwrap_or_else(|e| e.into_inner()).saturating_sub(unsent),
             path,
         })
     }
 
-    /// `mount|ino|flags|position|hexpath` (no `;`, `|` nor `=` whatever the path holds).
+    /// `mount|ino|generation|flags|position|hexpath` (no `;`, `|` nor `=`
+    /// whatever the path holds).
     pub fn encode(&self) -> String {
         let path: String = self.path.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}|{}|{}|{}|{path}", self.mount, self.ino, self.flags, self.position)
+        format!("{}|{}|{}|{}|{}|{path}", self.mount, self.ino, self.generation, self.flags, self.position)
     }
 
     /// [`Reopen::encode`]'s fields, read back.
     pub fn decode(parts: &[&str]) -> Option<Reopen> {
-        let [mount, ino, flags, position, path] = parts[..] else { return None };
+        let [mount, ino, generation, flags, position, path] = parts[..] else { return None };
         let hex = path.as_bytes();
         if hex.len() % 2 != 0 {
             return None;
@@ -1021,6 +1030,7 @@ impl Reopen {
         Some(Reopen {
             mount: mount.parse().ok()?,
             ino: ino.parse().ok()?,
+            generation: generation.parse().ok()?,
             flags: flags.parse().ok()?,
             position: position.parse().ok()?,
             path,
@@ -1041,7 +1051,7 @@ impl Reopen {
 
     /// [`Reopen::open`] in `fs`, mount `m`'s file system.
     pub fn open_in(&self, fs: &FileSystem, m: &'static Mount) -> std::result::Result<Description, String> {
-        let file = open_checked(fs, &self.path, self.ino, false)?;
+        let file = open_checked(fs, &self.path, (self.ino, self.generation), false)?;
         Ok(Description {
             mount: m,
             path: self.path.clone(),
@@ -1055,15 +1065,26 @@ impl Reopen {
     }
 }
 
-/// The file at `path` in `fs` if it is still inode `ino` (an open file
-/// found again by another program, or by this one after it gave the mount
-/// away for a while).
-fn open_checked(fs: &FileSystem, path: &[u8], ino: u64, direct: bool) -> std::result::Result<File, String> {
-    let file = if direct { fs.open_direct(path) } else { fs.open(path) }.map_err(|e| e.to_string())?;
-    if file.metadata().ino != ino {
-        return Err("the file was renamed or replaced meanwhile".into());
+/// The file `(ino, generation)`, at `path` in `fs` if it is still there,
+/// else wherever it is named now: an open file found again by another
+/// program, or by this one after it gave the mount away for a while, as a
+/// descriptor follows its file across a rename (a shell's `exec 4>> log`
+/// then `mv log log.1`: its next `echo >&4` lost its bytes, the path led
+/// nowhere). `Err` if the file is gone.
+fn open_checked(
+    fs: &FileSystem,
+    path: &[u8],
+    (ino, generation): (u64, u64),
+    direct: bool,
+) -> std::result::Result<File, String> {
+    let at_path = if direct { fs.open_direct(path) } else { fs.open(path) };
+    if let Ok(file) = at_path
+        && file.metadata().ino == ino
+        && file.metadata().generation == generation
+    {
+        return Ok(file);
     }
-    Ok(file)
+    fs.open_ino(ino, generation, direct).map_err(|_| "the file was deleted meanwhile".to_string())
 }
 
 /// Descriptor numbers with a description: one bit each, so a call on any
@@ -1234,8 +1255,9 @@ impl Mount {
             let Ok(mut state) = slot.state.try_write() else { return false };
             let SlotState::Open(file) = &*state else { continue };
             let Some(path) = file.path() else { return false }; // unlinked: only this process has it
-            let ino = file.metadata().ino;
-            let SlotState::Open(file) = std::mem::replace(&mut *state, SlotState::Dormant { ino, path }) else {
+            let (ino, generation) = (file.metadata().ino, file.metadata().generation);
+            let SlotState::Open(file) = std::mem::replace(&mut *state, SlotState::Dormant { ino, generation, path })
+            else {
                 unreachable!("matched open above")
             };
             drop(state);

@@ -792,6 +792,33 @@ fn a_shell_keeping_files_open_gives_the_mount_to_its_commands() {
     );
 }
 
+/// A shell's files kept open while its commands rename them follow their
+/// files, as descriptors do: the shell lends the mount to `mv`, which
+/// renames the files under it, and the shell's next writes and reads land
+/// in the renamed files, where they stood. Before, the shell opened each
+/// again by its old path, found nothing, and `two` was lost ("cannot open
+/// '/log': no such file").
+#[test]
+fn files_a_shell_keeps_open_follow_their_renames_by_its_commands() {
+    let script = r#"set -e
+        seq 1 4 > "$D/list"
+        exec 4>> "$D/log" 3< "$D/list"
+        echo one >&4
+        read -r a <&3
+        mv "$D/log" "$D/log.1"
+        mkdir "$D/old"
+        mv "$D/list" "$D/old/list"
+        echo two >&4
+        read -r b <&3
+        echo "read $a $b" >&4
+        exec 3<&- 4>&-
+        cat "$D/log.1""#;
+    let ([kernel, mounted], _scratch, kernel_dir, image) = on_both(script);
+    assert_eq!(kernel, "one\ntwo\nread 1 2\n");
+    assert_eq!(mounted, kernel);
+    same_files_in_image(&image, &kernel_dir, &["log.1", "old/list"]);
+}
+
 /// A script whose standard streams are mounted files runs commands that use
 /// the mount: the shell's bridges are its only hold on the mount, and they
 /// let go of it at each fork (holding what arrives in memory), so the

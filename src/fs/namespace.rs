@@ -626,6 +626,10 @@ pub struct Metadata {
     pub mtime_ns: u64,
     /// Last inode change, ns since the Unix epoch.
     pub ctime_ns: u64,
+    /// Tells a file from a later one in the same inode slot (0 for files
+    /// made by builds before it was kept, and for directories): with `ino`,
+    /// what [`FileSystem::open_ino`] finds a file by.
+    pub generation: u64,
 }
 
 /// What [`FileSystem::rename_with`] does when the new name is taken.
@@ -827,7 +831,10 @@ impl Meta {
         let now = now_ns();
         let size = target.len() as u64;
         let target = target.to_vec();
-        let mut inode = Inode { name, mode, mtime_ns: now, ctime_ns: now, size, target, ..Inode::default() };
+        // The generation tells this file from a later one in the same slot (an open
+        // file found again by its inode number: `FileSystem::open_ino`).
+        let mut inode =
+            Inode { name, mode, mtime_ns: now, ctime_ns: now, size, target, generation: now, ..Inode::default() };
         let count = sb.inodes();
         let Some(slot) = self.free_slot(sb) else {
             return Err(file_error(
@@ -930,6 +937,7 @@ impl Meta {
             blocks: BLOCK_U64 / 512,
             mtime_ns,
             ctime_ns,
+            generation: 0,
         }
     }
 }
@@ -949,6 +957,7 @@ fn file_metadata(state: &NodeState) -> Metadata {
         blocks: blocks_512(&state.inode),
         mtime_ns: state.inode.mtime_ns,
         ctime_ns: state.inode.ctime_ns,
+        generation: state.inode.generation,
     }
 }
 
@@ -1177,6 +1186,29 @@ impl FileSystem {
                 Ok(file)
             }
         }
+    }
+
+    /// Opens the file whose inode number and generation are `ino` and
+    /// `generation` (as [`Metadata`] gave them), whatever its name is now:
+    /// an open file found again after its process let the file system go
+    /// for a while, and the file was renamed meanwhile (as a descriptor
+    /// follows its file across a rename). `ENOENT` if that file is gone
+    /// (its slot is free or holds another file); `direct` as
+    /// [`FileSystem::open_direct`].
+    pub fn open_ino(&self, ino: u64, generation: u64, direct: bool) -> Result<File> {
+        let fs = &self.mount;
+        let gone = || file_error("open", format!("inode {ino}"), libc::ENOENT, "no such file any more");
+        let slot = ino.checked_sub(2).and_then(|s| u32::try_from(s).ok());
+        let meta = fs.meta();
+        let node = Arc::clone(slot.and_then(|s| meta.file(s)).ok_or_else(gone)?);
+        {
+            let state = node.state.read().expect("file lock poisoned");
+            let regular = state.inode.mode & libc::S_IFMT == libc::S_IFREG;
+            if !state.live || state.inode.orphan || !regular || state.inode.generation != generation {
+                return Err(gone());
+            }
+        }
+        Ok(self.handle(node, direct))
     }
 
     /// Opens an existing file for access that bypasses the page cache (like `O_DIRECT`):

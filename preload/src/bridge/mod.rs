@@ -1243,6 +1243,7 @@ mod tests {
             file: Reopen {
                 mount: 1,
                 ino: 77,
+                generation: 5,
                 flags: libc::O_WRONLY | libc::O_APPEND,
                 position: 1 << 40,
                 path: b"/d;ir|x/\xff name=1".to_vec(),
