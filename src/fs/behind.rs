@@ -30,9 +30,10 @@
 //!   moved meanwhile, and a reader finds either the page or a written block.
 //!   A job that failed puts its pages back dirty and stops write-behind for
 //!   the file: the next fsync writes them again and reports the error.
-//! - **Bounds**: at most [`JOBS_PER_FILE`] jobs of a file in flight; a writer
-//!   that outruns the device leaves its pages dirty for the next job or for
-//!   the dirty budget ([`super::writeback`]).
+//! - **Bounds**: at most [`JOBS_PER_FILE`] jobs of a file in flight, and
+//!   [`JOBS_QUEUED`] of all files not yet written; a writer that outruns
+//!   the device leaves its pages dirty for the next job or for the dirty
+//!   budget ([`super::writeback`]).
 //! - **What it gives up**: a long stream's pages are not kept for a reader
 //!   (nor carried to the next process): it reads them from the device.
 
@@ -41,7 +42,7 @@ use super::writeback::Writeback;
 use super::{Inner, Node, NodeState};
 use crate::error::Result;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLockWriteGuard, Weak, mpsc};
 
 /// Stream length from which a file's pages are written behind.
@@ -55,6 +56,11 @@ pub(super) const MAX_JOB_PAGES: usize = 4096;
 
 /// Jobs of one file in flight at most.
 pub(super) const JOBS_PER_FILE: usize = 2;
+
+/// Jobs of all files handed to the flusher and not yet written, at most
+/// (their copies: 64 MiB at most; the one thread writes them one after the
+/// other, so more queued would not go faster).
+pub(super) const JOBS_QUEUED: usize = 4;
 
 /// Stream length from which written pages leave the cache.
 pub(super) const DROP_AFTER_BYTES: u64 = 16 << 20;
@@ -120,6 +126,8 @@ pub(super) struct Flusher {
     thread: Option<std::thread::JoinHandle<()>>,
     /// Stopped, or the thread could not start: no more jobs.
     closed: bool,
+    /// Jobs handed to the thread and not yet written.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Flusher {
@@ -131,9 +139,9 @@ impl Flusher {
         }
         if self.jobs.is_none() {
             let (tx, rx) = mpsc::channel();
-            let fs = fs.clone();
+            let (fs, queued) = (fs.clone(), Arc::clone(&self.queued));
             let named = std::thread::Builder::new().name("iopath-flush".into());
-            match crate::sys::spawn_without_signals(named, move || flusher_thread(fs, rx)) {
+            match crate::sys::spawn_without_signals(named, move || flusher_thread(fs, rx, queued)) {
                 Ok(thread) => (self.jobs, self.thread) = (Some(tx), Some(thread)),
                 Err(_) => {
                     self.closed = true;
@@ -141,7 +149,17 @@ impl Flusher {
                 }
             }
         }
-        self.jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let sent = self.jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok());
+        if !sent {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
+    }
+
+    /// Whether the thread has as many jobs as it takes ([`JOBS_QUEUED`]).
+    fn full(&self) -> bool {
+        self.queued.load(Ordering::Acquire) >= JOBS_QUEUED
     }
 
     /// Takes no more jobs; the thread finishes those it has and is gone
@@ -156,12 +174,13 @@ impl Flusher {
     }
 }
 
-fn flusher_thread(fs: Weak<Inner>, jobs: mpsc::Receiver<Arc<Job>>) {
+fn flusher_thread(fs: Weak<Inner>, jobs: mpsc::Receiver<Arc<Job>>, queued: Arc<AtomicUsize>) {
     while let Ok(job) = jobs.recv() {
         let result = match fs.upgrade() {
             Some(fs) => job.wb.write(&fs.disk),
             None => Err(super::file_error("write", "", libc::EIO, "the file system was unmounted")),
         };
+        queued.fetch_sub(1, Ordering::AcqRel);
         job.complete(result);
     }
 }
@@ -197,6 +216,9 @@ impl NodeState {
             || self.dirty.len() < JOB_PAGES
         {
             return;
+        }
+        if fs.flusher.lock().expect("flusher lock poisoned").full() {
+            return; // (the next write looks again)
         }
         // Whole blocks behind the writer: the one it is in may be written again at once.
         let wb = Writeback::take_behind(fs, self, end / BLOCK_U64, MAX_JOB_PAGES);
