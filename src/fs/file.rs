@@ -575,14 +575,20 @@ impl File {
             let to = end_byte.min(block_start + BLOCK_U64);
             let at = (from - block_start) as usize;
             let bytes = &data[(from - offset) as usize..(to - offset) as usize];
-            let (page, filled) = self.page_for_write(state, block, at, bytes)?;
-            let mut d = page.data.write().expect("page lock poisoned");
-            if !filled {
-                d.buf[at..at + bytes.len()].copy_from_slice(bytes);
+            loop {
+                let (page, filled) = self.page_for_write(state, block, at, bytes)?;
+                let mut d = page.data.write().expect("page lock poisoned");
+                if !fs.cache.holds(&page) {
+                    continue; // evicted before it was dirty: see `PageCache::holds`
+                }
+                if !filled {
+                    d.buf[at..at + bytes.len()].copy_from_slice(bytes);
+                }
+                d.dirty = true;
+                drop(d);
+                state.dirty_page(fs, &self.node, block, page);
+                break;
             }
-            d.dirty = true;
-            drop(d);
-            state.dirty_page(fs, &self.node, block, page);
         }
         // The size readers see and the time: in memory only. The inode records the
         // size the device backs (`disk_size`), which only writeback moves, and the
@@ -649,13 +655,18 @@ impl File {
         {
             return Ok(());
         }
-        let (page, _) = self.page_for_write(state, block, 0, &[])?;
-        let mut d = page.data.write().expect("page lock poisoned");
-        d.buf[(size % BLOCK_U64) as usize..].fill(0);
-        d.dirty = true;
-        drop(d);
-        state.dirty_page(&self.fs, &self.node, block, page);
-        Ok(())
+        loop {
+            let (page, _) = self.page_for_write(state, block, 0, &[])?;
+            let mut d = page.data.write().expect("page lock poisoned");
+            if !self.fs.cache.holds(&page) {
+                continue; // evicted before it was dirty: see `PageCache::holds`
+            }
+            d.buf[(size % BLOCK_U64) as usize..].fill(0);
+            d.dirty = true;
+            drop(d);
+            state.dirty_page(&self.fs, &self.node, block, page);
+            return Ok(());
+        }
     }
 
     fn write_direct(&self, state: &mut NodeState, data: &[u8], offset: u64, end_byte: u64) -> Result<()> {
