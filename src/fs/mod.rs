@@ -10,15 +10,20 @@
 //!   `truncate`, `fsync`, `fdatasync`. Each file has its own lock (readers
 //!   share it); the metadata of the whole file system has one lock, held
 //!   for in-memory updates only, never across device I/O.
-//! - Data goes straight to the device in 4 KiB blocks through the
-//!   [`Engine`], so it takes the engine's path (merged across threads by
-//!   `stm`, polled or not).
+//! - Data goes to the device in 4 KiB blocks through the [`Engine`]
+//!   (from the page cache, or straight from the caller for a direct file),
+//!   so it takes the engine's path (merged across threads by `stm`, polled
+//!   or not).
 //!
 //! # What is durable when
 //!
-//! - A write is on the device (in its volatile cache) when `write_at`
-//!   returns; it survives a power cut once `fsync`/`fdatasync` on that file
-//!   (or [`FileSystem::sync`]) returns.
+//! - A buffered write is in the page cache when `write_at` returns (a
+//!   direct file's is on the device, in its volatile cache); its pages go
+//!   to the device at the file's `fsync`/`fdatasync`, a
+//!   [`FileSystem::sync`], an unmount, when too much of the cache is dirty,
+//!   or, for a file written in one long stream, behind the writer
+//!   (write-behind: [`MountOptions::write_behind`]). It survives a power
+//!   cut once `fsync`/`fdatasync` on that file (or `sync`) returns.
 //! - `create`, `mkdir`, `rmdir`, `rename`, `unlink` and `truncate` are atomic (all of their
 //!   metadata is in one transaction) and durable after the next `fsync` of
 //!   any file or `sync` (transactions are shared, as ext4's).
