@@ -324,7 +324,7 @@ pub fn ask_seek(fd: c_int, offset: i64, whence: c_int) -> Option<Result<u64, c_i
         unsafe { real::close(conn) };
         match answer {
             Err(Refused::NotListening) => ancestor = parent_of(ancestor).filter(|&p| p > 1)?,
-            Err(Refused::Answered(libc::EBADF | libc::ESPIPE | libc::EPERM)) => return None,
+            Err(Refused::Answered(libc::EBADF | libc::ESPIPE | libc::EPERM) | Refused::Unanswered) => return None,
             Err(Refused::Answered(errno)) => return Some(Err(errno)),
             Ok(position) => return Some(Ok(position)),
         }
@@ -480,9 +480,16 @@ fn forward(from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<u64, c_
 /// any other request), or errno (EBADF where the parent does not listen).
 fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> Result<u64, c_int> {
     // SAFETY: getppid cannot fail.
-    request_to(unsafe { libc::getppid() }, conn, from, to, path, fds).map_err(|refused| match refused {
-        Refused::NotListening => libc::EBADF,
-        Refused::Answered(errno) => errno,
+    let parent = unsafe { libc::getppid() };
+    request_to(parent, conn, from, to, path, fds).map_err(|refused| {
+        let why = match refused {
+            Refused::NotListening => "no process listens for it",
+            Refused::Unanswered => "it took the request and gave no answer",
+            Refused::Answered(errno) => return errno,
+        };
+        // (Which of the two it was, for a failure that comes once in many runs.)
+        crate::log(&format!("descriptor {from} to {to}: asked process {parent} to bridge it: {why}; EBADF"));
+        libc::EBADF
     })
 }
 
@@ -490,6 +497,8 @@ fn request(conn: c_int, from: c_int, to: c_int, path: &[u8], fds: &[c_int]) -> R
 enum Refused {
     /// No process listens at that address (or it could not be reached).
     NotListening,
+    /// The connection closed, or the wait for the answer ran out, without one.
+    Unanswered,
     /// It answered with this errno.
     Answered(c_int),
 }
@@ -555,7 +564,7 @@ fn request_to(
     match (got, errno) {
         (12, 0) => Ok(u64::from_ne_bytes(answer[4..].try_into().unwrap_or_default())),
         (12, errno) => Err(Refused::Answered(errno)),
-        _ => Err(Refused::Answered(libc::EBADF)),
+        _ => Err(Refused::Unanswered),
     }
 }
 
