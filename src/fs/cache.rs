@@ -577,6 +577,53 @@ mod tests {
     }
 
     #[test]
+    fn pages_dropped_behind_leave_at_once_and_their_entries_are_swept() {
+        let cache = PageCache::new(4096);
+        let pages: Vec<Arc<Page>> = (0..3000).map(|b| cache.insert(&ready_page((1, b)))).collect();
+        // A page someone else holds may go too: it is out of the index, theirs to drop.
+        let held = Arc::clone(&pages[10]);
+        for page in pages.iter().take(2000) {
+            cache.drop_behind(Arc::clone(page));
+        }
+        // Dropped twice, or never indexed: nothing happens.
+        cache.drop_behind(Arc::clone(&pages[0]));
+        cache.drop_behind(ready_page((2, 0)));
+        let s = cache.stats();
+        assert_eq!((s.resident, s.dropped_behind, s.evictions), (1000, 2000, 0));
+        assert!(cache.lookup((1, 10)).is_none() && cache.lookup((1, 2500)).is_some());
+        assert_eq!(held.data.read().unwrap().buf.len(), BLOCK);
+        {
+            let fifo = cache.fifo.lock().unwrap();
+            // The first 1,024 dropped passed the sweep's line (and an eighth of the queues).
+            let stale = fifo.small.iter().chain(&fifo.main).filter(|p| p.dropped.load(Relaxed)).count();
+            assert_eq!(stale, fifo.dropped, "the count of dropped entries still queued");
+            assert_eq!((stale, fifo.small.len() + fifo.main.len()), (2000 - 1024, 1000 + 2000 - 1024));
+        }
+        // The room they left is the cache's again: 3000 more fit without an eviction.
+        for b in 3000..6000 {
+            cache.insert(&ready_page((1, b)));
+        }
+        assert_eq!(cache.stats().evictions, 0);
+        assert_eq!(cache.stats().resident, 4000);
+    }
+
+    #[test]
+    fn a_pinned_page_is_never_evicted() {
+        let cache = PageCache::new(16);
+        let pinned: Vec<Arc<Page>> = (0..16).map(|b| cache.insert(&ready_page((1, b)))).collect();
+        pinned.iter().for_each(|p| p.pinned.store(true, Relaxed));
+        for b in 16..64 {
+            cache.insert(&ready_page((1, b)));
+        }
+        assert!((0..16).all(|b| cache.peek((1, b)).is_some()), "a pinned page was evicted");
+        pinned.iter().for_each(|p| p.pinned.store(false, Relaxed));
+        for b in 64..128 {
+            cache.insert(&ready_page((1, b)));
+        }
+        assert!((0..16).any(|b| cache.peek((1, b)).is_none()), "unpinned, they go as any page");
+    }
+
+    #[test]
     fn a_hit_copies_under_the_index_lock_and_anything_else_is_left_to_lookup() {
         let cache = PageCache::new(100);
         let page = Page::loading((7, 3), IoBuf::new(BLOCK));
