@@ -225,7 +225,6 @@ impl NodeState {
         if wb.is_empty() {
             return;
         }
-        wb.pin(true);
         let pages = wb.pages() as u64;
         let job = Arc::new(Job {
             wb,
@@ -238,8 +237,9 @@ impl NodeState {
             fs.written_behind.fetch_add(pages, Ordering::Relaxed);
             self.stream.jobs.push_back(job);
         } else {
-            job.wb.pin(false);
+            // Dirty again before unpinned: never clean and evictable in between.
             job.wb.restore(fs, self);
+            job.wb.pin(false);
             self.stream.off = true;
         }
     }
@@ -268,8 +268,8 @@ impl NodeState {
                 }
                 Ok(()) => job.wb.pin(false),
                 Err(_) => {
-                    job.wb.pin(false);
                     job.wb.restore(fs, self);
+                    job.wb.pin(false);
                     self.stream.off = true;
                 }
             }

@@ -103,9 +103,13 @@ impl Writeback {
 
     /// [`Writeback::take`] of the file's first `limit` dirty pages (by block); the rest stay dirty.
     pub(super) fn take_up_to(fs: &Inner, state: &mut NodeState, limit: usize) -> Writeback {
-        let mut wb = Self::take_pages_up_to(fs, state, limit);
-        wb.runs = copy_runs(&wb.located()).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
-        wb
+        Self::take_pages_up_to(fs, state, limit).copied()
+    }
+
+    /// Its pages copied out into runs (each marked clean as it is copied).
+    fn copied(mut self) -> Writeback {
+        self.runs = copy_runs(&self.located()).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
+        self
     }
 
     /// The file's first `limit` dirty pages (by block), taken from its dirty
@@ -119,14 +123,16 @@ impl Writeback {
         Self::take_pages(fs, state, u64::MAX, limit)
     }
 
-    /// Up to `limit` of the file's dirty pages below block `below`, copied
-    /// out (and marked clean) for a write-behind job ([`super::behind`]),
-    /// which writes them while jobs before it may still be in flight (the
-    /// flusher writes them one after the other).
+    /// Up to `limit` of the file's dirty pages below block `below`, pinned
+    /// and then copied out (and marked clean) for a write-behind job
+    /// ([`super::behind`]), which writes them while jobs before it may still
+    /// be in flight (the flusher writes them one after the other). Pinned
+    /// first: a page marked clean and not yet pinned could be evicted, and
+    /// its block, not marked written, would read as a hole.
     pub(super) fn take_behind(fs: &Inner, state: &mut NodeState, below: u64, limit: usize) -> Writeback {
-        let mut wb = Self::take_pages(fs, state, below, limit);
-        wb.runs = copy_runs(&wb.located()).into_iter().map(|(physical, buf, _)| (physical, buf)).collect();
-        wb
+        let wb = Self::take_pages(fs, state, below, limit);
+        wb.pin(true);
+        wb.copied()
     }
 
     fn take_pages(fs: &Inner, state: &mut NodeState, below: u64, limit: usize) -> Writeback {
