@@ -814,9 +814,9 @@ impl Node {
 /// The file of an open description: open while this process has the mount,
 /// or, after the mount was given to another process with the description
 /// still open (`Mount::release` with `dormant`, by its lender), where to find it
-/// again: the next call on it mounts again and opens the file anew, by its
-/// path, checked by its inode number and generation, or by those where the
-/// path no longer leads to it (renamed meanwhile).
+/// again: the next call on it mounts again and opens the file anew by its
+/// inode number and generation, wherever it is named now (the path is kept
+/// for what is said about it).
 pub struct Slot {
     state: RwLock<SlotState>,
 }
@@ -934,7 +934,7 @@ impl Description {
             if let SlotState::Dormant { ino, generation, path } = &*state {
                 let _inside = crate::Inside::enter();
                 let direct = self.flags.load(Ordering::Relaxed) & libc::O_DIRECT != 0;
-                match open_checked(&fs, path, (*ino, *generation), direct) {
+                match open_checked(&fs, (*ino, *generation), direct) {
                     Ok(file) => {
                         crate::log(&format!(
                             "opened {}{} again",
@@ -965,8 +965,8 @@ impl Drop for Description {
 
 /// An open mounted file as one program hands it to the program it
 /// executes (a bridge's, `bridge/`; a descriptor above 2, `inherit.rs`):
-/// enough to open it again where it stood: by path, checked by inode, or
-/// by inode where the path no longer leads to it (renamed meanwhile).
+/// enough to open it again where it stood, by inode number and generation
+/// (its path is where it was opened).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reopen {
     /// Index of the mount in `IOPATH_MOUNT`.
@@ -1051,7 +1051,7 @@ impl Reopen {
 
     /// [`Reopen::open`] in `fs`, mount `m`'s file system.
     pub fn open_in(&self, fs: &FileSystem, m: &'static Mount) -> std::result::Result<Description, String> {
-        let file = open_checked(fs, &self.path, (self.ino, self.generation), false)?;
+        let file = open_checked(fs, (self.ino, self.generation), false)?;
         Ok(Description {
             mount: m,
             path: self.path.clone(),
@@ -1065,25 +1065,12 @@ impl Reopen {
     }
 }
 
-/// The file `(ino, generation)`, at `path` in `fs` if it is still there,
-/// else wherever it is named now: an open file found again by another
-/// program, or by this one after it gave the mount away for a while, as a
-/// descriptor follows its file across a rename (a shell's `exec 4>> log`
-/// then `mv log log.1`: its next `echo >&4` lost its bytes, the path led
-/// nowhere). `Err` if the file is gone.
-fn open_checked(
-    fs: &FileSystem,
-    path: &[u8],
-    (ino, generation): (u64, u64),
-    direct: bool,
-) -> std::result::Result<File, String> {
-    let at_path = if direct { fs.open_direct(path) } else { fs.open(path) };
-    if let Ok(file) = at_path
-        && file.metadata().ino == ino
-        && file.metadata().generation == generation
-    {
-        return Ok(file);
-    }
+/// The file `(ino, generation)` in `fs`, wherever it is named now: an
+/// open file found again by another program, or by this one after it gave
+/// the mount away for a while, following its renames as a descriptor does
+/// (by its path, a shell's `exec 4>> log` then `mv log log.1` lost its
+/// next `echo >&4`: the path led nowhere). `Err` if the file is gone.
+fn open_checked(fs: &FileSystem, (ino, generation): (u64, u64), direct: bool) -> std::result::Result<File, String> {
     fs.open_ino(ino, generation, direct).map_err(|_| "the file was deleted meanwhile".to_string())
 }
 
