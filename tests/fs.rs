@@ -1855,6 +1855,80 @@ fn read_ahead_follows_streams_and_stays_off_for_random_reads() {
     assert!(c.misses <= 16, "read-ahead should turn every later read into a hit: {c:?}");
 }
 
+/// Random reads on a mount whose cache has room read around their misses,
+/// out to the 64 KiB cluster: fewer misses, every byte right. Once the cache is
+/// full they read only what they miss; a mount that turns it off never does.
+#[test]
+fn random_reads_read_around_their_misses_only_while_the_cache_has_room() {
+    let dev = emu("emu:null,size=256m");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+    let fs = mount(&dev);
+    laid_out(&fs, "big", 8192); // 32 MiB
+    fs.unmount().unwrap();
+    let random_reads = |options: MountOptions| {
+        let fs = mount_with(&dev, "sync-path", options);
+        let f = fs.open("big").unwrap();
+        let mut rng = fastrand::Rng::with_seed(5);
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..3000 {
+            let block = rng.u64(..8192);
+            f.read_at(&mut buf, block * 4096).unwrap();
+            assert_eq!(buf, bytes(block, 4096), "block {block}");
+        }
+        fs.stats().cache
+    };
+    // Room for the whole file (the default 64 MiB cache).
+    let room = random_reads(MountOptions::default());
+    assert_eq!(room.readahead_pages, 0, "no stream: {room:?}");
+    assert!(room.read_around_pages > 3000, "{room:?}");
+    assert!(room.read_around_used > 0, "{room:?}");
+    // 3,000 reads of 8,192 blocks touch ~2,550 of them; 512 clusters hold them all.
+    assert!(room.misses <= 512 + 16, "a miss per cluster at most: {room:?}");
+    // A 1 MiB cache: read-around fills it and then stops.
+    let full = random_reads(MountOptions { cache_bytes: 1 << 20, ..MountOptions::default() });
+    assert!(full.read_around_pages <= 256, "never more than the cache had room for: {full:?}");
+    assert!(full.misses > 2000, "{full:?}");
+    // Turned off.
+    let off = random_reads(MountOptions { read_around_bytes: 0, ..MountOptions::default() });
+    assert_eq!(off.read_around_pages, 0, "{off:?}");
+    assert!(off.misses > 2000, "{off:?}");
+}
+
+/// A read whose cluster takes in a block the device fails to read gets its
+/// own bytes: the error is left to a read of that block, which reports it.
+#[test]
+fn a_device_error_around_a_miss_is_left_to_the_read_of_that_block() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's blocks come first on a fresh file system, a few blocks in at most:
+    // data blocks 44 and 45 are blocks 33-45 of the file, inside the cluster of block 32.
+    let (plain, faulty) = faulty_twin_at(dir.path(), "16m", 44, 2);
+    let fs = mount_spec(&plain, MountOptions::default());
+    let f = fs.create("f").unwrap();
+    f.write_at(&(0..64).flat_map(|i| bytes(i, 4096)).collect::<Vec<u8>>(), 0).unwrap();
+    f.fsync().unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = mount_spec(&faulty, MountOptions { readahead_bytes: 0, ..MountOptions::default() });
+    let f = fs.open("f").unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_at(&mut buf, 32 * 4096).unwrap();
+    assert_eq!(buf, bytes(32, 4096));
+    let mut failed = 0;
+    for block in 33..48 {
+        match f.read_at(&mut buf, block * 4096) {
+            Ok(n) => {
+                assert_eq!(n, 4096);
+                assert_eq!(buf, bytes(block, 4096), "block {block}");
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("device error on read"), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert_eq!(failed, 2, "the two bad blocks, and only they, fail");
+}
+
 #[test]
 fn the_cache_stays_within_its_bound_while_files_are_read_and_written() {
     let dev = emu("emu:null,size=128m");
@@ -3279,7 +3353,8 @@ fn a_small_file_read_from_its_start_is_loaded_whole_at_the_first_miss() {
         f.write_at(&bytes(len as u64, len), 0).unwrap();
     }
     fs.unmount().unwrap();
-    let options = MountOptions { readahead_bytes: 0, ..MountOptions::default() };
+    // Neither read-ahead nor read-around (which would load the large file's next blocks).
+    let options = MountOptions { readahead_bytes: 0, read_around_bytes: 0, ..MountOptions::default() };
     let fs = mount_with(&dev, "sync-path", options);
     let f = fs.open("small").unwrap();
     let before = fs.stats().cache;

@@ -32,6 +32,13 @@
 //!   default an eighth of the machine's memory, at least 64 MiB: buffered
 //!   programs count on a cache as large as the kernel's, and pages are
 //!   taken only as files are read).
+//! - `IOPATH_READ_AROUND`: the mounts' read-around cluster (a size; `0`
+//!   turns it off; default 64 KiB): while the page cache has room, a read
+//!   that misses also reads the uncached blocks around it, out to the
+//!   aligned cluster that holds it (`iopath::fs::MountOptions::read_around_bytes`).
+//! - `IOPATH_WRITE_BEHIND=0`: the mounts keep long streams of writes dirty
+//!   until an fsync, a sync or the dirty budget instead of writing them
+//!   behind the writer (`iopath::fs::MountOptions::write_behind`).
 //! - `IOPATH_CARRY`: the bound of each mount's carried cache (a size; `0`
 //!   turns it off; default the page cache's bound, at most 1 GiB): the clean
 //!   blocks a process leaves in `/dev/shm` at exit for the next process that
@@ -77,6 +84,8 @@ pub struct Config {
     /// Whether the mounts write long streams behind the writer, if set
     /// (`IOPATH_WRITE_BEHIND=0` turns it off).
     pub write_behind: Option<bool>,
+    /// The mounts' read-around cluster in bytes, if set (`IOPATH_READ_AROUND`; 0: none).
+    pub read_around_bytes: Option<u64>,
 }
 
 /// The path used when `IOPATH_PATH` is not set: each of the program's
@@ -111,6 +120,7 @@ impl Config {
             frames_bytes: parsed("IOPATH_FRAMES", var("IOPATH_FRAMES"), iopath::units::parse_size),
             shm_log_bytes: parsed("IOPATH_SHM_LOG", var("IOPATH_SHM_LOG"), iopath::units::parse_size),
             write_behind: var("IOPATH_WRITE_BEHIND").map(|v| v != "0"),
+            read_around_bytes: parsed("IOPATH_READ_AROUND", var("IOPATH_READ_AROUND"), iopath::units::parse_size),
             mount_wait_ms: var("IOPATH_MOUNT_WAIT")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| *s >= 0.0)
@@ -141,6 +151,7 @@ impl Config {
             frames_bytes: None,
             shm_log_bytes: None,
             write_behind: None,
+            read_around_bytes: None,
         }
     }
 

@@ -385,6 +385,9 @@ fn mount_options() -> MountOptions {
     if let Some(on) = crate::config().write_behind {
         options.write_behind = on;
     }
+    if let Some(bytes) = crate::config().read_around_bytes {
+        options.read_around_bytes = bytes;
+    }
     options
 }
 

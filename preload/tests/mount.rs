@@ -120,10 +120,12 @@ fn the_next_process_reads_what_the_last_one_left_in_the_carried_cache() {
         (stdout, stderr)
     };
     let carried_reads = |stderr: &str| -> u64 {
-        let line = stderr.lines().find(|l| l.contains("blocks read from the carried cache")).unwrap_or_default();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let at = words.iter().position(|w| *w == "read").unwrap_or_else(|| panic!("{stderr}"));
-        words[at - 2].parse().unwrap_or_else(|_| panic!("{stderr}"))
+        let (before, _) = stderr
+            .lines()
+            .find_map(|l| l.split_once(" blocks read from the carried cache"))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        let count = before.rsplit(' ').next().unwrap_or_default();
+        count.parse().unwrap_or_else(|_| panic!("{stderr}"))
     };
     let source = scratch.path().join("numbers");
     std::fs::write(&source, &expected).unwrap();

@@ -448,6 +448,8 @@ fn run_one(
             misses: after.cache.misses - before.cache.misses,
             readahead_pages: after.cache.readahead_pages - before.cache.readahead_pages,
             readahead_used: after.cache.readahead_used - before.cache.readahead_used,
+            read_around_pages: after.cache.read_around_pages - before.cache.read_around_pages,
+            read_around_used: after.cache.read_around_used - before.cache.read_around_used,
             evictions: after.cache.evictions - before.cache.evictions,
             writebacks: after.cache.writebacks - before.cache.writebacks,
             duplicates: after.cache.duplicates - before.cache.duplicates,

@@ -223,7 +223,7 @@ fn to_table(config: &FsBenchConfig, runs: &[FsRun], idle_polling: bool) -> Strin
             m(&|r| r.p99_ns as f64) / 1e3,
             m(&|r| r.cpu_ns_per_op) / 1e3,
             m(&|r| r.hit_ratio()) * 100.0,
-            m(&|r| r.cache.readahead_pages as f64),
+            m(&|r| (r.cache.readahead_pages + r.cache.read_around_pages) as f64),
             dev / 1e6,
             if dev > 0.0 { format!("{:.0}%", 100.0 * (app / dev).min(9.99)) } else { "-".into() },
         );
@@ -316,7 +316,8 @@ fn to_json(config: &FsBenchConfig, runs: &[FsRun], idle_polling: bool) -> serde_
             "hit_ratio": r.hit_ratio(),
             "cache": {
                 "hits": r.cache.hits, "misses": r.cache.misses, "readahead_pages": r.cache.readahead_pages,
-                "readahead_used": r.cache.readahead_used, "evictions": r.cache.evictions,
+                "readahead_used": r.cache.readahead_used, "read_around_pages": r.cache.read_around_pages,
+                "read_around_used": r.cache.read_around_used, "evictions": r.cache.evictions,
                 "writebacks": r.cache.writebacks, "duplicates": r.cache.duplicates,
             },
             "app_bytes": r.app_bytes,

@@ -53,6 +53,16 @@ struct Shard {
 #[repr(align(128))]
 struct PaddedShard(Mutex<Shard>);
 
+/// Why a page no one asked for was loaded: what its first use counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Speculative {
+    /// Read ahead of a sequential stream.
+    Ahead = 1,
+    /// Read around a miss while the cache had room (`File::around`).
+    Around = 2,
+}
+
 /// Page states.
 const LOADING: u8 = 0;
 const READY: u8 = 1;
@@ -65,8 +75,9 @@ pub struct Page {
     state: AtomicU8,
     /// S3-FIFO's access counter (0..=3).
     freq: AtomicU8,
-    /// Brought in by read-ahead and not yet read by anyone.
-    pub speculative: AtomicBool,
+    /// Brought in by read-ahead or read-around and not yet read by anyone
+    /// ([`Speculative`] as a byte; 0 once read).
+    speculative: AtomicU8,
     /// Its bytes are on their way to the device and its block is not yet
     /// marked written (write-behind, `fs/behind.rs`): clean, but not evictable (a
     /// reader that missed it would read the block as a hole).
@@ -94,7 +105,7 @@ impl Page {
             key,
             state: AtomicU8::new(LOADING),
             freq: AtomicU8::new(0),
-            speculative: AtomicBool::new(false),
+            speculative: AtomicU8::new(0),
             pinned: AtomicBool::new(false),
             dropped: AtomicBool::new(false),
             data: RwLock::new(PageData { buf, dirty: false }),
@@ -121,6 +132,11 @@ impl Page {
         self.state.store(FAILED, std::sync::atomic::Ordering::Release);
     }
 
+    /// Marks it loaded for no one yet: its first use is counted as `why`'s.
+    pub fn mark_speculative(&self, why: Speculative) {
+        self.speculative.store(why as u8, Relaxed);
+    }
+
     fn touch(&self) {
         let f = self.freq.load(Relaxed);
         if f < 3 {
@@ -140,6 +156,10 @@ pub struct CacheStats {
     pub readahead_pages: u64,
     /// Read-ahead pages that were read before being evicted.
     pub readahead_used: u64,
+    /// Pages read around a miss while the cache had room.
+    pub read_around_pages: u64,
+    /// Read-around pages that were read before being evicted.
+    pub read_around_used: u64,
     /// Pages evicted.
     pub evictions: u64,
     /// Pages that left the cache as soon as they were written behind a
@@ -160,6 +180,8 @@ pub struct CacheStats {
 struct Counters {
     readahead_pages: AtomicU64,
     readahead_used: AtomicU64,
+    read_around_pages: AtomicU64,
+    read_around_used: AtomicU64,
     evictions: AtomicU64,
     dropped_behind: AtomicU64,
     writebacks: AtomicU64,
@@ -266,15 +288,20 @@ impl PageCache {
     }
 
     /// A hit's marks on the page: S3-FIFO's counter, and read-ahead's use
-    /// (whether this is the first use of a page read ahead).
+    /// (whether this is the first use of a page read ahead or around).
     fn on_hit(&self, page: &Page) -> bool {
         page.touch();
         // Read first: a hit on a hot page should not write to its cache line.
-        let first_use = page.speculative.load(Relaxed) && page.speculative.swap(false, Relaxed);
-        if first_use {
-            self.counters.readahead_used.fetch_add(1, Relaxed);
-        }
-        first_use
+        let why = match page.speculative.load(Relaxed) {
+            0 => 0,
+            _ => page.speculative.swap(0, Relaxed),
+        };
+        match why {
+            0 => return false,
+            w if w == Speculative::Around as u8 => self.counters.read_around_used.fetch_add(1, Relaxed),
+            _ => self.counters.readahead_used.fetch_add(1, Relaxed),
+        };
+        true
     }
 
     /// The page for `key` without counting (the file layer's own bookkeeping).
@@ -346,6 +373,11 @@ impl PageCache {
     /// Counts pages read ahead.
     pub fn count_readahead(&self, pages: u64) {
         self.counters.readahead_pages.fetch_add(pages, Relaxed);
+    }
+
+    /// Counts pages read around a miss.
+    pub fn count_read_around(&self, pages: u64) {
+        self.counters.read_around_pages.fetch_add(pages, Relaxed);
     }
 
     /// Counts pages written back.
@@ -539,6 +571,8 @@ impl PageCache {
             misses,
             readahead_pages: c.readahead_pages.load(Relaxed),
             readahead_used: c.readahead_used.load(Relaxed),
+            read_around_pages: c.read_around_pages.load(Relaxed),
+            read_around_used: c.read_around_used.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             dropped_behind: c.dropped_behind.load(Relaxed),
             writebacks: c.writebacks.load(Relaxed),
@@ -551,6 +585,11 @@ impl PageCache {
     /// Its bound, in pages.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Pages that could join the cache before anything is evicted.
+    pub fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.resident.load(Relaxed))
     }
 }
 
@@ -647,12 +686,18 @@ mod tests {
         assert_eq!(cache.copy_hit((7, 3), BLOCK - 8, &mut tail), Some(false));
         assert_eq!(tail, [0; 8]);
         // A page read ahead says so at its first use only (what moves read-ahead on).
-        page.speculative.store(true, Relaxed);
+        page.mark_speculative(Speculative::Ahead);
         assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(true));
         assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(false));
+        // So does a page read around, counted as such.
+        page.mark_speculative(Speculative::Around);
+        assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(true));
+        assert_eq!(cache.copy_hit((7, 3), 100, &mut out), Some(false));
+        let s = cache.stats();
+        assert_eq!((s.readahead_used, s.read_around_used), (1, 1));
         assert!(cache.lookup((7, 3)).is_some());
         assert!(cache.lookup((7, 9)).is_none());
-        assert_eq!((cache.stats().hits, cache.stats().misses), (5, 1));
+        assert_eq!((cache.stats().hits, cache.stats().misses), (7, 1));
         // No reference is kept: the index's, the small queue's and this test's are all.
         assert_eq!(Arc::strong_count(&page), 3, "the index, the small queue and this test");
     }

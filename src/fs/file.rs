@@ -9,7 +9,7 @@
 //! (the engine's queued API), then the blocks are marked written in the
 //! same transaction that the fsync commits.
 
-use super::cache::Page;
+use super::cache::{Page, Speculative};
 use super::format::{BLOCK, BLOCK_U64};
 use super::mirror::{Mirror, MirrorMemory};
 use super::writeback::{self, Writeback};
@@ -203,6 +203,24 @@ impl File {
                     Err(_) if whole.len() > missing.len() => read_path::load(fs, state, &missing)?,
                     Err(e) => return Err(e),
                 }
+            } else if let Some(whole) = self.around(state, first, end, &missing) {
+                match read_path::load(fs, state, &whole) {
+                    Ok(pages) => {
+                        // The blocks around are read ahead: marked so, and counted when used.
+                        let mut wanted = Vec::with_capacity(missing.len());
+                        for (block, page) in whole.iter().zip(pages) {
+                            if missing.binary_search(block).is_ok() {
+                                wanted.push(page);
+                            } else {
+                                page.mark_speculative(Speculative::Around);
+                            }
+                        }
+                        fs.cache.count_read_around((whole.len() - missing.len()) as u64);
+                        wanted
+                    }
+                    // The blocks around are for later reads: an error there is theirs to report.
+                    Err(_) => read_path::load(fs, state, &missing)?,
+                }
             } else {
                 read_path::load(fs, state, &missing)?
             };
@@ -242,6 +260,46 @@ impl File {
         }
         fs.steps.lap(t, |s| &s.copy);
         Ok(())
+    }
+
+    /// Read-around: the blocks a miss of blocks `[first, end)` (the `missing`
+    /// ones, ascending) reads, with the uncached blocks next to them out to
+    /// the aligned cluster of [`MountOptions::read_around_bytes`] that holds
+    /// them, as one contiguous run; `None` when it would read nothing more.
+    ///
+    /// Only while the cache has room for them without evicting anything: a
+    /// page read around then costs device time and memory nobody was using,
+    /// and the read that would have missed it later takes a hit instead. A
+    /// program reading a file at random warms the cache a cluster at a time
+    /// (RocksDB's `readrandom` on a 235 MB database, 5 s: 3,612 device
+    /// reads where a block per miss took 39,708). Once the cache is full, misses
+    /// read only what they miss: read around at random, a page evicted to
+    /// make room is more likely to be wanted than one read around (seed
+    /// 000's read-ahead moved twice the bytes the program used).
+    ///
+    /// [`MountOptions::read_around_bytes`]: super::MountOptions::read_around_bytes
+    fn around(&self, state: &NodeState, first: u64, end: u64, missing: &[u64]) -> Option<Vec<u64>> {
+        let fs = &self.fs;
+        let cluster = fs.options.read_around_bytes / BLOCK_U64;
+        if cluster <= 1 || missing.len() as u64 >= cluster {
+            return None;
+        }
+        let (lo, hi) = (first / cluster * cluster, end.div_ceil(cluster) * cluster);
+        let hi = hi.min(state.inode.size.div_ceil(BLOCK_U64));
+        let free = |b: u64| fs.cache.peek((state.cache_id, b)).is_none();
+        let mut start = missing[0];
+        while start > lo && free(start - 1) {
+            start -= 1;
+        }
+        let last = missing[missing.len() - 1];
+        let mut stop = last + 1;
+        while stop < hi && free(stop) {
+            stop += 1;
+        }
+        // Cached blocks between the missing ones stay out (read where they are).
+        let whole: Vec<u64> = (start..missing[0]).chain(missing.iter().copied()).chain(last + 1..stop).collect();
+        let extra = whole.len() - missing.len();
+        (extra > 0 && fs.cache.room() >= extra).then_some(whole)
     }
 
     /// Whether a direct transfer of `[from, to)` can use the caller's memory

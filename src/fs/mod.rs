@@ -152,6 +152,10 @@ pub struct MountOptions {
     /// on, and past 16 MiB they leave the cache once written. Off, they
     /// stay dirty until an fsync, a sync, the dirty budget or unmount.
     pub write_behind: bool,
+    /// Read-around cluster in bytes (default 64 KiB; 0 turns it off): while
+    /// the cache has room, a read that misses also reads the uncached blocks
+    /// around it, out to the aligned cluster that holds it.
+    pub read_around_bytes: u64,
 }
 
 /// When a change to the namespace (create, unlink, rename, mkdir, rmdir)
@@ -204,6 +208,7 @@ impl Default for MountOptions {
             append_prealloc_bytes: 1 << 20,
             namespace_commit: NamespaceCommit::default(),
             write_behind: true,
+            read_around_bytes: 64 << 10,
         }
     }
 }
@@ -297,7 +302,7 @@ impl FsStats {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         format!(
             "{} commits ({} sent without waiting), {} kept in the shared-memory log, {} checkpoints; {} syncs \
-             ({} shared, {} a flush only, {} overwrites written durable); cache {} hits, {} misses, {} pages written back ({} behind the writer, {} then dropped), {} evicted, {} dirty now; device {} reads \
+             ({} shared, {} a flush only, {} overwrites written durable); cache {} hits, {} misses, {} pages read around ({} used), {} pages written back ({} behind the writer, {} then dropped), {} evicted, {} dirty now; device {} reads \
              ({:.1} MiB), {} writes ({:.1} MiB), {} flushes ({} more with nothing new to flush); {} blocks read from \
              the carried cache",
             j.commits,
@@ -310,6 +315,8 @@ impl FsStats {
             self.overwrite_syncs,
             c.hits,
             c.misses,
+            c.read_around_pages,
+            c.read_around_used,
             c.writebacks,
             self.written_behind,
             c.dropped_behind,

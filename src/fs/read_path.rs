@@ -13,7 +13,7 @@
 //!   the other's page is used for its own copy and then dropped (counted as
 //!   a duplicate), so each ends with correct data and the cache with one page.
 
-use super::cache::Page;
+use super::cache::{Page, Speculative};
 use super::disk::Batch;
 use super::extents;
 use super::format::{self, BLOCK, BLOCK_U64};
@@ -22,7 +22,7 @@ use crate::IoBuf;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 
 /// A load of pages under way, counted in its file's [`NodeState::loads`]
 /// from before it reads anything until its pages are in the cache.
@@ -134,7 +134,7 @@ pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Resul
     for &block in blocks {
         let t = fs.steps.start();
         let page = Page::loading((state.cache_id, block), fs.cache.frame());
-        page.speculative.store(true, Relaxed);
+        page.mark_speculative(Speculative::Ahead);
         let t = fs.steps.lap(t, |s| &s.alloc);
         let there = fs.cache.insert(&page);
         let t = fs.steps.lap(t, |s| &s.insert);
