@@ -13,6 +13,11 @@
 //! shrinks below half its window, the next window is handed to the file
 //! system's read-ahead thread, which loads it while the reader goes on
 //! copying; a reader that gets there first waits for those pages.
+//!
+//! Random reads are no stream and read nothing ahead; what a random miss
+//! reads around itself while the cache has room is the file's business
+//! (`File::around` in `file.rs`), and its pages' first use moves a stream
+//! on here as a page read ahead does.
 
 use std::sync::Mutex;
 
