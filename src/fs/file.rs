@@ -281,7 +281,10 @@ impl File {
     fn around(&self, state: &NodeState, first: u64, end: u64, missing: &[u64]) -> Option<Vec<u64>> {
         let fs = &self.fs;
         let cluster = fs.options.read_around_bytes / BLOCK_U64;
-        if cluster <= 1 || missing.len() as u64 >= cluster {
+        // A sequential stream's next blocks are read-ahead's to load, ahead of the
+        // reader and while it copies; read around, they came a cluster at a time
+        // while the reader waited (and beat the read-ahead thread to its window).
+        if cluster <= 1 || missing.len() as u64 >= cluster || self.node.readahead.stream_ahead(end).is_some() {
             return None;
         }
         let (lo, hi) = (first / cluster * cluster, end.div_ceil(cluster) * cluster);
