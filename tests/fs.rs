@@ -2255,6 +2255,50 @@ fn a_device_error_in_a_later_writeback_batch_keeps_its_pages_dirty() {
     assert_eq!(fs.stats().dirty_pages, dirty);
 }
 
+/// A writeback marks its pages clean as it copies them; if the write then
+/// fails they are dirty again. Meanwhile they were clean and could be
+/// evicted: a restored page must be back in the cache, where readers look,
+/// or a read finds the device's older bytes and a later write of part of the
+/// block starts from them. Here every command takes 20 ms and another
+/// thread reads 16 MiB of holes (pages made without the device) through a
+/// 1 MiB cache while the failing write is in flight.
+#[test]
+fn pages_of_a_failed_writeback_evicted_meanwhile_are_found_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's blocks come first on a fresh file system: data blocks 0-71 hold its 64.
+    let (plain, faulty) = faulty_twin_at(dir.path(), "64m", 0, 72);
+    let fs = mount_spec(&plain, MountOptions::default());
+    let f = fs.create("a").unwrap();
+    f.write_at(&(0..64).flat_map(|i| bytes(i, 4096)).collect::<Vec<u8>>(), 0).unwrap();
+    f.fsync().unwrap();
+    fs.create("holes").unwrap().truncate(16 << 20).unwrap();
+    fs.sync().unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    let slow = format!("{faulty},fail_op=write,spike_rate=1,spike=20ms");
+    let fs = mount_spec(&slow, MountOptions { cache_bytes: 1 << 20, write_behind: false, ..MountOptions::default() });
+    let f = fs.open("a").unwrap();
+    let new: Vec<u8> = (0..64).flat_map(|i| bytes(100 + i, 4096)).collect();
+    f.write_at(&new, 0).unwrap();
+    let holes = fs.open("holes").unwrap();
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let mut buf = vec![0u8; 64 << 10];
+        for at in (0..16u64 << 20).step_by(buf.len()) {
+            holes.read_at(&mut buf, at).unwrap();
+        }
+    });
+    let e = f.fsync().unwrap_err();
+    assert!(e.to_string().contains("device error on write"), "{e}");
+    reader.join().unwrap();
+    assert!(fs.stats().cache.evictions > 256, "the reader went through the cache: {:?}", fs.stats().cache);
+    let mut back = vec![0u8; new.len()];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), back.len());
+    for (i, (got, want)) in back.chunks(4096).zip(new.chunks(4096)).enumerate() {
+        assert!(got == want, "block {i} reads back other bytes than were written");
+    }
+}
+
 fn mount_spec(spec: &str, options: MountOptions) -> FileSystem {
     FileSystem::mount_with(spec_engine(spec), options).unwrap().0
 }

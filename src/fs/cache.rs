@@ -330,6 +330,31 @@ impl PageCache {
         Arc::clone(page)
     }
 
+    /// Puts `page` (dirty again after a failed write) back in the index if it
+    /// left it: clean while its write was in flight, it could be evicted, and
+    /// a page outside the index is one no reader finds (they read the
+    /// device's older bytes) and a writer replaces. A page the index holds
+    /// for its key meanwhile is replaced: it can only hold the device's bytes.
+    pub fn reinstate(&self, page: &Arc<Page>) {
+        {
+            let mut shard = self.shard(&page.key);
+            match shard.pages.get(&page.key) {
+                Some(p) if Arc::ptr_eq(p, page) => return,
+                Some(_) => {
+                    shard.pages.insert(page.key, Arc::clone(page));
+                    return;
+                }
+                None => {
+                    shard.pages.insert(page.key, Arc::clone(page));
+                }
+            }
+        }
+        self.resident.fetch_add(1, Relaxed);
+        let mut fifo = self.fifo.lock().expect("cache fifo poisoned");
+        fifo.main.push_back(Arc::clone(page));
+        self.evict(&mut fifo);
+    }
+
     /// Waits until `page`, which another thread is loading, is ready (true) or failed (false).
     pub fn wait_loaded(&self, page: &Page) -> bool {
         // Loads take a device round trip (microseconds): spin that long before

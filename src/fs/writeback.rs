@@ -284,11 +284,13 @@ impl Writeback {
     }
 
     /// The write failed: the pages are dirty again (a page the file wrote
-    /// anew meanwhile stays as it is now).
+    /// anew meanwhile stays as it is now), and back in the cache if it
+    /// evicted them while they were clean ([`super::cache::PageCache::reinstate`]).
     pub(super) fn restore(&self, fs: &Inner, state: &mut NodeState) {
         for (&block, page) in &self.pages {
             if let std::collections::btree_map::Entry::Vacant(slot) = state.dirty.entry(block) {
                 page.data.write().expect("page lock poisoned").dirty = true;
+                fs.cache.reinstate(page);
                 slot.insert(Arc::clone(page));
                 fs.dirty.pages.fetch_add(1, Ordering::Relaxed);
             }
