@@ -25,6 +25,8 @@ each workload on each file-layer path, one after another (with --repeat, in alte
 Paths: conventional (Linux's steps, one after another: allocate, index, map, submit, wait, copy;
 fsync: data, journal, flush, commit) and aios (seed 002: pooled pages, submit first, lazy indexing;
 journal written with the data, one ordering point). READ/FSYNC mixes them (aios/conventional).
+Read-around (a mount's default while its cache has room) is off here: each workload measures
+what it names.
 
 The table gives ops/s, latency, CPU per op, hit ratio, read-ahead pages, what the device moved
 against what the application got (goodput), and the time of each step per op (the breakdown seed
