@@ -1908,10 +1908,7 @@ fn a_device_error_around_a_miss_is_left_to_the_read_of_that_block() {
     // data blocks 44 and 45 are blocks 33-45 of the file, inside the cluster of block 32.
     let (plain, faulty) = faulty_twin_at(dir.path(), "16m", 44, 2);
     let fs = mount_spec(&plain, MountOptions::default());
-    let f = fs.create("f").unwrap();
-    f.write_at(&(0..64).flat_map(|i| bytes(i, 4096)).collect::<Vec<u8>>(), 0).unwrap();
-    f.fsync().unwrap();
-    drop(f);
+    laid_out(&fs, "f", 64);
     fs.unmount().unwrap();
     let fs = mount_spec(&faulty, MountOptions { readahead_bytes: 0, ..MountOptions::default() });
     let f = fs.open("f").unwrap();
@@ -2273,12 +2270,9 @@ fn pages_of_a_failed_writeback_evicted_meanwhile_are_found_again() {
     // The file's blocks come first on a fresh file system: data blocks 0-71 hold its 64.
     let (plain, faulty) = faulty_twin_at(dir.path(), "64m", 0, 72);
     let fs = mount_spec(&plain, MountOptions::default());
-    let f = fs.create("a").unwrap();
-    f.write_at(&(0..64).flat_map(|i| bytes(i, 4096)).collect::<Vec<u8>>(), 0).unwrap();
-    f.fsync().unwrap();
+    laid_out(&fs, "a", 64);
     fs.create("holes").unwrap().truncate(16 << 20).unwrap();
     fs.sync().unwrap();
-    drop(f);
     fs.unmount().unwrap();
     let slow = format!("{faulty},fail_op=write,spike_rate=1,spike=20ms");
     let fs = mount_spec(&slow, MountOptions { cache_bytes: 1 << 20, write_behind: false, ..MountOptions::default() });
