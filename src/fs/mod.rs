@@ -1177,8 +1177,18 @@ impl FileSystem {
     /// blocks the carried cache holds (0 without one). A write after this
     /// sets the carried cache aside again.
     pub fn carry_over(&self) -> Result<u64> {
+        self.carry_over_timed().map(|(blocks, _)| blocks)
+    }
+
+    /// [`FileSystem::carry_over`], with how long its first part took (the
+    /// writeback, commit and checkpoint of [`FileSystem::quiesce`]; the
+    /// rest is the save into the carried cache): what a slow exit spent
+    /// its time on.
+    pub fn carry_over_timed(&self) -> Result<(u64, std::time::Duration)> {
+        let started = std::time::Instant::now();
         self.mount.quiesce()?;
-        self.mount.carry_out()
+        let quiesced = started.elapsed();
+        Ok((self.mount.carry_out()?, quiesced))
     }
 }
 
