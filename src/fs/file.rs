@@ -636,20 +636,11 @@ impl File {
             let to = end_byte.min(block_start + BLOCK_U64);
             let at = (from - block_start) as usize;
             let bytes = &data[(from - offset) as usize..(to - offset) as usize];
-            loop {
-                let (page, filled) = self.page_for_write(state, block, at, bytes)?;
-                let mut d = page.data.write().expect("page lock poisoned");
-                if !fs.cache.holds(&page) {
-                    continue; // evicted before it was dirty: see `PageCache::holds`
-                }
+            self.dirty_block(state, block, at, bytes, |buf, filled| {
                 if !filled {
-                    d.buf[at..at + bytes.len()].copy_from_slice(bytes);
+                    buf[at..at + bytes.len()].copy_from_slice(bytes);
                 }
-                d.dirty = true;
-                drop(d);
-                state.dirty_page(fs, &self.node, block, page);
-                break;
-            }
+            })?;
         }
         // The size readers see and the time: in memory only. The inode records the
         // size the device backs (`disk_size`), which only writeback moves, and the
@@ -716,13 +707,30 @@ impl File {
         {
             return Ok(());
         }
+        self.dirty_block(state, block, 0, &[], |buf, _| buf[(size % BLOCK_U64) as usize..].fill(0))
+    }
+
+    /// Changes the cached page of `block` and marks it dirty: the page from
+    /// [`File::page_for_write`] (given `at` and `bytes`, which it may have
+    /// filled in already: `change` is told so), then `change` of its bytes
+    /// under its lock. A page evicted between the lookup and the lock is
+    /// looked up again: its bytes would go where no reader looks (see
+    /// `PageCache::holds`); once dirty, under that lock, it stays.
+    fn dirty_block(
+        &self,
+        state: &mut NodeState,
+        block: u64,
+        at: usize,
+        bytes: &[u8],
+        change: impl Fn(&mut [u8], bool),
+    ) -> Result<()> {
         loop {
-            let (page, _) = self.page_for_write(state, block, 0, &[])?;
+            let (page, filled) = self.page_for_write(state, block, at, bytes)?;
             let mut d = page.data.write().expect("page lock poisoned");
             if !self.fs.cache.holds(&page) {
-                continue; // evicted before it was dirty: see `PageCache::holds`
+                continue;
             }
-            d.buf[(size % BLOCK_U64) as usize..].fill(0);
+            change(&mut d.buf, filled);
             d.dirty = true;
             drop(d);
             state.dirty_page(&self.fs, &self.node, block, page);
