@@ -336,18 +336,8 @@ impl PageCache {
     /// device's older bytes) and a writer replaces. A page the index holds
     /// for its key meanwhile is replaced: it can only hold the device's bytes.
     pub fn reinstate(&self, page: &Arc<Page>) {
-        {
-            let mut shard = self.shard(&page.key);
-            match shard.pages.get(&page.key) {
-                Some(p) if Arc::ptr_eq(p, page) => return,
-                Some(_) => {
-                    shard.pages.insert(page.key, Arc::clone(page));
-                    return;
-                }
-                None => {
-                    shard.pages.insert(page.key, Arc::clone(page));
-                }
-            }
+        if self.shard(&page.key).pages.insert(page.key, Arc::clone(page)).is_some() {
+            return; // it was there (or another page was, now replaced): nothing new is resident
         }
         self.resident.fetch_add(1, Relaxed);
         let mut fifo = self.fifo.lock().expect("cache fifo poisoned");
