@@ -45,9 +45,11 @@
 //! - **What it costs**: a hit is a lookup under a lock where a miss was a
 //!   device read; a device write takes one more lock while the
 //!   index is not empty; an unmount writes the new clean pages into the file
-//!   (tmpfs, about 2 GB/s for fresh memory here) and two small writes.
-//!   Memory: at most the bound given (`IOPATH_CARRY`), in /dev/shm until the
-//!   file is removed; blocks this mount did not use make room first.
+//!   (tmpfs, about 2 GB/s into memory the file holds; fresh memory can cost
+//!   five times that here, so it is taken last: `Picker`) and two small
+//!   writes. Memory: at most the bound given (`IOPATH_CARRY`), in /dev/shm
+//!   until the file is removed; blocks this mount did not use make room
+//!   before the file grows.
 
 use super::format::{BLOCK, BLOCK_U64};
 use crate::error::{Error, Result};
@@ -59,8 +61,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, O
 use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"IOPCARRY";
-/// The file's own layout version (2: the index is sorted by block).
-const LAYOUT: u32 = 2;
+/// The file's own layout version (2: the index is sorted by block; 3: the
+/// header says how many frames have memory).
+const LAYOUT: u32 = 3;
 /// The header: magic, layout, frames, volume id, stamp, entries, then the backing path.
 const HEADER: usize = BLOCK;
 const AT_FRAMES: usize = 16;
@@ -71,6 +74,9 @@ const AT_COUNT: usize = 40;
 /// header; the shared-memory log's header keeps it there too ([`sweep`]).
 pub(super) const AT_PATH_LEN: usize = 48;
 pub(super) const AT_PATH: usize = 56;
+/// Where the header keeps how many frames, from the first, have memory
+/// ([`Picker`]), after the path (cut short to make room).
+const AT_HIGH: usize = HEADER - 8;
 /// Bytes of one index entry: the device block and the frame holding it.
 const ENTRY: usize = 16;
 /// Pages one `pwritev` carries at most.
@@ -180,9 +186,13 @@ struct State {
     /// frame no entry of the index uses: what the device holds, until a
     /// write covers the block again.
     staged: Staged,
-    /// Frames the index or a staged block uses (made at the first stage of a
-    /// save), and where the search for a free one goes on.
-    busy: Option<(Vec<u64>, usize)>,
+    /// Which frame a new block goes to, from the first stage of a save to
+    /// the save ([`Picker`]).
+    picker: Option<Picker>,
+    /// Frames `0..high` have memory; those past it were never written. Holes
+    /// are filled from the lowest up, never punched: the frames with memory
+    /// stay one run from the first.
+    high: usize,
     /// Runs of blocks written (first, count) since [`CarriedCache::watch_writes`],
     /// until the save it prepares.
     written: Option<Vec<(u64, u64)>>,
@@ -190,6 +200,38 @@ struct State {
 
 /// Staged blocks: device block -> frame.
 type Staged = std::collections::HashMap<u64, usize, std::hash::BuildHasherDefault<crate::hash::IntHasher>>;
+
+/// Where new blocks go, fresh memory last. A frame the file never held is a
+/// hole: writing it allocates and zeroes a page and, in a virtual machine
+/// that gave that memory back to its host (virtio-balloon free page
+/// reporting, on here), faults it in on the host as well: 2.7-12 us per
+/// 4 KiB page here (first touch of a new 512 MiB tmpfs file, a minute after
+/// a run), the price of reading the block back from the device. A process
+/// that wrote 126 MiB (`tar x` of /usr/include) spent 400-520 ms of its
+/// exit copying into holes, against 80-120 ms into frames the file held.
+/// So a new block takes, in this order: a free frame whose memory is there
+/// (a block written or deleted since, or one a save left unused), the frame
+/// of a block this mount did not use (it is set aside: the carried cache
+/// keeps what the last process used over what older ones did), and only
+/// then a hole, the lowest. The carried cache still grows to its bound when
+/// a process uses more than it holds.
+struct Picker {
+    /// Frames the index (less what was set aside) or a staged block uses.
+    busy: Vec<u64>,
+    /// Where the search for a free frame with memory (below `State::high`) goes on.
+    free: usize,
+    /// Index entries whose frames may be taken, last one first (made when
+    /// the free frames run out).
+    victims: Option<Vec<usize>>,
+}
+
+impl Picker {
+    /// Frame `f` is free again (its staged block was written since).
+    fn release(&mut self, f: usize) {
+        clear_bit(&mut self.busy, f);
+        self.free = self.free.min(f);
+    }
+}
 
 /// Bit `i` of a bitmap kept in `u64` words.
 pub(super) fn bit(bits: &[u64], i: usize) -> bool {
@@ -273,10 +315,11 @@ impl CarriedCache {
             }
         };
         let backing = backing.as_os_str().as_encoded_bytes();
-        let n = backing.len().min(HEADER - AT_PATH);
+        let n = backing.len().min(AT_HIGH - AT_PATH);
         put(&mut header, AT_PATH_LEN, n as u64);
         header[AT_PATH..AT_PATH + n].copy_from_slice(&backing[..n]);
-        header[AT_PATH + n..].fill(0);
+        header[AT_PATH + n..AT_HIGH].fill(0);
+        let high = (get(&header, AT_HIGH) as usize).min(frames);
         file.write_all_at(&header, 0).map_err(os(format!("cannot write the carried cache {}", path.display())))?;
         // SAFETY: the file is sized above and only the mount lock's holder (this
         // process) changes it; no one cuts it short (a new file replaces it).
@@ -295,7 +338,8 @@ impl CarriedCache {
                 removed: Default::default(),
                 used: vec![0; words],
                 staged: Default::default(),
-                busy: None,
+                picker: None,
+                high,
                 written: None,
             }),
             entries: AtomicUsize::new(0),
@@ -507,9 +551,8 @@ impl CarriedCache {
             }
             if let Some(f) = state.staged.remove(&b) {
                 self.staged.fetch_sub(1, Relaxed);
-                if let Some((busy, cursor)) = state.busy.as_mut() {
-                    clear_bit(busy, f);
-                    *cursor = (*cursor).min(f);
+                if let Some(picker) = state.picker.as_mut() {
+                    picker.release(f);
                 }
             }
         }
@@ -527,50 +570,94 @@ impl CarriedCache {
         debug_assert_eq!(bytes.len() % BLOCK, 0);
         let mut state = self.lock();
         let state = &mut *state;
-        let (busy, cursor) = state.busy.get_or_insert_with(|| {
-            // The frames of blocks written or deleted since ([`Self::forget_dead`])
-            // are free, as they are for the save: memory that is there already.
-            let mut busy = vec![0u64; self.frames.div_ceil(64)];
-            for i in 0..state.count {
-                let (b, f) = self.entry(i);
-                if f < self.frames && !state.removed.contains(&b) {
-                    set_bit(&mut busy, f);
-                }
-            }
-            for &f in state.staged.values() {
-                set_bit(&mut busy, f);
-            }
-            (busy, 0)
-        });
+        let mut picker = state.picker.take().unwrap_or_else(|| self.picker(state));
         let mut run: Vec<(usize, u64, &[u8])> = Vec::new();
         for (i, page) in bytes.chunks_exact(BLOCK).enumerate() {
             let b = block + i as u64;
             let frame = match state.staged.get(&b) {
                 Some(&f) => f,
-                None => {
-                    while *cursor < self.frames && bit(busy, *cursor) {
-                        *cursor += 1;
-                    }
-                    if *cursor == self.frames {
-                        break;
-                    }
-                    *cursor
-                }
+                None => match self.pick(state, &mut picker) {
+                    Some(f) => f,
+                    None => break,
+                },
             };
             if run.last().is_some_and(|&(f, _, _)| f + 1 != frame || run.len() == WRITE_RUN) {
-                if !self.stage_run(&mut state.staged, busy, &run) {
-                    return;
+                if !self.stage_run(&mut state.staged, &mut picker, &run) {
+                    run.clear();
+                    break;
                 }
                 run.clear();
             }
-            set_bit(busy, frame);
+            set_bit(&mut picker.busy, frame);
             run.push((frame, b, page));
         }
-        self.stage_run(&mut state.staged, busy, &run);
+        self.stage_run(&mut state.staged, &mut picker, &run);
+        state.picker = Some(picker);
+    }
+
+    /// A new [`Picker`]: what the index (less what was written or set aside
+    /// since) and the staged blocks use, and which frames have memory.
+    fn picker(&self, state: &State) -> Picker {
+        let words = self.frames.div_ceil(64);
+        let mut busy = vec![0u64; words];
+        for i in 0..state.count {
+            let (b, f) = self.entry(i);
+            if f < self.frames && !state.removed.contains(&b) {
+                set_bit(&mut busy, f);
+            }
+        }
+        for &f in state.staged.values() {
+            set_bit(&mut busy, f);
+        }
+        Picker { busy, free: 0, victims: None }
+    }
+
+    /// The frame for a new block ([`Picker`]'s order), marked busy; `None`
+    /// when every frame holds a block this mount used.
+    fn pick(&self, state: &mut State, picker: &mut Picker) -> Option<usize> {
+        let high = state.high;
+        while picker.free < high && bit(&picker.busy, picker.free) {
+            picker.free += 1;
+        }
+        if picker.free < high {
+            set_bit(&mut picker.busy, picker.free);
+            return Some(picker.free);
+        }
+        let lent = self.lender.lent.lock().unwrap_or_else(|e| e.into_inner());
+        let victims = picker.victims.get_or_insert_with(|| {
+            (0..state.count)
+                .filter(|&i| {
+                    let (b, f) = self.entry(i);
+                    f < self.frames && !bit(&state.used, f) && !bit(&lent, f) && !state.removed.contains(&b)
+                })
+                .rev()
+                .collect()
+        });
+        while let Some(i) = victims.pop() {
+            let (b, f) = self.entry(i);
+            // Checked again: used, lent or written since the list was made.
+            if bit(&state.used, f) || bit(&lent, f) || !state.removed.insert(b) {
+                continue;
+            }
+            self.entries.fetch_sub(1, Relaxed);
+            return Some(f);
+        }
+        drop(lent);
+        // A hole, the lowest: every frame below `high` is busy (a frame past it
+        // that an index holds is one a file of an earlier state left: passed over).
+        let mut hole = high;
+        while hole < self.frames && bit(&picker.busy, hole) {
+            hole += 1;
+        }
+        (hole < self.frames).then(|| {
+            set_bit(&mut picker.busy, hole);
+            state.high = hole + 1;
+            hole
+        })
     }
 
     /// Writes a run of [`Self::stage`] and records it; false if it could not.
-    fn stage_run(&self, staged: &mut Staged, busy: &mut [u64], run: &[(usize, u64, &[u8])]) -> bool {
+    fn stage_run(&self, staged: &mut Staged, picker: &mut Picker, run: &[(usize, u64, &[u8])]) -> bool {
         if self.write_frames(run).is_err() {
             // Those frames now hold who knows what: staged no more, free again.
             for &(f, b, _) in run {
@@ -578,7 +665,7 @@ impl CarriedCache {
                     staged.remove(&b);
                     self.staged.fetch_sub(1, Relaxed);
                 }
-                clear_bit(busy, f);
+                picker.release(f);
             }
             return false;
         }
@@ -658,7 +745,8 @@ impl CarriedCache {
     }
 
     /// Adds `pages` (device block, bytes equal to the device's) that it does
-    /// not hold yet, making room from blocks this mount did not use, writes
+    /// not hold yet (in frames `Picker` chooses: blocks this mount did not
+    /// use make room before the file takes fresh memory), writes
     /// its index and stamps the header with `stamp` (not 0). The caller then
     /// writes the same stamp into the superblock, as its last device write,
     /// and any later write unstamps the file. A file still sealed with
@@ -675,8 +763,9 @@ impl CarriedCache {
         debug_assert_ne!(stamp, 0);
         let fail = |what: &str| os(format!("cannot {what} the carried cache {}", self.path.display()));
         let mut state = self.lock();
+        let state = &mut *state;
+        let picker = state.picker.take();
         let staged = std::mem::take(&mut state.staged);
-        state.busy = None;
         self.staged.store(0, Relaxed);
         let mut pages: Vec<(u64, Option<&'a [u8]>)> = pages.collect();
         pages.sort_unstable_by_key(|&(b, _)| b);
@@ -695,7 +784,7 @@ impl CarriedCache {
         // the sorted index beside the sorted pages (a search of the index per
         // page took 13-14 ms of a 64,000-page save).
         let mut at = 0;
-        pages.retain(|&(block, _)| match self.find_next(&state, &mut at, block) {
+        pages.retain(|&(block, _)| match self.find_next(state, &mut at, block) {
             Some(f) => {
                 set_bit(&mut state.used, f);
                 false
@@ -713,38 +802,20 @@ impl CarriedCache {
         // Unstamped before its frames or index change: a save cut short must not
         // leave a header that vouches for them.
         self.unseal();
-        // What stays: the index less what was written since. The index is sorted
-        // by block: one walk beside the sorted written blocks (a hash lookup per
-        // entry took 4.4 ms of a save beside an index of 164,000 entries).
-        let mut removed: Vec<u64> = state.removed.iter().copied().collect();
-        removed.sort_unstable();
-        let mut gone = removed.iter().peekable();
-        let mut kept: Vec<(u64, usize)> = Vec::with_capacity(state.count + pages.len());
-        for i in 0..state.count {
-            let (b, f) = self.entry(i);
-            while gone.next_if(|&&r| r < b).is_some() {}
-            if f < self.frames && gone.peek() != Some(&&b) {
-                kept.push((b, f));
+        // Frames for the new ones, fresh memory last ([`Picker`]); staged blocks
+        // are in theirs already. A block whose frame a new one takes is set aside
+        // (into `removed`) before the index is rebuilt below.
+        let mut picker = picker.unwrap_or_else(|| {
+            let mut picker = self.picker(state);
+            for &f in staged.values() {
+                set_bit(&mut picker.busy, f);
             }
-        }
-        let mut taken = vec![0u64; self.frames.div_ceil(64)];
-        for &(_, f) in &kept {
-            set_bit(&mut taken, f);
-        }
-        // Staged frames hold their blocks already: not for the others.
-        for &f in staged.values() {
-            set_bit(&mut taken, f);
-        }
+            picker
+        });
         let mut from_stage = Vec::new();
-        // Frames for the new ones: free ones first, then those of blocks this mount did not use.
         let mut new: Vec<(usize, u64, &'a [u8])> = Vec::new();
-        let (mut cursor, mut evictable, mut evicted) = (0usize, None::<Vec<usize>>, Vec::new());
         for (block, bytes) in pages {
             debug_assert!(bytes.is_none_or(|b| b.len() == BLOCK));
-            if let Ok(i) = kept.binary_search_by_key(&block, |&(b, _)| b) {
-                set_bit(&mut state.used, kept[i].1);
-                continue;
-            }
             if let Some(&f) = staged.get(&block) {
                 // A clean page of a block staged and not written since: the same bytes.
                 set_bit(&mut state.used, f);
@@ -752,35 +823,23 @@ impl CarriedCache {
                 continue;
             }
             let Some(bytes) = bytes else { continue };
-            while cursor < self.frames && bit(&taken, cursor) {
-                cursor += 1;
-            }
-            let frame = if cursor < self.frames {
-                cursor
-            } else {
-                let victims = evictable.get_or_insert_with(|| {
-                    (0..kept.len()).rev().filter(|&i| !bit(&state.used, kept[i].1)).collect::<Vec<usize>>()
-                });
-                let Some(i) = victims.pop() else { break };
-                evicted.push(i);
-                kept[i].1
-            };
-            set_bit(&mut taken, frame);
+            let Some(frame) = self.pick(state, &mut picker) else { break };
             set_bit(&mut state.used, frame);
             new.push((frame, block, bytes));
         }
-        if !evicted.is_empty() {
-            evicted.sort_unstable();
-            let mut k = 0;
-            let mut i = 0;
-            kept.retain(|_| {
-                let out = evicted.get(k) == Some(&i);
-                if out {
-                    k += 1;
-                }
-                i += 1;
-                !out
-            });
+        // What stays: the index less what was written or set aside since. The index
+        // is sorted by block: one walk beside the sorted removed blocks (a hash lookup
+        // per entry took 4.4 ms of a save beside an index of 164,000 entries).
+        let mut removed: Vec<u64> = state.removed.iter().copied().collect();
+        removed.sort_unstable();
+        let mut gone = removed.iter().peekable();
+        let mut kept: Vec<(u64, usize)> = Vec::with_capacity(state.count + new.len());
+        for i in 0..state.count {
+            let (b, f) = self.entry(i);
+            while gone.next_if(|&&r| r < b).is_some() {}
+            if f < self.frames && gone.peek() != Some(&&b) {
+                kept.push((b, f));
+            }
         }
         // The frames, in runs of consecutive ones; a run that does not fit (a full
         // /dev/shm) is left out, and so is everything after it.
@@ -818,6 +877,8 @@ impl CarriedCache {
             index.extend_from_slice(&(f as u64).to_le_bytes());
         }
         index.resize(Self::index_bytes_for(count.max(1)).min(Self::index_bytes_for(self.frames)), 0);
+        // How far memory reaches, before an index that may name frames up to there.
+        self.file.write_all_at(&(state.high as u64).to_le_bytes(), AT_HIGH as u64).map_err(fail("write"))?;
         self.file.write_all_at(&index, HEADER as u64).map_err(fail("write"))?;
         state.count = count;
         state.removed.clear();
@@ -991,6 +1052,48 @@ mod tests {
     }
 
     #[test]
+    fn new_blocks_take_free_memory_then_unused_blocks_frames_then_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = open_in(dir.path(), 8);
+        c.attach(3, 0).unwrap();
+        let old = [(1, block(1)), (2, block(2)), (3, block(3)), (4, block(4))];
+        assert_eq!(c.save(3, 50, old.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap(), 4);
+        drop(c);
+        let c = open_in(dir.path(), 8);
+        assert_eq!(c.attach(3, 50).unwrap(), 4);
+        // Frames 0-3 have memory, 4-7 are holes. This mount writes block 2 (its
+        // frame is free, with memory) and reads block 1; 3 and 4 it leaves alone.
+        c.forget(2, 1);
+        assert_reads(&c, &[(1, Some(1))]);
+        // Staged (an exit's writeback): into 2's frame, then 3's, whose block goes.
+        c.forget(10, 2);
+        let mut run = block(10);
+        run.extend(block(11));
+        c.stage(10, &run);
+        assert!(!c.holds(3) && c.holds(4), "3 set aside, 4 still there (and still unused)");
+        // Saved: 4's frame next, and only then a hole.
+        let new = [(10, block(10)), (11, block(11)), (12, block(12)), (13, block(13))];
+        assert_eq!(c.save(3, 51, new.iter().map(|(b, p)| (*b, Some(&p[..])))).unwrap(), 5);
+        let wanted: Vec<u64> = (4..8).map(|f| c.frame_offset(f) as u64).collect();
+        drop(c);
+        // Only one hole was filled: the file holds memory for five frames.
+        let file = std::fs::File::open(dir.path().join("carry")).unwrap();
+        let resident: Vec<bool> = wanted.iter().map(|&at| data_at(&file, at)).collect();
+        assert_eq!(resident, [true, false, false, false]);
+        let c = open_in(dir.path(), 8);
+        assert_eq!(c.attach(3, 51).unwrap(), 5);
+        assert_reads(&c, &[(1, Some(1)), (2, None), (3, None), (4, None)]);
+        assert_reads(&c, &[(10, Some(10)), (11, Some(11)), (12, Some(12)), (13, Some(13))]);
+    }
+
+    /// Whether the file holds data (not a hole) at byte `at`.
+    fn data_at(file: &std::fs::File, at: u64) -> bool {
+        // SAFETY: lseek on a descriptor we hold.
+        let found = unsafe { libc::lseek(file.as_raw_fd(), at as libc::off_t, libc::SEEK_DATA) };
+        found == at as libc::off_t
+    }
+
+    #[test]
     fn a_block_written_while_a_save_was_gathered_is_left_out_of_it() {
         // The exit (or carry_over) looks at which device block each cached page is,
         // then hands the pages over. Meanwhile a file was truncated and its block
@@ -1017,6 +1120,7 @@ mod tests {
     fn a_save_needs_the_bytes_only_of_what_it_neither_holds_nor_staged() {
         let dir = tempfile::tempdir().unwrap();
         let c = holding_one_and_two(dir.path(), 8, 5, 31);
+        assert_reads(&c, &[(1, Some(1)), (2, Some(2))]); // used: kept over fresh memory
         c.forget(3, 1);
         c.stage(3, &block(3));
         c.forget(2, 1);
@@ -1036,6 +1140,7 @@ mod tests {
     fn staged_blocks_are_saved_without_a_copy_unless_written_again() {
         let dir = tempfile::tempdir().unwrap();
         let c = holding_one_and_two(dir.path(), 6, 4, 21);
+        assert_reads(&c, &[(1, Some(1))]);
         // A writeback of blocks 2, 7, 8 and 9 in flight: each forgotten as it is
         // sent, then staged. Block 2's new bytes go to a free frame, not its own.
         c.forget(2, 1);
@@ -1069,6 +1174,7 @@ mod tests {
         assert_eq!(c.attach(6, 41).unwrap(), 0, "not trusted after that write");
         // A save with new pages unstamps before it changes anything, then stamps anew.
         let c = holding_one_and_two(dir.path(), 8, 6, 42);
+        assert_reads(&c, &[(1, Some(1)), (2, Some(2))]);
         assert_eq!(c.save(6, 43, [(3, Some(&block(3)[..]))].into_iter()).unwrap(), 3);
         assert_eq!(c.stamp_held(), 43);
         // Another attach that does not match unstamps at once.
