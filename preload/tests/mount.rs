@@ -578,6 +578,34 @@ print(os.pread(fd, 5, 0), os.fstat(fd).st_size)' "$D/r""#;
     assert_eq!(mounted, kernel);
 }
 
+/// A map with `MAP_SYNC` (stores durable once out of the CPU caches: DAX
+/// persistent memory only) is refused with EOPNOTSUPP, as the kernel
+/// refuses it on ext4; without it the same `MAP_SHARED_VALIDATE` map works.
+/// MariaDB 10.11 tries exactly this for its redo log and, given the map,
+/// took the mount for persistent memory and stopped syncing the log: a
+/// killed server lost every commit it had acknowledged since the last
+/// write-back of the map.
+#[test]
+fn a_map_sync_map_is_refused_as_on_a_file_that_is_not_persistent_memory() {
+    let script = r#"set -e
+        python3 -c 'import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+os.write(fd, b"a" * 8192)
+rw, shared_validate, map_sync = 3, 3, 0x80000
+p = libc.mmap(None, 8192, rw, shared_validate | map_sync, fd, 0)
+print(p == ctypes.c_void_p(-1).value, ctypes.get_errno())
+p = libc.mmap(None, 8192, rw, shared_validate, fd, 0)
+ctypes.memmove(p, b"stored", 6)
+print(p != ctypes.c_void_p(-1).value, os.pread(fd, 6, 0))' "$D/log""#;
+    let (outputs, ..) = on_both(script);
+    let [kernel, mounted] = outputs;
+    assert_eq!(kernel, "True 95\nTrue b'stored'\n");
+    assert_eq!(mounted, kernel);
+}
+
 /// Every store into a writable shared map reaches the file, however the
 /// store and the write-back meet: flushes after stores into different
 /// pages (a write-back looks only at the pages stored into since the last,

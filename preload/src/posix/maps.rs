@@ -254,6 +254,23 @@ pub fn in_child_after_fork() {
     MAPS.store(0, Ordering::Release);
 }
 
+/// `MAP_SYNC` (with `MAP_SHARED_VALIDATE`) asks for a map whose stores are
+/// durable once out of the CPU's caches, which only persistent memory
+/// (DAX) gives; for any other file the kernel says EOPNOTSUPP, and so does
+/// this. A program that gets such a map takes the file for persistent
+/// memory and stops calling fsync: MariaDB 10.11 then writes its redo log
+/// by stores into the map and a cache flush, and a mirror's stores reach
+/// the file only at msync, fsync, munmap or exit, so every commit it
+/// acknowledged since would be lost with the process. Refused, it writes
+/// the log with pwrite and fsync, as on ext4.
+fn refuse_map_sync(d: &Description) -> c_int {
+    crate::log(&format!(
+        "mmap of {} with MAP_SYNC: EOPNOTSUPP (not persistent memory; the program falls back to writes and fsync)",
+        String::from_utf8_lossy(&d.path)
+    ));
+    libc::EOPNOTSUPP
+}
+
 macro_rules! hook_mmap {
     ($($name:ident),*) => {$(
         /// `mmap`: a private mapping of a mounted file is a copy of its bytes
@@ -271,6 +288,9 @@ macro_rules! hook_mmap {
             if flags & libc::MAP_ANONYMOUS == 0 {
                 let call = MapCall { addr, len, prot, flags, offset };
                 let mapped = on_fd(fd, Err, |d| {
+                    if flags & libc::MAP_SHARED_VALIDATE == libc::MAP_SHARED_VALIDATE && flags & libc::MAP_SYNC != 0 {
+                        return Err(refuse_map_sync(d));
+                    }
                     if flags & libc::MAP_SHARED_VALIDATE == libc::MAP_PRIVATE {
                         return map_private(d, call);
                     }
