@@ -111,7 +111,7 @@ pub(crate) mod sim {
     }
 }
 
-/// CPU time and context switches of the calling thread, from `getrusage(RUSAGE_THREAD)`.
+/// CPU time, context switches and page faults of the calling thread, from `getrusage(RUSAGE_THREAD)`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ThreadUsage {
     /// User CPU time in nanoseconds.
@@ -122,6 +122,8 @@ pub struct ThreadUsage {
     pub voluntary_ctx: u64,
     /// Involuntary context switches (the thread was preempted).
     pub involuntary_ctx: u64,
+    /// Page faults, minor and major (fresh memory shows here).
+    pub page_faults: u64,
 }
 
 impl ThreadUsage {
@@ -134,12 +136,13 @@ impl ThreadUsage {
             sys_ns: tv(ru.ru_stime),
             voluntary_ctx: ru.ru_nvcsw as u64,
             involuntary_ctx: ru.ru_nivcsw as u64,
+            page_faults: (ru.ru_minflt + ru.ru_majflt) as u64,
         }
     }
 
     /// Usage of another thread of this process, from /proc: its on-CPU time
-    /// (from `schedstat`, counted as user time: /proc does not split it finely)
-    /// and its context switches. Zero if the thread is gone.
+    /// (from `schedstat`, counted as user time: /proc does not split it finely),
+    /// its context switches and page faults. Zero if the thread is gone.
     pub fn of_thread(tid: i32) -> ThreadUsage {
         if tid <= 0 {
             return ThreadUsage::default();
@@ -153,11 +156,16 @@ impl ThreadUsage {
         let field = |name: &str| {
             status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
         };
+        // `stat` after the command's closing parenthesis: minflt and majflt are the 8th and 10th fields.
+        let stat = std::fs::read_to_string(format!("{base}/stat")).unwrap_or_default();
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let count = |i: usize| after.split_whitespace().nth(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         ThreadUsage {
             user_ns: cpu_ns,
             sys_ns: 0,
             voluntary_ctx: field("voluntary_ctxt_switches:"),
             involuntary_ctx: field("nonvoluntary_ctxt_switches:"),
+            page_faults: count(7) + count(9),
         }
     }
 
@@ -168,6 +176,7 @@ impl ThreadUsage {
             sys_ns: self.sys_ns.saturating_sub(earlier.sys_ns),
             voluntary_ctx: self.voluntary_ctx.saturating_sub(earlier.voluntary_ctx),
             involuntary_ctx: self.involuntary_ctx.saturating_sub(earlier.involuntary_ctx),
+            page_faults: self.page_faults.saturating_sub(earlier.page_faults),
         }
     }
 
@@ -177,6 +186,7 @@ impl ThreadUsage {
         self.sys_ns += other.sys_ns;
         self.voluntary_ctx += other.voluntary_ctx;
         self.involuntary_ctx += other.involuntary_ctx;
+        self.page_faults += other.page_faults;
     }
 }
 
@@ -201,5 +211,35 @@ mod tests {
         }
         let used = ThreadUsage::now().since(&before);
         assert!(used.voluntary_ctx >= 3, "{used:?}");
+    }
+
+    #[test]
+    fn usage_counts_the_page_faults_of_fresh_memory_here_and_from_proc() {
+        let len = 64 * 4096;
+        // SAFETY: a new private anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let before = ThreadUsage::now();
+        // SAFETY: our own tid.
+        let tid = unsafe { libc::gettid() };
+        let seen = ThreadUsage::of_thread(tid);
+        for page in 0..64 {
+            // SAFETY: inside the mapping made above.
+            unsafe { p.cast::<u8>().add(page * 4096).write_volatile(1) };
+        }
+        let used = ThreadUsage::now().since(&before);
+        assert!(used.page_faults >= 64, "{used:?}");
+        assert!(ThreadUsage::of_thread(tid).since(&seen).page_faults >= 64);
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { libc::munmap(p, len) };
     }
 }

@@ -1152,7 +1152,7 @@ pub fn sync_all() {
     for m in MOUNTS.get().map_or(&[][..], |v| &v[..]) {
         if let Some(fs) = m.mounted_here() {
             let started = std::time::Instant::now();
-            let before = iopath::sys::thread_rusage();
+            let before = iopath::clock::ThreadUsage::now();
             match fs.carry_over_timed() {
                 Ok((0, _)) => {}
                 Ok((blocks, quiesced)) => crate::log(&format!(
@@ -1177,15 +1177,14 @@ pub fn sync_all() {
 /// What the calling thread spent since `before` (its CPU time, how often it
 /// slept or was preempted, the page faults it took): where a slow exit's
 /// time went when neither its device waits nor its CPU explain it.
-fn usage_since(before: &libc::rusage) -> String {
-    let now = iopath::sys::thread_rusage();
-    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    let cpu_ms = (us(now.ru_utime) + us(now.ru_stime) - us(before.ru_utime) - us(before.ru_stime)) / 1e3;
+fn usage_since(before: &iopath::clock::ThreadUsage) -> String {
+    let spent = iopath::clock::ThreadUsage::now().since(before);
     format!(
-        "this thread: {cpu_ms:.1} ms on a CPU, {} sleeps, {} preemptions, {} page faults",
-        now.ru_nvcsw - before.ru_nvcsw,
-        now.ru_nivcsw - before.ru_nivcsw,
-        now.ru_minflt - before.ru_minflt + now.ru_majflt - before.ru_majflt
+        "this thread: {:.1} ms on a CPU, {} sleeps, {} preemptions, {} page faults",
+        (spent.user_ns + spent.sys_ns) as f64 / 1e6,
+        spent.voluntary_ctx,
+        spent.involuntary_ctx,
+        spent.page_faults
     )
 }
 
