@@ -624,23 +624,21 @@ impl CarriedCache {
             return Some(picker.free);
         }
         let lent = self.lender.lent.lock().unwrap_or_else(|e| e.into_inner());
-        let victims = picker.victims.get_or_insert_with(|| {
-            (0..state.count)
-                .filter(|&i| {
-                    let (b, f) = self.entry(i);
-                    f < self.frames && !bit(&state.used, f) && !bit(&lent, f) && !state.removed.contains(&b)
-                })
-                .rev()
-                .collect()
-        });
-        while let Some(i) = victims.pop() {
+        // Entry `i` holds a block this mount neither used nor wrote, in a frame not lent.
+        let evictable = |state: &State, i: usize| {
             let (b, f) = self.entry(i);
+            f < self.frames && !bit(&state.used, f) && !bit(&lent, f) && !state.removed.contains(&b)
+        };
+        let victims =
+            picker.victims.get_or_insert_with(|| (0..state.count).filter(|&i| evictable(state, i)).rev().collect());
+        while let Some(i) = victims.pop() {
             // Checked again: used, lent or written since the list was made.
-            if bit(&state.used, f) || bit(&lent, f) || !state.removed.insert(b) {
-                continue;
+            if evictable(state, i) {
+                let (b, f) = self.entry(i);
+                state.removed.insert(b);
+                self.entries.fetch_sub(1, Relaxed);
+                return Some(f);
             }
-            self.entries.fetch_sub(1, Relaxed);
-            return Some(f);
         }
         drop(lent);
         // A hole, the lowest: every frame below `high` is busy (a frame past it
