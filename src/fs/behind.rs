@@ -62,22 +62,37 @@ pub(super) const JOBS_PER_FILE: usize = 2;
 /// other, so more queued would not go faster).
 pub(super) const JOBS_QUEUED: usize = 4;
 
+/// Times [`Node::lock_settled`] waits for a job without the file's lock
+/// before it waits holding it (writers may keep posting new ones).
+const WAITS_UNLOCKED: usize = 4;
+
 /// Stream length from which written pages leave the cache.
 pub(super) const DROP_AFTER_BYTES: u64 = 16 << 20;
 
-/// Part of a file's pages on their way to the device.
+/// Part of a file's pages on their way to the device: written behind by the
+/// flusher thread, or written durable by an fdatasync's own thread
+/// ([`NodeState::take_for_sync`]).
 pub(super) struct Job {
     wb: Writeback,
     /// Its pages leave the cache once settled (the stream was long).
     drop_behind: bool,
-    /// The write's result, once the flusher has it.
-    done: Mutex<Option<Result<()>>>,
+    /// Written behind: a failure stops write-behind for the file. (An
+    /// fdatasync's failure is reported to its caller; the stream goes on.)
+    behind: bool,
+    /// Whether the write succeeded, once it is done. (A write-behind job's
+    /// error is not kept: the next fsync writes the pages again and reports
+    /// its own.)
+    done: Mutex<Option<bool>>,
     finished: Condvar,
 }
 
 impl Job {
-    fn complete(&self, result: Result<()>) {
-        *self.done.lock().expect("job lock poisoned") = Some(result);
+    fn new(wb: Writeback, drop_behind: bool, behind: bool) -> Arc<Job> {
+        Arc::new(Job { wb, drop_behind, behind, done: Mutex::new(None), finished: Condvar::new() })
+    }
+
+    fn complete(&self, written: bool) {
+        *self.done.lock().expect("job lock poisoned") = Some(written);
         self.finished.notify_all();
     }
 
@@ -85,15 +100,25 @@ impl Job {
         self.done.lock().expect("job lock poisoned").is_some()
     }
 
-    /// Waits until the flusher is done with it; its result.
-    fn wait(&self) -> Result<()> {
+    /// Waits until the job is written (or failed): whether it succeeded.
+    fn wait(&self) -> bool {
         let mut done = self.done.lock().expect("job lock poisoned");
         loop {
-            if let Some(result) = done.take() {
-                return result;
+            if let Some(written) = *done {
+                return written;
             }
             done = self.finished.wait(done).expect("job lock poisoned");
         }
+    }
+
+    /// An fdatasync's job: writes its pages with forced unit access, from the
+    /// calling thread, which holds no lock of the file meanwhile. Durable when
+    /// this returns `Ok`.
+    pub(super) fn write_durable(&self, disk: &super::disk::Disk) -> Result<()> {
+        debug_assert!(!self.behind, "a write-behind job is the flusher's");
+        let result = self.wb.write_durable(disk);
+        self.complete(result.is_ok());
+        result
     }
 }
 
@@ -181,7 +206,7 @@ fn flusher_thread(fs: Weak<Inner>, jobs: mpsc::Receiver<Arc<Job>>, queued: Arc<A
             None => Err(super::file_error("write", "", libc::EIO, "the file system was unmounted")),
         };
         queued.fetch_sub(1, Ordering::AcqRel);
-        job.complete(result);
+        job.complete(result.is_ok());
     }
 }
 
@@ -226,12 +251,7 @@ impl NodeState {
             return;
         }
         let pages = wb.pages() as u64;
-        let job = Arc::new(Job {
-            wb,
-            drop_behind: self.stream.len >= DROP_AFTER_BYTES,
-            done: Mutex::new(None),
-            finished: Condvar::new(),
-        });
+        let job = Job::new(wb, self.stream.len >= DROP_AFTER_BYTES, true);
         let posted = fs.flusher.lock().expect("flusher lock poisoned").post(&fs.me, Arc::clone(&job));
         if posted {
             fs.written_behind.fetch_add(pages, Ordering::Relaxed);
@@ -244,6 +264,21 @@ impl NodeState {
         }
     }
 
+    /// Takes every dirty page of the file for an fdatasync that writes them
+    /// durable from its own thread ([`Job::write_durable`]) after letting the
+    /// file's lock go: pinned, copied out and marked clean as for a
+    /// write-behind job, and a job of the file until settled, so that whoever
+    /// takes the lock to write the file back (another fsync, a direct access,
+    /// a truncate) waits for it first, while writers and readers of the file
+    /// go on. The caller holds the lock from [`Node::lock_settled`]: no job
+    /// is in flight.
+    pub(super) fn take_for_sync(&mut self, fs: &Inner) -> Arc<Job> {
+        debug_assert!(!self.stream.busy(), "a sync's pages taken while a job of the file is in flight");
+        let job = Job::new(Writeback::take_behind(fs, self, u64::MAX, usize::MAX), false, false);
+        self.stream.jobs.push_back(Arc::clone(&job));
+        job
+    }
+
     /// Settles the file's jobs that are done (see the module's doc); with
     /// `wait`, waits for every one in flight first. The caller holds the
     /// file's lock exclusively.
@@ -254,7 +289,7 @@ impl NodeState {
             }
             let job = self.stream.jobs.pop_front().expect("looked at");
             match job.wait() {
-                Ok(()) if self.live => {
+                true if self.live => {
                     job.wb.finish_part(fs, self, true, self.stream.busy());
                     job.wb.pin(false);
                     if job.drop_behind {
@@ -266,11 +301,11 @@ impl NodeState {
                         }
                     }
                 }
-                Ok(()) => job.wb.pin(false),
-                Err(_) => {
+                true => job.wb.pin(false),
+                false => {
                     job.wb.restore(fs, self);
                     job.wb.pin(false);
-                    self.stream.off = true;
+                    self.stream.off |= job.behind;
                 }
             }
         }
@@ -278,9 +313,20 @@ impl NodeState {
 }
 
 impl Node {
-    /// The file's lock, exclusively, once every write-behind job of the
-    /// file is written and settled.
+    /// The file's lock, exclusively, once every job of the file is written
+    /// and settled. It waits for jobs in flight without the lock (a few times
+    /// over, then holding it): a writer of the file is not held up behind
+    /// another thread's wait (a database's log written while its last part
+    /// is synced).
     pub(super) fn lock_settled(&self, fs: &Inner) -> RwLockWriteGuard<'_, NodeState> {
+        for _ in 0..WAITS_UNLOCKED {
+            let state = self.state.write().expect("file lock poisoned");
+            let Some(job) = state.stream.jobs.iter().find(|job| !job.is_done()).cloned() else {
+                break;
+            };
+            drop(state);
+            job.wait();
+        }
         let mut state = self.state.write().expect("file lock poisoned");
         state.settle(fs, true);
         state

@@ -1073,20 +1073,18 @@ impl File {
             // with forced unit access, and no journal commit (nothing the data needs is
             // pending). A database's log, rewritten in place and synced per commit,
             // journaled every sync's blocks and wrote them home again at checkpoints.
-            let wb = Writeback::take(fs, &mut state);
+            // Written without the file's lock, as a job of the file: MariaDB writes the
+            // next commits into its log while the last ones are being synced, and each
+            // of those writes waited for the sync's device time.
+            let job = state.take_for_sync(fs);
+            drop(state);
             fs.syncs.fetch_add(1, Ordering::Relaxed);
             fs.overwrite_syncs.fetch_add(1, Ordering::Relaxed);
-            return match wb.write_durable(&fs.disk) {
-                // Durable already: the transaction has nothing to order behind it.
-                Ok(()) => {
-                    wb.finish(fs, &mut state, false);
-                    Ok(())
-                }
-                Err(e) => {
-                    wb.restore(fs, &mut state);
-                    Err(e)
-                }
-            };
+            let result = job.write_durable(&fs.disk);
+            // Settled now (the blocks marked written, the pages let go, or dirty again
+            // if the write failed) unless whoever took the lock meanwhile settled it.
+            self.state_write_for_write().settle(fs, false);
+            return result;
         }
         let wb = Writeback::take(fs, &mut state);
         let mut journal = match fs.journal.try_lock() {
