@@ -581,6 +581,8 @@ print(os.pread(fd, 5, 0), os.fstat(fd).st_size)' "$D/r""#;
 /// A map with `MAP_SYNC` (stores durable once out of the CPU caches: DAX
 /// persistent memory only) is refused with EOPNOTSUPP, as the kernel
 /// refuses it on ext4; without it the same `MAP_SHARED_VALIDATE` map works.
+/// Any other flag the kernel does not accept with `MAP_SHARED_VALIDATE` is
+/// refused too, and a map type that is none of the three is EINVAL.
 /// MariaDB 10.11 tries exactly this for its redo log and, given the map,
 /// took the mount for persistent memory and stopped syncing the log: a
 /// killed server lost every commit it had acknowledged since the last
@@ -597,12 +599,17 @@ os.write(fd, b"a" * 8192)
 rw, shared_validate, map_sync = 3, 3, 0x80000
 p = libc.mmap(None, 8192, rw, shared_validate | map_sync, fd, 0)
 print(p == ctypes.c_void_p(-1).value, ctypes.get_errno())
-p = libc.mmap(None, 8192, rw, shared_validate, fd, 0)
+for flags in (shared_validate | 0x100000, shared_validate | 0x200000, 0x08 | shared_validate, 0x0b):
+    ctypes.set_errno(0)
+    print(libc.mmap(None, 8192, rw, flags, fd, 0) == ctypes.c_void_p(-1).value, ctypes.get_errno())
+p = libc.mmap(None, 8192, rw, shared_validate | 0x4000, fd, 0)
 ctypes.memmove(p, b"stored", 6)
 print(p != ctypes.c_void_p(-1).value, os.pread(fd, 6, 0))' "$D/log""#;
     let (outputs, ..) = on_both(script);
     let [kernel, mounted] = outputs;
-    assert_eq!(kernel, "True 95\nTrue b'stored'\n");
+    // MAP_SYNC, MAP_FIXED_NOREPLACE and an unknown flag are refused with MAP_SHARED_VALIDATE,
+    // an unknown map type is not a map; MAP_NORESERVE is a known flag.
+    assert_eq!(kernel, "True 95\nTrue 95\nTrue 95\nTrue 22\nTrue 22\nTrue b'stored'\n");
     assert_eq!(mounted, kernel);
 }
 

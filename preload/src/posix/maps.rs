@@ -254,6 +254,31 @@ pub fn in_child_after_fork() {
     MAPS.store(0, Ordering::Release);
 }
 
+/// The bits of `mmap`'s flags that say which kind of map it is.
+const MAP_TYPE: c_int = 0x0f;
+
+/// The flags `MAP_SHARED_VALIDATE` accepts on a file that is not persistent
+/// memory (the kernel's `LEGACY_MAP_MASK`); any other is EOPNOTSUPP
+/// (`MAP_FIXED_NOREPLACE` too: the kernel's mask predates it).
+const VALIDATED_FLAGS: c_int = libc::MAP_SHARED
+    | libc::MAP_PRIVATE
+    | libc::MAP_FIXED
+    | libc::MAP_ANONYMOUS
+    | libc::MAP_DENYWRITE
+    | libc::MAP_EXECUTABLE
+    | 0x0400_0000 // MAP_UNINITIALIZED
+    | libc::MAP_GROWSDOWN
+    | libc::MAP_LOCKED
+    | libc::MAP_NORESERVE
+    | libc::MAP_POPULATE
+    | libc::MAP_NONBLOCK
+    | libc::MAP_STACK
+    | libc::MAP_HUGETLB
+    | 0x40 // MAP_32BIT (x86-64)
+    | 0x80 // MAP_ABOVE4G
+    | libc::MAP_HUGE_2MB
+    | libc::MAP_HUGE_1GB;
+
 /// `MAP_SYNC` (with `MAP_SHARED_VALIDATE`) asks for a map whose stores are
 /// durable once out of the CPU's caches, which only persistent memory
 /// (DAX) gives; for any other file the kernel says EOPNOTSUPP, and so does
@@ -288,10 +313,15 @@ macro_rules! hook_mmap {
             if flags & libc::MAP_ANONYMOUS == 0 {
                 let call = MapCall { addr, len, prot, flags, offset };
                 let mapped = on_fd(fd, Err, |d| {
-                    if flags & libc::MAP_SHARED_VALIDATE == libc::MAP_SHARED_VALIDATE && flags & libc::MAP_SYNC != 0 {
-                        return Err(refuse_map_sync(d));
+                    match flags & MAP_TYPE {
+                        libc::MAP_SHARED | libc::MAP_PRIVATE => {}
+                        libc::MAP_SHARED_VALIDATE if flags & libc::MAP_SYNC != 0 => return Err(refuse_map_sync(d)),
+                        // The kernel's check: a flag it does not know is refused, not ignored.
+                        libc::MAP_SHARED_VALIDATE if flags & !VALIDATED_FLAGS != 0 => return Err(libc::EOPNOTSUPP),
+                        libc::MAP_SHARED_VALIDATE => {}
+                        _ => return Err(libc::EINVAL), // (MAP_DROPPABLE is for anonymous maps only)
                     }
-                    if flags & libc::MAP_SHARED_VALIDATE == libc::MAP_PRIVATE {
+                    if flags & MAP_TYPE == libc::MAP_PRIVATE {
                         return map_private(d, call);
                     }
                     if prot & libc::PROT_WRITE == 0 {
