@@ -10,7 +10,7 @@ use super::completion::{CompletionKind, CompletionPolicy, Expect, WaitStats};
 use super::dispatch::Request;
 use super::waiter::{Doorbell, Outcome, Waiter};
 use crate::clock::now_ns;
-use crate::device::{Cancel, Command, Op, Queue};
+use crate::device::{Cancel, Command, Durability, Op, Queue};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -300,7 +300,15 @@ impl Channel {
     /// `request.buf` must be valid for `request.len` bytes (writable for
     /// reads) for the duration of the call.
     pub unsafe fn run_blocking(&mut self, request: Request) -> Option<Completed> {
-        if !self.completion.sleeps_first() {
+        // A flush (and an ordered write's flush) may be the kernel's datasync where
+        // the policy would not sleep: io_uring runs it on one of its workers, and a
+        // waiter that looks for it while others hold the CPUs waits for that worker
+        // to get one ([`CompletionPolicy::flush_blocking`]).
+        // The policy says whether it would rather look (alone with a free CPU, a
+        // look finds the worker's flush done with no wake-up at all).
+        let flushes = request.op == Op::Flush || request.durability == Durability::Ordered;
+        let sleeps = self.completion.sleeps_first();
+        if !flushes && !sleeps {
             return None;
         }
         let mut command = self.take_command(request.op, request.tag);
@@ -310,8 +318,10 @@ impl Channel {
         }
         let queue = &mut self.queue;
         // SAFETY: forwarded from the caller's contract.
-        let ran =
-            self.completion.wait_blocking(&mut self.stats.wait, &mut || unsafe { queue.run_blocking(&mut command) });
+        let mut call = || unsafe { queue.run_blocking(&mut command) };
+        let stats = &mut self.stats.wait;
+        let ran = (sleeps && self.completion.wait_blocking(stats, &mut call))
+            || (flushes && self.completion.flush_blocking(stats, &mut call));
         if !ran {
             self.recycle(command);
             return None;

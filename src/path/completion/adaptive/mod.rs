@@ -375,6 +375,28 @@ impl CompletionPolicy for Adaptive {
         true
     }
 
+    fn flush_blocking(&mut self, stats: &mut WaitStats, call: &mut dyn FnMut() -> bool) -> bool {
+        // In a crowd only: a waiter with a CPU to itself finds the flush sooner by
+        // looking. Counted as a waiter meanwhile and tallied as the flushes waited
+        // for otherwise are; the judge counts it as progress (it ends no window).
+        let waiting = Waiting::enter();
+        if !waiting.crowded() {
+            return false;
+        }
+        let began = explain::enabled().then(now_ns);
+        if !call() {
+            return false;
+        }
+        stats.sleeps += 1;
+        if self.judged {
+            judge::note_progress(1);
+        }
+        if let Some(began) = began {
+            explain::tally(FLUSH, 1, now_ns() - began);
+        }
+        true
+    }
+
     fn sleeps_first(&self) -> bool {
         // The judge's sleeping way, or interrupt mode out of a crowd (a crowd and a
         // flush yield, whose first look sends what was left for the wait).
@@ -835,6 +857,42 @@ mod tests {
         assert!(!policy.wait_blocking(&mut stats, &mut || false));
         assert_eq!(stats.sleeps, 1);
         judge::force_way(Way::PerWaiter);
+    }
+
+    #[test]
+    fn a_flush_in_a_crowd_is_the_kernels_blocking_call_and_looked_for_alone() {
+        // Waiters that outnumber the CPUs (this one and one per CPU): the flush is
+        // the call, booked as a sleep.
+        let mut policy = Adaptive::auto();
+        let mut stats = WaitStats::default();
+        let mut calls = 0;
+        let others: Vec<Waiting> = (0..crowd::cpus()).map(|_| Waiting::enter()).collect();
+        assert!(policy.flush_blocking(&mut stats, &mut || {
+            calls += 1;
+            true
+        }));
+        assert_eq!((calls, stats.sleeps, stats.polls), (1, 1, 0));
+        // A queue that cannot (an emulated device) leaves the flush to the ring.
+        assert!(!policy.flush_blocking(&mut stats, &mut || false));
+        assert_eq!(stats.sleeps, 1);
+        drop(others);
+        // Alone with a CPU, and on a fixed policy, it is looked for on the ring.
+        std::thread::spawn(|| {
+            crowd::never_crowded_here();
+            let mut stats = WaitStats::default();
+            let mut calls = 0;
+            assert!(!Adaptive::auto().flush_blocking(&mut stats, &mut || {
+                calls += 1;
+                true
+            }));
+            assert!(!super::super::poll::Poll.flush_blocking(&mut stats, &mut || {
+                calls += 1;
+                true
+            }));
+            assert_eq!((calls, stats.sleeps), (0, 0));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
