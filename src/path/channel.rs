@@ -300,12 +300,11 @@ impl Channel {
     /// `request.buf` must be valid for `request.len` bytes (writable for
     /// reads) for the duration of the call.
     pub unsafe fn run_blocking(&mut self, request: Request) -> Option<Completed> {
-        // A flush (and an ordered write's flush) may be the kernel's datasync where
-        // the policy would not sleep: io_uring runs it on one of its workers, and a
-        // waiter that looks for it while others hold the CPUs waits for that worker
-        // to get one ([`CompletionPolicy::flush_blocking`]).
-        // The policy says whether it would rather look (alone with a free CPU, a
-        // look finds the worker's flush done with no wake-up at all).
+        // A flush (or an ordered write, its flush first) may be the kernel's datasync
+        // even where the policy would not sleep: io_uring runs it on one of its
+        // workers, which waiters that look for it while others hold the CPUs keep
+        // from a CPU. The policy says whether it would rather look
+        // ([`CompletionPolicy::flush_blocking`]).
         let flushes = request.op == Op::Flush || request.durability == Durability::Ordered;
         let sleeps = self.completion.sleeps_first();
         if !flushes && !sleeps {
