@@ -320,9 +320,12 @@ impl Node {
     /// is synced).
     pub(super) fn lock_settled(&self, fs: &Inner) -> RwLockWriteGuard<'_, NodeState> {
         for _ in 0..WAITS_UNLOCKED {
-            let state = self.state.write().expect("file lock poisoned");
+            let mut state = self.state.write().expect("file lock poisoned");
             let Some(job) = state.stream.jobs.iter().find(|job| !job.is_done()).cloned() else {
-                break;
+                // Nothing in flight (the common case): settled without a wait, and the
+                // lock taken once.
+                state.settle(fs, true);
+                return state;
             };
             drop(state);
             job.wait();
