@@ -2234,6 +2234,58 @@ fn a_direct_overwrite_moves_the_modification_time() {
     assert!(now < ahead && now >= after, "{now}: a time an hour ahead replaced");
 }
 
+/// A direct overwrite notes its time under the file's shared lock, without
+/// storing the inode: `stat` shows it at once, an unmount, a `sync` and an
+/// `fsync` store it, an `fdatasync` need not (as Linux's), and a time set
+/// after it replaces it.
+#[test]
+fn the_time_of_the_last_direct_overwrite_is_what_a_remount_finds() {
+    let (dev, fs) = fresh("emu:optane,size=64m,wcache=1", FormatOptions::default());
+    drop(fs.create("f").unwrap());
+    let direct = fs.open_direct("f").unwrap();
+    direct.write_at(&bytes(1, 8192), 0).unwrap(); // allocates: not an overwrite
+    direct.fsync().unwrap();
+    drop(direct);
+    let mtime = |fs: &FileSystem| fs.metadata("f").unwrap().mtime_ns;
+    // A time in the past, committed: the next direct write's time moves, whatever the clock's tick.
+    let past = |fs: &FileSystem| {
+        fs.set_mtime("f", 1_000_000_000).unwrap();
+        fs.sync().unwrap();
+    };
+    let overwrite = |fs: &FileSystem, v: u64| {
+        past(fs);
+        fs.open_direct("f").unwrap().write_at(&bytes(v, 4096), 4096 * (v % 2)).unwrap();
+        let t = mtime(fs);
+        assert!(t > 1_000_000_000, "stat shows the write's time at once: {t}");
+        t
+    };
+    let first = overwrite(&fs, 2);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(mtime(&fs), first, "after an unmount");
+    let second = overwrite(&fs, 3);
+    fs.sync().unwrap();
+    let fs = cut_and_remount(&dev, fs);
+    assert_eq!(mtime(&fs), second, "after a sync and a power cut");
+    let third = overwrite(&fs, 4);
+    fs.open("f").unwrap().fsync().unwrap();
+    let fs = cut_and_remount(&dev, fs);
+    assert_eq!(mtime(&fs), third, "after an fsync and a power cut");
+    let fourth = overwrite(&fs, 5);
+    fs.open("f").unwrap().fdatasync().unwrap();
+    let fs = cut_and_remount(&dev, fs);
+    assert!([1_000_000_000, fourth].contains(&mtime(&fs)), "after an fdatasync and a power cut");
+    assert_eq!(read_all(&fs, "f")[4096..], bytes(5, 4096)[..], "the data fdatasync made durable");
+    // A time set after a direct write replaces the write's.
+    overwrite(&fs, 6);
+    fs.set_mtime("f", 7_000_000_000).unwrap();
+    assert_eq!(mtime(&fs), 7_000_000_000);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(mtime(&fs), 7_000_000_000, "the time set last, after an unmount");
+    assert_eq!(read_all(&fs, "f"), [bytes(6, 4096), bytes(5, 4096)].concat());
+}
+
 /// An engine on a 64 MiB file in `dir` over io_uring, formatted (O_DIRECT
 /// alignment is real there, unlike on the emulated device).
 fn formatted_uring_engine(dir: &std::path::Path) -> Arc<Engine> {

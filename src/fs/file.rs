@@ -432,11 +432,13 @@ impl File {
         // A page load that started meanwhile may have read what was there before.
         let raced = state.loads.load(Ordering::SeqCst) != loads;
         // The modification time moves once per clock tick, as the kernel's
-        // (file_update_time with its coarse clock): the exclusive lock only then.
+        // (file_update_time with its coarse clock), noted under the shared lock.
         // (A time set ahead of the clock, by utimes, is replaced as the kernel does.)
-        let (now, mtime) = (coarse_now_ns(), state.inode.mtime_ns);
-        let time_moves = written.is_ok() && (now > mtime || mtime > now + 50_000_000);
-        if !raced && !time_moves {
+        let (now, mtime) = (coarse_now_ns(), state.mtime_ns());
+        if written.is_ok() && (now > mtime || mtime > now + 50_000_000) {
+            state.note_direct_mtime();
+        }
+        if !raced {
             return Some(written);
         }
         drop(state);
@@ -448,18 +450,7 @@ impl File {
             }
             state.cache_id = fs.new_cache_id();
         }
-        if let Err(e) = written {
-            return Some(Err(e));
-        }
-        if time_moves && state.live {
-            let mut meta = fs.meta();
-            state.inode.mtime_ns = now_ns();
-            if let Err(e) = state.store(fs, &mut meta) {
-                return Some(Err(e));
-            }
-            state.meta_tid = meta.tid;
-        }
-        Some(Ok(()))
+        Some(written)
     }
 
     /// Writes `data` at the end of the file; returns the offset it went to.
@@ -648,7 +639,7 @@ impl File {
         // lock here.
         debug_assert!(!state.dirty.is_empty(), "a buffered write leaves dirty pages");
         state.inode.size = state.inode.size.max(end_byte);
-        state.inode.mtime_ns = now_ns();
+        state.set_mtime(now_ns());
         state.mtime_unstored = true;
         // A long stream: its pages go to the device behind the writer.
         state.write_behind(fs, offset, end_byte);
@@ -764,7 +755,7 @@ impl File {
         }
         // Direct writes are preceded by a writeback of the cached pages: all of it is on the device.
         state.disk_size = state.inode.size;
-        state.inode.mtime_ns = now_ns();
+        state.set_mtime(now_ns());
         state.store(fs, &mut meta)?;
         state.meta_tid = meta.tid;
         if written || grew || overwrote_journaled {
@@ -1021,7 +1012,7 @@ impl File {
         for memory in &state.mirrors {
             memory.truncated(len);
         }
-        state.inode.mtime_ns = now_ns();
+        state.set_mtime(now_ns());
         state.store(fs, &mut meta)?;
         state.meta_tid = meta.tid;
         state.layout_tid = meta.tid;
@@ -1052,7 +1043,9 @@ impl File {
         {
             let state = self.state_read();
             self.live(&state, op)?;
-            if !state.pending() && !state.mtime_unstored {
+            // (fdatasync needs no time a direct overwrite noted: no commit for it.)
+            let time_pending = if data_only { state.mtime_unstored } else { state.mtime_pending() };
+            if !state.pending() && !time_pending {
                 let tid = if data_only { state.layout_tid } else { state.meta_tid };
                 drop(state);
                 if fs.committed.load(Ordering::Acquire) >= tid {
@@ -1068,6 +1061,9 @@ impl File {
         let mut state = self.state_write();
         self.live(&state, op)?;
         fs.check_writable(op, &state.inode.name)?;
+        if !data_only {
+            state.store_pending_mtime(fs)?;
+        }
         if data_only && overwrites_only(fs, &state) {
             // What the kernel's file systems do for an fdatasync of overwrites: the data
             // with forced unit access, and no journal commit (nothing the data needs is
@@ -1156,5 +1152,47 @@ impl Drop for File {
         if self.node.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.last_close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::DeviceSpec;
+    use crate::fs::{FileSystem, FormatOptions};
+    use crate::{Engine, PathConfig};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn engine(spec: &str) -> Arc<Engine> {
+        let device = DeviceSpec::parse(spec, None).unwrap().open().unwrap();
+        Arc::new(Engine::with_device(device, PathConfig::preset("sync-path").unwrap()).unwrap())
+    }
+
+    /// A direct overwrite whose modification time moves goes on while
+    /// another holds the file's shared lock (as every direct write in flight
+    /// does): it notes the time, where it waited for the exclusive lock.
+    #[test]
+    fn a_direct_overwrite_that_moves_the_time_waits_for_no_direct_write_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = format!("emu:null,size=16m,file={}", dir.path().join("emu.img").display());
+        FileSystem::format(engine(&spec), FormatOptions::default()).unwrap();
+        let fs = FileSystem::mount(engine(&spec)).unwrap().0;
+        drop(fs.create("f").unwrap());
+        let direct = fs.open_direct("f").unwrap();
+        direct.write_at(&[1; 8192], 0).unwrap(); // allocates: not an overwrite
+        fs.set_mtime("f", 1_000_000_000).unwrap(); // the next write's time moves
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            // Dropped before the scope waits for the writer, even when an assert fails.
+            let in_flight = direct.node.state.read().unwrap();
+            s.spawn(|| tx.send(direct.write_at(&[2; 4096], 4096)).unwrap());
+            let done = rx.recv_timeout(Duration::from_secs(20));
+            assert!(matches!(done, Ok(Ok(()))), "the write waited for the shared lock's holder: {done:?}");
+            assert!(in_flight.mtime_ns() > 1_000_000_000, "the time noted");
+            drop(in_flight);
+        });
+        let mut back = vec![0; 8192];
+        direct.read_at(&mut back, 0).unwrap();
+        assert!(back[..4096] == [1; 4096] && back[4096..] == [2; 4096]);
     }
 }

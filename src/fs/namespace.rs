@@ -955,7 +955,7 @@ fn file_metadata(state: &NodeState) -> Metadata {
         nlink: if state.inode.orphan || !state.live { 0 } else { state.nlink },
         size: state.inode.size,
         blocks: blocks_512(&state.inode),
-        mtime_ns: state.inode.mtime_ns,
+        mtime_ns: state.mtime_ns(),
         ctime_ns: state.inode.ctime_ns,
         generation: state.inode.generation,
     }
@@ -1514,6 +1514,9 @@ impl File {
         if !state.live {
             return Err(file_error(op, &state.inode.name, libc::ESTALE, "the file is gone"));
         }
+        // A direct overwrite's time first, so that a time `change` sets replaces it.
+        let mtime = state.mtime_ns();
+        state.set_mtime(mtime);
         change(&mut state.inode);
         state.inode.ctime_ns = now_ns();
         let mut meta = fs.meta();

@@ -479,6 +479,11 @@ pub(super) fn write_back_all(fs: &Inner, nodes: Vec<Arc<Node>>, stage: bool) -> 
                 Err(_) => pending.push_back(Arc::clone(node)),
             }
         }
+        // A time a direct overwrite noted: no writeback of pages stores it (a file
+        // with pages or jobs to settle has its time stored by their writeback).
+        for state in guards.iter_mut().filter(|g| g.live && !g.pending()) {
+            state.store_pending_mtime(fs)?;
+        }
         let mut states: Vec<&mut NodeState> =
             guards.iter_mut().filter(|g| g.live && g.pending()).map(|g| &mut **g).collect();
         write_together(fs, &mut states, stage)?;
