@@ -1048,21 +1048,20 @@ impl File {
             if !state.pending() && !time_pending {
                 let tid = if data_only { state.layout_tid } else { state.meta_tid };
                 drop(state);
-                if fs.committed.load(Ordering::Acquire) >= tid {
-                    // Nothing of this file's metadata is pending: its data needs a flush only.
-                    fs.syncs.fetch_add(1, Ordering::Relaxed);
-                    fs.flush_only.fetch_add(1, Ordering::Relaxed);
-                    return fs.disk.flush();
-                }
-                return fs.sync_through(tid); // counts itself
+                return self.sync_clean(tid);
             }
         }
-        // Dirty pages: write them back inside the commit, as the fsync path orders it.
         let mut state = self.state_write();
         self.live(&state, op)?;
         fs.check_writable(op, &state.inode.name)?;
-        if !data_only {
+        if !data_only && !state.pending() && !state.mtime_unstored {
+            // Only a direct overwrite's time is in memory: stored, and committed
+            // without the file's lock, as above (a commit under it held every
+            // direct write of the file back for the commit's device time).
             state.store_pending_mtime(fs)?;
+            let tid = state.meta_tid;
+            drop(state);
+            return self.sync_clean(tid);
         }
         if data_only && overwrites_only(fs, &state) {
             // What the kernel's file systems do for an fdatasync of overwrites: the data
@@ -1093,6 +1092,22 @@ impl File {
         drop(journal);
         fs.end_commit();
         result.inspect_err(|_| wb.restore(fs, &mut state))
+    }
+}
+
+impl File {
+    /// `fsync` or `fdatasync` of a file with nothing in memory only: what it
+    /// needs is in transaction `tid` (committed, or committed now) and in the
+    /// device's cache (flushed).
+    fn sync_clean(&self, tid: u64) -> Result<()> {
+        let fs = &self.fs;
+        if fs.committed.load(Ordering::Acquire) >= tid {
+            // Nothing of this file's metadata is pending: its data needs a flush only.
+            fs.syncs.fetch_add(1, Ordering::Relaxed);
+            fs.flush_only.fetch_add(1, Ordering::Relaxed);
+            return fs.disk.flush();
+        }
+        fs.sync_through(tid) // counts itself
     }
 }
 
