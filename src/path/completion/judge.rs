@@ -43,12 +43,40 @@ impl Way {
     }
 }
 
+/// Who contested the CPUs in a window of the [`Judge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contest {
+    /// Nobody: the waiters had CPUs to themselves (or beside a hog or two,
+    /// which each waiter's own controller handles).
+    Free,
+    /// The process's own waiters, more of them than CPUs at once (a crowd)
+    /// or in turn ([`note_waiter`]), with few other threads runnable:
+    /// blocking threads on a fast device (fio's jobs, `iopath bench`).
+    Waiters,
+    /// The waiters, and threads that are not waiting for the device wanted
+    /// the CPUs too ([`cpus_wanted`](super::crowd::cpus_wanted) in at least
+    /// a quarter of the waiters' looks): a program whose own threads compute
+    /// (MariaDB's under sysbench).
+    Others,
+}
+
+impl Contest {
+    /// Whether anyone contested the CPUs.
+    pub fn contested(self) -> bool {
+        self != Contest::Free
+    }
+}
+
 /// Length of one measuring window of the [`Judge`].
 pub const WINDOW_NS: u64 = 100_000_000;
 /// Windows the way in use is kept before it is tried against the other
 /// (the first time, and after each switch); x2 each time a trial keeps it
 /// (x4 after a clear loss of the other way), up to [`MAX_STAY_WINDOWS`].
 pub const FIRST_STAY_WINDOWS: u32 = 2;
+/// Windows the judge watches before it may open in sleeping: the first holds
+/// the start of the program's threads (all runnable, few waiting yet), which
+/// looks like threads that are not waiting wanting the CPUs, whoever they are.
+pub const OPENING_WINDOWS: u32 = 2;
 /// Longest stay between two trials (4 s).
 pub const MAX_STAY_WINDOWS: u32 = 40;
 /// A trial whose first pair of windows the way in use wins by this much
@@ -100,8 +128,8 @@ pub struct Judge {
     /// In a trial: the window it is in (0..4) and the rates so far (the other
     /// way's, the way in use's).
     trial: Option<(u32, f64, f64)>,
-    /// The first window has not ended yet.
-    opening: bool,
+    /// Windows left until the opening ends ([`OPENING_WINDOWS`]).
+    opening: u32,
     /// The trial under way repeats one the other way won narrowly.
     confirming: bool,
     /// The CPUs were contested since the last trial (see [`Judge::on_window`]).
@@ -136,11 +164,12 @@ pub struct TrialResult {
 }
 
 impl Judge {
-    /// Starts with per-waiter modes; if the CPUs were contested in the first
-    /// window, sleeping, with per-waiter modes tried against it at once.
+    /// Starts with per-waiter modes; if threads that are not waiting wanted
+    /// the CPUs in the last window of the opening ([`Contest::Others`]),
+    /// sleeping, with per-waiter modes tried against it at once.
     pub fn new() -> Judge {
         Judge {
-            opening: true,
+            opening: OPENING_WINDOWS,
             way: Way::PerWaiter,
             stay_left: FIRST_STAY_WINDOWS,
             stay: FIRST_STAY_WINDOWS,
@@ -166,9 +195,9 @@ impl Judge {
     }
 
     /// Ends a window of `wall_ns` in which the process completed
-    /// `completions`, `contested` if its waiters contested the CPUs (a crowd,
-    /// or many taking turns: [`note_contested`]); returns the trial's result
-    /// when one ended.
+    /// `completions`, with the CPUs contested as `contest` says (a crowd, or
+    /// many taking turns: [`note_contested`]; others wanting them too:
+    /// [`note_waiter`]); returns the trial's result when one ended.
     ///
     /// Per-waiter modes are tried against sleeping only if the CPUs were
     /// contested since the last trial: a waiter alone with free CPUs (or
@@ -176,25 +205,30 @@ impl Judge {
     /// gain from sleeping, and a trial would cost it 200 ms of wake-ups
     /// (seed 001's matrix, 1 s runs: auto 0.94x poll with trials, 0.98x
     /// without). Sleeping is always tried against per-waiter modes.
-    pub fn on_window(&mut self, completions: u64, wall_ns: u64, contested: bool) -> Option<TrialResult> {
+    pub fn on_window(&mut self, completions: u64, wall_ns: u64, contest: Contest) -> Option<TrialResult> {
         if wall_ns == 0 || wall_ns > 2 * WINDOW_NS {
             return None; // not a window's measurement: the same window again
         }
-        if std::mem::take(&mut self.opening) && contested {
-            // Contested from the start: sleep, as the kernel's calls do, and try
-            // per-waiter modes against it at once; a tie (a program still starting)
-            // keeps sleeping. Starting with per-waiter modes and a stay cost MariaDB's
-            // read-write mix at 16 threads 1-1.8 s of a 5 s run (0.86x the kernel
-            // where sleeping throughout made 0.97x), and a trial at once from them
-            // fell on its start-up, tied, and kept them (0.90-0.92x at 4 and 16
-            // threads); sleeping with a stay first cost blocking threads on a loop
-            // device 0.6 s of a 3 s run (`iopath bench`, 16 threads: 1.01x fio where
-            // sync-yield made 1.14x).
+        let opening_ends = self.opening == 1;
+        self.opening = self.opening.saturating_sub(1);
+        if opening_ends && contest == Contest::Others {
+            // A program whose own threads want the CPUs once it is running (the
+            // first window holds the start of its threads, all runnable and few
+            // waiting yet, whoever they are): sleep, as the
+            // kernel's calls do, and try per-waiter modes against it at once; a tie (a
+            // program still starting) keeps sleeping. Starting with per-waiter modes and
+            // a stay cost MariaDB's read-write mix at 16 threads 1-1.8 s of a 5 s run
+            // (0.86x the kernel where sleeping throughout made 0.97x), and a trial at
+            // once from them fell on its start-up, tied, and kept them (0.90-0.92x at
+            // 4 and 16 threads). A crowd of the process's own waiters alone (blocking
+            // threads on a fast device) keeps per-waiter modes and tries sleeping
+            // after the stay: opening in sleeping cost 32 such threads on a loop
+            // device 6 of a 3 s run's 30 windows asleep, 15-20% slower each.
             self.way = Way::Sleep;
             self.trial = Some((0, 0.0, 0.0));
             return None;
         }
-        self.contested |= contested;
+        self.contested |= contest.contested();
         let rate = completions as f64 * 1e9 / wall_ns as f64;
         match self.trial {
             None => {
@@ -268,6 +302,10 @@ static WINDOW_END_NS: AtomicU64 = AtomicU64::new(0);
 static PROGRESS: AtomicU64 = AtomicU64::new(0);
 /// The CPUs were contested in the current window (see [`Judge::on_window`]).
 static CONTESTED: AtomicBool = AtomicBool::new(false);
+/// Looks at the run queue in the current window ([`note_waiter`]): how many
+/// (the high 32 bits), and how many found the CPUs wanted by threads that
+/// are not waiting (the low 32).
+static LOOKS: AtomicU64 = AtomicU64::new(0);
 
 /// Forgets what the judge learned: the next wait starts a new judge (a
 /// benchmark's next run, which is another program as far as waiting goes).
@@ -278,6 +316,7 @@ pub fn reset() {
     WINDOW_END_NS.store(0, Ordering::Relaxed);
     CONTESTED.store(false, Ordering::Relaxed);
     WAITERS.store(0, Ordering::Relaxed);
+    LOOKS.store(0, Ordering::Relaxed);
 }
 
 /// Makes waits take `way` until the current window ends (tests that change
@@ -334,6 +373,8 @@ pub fn note_waiter(last_window: &mut u64) {
         return;
     }
     *last_window = key;
+    let wanted = super::crowd::cpus_wanted();
+    LOOKS.fetch_add(1 << 32 | u64::from(wanted), Ordering::Relaxed);
     let mut seen = 0;
     let _ = WAITERS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
         let next = one_more_waiter(v, key);
@@ -342,6 +383,17 @@ pub fn note_waiter(last_window: &mut u64) {
     });
     if taking_turns(seen, super::crowd::cpus()) {
         note_contested();
+    }
+}
+
+/// The window's [`Contest`] from whether the CPUs were `contested` and the
+/// packed [`LOOKS`]: others wanted them in at least a quarter of the looks.
+fn contest_of(contested: bool, looks: u64) -> Contest {
+    let (all, wanted) = (looks >> 32, looks & 0xffff_ffff);
+    match contested {
+        false => Contest::Free,
+        true if wanted > 0 && 4 * wanted >= all => Contest::Others,
+        true => Contest::Waiters,
     }
 }
 
@@ -383,8 +435,8 @@ pub fn way_now(now_ns: u64) -> (Way, Option<TrialResult>) {
         let progress = PROGRESS.load(Ordering::Relaxed);
         let judge = judge.get_or_insert_with(Judge::new);
         if *began_ns != 0 {
-            let contested = CONTESTED.swap(false, Ordering::Relaxed);
-            result = judge.on_window(progress - *began_count, now_ns - *began_ns, contested);
+            let contest = contest_of(CONTESTED.swap(false, Ordering::Relaxed), LOOKS.swap(0, Ordering::Relaxed));
+            result = judge.on_window(progress - *began_count, now_ns - *began_ns, contest);
         }
         (*began_ns, *began_count) = (now_ns, progress);
         WAY.store(u8::from(judge.way() == Way::Sleep), Ordering::Relaxed);
@@ -398,12 +450,27 @@ mod tests {
     use super::*;
 
     /// Runs `judge` for `windows` windows of a program that completes
-    /// `rate(way)` I/Os per second; returns the ways of the windows.
+    /// `rate(way)` I/Os per second and whose own computing threads want the
+    /// CPUs; returns the ways of the windows.
     fn run(judge: &mut Judge, windows: usize, rate: impl Fn(Way) -> f64) -> Vec<Way> {
+        run_contested(judge, windows, Contest::Others, rate)
+    }
+
+    /// A judge past its opening windows, each contested as `contest` says.
+    fn opened(contest: Contest) -> Judge {
+        let mut judge = Judge::new();
+        for _ in 0..OPENING_WINDOWS {
+            judge.on_window(1000, WINDOW_NS, contest);
+        }
+        judge
+    }
+
+    /// [`run`] of a program whose windows are all contested as `contest` says.
+    fn run_contested(judge: &mut Judge, windows: usize, contest: Contest, rate: impl Fn(Way) -> f64) -> Vec<Way> {
         (0..windows)
             .map(|_| {
                 let way = judge.way();
-                judge.on_window((rate(way) * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, true);
+                judge.on_window((rate(way) * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, contest);
                 way
             })
             .collect()
@@ -411,14 +478,24 @@ mod tests {
 
     #[test]
     fn the_judge_keeps_per_waiter_modes_where_they_make_more_progress_and_tries_less_often() {
-        // Blocking threads on a loop device: per-waiter modes (a yielding crowd) 400K/s, sleeping 160K/s.
+        // Blocking threads on a loop device: per-waiter modes (a yielding crowd) 400K/s,
+        // sleeping 160K/s; nothing but the crowd wants the CPUs.
         let mut judge = Judge::new();
-        let ways = run(&mut judge, 600, |w| if w == Way::PerWaiter { 400e3 } else { 160e3 });
+        let rate = |w| if w == Way::PerWaiter { 400e3 } else { 160e3 };
+        let ways = run_contested(&mut judge, 600, Contest::Waiters, rate);
         assert_eq!(judge.way(), Way::PerWaiter);
-        // Contested from the start: sleeping, with a trial at once that per-waiter
-        // modes win (tried first and last).
-        assert_eq!(ways[1..5], [Way::PerWaiter, Way::Sleep, Way::Sleep, Way::PerWaiter]);
-        assert_eq!(ways[5], Way::PerWaiter);
+        // Per-waiter modes from the start; sleeping tried after the first stay, a
+        // clear loss after one window of each.
+        assert_eq!(ways[..5], [Way::PerWaiter, Way::PerWaiter, Way::Sleep, Way::PerWaiter, Way::PerWaiter]);
+        assert!(!ways[3..3 + 4 * FIRST_STAY_WINDOWS as usize].contains(&Way::Sleep), "{ways:?}");
+        assert_eq!(judge.switches, 0);
+        // Where threads that are not waiting want the CPUs at the start: sleeping,
+        // with a trial at once that per-waiter modes win (tried first and last).
+        let mut judge = Judge::new();
+        let ways = run(&mut judge, 600, rate);
+        assert_eq!(ways[..OPENING_WINDOWS as usize], [Way::PerWaiter; OPENING_WINDOWS as usize]);
+        assert_eq!(ways[2..6], [Way::PerWaiter, Way::Sleep, Way::Sleep, Way::PerWaiter]);
+        assert_eq!(ways[6], Way::PerWaiter);
         assert_eq!(judge.switches, 1);
         // Trials back off to one every 4 s: a losing trial's 2 windows in 40.
         let slept = ways[300..].iter().filter(|&&w| w == Way::Sleep).count();
@@ -440,6 +517,17 @@ mod tests {
         // After the first window and the first trial it sleeps but for trials.
         let yielded = ways[5..].iter().filter(|&&w| w == Way::PerWaiter).count();
         assert!(yielded <= 2 * 195 / 10, "{yielded}");
+    }
+
+    #[test]
+    fn others_contest_the_cpus_when_a_quarter_of_the_looks_found_them_wanted() {
+        let looks = |all: u64, wanted: u64| all << 32 | wanted;
+        assert_eq!(contest_of(false, looks(40, 40)), Contest::Free, "not contested: nobody");
+        assert_eq!(contest_of(true, 0), Contest::Waiters, "no look: the waiters");
+        assert_eq!(contest_of(true, looks(32, 0)), Contest::Waiters);
+        assert_eq!(contest_of(true, looks(32, 7)), Contest::Waiters);
+        assert_eq!(contest_of(true, looks(32, 8)), Contest::Others);
+        assert_eq!(contest_of(true, looks(9, 9)), Contest::Others);
     }
 
     #[test]
@@ -481,27 +569,25 @@ mod tests {
     fn a_narrow_win_switches_only_when_a_second_trial_confirms_it() {
         // 8% ahead every time: the first trial asks for a second, which switches.
         // (An uncontested first window: the judge starts with per-waiter modes.)
-        let mut judge = Judge::new();
-        judge.on_window(1000, WINDOW_NS, false);
+        let mut judge = opened(Contest::Free);
         let mut results = Vec::new();
         for _ in 0..12 {
             let way = judge.way();
             let rate = if way == Way::Sleep { 10.8e3 } else { 10e3 };
-            results.extend(judge.on_window((rate * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, true));
+            results.extend(judge.on_window((rate * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, Contest::Others));
         }
         assert!(results[0].confirming && !results[0].switched, "{results:?}");
         assert!(results[1].switched && !results[1].confirming, "{results:?}");
         assert_eq!(results[1].way, Way::Sleep);
 
         // 8% ahead in one trial and behind in the next (noise): no switch.
-        let mut judge = Judge::new();
-        judge.on_window(1000, WINDOW_NS, false);
+        let mut judge = opened(Contest::Free);
         let mut trial = 0;
         for _ in 0..200 {
             let way = judge.way();
             let ahead = if trial % 2 == 0 { 10.8e3 } else { 9.2e3 };
             let rate = if way == Way::Sleep { ahead } else { 10e3 };
-            if let Some(t) = judge.on_window((rate * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, true) {
+            if let Some(t) = judge.on_window((rate * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, Contest::Others) {
                 trial += 1;
                 assert!(!t.switched, "{t:?}");
             }
@@ -515,15 +601,14 @@ mod tests {
         // while the program's own rate rises 5% a window (a cache warming). In the
         // order ABAB the way in use got the later windows of each pair and the
         // trials read a tie; ABBA gives both ways the same share of the rise.
-        let mut judge = Judge::new();
-        judge.on_window(1000, WINDOW_NS, true);
+        let mut judge = opened(Contest::Others);
         assert!(judge.in_trial());
         let mut window = 0u32;
         let mut results = Vec::new();
         while results.len() < 2 {
             let base = 10e3 * (1.0 + 0.05 * window as f64);
             let rate = if judge.way() == Way::PerWaiter { 1.05 * base } else { base };
-            results.extend(judge.on_window((rate * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, true));
+            results.extend(judge.on_window((rate * WINDOW_NS as f64 / 1e9) as u64, WINDOW_NS, Contest::Others));
             window += 1;
         }
         assert!(results[0].confirming, "{results:?}");
@@ -535,10 +620,9 @@ mod tests {
     fn a_trial_the_way_tried_clearly_loses_ends_after_one_window_of_each() {
         // Per-waiter modes in use (an uncontested first window), then a trial of sleeping.
         let start = || {
-            let mut judge = Judge::new();
-            judge.on_window(1000, WINDOW_NS, false);
+            let mut judge = opened(Contest::Free);
             while !judge.in_trial() {
-                judge.on_window(10_000, WINDOW_NS, true);
+                judge.on_window(10_000, WINDOW_NS, Contest::Others);
             }
             assert_eq!(judge.way(), Way::Sleep);
             judge
@@ -546,24 +630,24 @@ mod tests {
         let window = |rate: f64| (rate * WINDOW_NS as f64 / 1e9) as u64;
         // Sleeping 35% behind in its first window: the trial ends after the next one.
         let mut judge = start();
-        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
-        let t = judge.on_window(window(135e3), WINDOW_NS, true).expect("the trial ended");
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, Contest::Others), None);
+        let t = judge.on_window(window(135e3), WINDOW_NS, Contest::Others).expect("the trial ended");
         assert!(!t.switched && !t.confirming && t.way == Way::PerWaiter, "{t:?}");
         assert_eq!(t.rates, (100e3, 135e3));
         assert!(!judge.in_trial());
         assert_eq!(t.stay, 4 * FIRST_STAY_WINDOWS, "a clear loss: four times the stay");
         // 20% behind (within what a program's progress moves by): all four windows.
         let mut judge = start();
-        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
-        assert_eq!(judge.on_window(window(120e3), WINDOW_NS, true), None);
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, Contest::Others), None);
+        assert_eq!(judge.on_window(window(120e3), WINDOW_NS, Contest::Others), None);
         assert!(judge.in_trial());
-        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
-        assert!(judge.on_window(window(120e3), WINDOW_NS, true).is_some());
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, Contest::Others), None);
+        assert!(judge.on_window(window(120e3), WINDOW_NS, Contest::Others).is_some());
         // A way tried that is far ahead in its first window is not cut short: it
         // must win the whole trial to switch.
         let mut judge = start();
-        assert_eq!(judge.on_window(window(200e3), WINDOW_NS, true), None);
-        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, true), None);
+        assert_eq!(judge.on_window(window(200e3), WINDOW_NS, Contest::Others), None);
+        assert_eq!(judge.on_window(window(100e3), WINDOW_NS, Contest::Others), None);
         assert!(judge.in_trial());
     }
 
@@ -572,28 +656,27 @@ mod tests {
         let mut judge = Judge::new();
         for _ in 0..100 {
             assert_eq!(judge.way(), Way::PerWaiter);
-            assert_eq!(judge.on_window(5000, WINDOW_NS, false), None);
+            assert_eq!(judge.on_window(5000, WINDOW_NS, Contest::Free), None);
         }
         assert_eq!(judge.trials, 0);
         // Contested once: the next trial comes when the stay ends.
-        judge.on_window(5000, WINDOW_NS, true);
+        judge.on_window(5000, WINDOW_NS, Contest::Others);
         let ways = run(&mut judge, 4 * FIRST_STAY_WINDOWS as usize, |_| 5e4);
         assert!(ways.contains(&Way::Sleep), "{ways:?}");
     }
 
     #[test]
     fn a_window_much_longer_than_planned_is_measured_again() {
-        let mut judge = Judge::new();
-        judge.on_window(1000, WINDOW_NS, false);
+        let mut judge = opened(Contest::Free);
         for _ in 0..FIRST_STAY_WINDOWS {
-            judge.on_window(1000, WINDOW_NS, true);
+            judge.on_window(1000, WINDOW_NS, Contest::Others);
         }
         assert!(judge.in_trial());
         let way = judge.way();
         // The crowd dispersed for a second: that window says nothing.
-        assert_eq!(judge.on_window(10, 10 * WINDOW_NS, true), None);
+        assert_eq!(judge.on_window(10, 10 * WINDOW_NS, Contest::Others), None);
         assert_eq!(judge.way(), way, "the same trial window again");
-        assert_eq!(judge.on_window(0, 0, true), None);
+        assert_eq!(judge.on_window(0, 0, Contest::Others), None);
         assert_eq!(judge.way(), way);
     }
 }
