@@ -263,6 +263,13 @@ pub struct FsStats {
     /// `fdatasync`s of pages that only overwrote written blocks: the pages
     /// written with forced unit access, no commit.
     pub overwrite_syncs: u64,
+    /// Direct writes that only overwrote written blocks, under the file's
+    /// shared lock (many at once per file).
+    pub direct_shared: u64,
+    /// Direct writes under the file's exclusive lock (growth, holes,
+    /// preallocated blocks, cached pages of the range): one at a time per
+    /// file, every other access to it waiting through the device time.
+    pub direct_exclusive: u64,
     /// Device reads, writes and flushes the file layer issued.
     pub device_reads: u64,
     /// See `device_reads`.
@@ -302,7 +309,8 @@ impl FsStats {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         format!(
             "{} commits ({} sent without waiting), {} kept in the shared-memory log, {} checkpoints; {} syncs \
-             ({} shared, {} a flush only, {} overwrites written durable); cache {} hits, {} misses, {} pages read around ({} used), {} pages written back ({} behind the writer, {} then dropped), {} evicted, {} dirty now; device {} reads \
+             ({} shared, {} a flush only, {} overwrites written durable); direct writes {} under the file's \
+             shared lock, {} under its exclusive lock; cache {} hits, {} misses, {} pages read around ({} used), {} pages written back ({} behind the writer, {} then dropped), {} evicted, {} dirty now; device {} reads \
              ({:.1} MiB), {} writes ({:.1} MiB), {} flushes ({} more with nothing new to flush); {} blocks read from \
              the carried cache",
             j.commits,
@@ -313,6 +321,8 @@ impl FsStats {
             self.shared_commits,
             self.flush_only,
             self.overwrite_syncs,
+            self.direct_shared,
+            self.direct_exclusive,
             c.hits,
             c.misses,
             c.read_around_pages,
@@ -424,6 +434,8 @@ struct Inner {
     shared_commits: AtomicU64,
     flush_only: AtomicU64,
     overwrite_syncs: AtomicU64,
+    direct_shared: AtomicU64,
+    direct_exclusive: AtomicU64,
 }
 
 /// How far a commit goes.
@@ -1040,6 +1052,8 @@ impl FileSystem {
             shared_commits: AtomicU64::new(0),
             flush_only: AtomicU64::new(0),
             overwrite_syncs: AtomicU64::new(0),
+            direct_shared: AtomicU64::new(0),
+            direct_exclusive: AtomicU64::new(0),
         });
         let mounted = Mounted {
             replayed,
@@ -1127,6 +1141,8 @@ impl FileSystem {
             shared_commits: fs.shared_commits.load(Ordering::Relaxed),
             flush_only: fs.flush_only.load(Ordering::Relaxed),
             overwrite_syncs: fs.overwrite_syncs.load(Ordering::Relaxed),
+            direct_shared: fs.direct_shared.load(Ordering::Relaxed),
+            direct_exclusive: fs.direct_exclusive.load(Ordering::Relaxed),
             device_reads: c.reads.load(Ordering::Relaxed),
             device_writes: c.writes.load(Ordering::Relaxed),
             device_flushes: c.flushes.load(Ordering::Relaxed),
