@@ -163,6 +163,28 @@ pub struct TrialResult {
     pub stay: u32,
 }
 
+/// How the judge's opening ended ([`OPENING_WINDOWS`]): the way it chose,
+/// and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opening {
+    /// The way in use from here on (sleeping: per-waiter modes tried at once).
+    pub way: Way,
+    /// Who contested the CPUs in the window that decided.
+    pub contest: Contest,
+    /// The waiters' looks at the run queue in that window, and how many found
+    /// the CPUs wanted by threads that are not waiting.
+    pub looks: (u64, u64),
+}
+
+/// A decision of the judge worth saying (`IOPATH_LOG=1`, `--explain`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decision {
+    /// The opening ended.
+    Opening(Opening),
+    /// A trial ended.
+    Trial(TrialResult),
+}
+
 impl Judge {
     /// Starts with per-waiter modes; if threads that are not waiting wanted
     /// the CPUs in the last window of the opening ([`Contest::Others`]),
@@ -192,6 +214,16 @@ impl Judge {
     /// Whether a trial is under way.
     pub fn in_trial(&self) -> bool {
         self.trial.is_some()
+    }
+
+    /// The way in use (the one a trial, if any, tries the other way against).
+    pub fn way_in_use(&self) -> Way {
+        self.way
+    }
+
+    /// Whether the opening is over.
+    pub fn opened(&self) -> bool {
+        self.opening == 0
     }
 
     /// Ends a window of `wall_ns` in which the process completed
@@ -424,8 +456,8 @@ pub fn way() -> Way {
 
 /// The way a wait starting at `now_ns` takes; the first wait past the end of
 /// a window ends it (one thread, under a lock no one waits for) and returns
-/// the trial's result if one ended. Two atomic loads otherwise.
-pub fn way_now(now_ns: u64) -> (Way, Option<TrialResult>) {
+/// what the judge decided, if anything. Two atomic loads otherwise.
+pub fn way_now(now_ns: u64) -> (Way, Option<Decision>) {
     let mut result = None;
     if now_ns >= WINDOW_END_NS.load(Ordering::Relaxed)
         && let Ok(mut guard) = JUDGE.try_lock()
@@ -435,8 +467,14 @@ pub fn way_now(now_ns: u64) -> (Way, Option<TrialResult>) {
         let progress = PROGRESS.load(Ordering::Relaxed);
         let judge = judge.get_or_insert_with(Judge::new);
         if *began_ns != 0 {
-            let contest = contest_of(CONTESTED.swap(false, Ordering::Relaxed), LOOKS.swap(0, Ordering::Relaxed));
-            result = judge.on_window(progress - *began_count, now_ns - *began_ns, contest);
+            let looks = LOOKS.swap(0, Ordering::Relaxed);
+            let contest = contest_of(CONTESTED.swap(false, Ordering::Relaxed), looks);
+            let opening = !judge.opened();
+            result = judge.on_window(progress - *began_count, now_ns - *began_ns, contest).map(Decision::Trial);
+            if opening && judge.opened() {
+                let looks = (looks >> 32, looks & 0xffff_ffff);
+                result = Some(Decision::Opening(Opening { way: judge.way_in_use(), contest, looks }));
+            }
         }
         (*began_ns, *began_count) = (now_ns, progress);
         WAY.store(u8::from(judge.way() == Way::Sleep), Ordering::Relaxed);
@@ -528,6 +566,17 @@ mod tests {
         assert_eq!(contest_of(true, looks(32, 7)), Contest::Waiters);
         assert_eq!(contest_of(true, looks(32, 8)), Contest::Others);
         assert_eq!(contest_of(true, looks(9, 9)), Contest::Others);
+        // The opening's second window decides; the first (threads starting) does not.
+        let mut judge = Judge::new();
+        judge.on_window(1000, WINDOW_NS, Contest::Others);
+        assert!(!judge.opened() && judge.way_in_use() == Way::PerWaiter);
+        judge.on_window(1000, WINDOW_NS, Contest::Others);
+        assert!(judge.opened() && judge.way_in_use() == Way::Sleep && judge.in_trial());
+        let mut judge = Judge::new();
+        judge.on_window(1000, WINDOW_NS, Contest::Others);
+        judge.on_window(1000, WINDOW_NS, Contest::Waiters);
+        // Per-waiter modes kept; the stay (the opening's windows) over, sleeping is tried.
+        assert!(judge.opened() && judge.way_in_use() == Way::PerWaiter && judge.way() == Way::Sleep);
     }
 
     #[test]

@@ -511,9 +511,11 @@ impl Adaptive {
     /// The judge's way for a wait starting at `now` (saying how a trial ended,
     /// if this wait ended one).
     fn judged_way(&self, now: u64) -> Way {
-        let (way, trial) = judge::way_now(now);
-        if let Some(trial) = trial {
-            self.say_trial(trial);
+        let (way, decision) = judge::way_now(now);
+        match decision {
+            Some(judge::Decision::Trial(trial)) => self.say_trial(trial),
+            Some(judge::Decision::Opening(opening)) => self.say_opening(opening),
+            None => {}
         }
         way
     }
@@ -548,6 +550,29 @@ impl Adaptive {
                         format!("waits keep {}", t.way.name())
                     },
                     if t.confirming { 0 } else { t.stay as u64 * judge::WINDOW_NS / 1_000_000 }
+                ),
+            );
+        }
+    }
+
+    /// Says how the judge's opening ended: the way it chose, and why.
+    fn say_opening(&self, o: judge::Opening) {
+        if explain::enabled() {
+            let (looks, wanted) = o.looks;
+            explain::say_rare(
+                self.name,
+                format_args!(
+                    "opening: {} ({wanted} of {looks} looks at the run queue found the CPUs wanted by threads not \
+                     waiting): {}",
+                    match o.contest {
+                        judge::Contest::Free => "the CPUs not contested",
+                        judge::Contest::Waiters => "the CPUs contested by this process's waiters alone",
+                        judge::Contest::Others => "the CPUs contested, and wanted by threads not waiting",
+                    },
+                    match o.way {
+                        Way::Sleep => "waits sleep, per-waiter modes tried against it at once",
+                        Way::PerWaiter => "waits keep per-waiter modes",
+                    }
                 ),
             );
         }
