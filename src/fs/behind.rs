@@ -84,11 +84,14 @@ pub(super) struct Job {
     /// its own.)
     done: Mutex<Option<bool>>,
     finished: Condvar,
+    /// An fdatasync's job: the file's count of writes ([`Node::writes`]) when
+    /// it was taken, every one of which it makes durable.
+    covers: u64,
 }
 
 impl Job {
-    fn new(wb: Writeback, drop_behind: bool, behind: bool) -> Arc<Job> {
-        Arc::new(Job { wb, drop_behind, behind, done: Mutex::new(None), finished: Condvar::new() })
+    fn new(wb: Writeback, drop_behind: bool, behind: bool, covers: u64) -> Arc<Job> {
+        Arc::new(Job { wb, drop_behind, behind, done: Mutex::new(None), finished: Condvar::new(), covers })
     }
 
     fn complete(&self, written: bool) {
@@ -251,7 +254,7 @@ impl NodeState {
             return;
         }
         let pages = wb.pages() as u64;
-        let job = Job::new(wb, self.stream.len >= DROP_AFTER_BYTES, true);
+        let job = Job::new(wb, self.stream.len >= DROP_AFTER_BYTES, true, 0);
         let posted = fs.flusher.lock().expect("flusher lock poisoned").post(&fs.me, Arc::clone(&job));
         if posted {
             fs.written_behind.fetch_add(pages, Ordering::Relaxed);
@@ -272,9 +275,13 @@ impl NodeState {
     /// a truncate) waits for it first, while writers and readers of the file
     /// go on. The caller holds the lock from [`Node::lock_settled`]: no job
     /// is in flight.
-    pub(super) fn take_for_sync(&mut self, fs: &Inner) -> Arc<Job> {
+    /// `writes` is the file's count of writes now ([`Node::writes`]): the
+    /// job covers them all (they are in its pages, or were written back
+    /// before, which its flush covers).
+    pub(super) fn take_for_sync(&mut self, fs: &Inner, writes: u64) -> Arc<Job> {
         debug_assert!(!self.stream.busy(), "a sync's pages taken while a job of the file is in flight");
-        let job = Job::new(Writeback::take_behind(fs, self, u64::MAX, usize::MAX), false, false);
+        let wb = Writeback::take_behind(fs, self, u64::MAX, usize::MAX);
+        let job = Job::new(wb, false, false, writes);
         self.stream.jobs.push_back(Arc::clone(&job));
         job
     }
@@ -288,7 +295,11 @@ impl NodeState {
                 return;
             }
             let job = self.stream.jobs.pop_front().expect("looked at");
-            match job.wait() {
+            let written = job.wait();
+            if written && !job.behind {
+                self.synced = self.synced.max(job.covers);
+            }
+            match written {
                 true if self.live => {
                     job.wb.finish_part(fs, self, true, self.stream.busy());
                     job.wb.pin(false);

@@ -488,6 +488,11 @@ struct Node {
     handles: AtomicUsize,
     /// In the dirty-file queue ([`writeback::DirtyFiles`]); changed under `state`'s lock.
     queued: AtomicBool,
+    /// Writes of the file so far, each counted once its data is in the cache
+    /// or on the device, before its lock is let go: an fdatasync reads it
+    /// first, and needs nothing of its own once a sync job that covered that
+    /// count is durable ([`NodeState::synced`]).
+    writes: AtomicU64,
 }
 
 /// What an inode slot holds while mounted.
@@ -577,6 +582,13 @@ struct NodeState {
     loads: AtomicU64,
     /// The stream it is being written in, and its write-behind jobs ([`behind`]).
     stream: behind::Stream,
+    /// Every write up to this count of [`Node::writes`] is durable: the count
+    /// a durable sync job covered when it was taken (all writes counted then
+    /// were in its pages, or written before its flush), once it succeeded.
+    /// Threads that write one block of a log and fdatasync each rewrote the
+    /// block one after another (16 threads appending 512-byte records: 0.5x
+    /// ext4's syncs), each for pages the others had written again since.
+    synced: u64,
 }
 
 /// All metadata, in memory, as the next commit will write it.
@@ -1731,6 +1743,7 @@ impl NodeState {
             mirrors: Vec::new(),
             loads: AtomicU64::new(0),
             stream: behind::Stream::default(),
+            synced: 0,
         }
     }
 }
@@ -1743,6 +1756,7 @@ impl Node {
             readahead: ReadAhead::default(),
             handles: AtomicUsize::new(0),
             queued: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
         })
     }
 }

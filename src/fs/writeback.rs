@@ -372,6 +372,7 @@ impl DirtyFiles {
 impl NodeState {
     /// Marks `page` (the file's block `block`) dirty; `node` is this state's file.
     pub(super) fn dirty_page(&mut self, fs: &Inner, node: &Arc<Node>, block: u64, page: Arc<Page>) {
+        node.writes.fetch_add(1, Ordering::Release);
         if self.dirty.insert(block, page).is_none() {
             fs.dirty.pages.fetch_add(1, Ordering::Relaxed);
         }
