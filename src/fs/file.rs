@@ -1135,6 +1135,7 @@ impl File {
             self.state_write_for_write().settle(fs, false);
             return result;
         }
+        // Dirty pages: write them back inside the commit, as the fsync path orders it.
         let wb = Writeback::take(fs, &mut state);
         let mut journal = match fs.journal.try_lock() {
             Ok(journal) => journal,

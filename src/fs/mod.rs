@@ -263,11 +263,11 @@ pub struct FsStats {
     /// `fdatasync`s of pages that only overwrote written blocks: the pages
     /// written with forced unit access, no commit.
     pub overwrite_syncs: u64,
-    /// Direct writes that only overwrote written blocks, under the file's
-    /// shared lock (many at once per file).
+    /// Direct writes inside the file over mapped blocks (written, or whole
+    /// preallocated ones), under the file's shared lock: many at once per file.
     pub direct_shared: u64,
-    /// Direct writes under the file's exclusive lock (growth, holes,
-    /// preallocated blocks, cached pages of the range): one at a time per
+    /// Direct writes under the file's exclusive lock (growth, holes, a part
+    /// of a preallocated block, cached pages of the range): one at a time per
     /// file, every other access to it waiting through the device time.
     pub direct_exclusive: u64,
     /// Device reads, writes and flushes the file layer issued.
