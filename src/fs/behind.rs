@@ -345,4 +345,33 @@ impl Node {
         state.settle(fs, true);
         state
     }
+
+    /// [`Node::lock_settled`] for an fdatasync that another thread's sync
+    /// job may cover: after each wait the jobs that are done are settled and
+    /// `covered` asked, and `None` comes back once it says so, the lock let
+    /// go. Sixteen threads each appending a record to one log block and
+    /// syncing it took the lock after every job, and after four waits held
+    /// it through the next one, the writers of the file waiting behind.
+    pub(super) fn lock_settled_unless(
+        &self,
+        fs: &Inner,
+        covered: impl Fn(&NodeState) -> bool,
+    ) -> Option<RwLockWriteGuard<'_, NodeState>> {
+        for _ in 0..WAITS_UNLOCKED {
+            let mut state = self.state.write().expect("file lock poisoned");
+            state.settle(fs, false);
+            if covered(&state) {
+                return None;
+            }
+            let Some(job) = state.stream.jobs.iter().find(|job| !job.is_done()).cloned() else {
+                state.settle(fs, true);
+                return Some(state);
+            };
+            drop(state);
+            job.wait();
+        }
+        let mut state = self.state.write().expect("file lock poisoned");
+        state.settle(fs, true);
+        (!covered(&state)).then_some(state)
+    }
 }

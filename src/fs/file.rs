@@ -1092,22 +1092,25 @@ impl File {
                 return self.sync_clean(tid);
             }
         }
-        let mut state = self.state_write();
-        self.live(&state, op)?;
-        fs.check_writable(op, &state.inode.name)?;
-        if data_only
-            && state.synced >= mine
-            && state.synced > 0
-            && fs.committed.load(Ordering::Acquire) >= state.layout_tid
-        {
-            // A sync job of another thread, taken after every write this call covers,
-            // made them durable (waited for above): what was written since is its
-            // writers' to sync. Threads appending records to one block of a log, each
-            // with an fdatasync, rewrote the block one after the other.
+        // Covered: a sync job of another thread, taken after every write this call
+        // covers, made them durable; what was written since is its writers' to sync.
+        // Threads appending records to one block of a log, each with an fdatasync,
+        // rewrote the block one after the other.
+        let covered = |state: &NodeState| {
+            data_only
+                && state.live
+                && state.synced >= mine
+                && state.synced > 0
+                && fs.committed.load(Ordering::Acquire) >= state.layout_tid
+                && fs.check_writable(op, &state.inode.name).is_ok()
+        };
+        let Some(mut state) = self.node.lock_settled_unless(fs, covered) else {
             fs.syncs.fetch_add(1, Ordering::Relaxed);
             fs.shared_commits.fetch_add(1, Ordering::Relaxed);
             return Ok(());
-        }
+        };
+        self.live(&state, op)?;
+        fs.check_writable(op, &state.inode.name)?;
         if !data_only && !state.pending() && !state.mtime_unstored {
             // Only a direct overwrite's time is in memory: stored, and committed
             // without the file's lock, as above (a commit under it held every
