@@ -244,18 +244,18 @@ impl Judge {
         let opening_ends = self.opening == 1;
         self.opening = self.opening.saturating_sub(1);
         if opening_ends && contest == Contest::Others {
-            // A program whose own threads want the CPUs once it is running (the
-            // first window holds the start of its threads, all runnable and few
-            // waiting yet, whoever they are): sleep, as the
-            // kernel's calls do, and try per-waiter modes against it at once; a tie (a
-            // program still starting) keeps sleeping. Starting with per-waiter modes and
-            // a stay cost MariaDB's read-write mix at 16 threads 1-1.8 s of a 5 s run
-            // (0.86x the kernel where sleeping throughout made 0.97x), and a trial at
-            // once from them fell on its start-up, tied, and kept them (0.90-0.92x at
-            // 4 and 16 threads). A crowd of the process's own waiters alone (blocking
-            // threads on a fast device) keeps per-waiter modes and tries sleeping
-            // after the stay: opening in sleeping cost 32 such threads on a loop
-            // device 6 of a 3 s run's 30 windows asleep, 15-20% slower each.
+            // A program whose own threads want the CPUs once it is running (the first
+            // window holds the start of its threads, all runnable and few waiting yet,
+            // whoever they are): sleep, as the kernel's calls do, and try per-waiter
+            // modes against it at once; a tie (a program still starting) keeps
+            // sleeping. Starting with per-waiter modes and a stay cost MariaDB's
+            // read-write mix at 16 threads 1-1.8 s of a 5 s run (0.86x the kernel
+            // where sleeping throughout made 0.97x), and a trial at once from them fell
+            // on its start-up, tied, and kept them (0.90-0.92x at 4 and 16 threads). A
+            // crowd of the process's own waiters alone (blocking threads on a fast
+            // device) keeps per-waiter modes and tries sleeping after the stay: opening
+            // in sleeping cost 32 such threads on a loop device 6 of a 3 s run's 30
+            // windows asleep, each 8-20% slower.
             self.way = Way::Sleep;
             self.trial = Some((0, 0.0, 0.0));
             return None;
