@@ -330,20 +330,7 @@ impl Node {
     /// another thread's wait (a database's log written while its last part
     /// is synced).
     pub(super) fn lock_settled(&self, fs: &Inner) -> RwLockWriteGuard<'_, NodeState> {
-        for _ in 0..WAITS_UNLOCKED {
-            let mut state = self.state.write().expect("file lock poisoned");
-            let Some(job) = state.stream.jobs.iter().find(|job| !job.is_done()).cloned() else {
-                // Nothing in flight (the common case): settled without a wait, and the
-                // lock taken once.
-                state.settle(fs, true);
-                return state;
-            };
-            drop(state);
-            job.wait();
-        }
-        let mut state = self.state.write().expect("file lock poisoned");
-        state.settle(fs, true);
-        state
+        self.lock_settled_unless(fs, |_| false).expect("nothing is covered")
     }
 
     /// [`Node::lock_settled`] for an fdatasync that another thread's sync
@@ -364,6 +351,8 @@ impl Node {
                 return None;
             }
             let Some(job) = state.stream.jobs.iter().find(|job| !job.is_done()).cloned() else {
+                // Nothing in flight (the common case): settled without a wait, and the
+                // lock taken once.
                 state.settle(fs, true);
                 return Some(state);
             };

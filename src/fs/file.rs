@@ -1151,9 +1151,7 @@ impl File {
         fs.end_commit();
         result.inspect_err(|_| wb.restore(fs, &mut state))
     }
-}
 
-impl File {
     /// `fsync` or `fdatasync` of a file with nothing in memory only: what it
     /// needs is in transaction `tid` (committed, or committed now) and in the
     /// device's cache (flushed).
