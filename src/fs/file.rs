@@ -1266,4 +1266,47 @@ mod tests {
         direct.read_at(&mut back, 0).unwrap();
         assert!(back[..4096] == [1; 4096] && back[4096..] == [2; 4096]);
     }
+
+    /// An fsync of a file whose only change is the time a direct overwrite
+    /// noted stores the inode under the file's lock and commits without it:
+    /// the file's direct writes (which hold its shared lock) go on while the
+    /// commit is at the device, where they waited for the commit's device time.
+    #[test]
+    fn an_fsync_of_a_direct_overwrites_time_commits_without_the_files_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = format!("emu:null,size=16m,file={}", dir.path().join("emu.img").display());
+        FileSystem::format(engine(&spec), FormatOptions::default()).unwrap();
+        // Every command of the mount comes back 200 ms late: long enough to look
+        // at the file's lock while the fsync's commit is at the device.
+        let fs = FileSystem::mount(engine(&format!("{spec},spike_rate=1,spike=200ms"))).unwrap().0;
+        drop(fs.create("f").unwrap());
+        let direct = fs.open_direct("f").unwrap();
+        direct.write_at(&[1; 4096], 0).unwrap(); // allocates: not an overwrite
+        fs.set_mtime("f", 1_000_000_000).unwrap(); // the next write's time moves
+        fs.sync().unwrap(); // nothing pending: the fsync finds the journal free
+        direct.write_at(&[2; 4096], 0).unwrap(); // an overwrite: its time is all that is pending
+        assert!(direct.node.state.read().unwrap().mtime_pending(), "the overwrite noted its time");
+        let syncs = || direct.fs.syncs.load(std::sync::atomic::Ordering::Relaxed);
+        let before = syncs();
+        std::thread::scope(|s| {
+            let fsync = s.spawn(|| direct.fsync());
+            // The fsync counts itself once it has stored the inode, just before it commits.
+            let started = std::time::Instant::now();
+            while syncs() == before && !fsync.is_finished() && started.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            // Its commit takes at least one 200 ms command, and the looks end inside it.
+            let free = (0..100).any(|_| {
+                let free = direct.node.state.try_read().is_ok();
+                if !free {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                free
+            });
+            let finished = fsync.is_finished();
+            assert!(free && !finished, "a direct write waited for the fsync's commit (lock free: {free})");
+            fsync.join().unwrap().unwrap();
+        });
+        assert!(!direct.node.state.read().unwrap().mtime_pending(), "the time is stored");
+    }
 }
