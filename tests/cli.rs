@@ -926,6 +926,41 @@ fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     }
 }
 
+/// The logsync workload: threads overwriting records of one shared log,
+/// an fdatasync after each, on both fsync paths; and the ring's bound.
+#[test]
+fn fsbench_logsync_runs_many_threads_on_one_log() {
+    let o = iopath(&[
+        "fsbench",
+        "--device",
+        "emu:optane,wcache=1",
+        "--file-size",
+        "4m",
+        "--workloads",
+        "logsync",
+        "--bs",
+        "512",
+        "--threads",
+        "8",
+        "--paths",
+        "conventional,aios/journaled",
+        "--runtime",
+        "150ms",
+        "--output-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    for r in runs {
+        assert_eq!(r["workload"], "logsync", "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0 && r["lat_ns"]["p99"].as_u64().unwrap() > 0, "{r}");
+    }
+    let e = fails(&["fsbench", "--workloads", "logsync", "--bs", "64k", "--threads", "32"]);
+    assert!(e.contains("--bs '64KiB'") && e.contains("1MiB ring") && !e.contains("formatting"), "{e}");
+}
+
 #[test]
 fn reproduce_writes_a_report_whose_tables_match_its_data_and_redraws_it() {
     let dir = tempfile::tempdir().unwrap();

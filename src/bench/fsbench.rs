@@ -46,6 +46,11 @@ pub enum FsWorkload {
     Region,
     /// Appends with an fsync every N.
     Fsync,
+    /// Records overwritten in one shared log, an fdatasync after each: every
+    /// thread writes `bs` bytes at its own slots of a [`LOG_RING_BYTES`] ring
+    /// (a database's redo log with no group commit of its own: the threads'
+    /// syncs meet on the same blocks).
+    LogSync,
     /// Random reads of a direct file: the block map, then the device straight
     /// into the caller's memory (no cache, no copy: seed 004's bypass).
     Direct,
@@ -62,13 +67,14 @@ impl FsWorkload {
             "seqread" => FsWorkload::SeqRead,
             "region" => FsWorkload::Region,
             "fsync" => FsWorkload::Fsync,
+            "logsync" => FsWorkload::LogSync,
             "direct" => FsWorkload::Direct,
             "direct-copy" => FsWorkload::DirectCopy,
             _ => {
                 return Err(Error::spec(
                     "workload",
                     text,
-                    "randread, hitsweep, seqread, region, fsync, direct or direct-copy",
+                    "randread, hitsweep, seqread, region, fsync, logsync, direct or direct-copy",
                 ));
             }
         })
@@ -82,6 +88,7 @@ impl FsWorkload {
             FsWorkload::SeqRead => "seqread",
             FsWorkload::Region => "region",
             FsWorkload::Fsync => "fsync",
+            FsWorkload::LogSync => "logsync",
             FsWorkload::Direct => "direct",
             FsWorkload::DirectCopy => "direct-copy",
         }
@@ -196,12 +203,27 @@ impl FsBenchConfig {
                 ),
             ));
         }
+        if self.workloads.contains(&FsWorkload::LogSync) && self.bs * self.threads as u64 > LOG_RING_BYTES {
+            return Err(Error::spec(
+                "--bs",
+                format_size(self.bs),
+                format!(
+                    "the logsync workload's log is a {} ring with a slot per thread: --bs times --threads ({}) must \
+                     fit in it, e.g. --bs 512",
+                    format_size(LOG_RING_BYTES),
+                    self.threads
+                ),
+            ));
+        }
         if self.workloads.contains(&FsWorkload::Fsync) && self.fsync_every == 0 {
             return Err(Error::spec("--fsync-every", "0", "at least 1 append per fsync"));
         }
         Ok(())
     }
 }
+
+/// The size of the `logsync` workload's log, a ring its threads' records go around.
+pub const LOG_RING_BYTES: u64 = 1 << 20;
 
 /// The smallest page cache bound `fsbench` takes: what the page cache keeps
 /// whatever its bound.
@@ -389,6 +411,12 @@ fn run_one(
             at += f.read_at(&mut buf, at)?.max(1) as u64;
         }
     }
+    if workload == FsWorkload::LogSync {
+        // The log exists at its full size, durable: every record is an overwrite.
+        let log = fs.open_or_create("ring")?;
+        log.write_at(&vec![0; LOG_RING_BYTES as usize], 0)?;
+        log.fsync()?;
+    }
     let before = fs.stats();
     let stop = Arc::new(AtomicBool::new(false));
     let start = now_ns();
@@ -434,7 +462,7 @@ fn run_one(
         .filter(|(_, _, n)| *n > 0)
         .map(|(name, ns, n)| (name, ns as f64 / ops.max(1) as f64, n as f64 / ops.max(1) as f64))
         .collect();
-    let read_fraction = if workload == FsWorkload::Fsync { 0.0 } else { 1.0 };
+    let read_fraction = if matches!(workload, FsWorkload::Fsync | FsWorkload::LogSync) { 0.0 } else { 1.0 };
     let run = FsRun {
         workload,
         paths,
@@ -500,10 +528,14 @@ fn worker(
             f.truncate(0)?;
             (None, Some(f))
         }
+        FsWorkload::LogSync => (None, Some(fs.open("ring")?)),
         FsWorkload::Direct | FsWorkload::DirectCopy => (Some(fs.open_direct("data")?), None),
         _ => (Some(fs.open("data")?), None),
     };
     rng.fill(&mut buf);
+    // logsync: this thread's slots, one every `threads` records around the ring.
+    let mut record = t as u64 * bs;
+    let stride = config.threads as u64 * bs;
     while !stop.load(Ordering::Relaxed) {
         let t0 = now_ns();
         match workload {
@@ -532,6 +564,15 @@ fn worker(
                 f.append(&buf)?;
                 if (ops + 1).is_multiple_of(config.fsync_every) {
                     f.fsync()?;
+                }
+            }
+            FsWorkload::LogSync => {
+                let f = log.as_ref().expect("log file");
+                f.write_at(&buf, record)?;
+                f.fdatasync()?;
+                record += stride;
+                if record + bs > LOG_RING_BYTES {
+                    record = t as u64 * bs;
                 }
             }
         }

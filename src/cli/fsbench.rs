@@ -21,6 +21,9 @@ each workload on each file-layer path, one after another (with --repeat, in alte
   seqread    each thread reads its share of the file sequentially (read-ahead)
   region     random reads inside the first --region bytes: read-ahead must stay off
   fsync      each thread appends --bs to its own file, fsync every --fsync-every appends
+  logsync    each thread overwrites --bs records at its own slots of one shared 1 MiB log and
+             fdatasyncs after each (a redo log with no group commit: the syncs meet on its blocks;
+             not in the default list)
 
 Paths: conventional (Linux's steps, one after another: allocate, index, map, submit, wait, copy;
 fsync: data, journal, flush, commit) and aios (seed 002: pooled pages, submit first, lazy indexing;
@@ -35,6 +38,7 @@ against what the application got (goodput), and the time of each step per op (th
 EXAMPLES:
   iopath fsbench                                        # emu:optane, 1 thread, all workloads
   iopath fsbench --workloads randread,fsync --repeat 3
+  iopath fsbench --workloads logsync --bs 512 --threads 16 --paths aios/journaled
   iopath fsbench --device uring:/dev/loop0 --allow-overwrite --workloads seqread,region
 ";
 
@@ -45,7 +49,7 @@ pub struct FsBenchArgs {
     /// Device spec (formatted first): emu:PRESET[,k=v], uring:PATH, psync:PATH.
     #[arg(long, default_value = "emu:optane,wcache=1")]
     device: String,
-    /// Workloads: randread, hitsweep, seqread, region, fsync.
+    /// Workloads: randread, hitsweep, seqread, region, fsync, logsync.
     #[arg(long, value_delimiter = ',', default_value = "randread,hitsweep,seqread,region,fsync")]
     workloads: Vec<String>,
     /// File-layer paths: conventional, aios, or READ/FSYNC, where a read path
