@@ -41,6 +41,9 @@ pub struct Disk {
     engine: Arc<Engine>,
     /// Largest request, a whole number of blocks.
     max_io: usize,
+    /// The device models each command's service time (an emulated device);
+    /// otherwise every command takes the kernel's path.
+    modeled: bool,
     /// Blocks on the device.
     blocks: u64,
     counters: Arc<DiskCounters>,
@@ -128,7 +131,22 @@ impl Disk {
         let caps = engine.device().capabilities();
         let max_io = (caps.max_segment_bytes as usize / BLOCK).max(1) * BLOCK;
         let blocks = engine.device().size() / BLOCK_U64;
-        Disk { engine, max_io, blocks, counters: Arc::default(), tally: Arc::default(), carry: OnceLock::new() }
+        Disk {
+            engine,
+            max_io,
+            modeled: caps.timed,
+            blocks,
+            counters: Arc::default(),
+            tally: Arc::default(),
+            carry: OnceLock::new(),
+        }
+    }
+
+    /// Whether the device models each command's service time (an emulated
+    /// device) rather than taking the kernel's path for each (a loop device,
+    /// an NVMe drive through io_uring).
+    pub fn modeled(&self) -> bool {
+        self.modeled
     }
 
     /// Most blocks one request carries (a larger one is sent as several).

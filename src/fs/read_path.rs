@@ -102,11 +102,19 @@ pub(super) fn load(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Result<Vec<
 }
 
 /// Pages read-ahead sends at a time (looking at what has come back each
-/// time). Measured with sequential fsbench on `emu:optane` and on a loop
-/// device: every 4 and every 8 were alike (88-91% of emu:optane's peak,
-/// loop device 1000-1140 MB/s, as before); every 16, or doubling batches,
-/// were worse on the loop device (900-1020 MB/s: it waits for each batch).
-const AHEAD_SEND_EVERY: usize = 8;
+/// time) on a device that models each command's time (emulated). Measured
+/// with sequential fsbench on `emu:optane`: every 4 and every 8 were alike
+/// (88-91% of its peak), every 16, 32 and 64 pages 2-10% slower (the reader
+/// waits for each larger batch).
+const AHEAD_SEND_EVERY_MODELED: usize = 8;
+/// ... and on a device whose every command takes the kernel's path: 128 KiB
+/// commands, as ext4's read-ahead sends. On a loop device over /dev/shm
+/// (`iopath fsbench --device uring:LOOP --workloads seqread --paths
+/// conventional,aios --file-size 1g --cache 16m`, 2026-11-30), every 8 pages
+/// read 1.7-2.0 GB/s and every 32 2.9-3.2 GB/s; 64 and 128 were alike
+/// (2.9-3.5 GB/s). (On an older loop device every 8 and every 16 were
+/// alike, 1.0-1.1 GB/s.)
+const AHEAD_SEND_EVERY_KERNEL: usize = 32;
 
 /// Read-ahead's loader. Each page is indexed and then its read queued, one
 /// after another (readers that catch up find the page and wait for it,
@@ -131,6 +139,7 @@ pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Resul
     };
     let mut sent = Ok(());
     let mut queued = 0;
+    let send_every = if fs.disk.modeled() { AHEAD_SEND_EVERY_MODELED } else { AHEAD_SEND_EVERY_KERNEL };
     for &block in blocks {
         let t = fs.steps.start();
         let page = Page::loading((state.cache_id, block), fs.cache.frame());
@@ -142,7 +151,7 @@ pub(super) fn load_ahead(fs: &Inner, state: &NodeState, blocks: &[u64]) -> Resul
             continue;
         }
         mine.push(page);
-        if mine.len() - queued == AHEAD_SEND_EVERY {
+        if mine.len() - queued == send_every {
             // The pages indexed since the last send, in runs.
             sent = runs.start(state, &mut batch, &mine, queued);
             queued = mine.len();
