@@ -80,6 +80,11 @@ impl FsWorkload {
         })
     }
 
+    /// Whether it reads the file of `--file-size` (laid out before the runs).
+    pub fn reads_data(self) -> bool {
+        !matches!(self, FsWorkload::Fsync | FsWorkload::LogSync)
+    }
+
     /// Its name.
     pub fn name(self) -> &'static str {
         match self {
@@ -333,7 +338,9 @@ pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<V
     }
     let eng = engine(&device, &config.engine_path)?;
     FileSystem::format(Arc::clone(&eng), FormatOptions::default())?;
-    lay_out(&eng, config)?;
+    if config.workloads.iter().any(|w| w.reads_data()) {
+        lay_out(&eng, config)?;
+    }
     let mut out = Vec::new();
     for &workload in &config.workloads {
         let caches: Vec<u64> = match workload {

@@ -133,7 +133,11 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
     config.validate()?;
     let table = matches!(args.output_format, OutputFormat::Table);
     if table {
-        eprintln!("formatting {} and writing a {} file...", config.device, format_size(config.file_size));
+        if config.workloads.iter().any(|w| w.reads_data()) {
+            eprintln!("formatting {} and writing a {} file...", config.device, format_size(config.file_size));
+        } else {
+            eprintln!("formatting {}...", config.device);
+        }
     }
     let idle_request = args.idle.hold()?;
     let idle_polling = iopath::idle::polling_now();
