@@ -421,12 +421,17 @@ pub fn note_waiter(last_window: &mut u64) {
 /// The window's [`Contest`] from whether the CPUs were `contested` and the
 /// packed [`LOOKS`]: others wanted them in at least a quarter of the looks.
 fn contest_of(contested: bool, looks: u64) -> Contest {
-    let (all, wanted) = (looks >> 32, looks & 0xffff_ffff);
+    let (all, wanted) = unpack_looks(looks);
     match contested {
         false => Contest::Free,
         true if wanted > 0 && 4 * wanted >= all => Contest::Others,
         true => Contest::Waiters,
     }
+}
+
+/// The packed [`LOOKS`] as (looks, looks that found the CPUs wanted).
+fn unpack_looks(looks: u64) -> (u64, u64) {
+    (looks >> 32, looks & 0xffff_ffff)
 }
 
 /// [`WAITERS`] after one more distinct waiter noted itself in window `key`.
@@ -472,7 +477,7 @@ pub fn way_now(now_ns: u64) -> (Way, Option<Decision>) {
             let opening = !judge.opened();
             result = judge.on_window(progress - *began_count, now_ns - *began_ns, contest).map(Decision::Trial);
             if opening && judge.opened() {
-                let looks = (looks >> 32, looks & 0xffff_ffff);
+                let looks = unpack_looks(looks);
                 result = Some(Decision::Opening(Opening { way: judge.way_in_use(), contest, looks }));
             }
         }
