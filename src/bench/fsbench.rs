@@ -469,7 +469,7 @@ fn run_one(
         .filter(|(_, _, n)| *n > 0)
         .map(|(name, ns, n)| (name, ns as f64 / ops.max(1) as f64, n as f64 / ops.max(1) as f64))
         .collect();
-    let read_fraction = if matches!(workload, FsWorkload::Fsync | FsWorkload::LogSync) { 0.0 } else { 1.0 };
+    let read_fraction = if workload.reads_data() { 1.0 } else { 0.0 };
     let run = FsRun {
         workload,
         paths,
