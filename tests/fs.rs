@@ -4018,3 +4018,49 @@ fn a_mount_that_only_reads_reads_the_bitmap_only_where_its_files_are() {
     }
     assert_eq!(read[1], read[0], "device read bytes after the mount and a read, 256 MiB and 2 GiB");
 }
+
+#[test]
+fn a_file_shrunk_then_grown_reads_zeros_past_the_old_end_after_replay() {
+    // Block 0's image goes into the journal with its first fsync; a shrink keeps the
+    // block, and growing the file again zeroes its tail on the device. Replay must
+    // not put the older image back over those zeros.
+    let options = FormatOptions { inodes: Some(16), journal_blocks: Some(256) };
+    type Grow = fn(&FileSystem);
+    let grows: [(&str, Grow); 3] = [
+        ("truncate", |fs| {
+            let f = fs.open("f").unwrap();
+            f.truncate(3 * 4096).unwrap();
+            f.fsync().unwrap();
+        }),
+        ("a direct write past the end", |fs| {
+            let f = fs.open_direct("f").unwrap();
+            f.write_at(&bytes(2, 4096), 2 * 4096).unwrap();
+            f.fdatasync().unwrap();
+        }),
+        ("a buffered write past the end", |fs| {
+            let f = fs.open("f").unwrap();
+            f.write_at(&bytes(2, 4096), 2 * 4096).unwrap();
+            f.fsync().unwrap();
+        }),
+    ];
+    for (what, grow) in grows {
+        for cut in ["drop", "tear"] {
+            let (dev, fs) = fresh_journaled(&format!("emu:null,size=16m,wcache=1,cut={cut}"), options);
+            let f = fs.create("f").unwrap();
+            f.write_at(&bytes(1, 4096), 0).unwrap();
+            f.fsync().unwrap();
+            f.truncate(100).unwrap();
+            f.fsync().unwrap();
+            drop(f);
+            grow(&fs);
+            let fs = cut_and_remount(&dev, fs);
+            let got = read_all(&fs, "f");
+            assert_eq!(got.len(), 3 * 4096, "{what}, cut={cut}");
+            assert!(got[..100] == bytes(1, 4096)[..100], "{what}, cut={cut}: the kept bytes");
+            assert!(
+                got[100..2 * 4096].iter().all(|&b| b == 0),
+                "{what}, cut={cut}: bytes from before the shrink came back past the old end"
+            );
+        }
+    }
+}

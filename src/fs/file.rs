@@ -1001,6 +1001,12 @@ impl File {
         }
     }
 
+    /// Zeroes, on the device, the bytes of the file's last block past its
+    /// size (a shrink left them there) before the file grows over them. An
+    /// in-place write like any other: if the block's image is in the journal
+    /// (the `journaled` fsync path), the next commit checkpoints first, or
+    /// replay would put the older bytes back past the old end. The caller
+    /// makes that commit part of the file's layout (`layout_tid`).
     fn zero_tail_direct(&self, state: &NodeState) -> Result<()> {
         let size = state.inode.size;
         if size.is_multiple_of(BLOCK_U64) {
@@ -1012,6 +1018,7 @@ impl File {
             let mut buf = self.fs.disk.read_block(physical)?;
             buf[(size % BLOCK_U64) as usize..].fill(0);
             self.fs.disk.write(physical, &buf)?;
+            self.fs.meta().wrote_in_place(|| [physical]);
         }
         Ok(())
     }
