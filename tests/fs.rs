@@ -4064,3 +4064,24 @@ fn a_file_shrunk_then_grown_reads_zeros_past_the_old_end_after_replay() {
         }
     }
 }
+
+#[test]
+fn a_write_past_the_end_inside_the_last_block_leaves_zeros_between() {
+    for direct in [false, true] {
+        let (_dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+        let f = fs.create("f").unwrap();
+        f.write_at(&bytes(1, 4096), 0).unwrap();
+        f.fsync().unwrap();
+        f.truncate(100).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        let f = if direct { fs.open_direct("f").unwrap() } else { fs.open("f").unwrap() };
+        f.write_at(&[7u8; 512], 2048).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        let got = read_all(&fs, "f");
+        assert_eq!(got.len(), 2048 + 512, "direct={direct}");
+        assert!(got[100..2048].iter().all(|&b| b == 0), "direct={direct}: bytes from before the shrink came back");
+        assert!(got[2048..].iter().all(|&b| b == 7), "direct={direct}");
+    }
+}
