@@ -4108,13 +4108,29 @@ enum DataOp {
     Fdatasync {
         file: usize,
     },
+    /// `append` (at the end, as O_APPEND writes).
+    Append {
+        file: usize,
+        len: usize,
+        seed: u64,
+    },
+    /// Reads the whole file and compares it with the model (before any cut).
+    Check {
+        file: usize,
+    },
+    /// Renames file `file` over the other one, then makes a new empty `file`.
+    RenameOver {
+        file: usize,
+    },
+    /// Writes back every dirty page of the file system (`sync`).
+    Sync,
 }
 
 fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
     use proptest::prelude::*;
     let file = 0..2usize;
     prop_oneof![
-        4 => (file.clone(), 0..48 * 1024u64, 1..12 * 1024usize, any::<u64>(), any::<bool>()).prop_map(
+        4 => (file.clone(), 0..48 * 1024u64, prop_oneof![4 => 1..12 * 1024usize, 1 => 1..96 * 1024usize], any::<u64>(), any::<bool>()).prop_map(
             |(file, offset, len, seed, direct)| {
                 if direct {
                     let offset = offset / 512 * 512;
@@ -4127,7 +4143,11 @@ fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
         ),
         2 => (file.clone(), 0..40 * 1024u64).prop_map(|(file, len)| DataOp::Truncate { file, len }),
         1 => file.clone().prop_map(|file| DataOp::Fsync { file }),
-        1 => file.prop_map(|file| DataOp::Fdatasync { file }),
+        1 => file.clone().prop_map(|file| DataOp::Fdatasync { file }),
+        1 => (file.clone(), 1..6000usize, any::<u64>()).prop_map(|(file, len, seed)| DataOp::Append { file, len, seed }),
+        1 => file.clone().prop_map(|file| DataOp::Check { file }),
+        1 => file.prop_map(|file| DataOp::RenameOver { file }),
+        1 => Just(DataOp::Sync),
     ]
 }
 
@@ -4142,9 +4162,10 @@ proptest::proptest! {
     /// back over zeros a later grow wrote in place: c4145c8.)
     #[test]
     fn fsynced_contents_survive_a_power_cut_whatever_came_before(
-        ops in proptest::collection::vec(data_op(), 1..24),
+        ops in proptest::collection::vec(data_op(), 1..32),
         tear in proptest::prelude::any::<bool>(),
         path in 0..3usize,
+        cut_early in proptest::prelude::any::<bool>(),
     ) {
         let cut = if tear { "tear" } else { "drop" };
         let fsync_path = [FsyncPath::Journaled, FsyncPath::Aios, FsyncPath::Conventional][path];
@@ -4155,9 +4176,22 @@ proptest::proptest! {
         let names = ["a", "b"];
         let mut model = [Vec::<u8>::new(), Vec::new()];
         for name in names {
-            drop(fs.create(name).unwrap());
+            fs.create(name).unwrap().fsync().unwrap();
         }
+        // What each file's last fsync made durable (`cut_early`: the power is cut
+        // without a last fsync of each file, and only files untouched since their
+        // last fsync are compared); a file renamed over is left out from then on
+        // (a rename is durable only with its directory's sync).
+        let mut durable = [Some(Vec::<u8>::new()), Some(Vec::new())];
+        let mut renamed = [false; 2];
         for op in &ops {
+            match *op {
+                DataOp::Write { file, .. } | DataOp::Truncate { file, .. } | DataOp::Append { file, .. } => {
+                    durable[file] = None;
+                }
+                DataOp::RenameOver { .. } => renamed = [true; 2],
+                DataOp::Fsync { .. } | DataOp::Fdatasync { .. } | DataOp::Check { .. } | DataOp::Sync => {}
+            }
             match *op {
                 DataOp::Write { file, offset, len, seed, direct } => {
                     let f = if direct { fs.open_direct(names[file]).unwrap() } else { fs.open(names[file]).unwrap() };
@@ -4174,18 +4208,44 @@ proptest::proptest! {
                     fs.open(names[file]).unwrap().truncate(len).unwrap();
                     model[file].resize(len as usize, 0);
                 }
-                DataOp::Fsync { file } => fs.open(names[file]).unwrap().fsync().unwrap(),
-                DataOp::Fdatasync { file } => fs.open(names[file]).unwrap().fdatasync().unwrap(),
+                DataOp::Fsync { file } => {
+                    fs.open(names[file]).unwrap().fsync().unwrap();
+                    durable[file] = Some(model[file].clone());
+                }
+                DataOp::Fdatasync { file } => {
+                    fs.open(names[file]).unwrap().fdatasync().unwrap();
+                    durable[file] = Some(model[file].clone());
+                }
+                DataOp::Append { file, len, seed } => {
+                    let data = bytes(seed, len);
+                    fs.open(names[file]).unwrap().append(&data).unwrap();
+                    model[file].extend_from_slice(&data);
+                }
+                DataOp::Check { file } => {
+                    proptest::prop_assert!(read_all(&fs, names[file]) == model[file], "{} at {:?}", names[file], op);
+                }
+                DataOp::RenameOver { file } => {
+                    fs.rename(names[file], names[1 - file]).unwrap();
+                    drop(fs.create(names[file]).unwrap());
+                    model[1 - file] = std::mem::take(&mut model[file]);
+                }
+                DataOp::Sync => fs.sync().unwrap(),
             }
         }
-        for name in names {
-            fs.open(name).unwrap().fsync().unwrap();
-        }
-        for (name, want) in names.iter().zip(&model) {
-            proptest::prop_assert!(read_all(&fs, name) == *want, "{} before the cut", name);
+        for (file, name) in names.iter().enumerate() {
+            proptest::prop_assert!(read_all(&fs, name) == model[file], "{} before the cut", name);
+            if !cut_early {
+                fs.open(name).unwrap().fsync().unwrap();
+                durable[file] = Some(model[file].clone());
+                renamed[file] = false;
+            }
         }
         let fs = cut_and_remount(&dev, fs);
-        for (name, want) in names.iter().zip(&model) {
+        for (file, name) in names.iter().enumerate() {
+            let Some(want) = &durable[file] else { continue };
+            if renamed[file] {
+                continue;
+            }
             let got = read_all(&fs, name);
             let first_wrong = got.iter().zip(want).position(|(g, w)| g != w);
             proptest::prop_assert!(
