@@ -1012,15 +1012,7 @@ impl File {
         if size.is_multiple_of(BLOCK_U64) {
             return Ok(());
         }
-        let block = size / BLOCK_U64;
-        if let Some(run) = extents::runs(&state.inode.extents, block, block + 1).into_iter().find(|r| r.has_data()) {
-            let physical = run.physical.expect("has data");
-            let mut buf = self.fs.disk.read_block(physical)?;
-            buf[(size % BLOCK_U64) as usize..].fill(0);
-            self.fs.disk.write(physical, &buf)?;
-            self.fs.meta().wrote_in_place(|| [physical]);
-        }
-        Ok(())
+        self.zero_in_place(state, size, size.next_multiple_of(BLOCK_U64))
     }
 
     /// Sets the size: shrinking frees the blocks past it, growing leaves a hole (zeros).
@@ -1062,6 +1054,73 @@ impl File {
         state.store(fs, &mut meta)?;
         state.meta_tid = meta.tid;
         state.layout_tid = meta.tid;
+        Ok(())
+    }
+
+    /// Deallocates file bytes `[offset, offset + len)` (`fallocate`'s
+    /// `FALLOC_FL_PUNCH_HOLE`): they read as zeros from here on and the
+    /// size does not change. Whole blocks inside the range are unmapped and
+    /// freed; the parts of blocks at its edges are zeroed in place. What
+    /// lies past the end of the file is left alone.
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        let fs = &self.fs;
+        let mut state = self.state_write();
+        self.live(&state, "fallocate")?;
+        fs.check_writable("fallocate", &state.inode.name)?;
+        let end = offset.saturating_add(len).min(state.inode.size);
+        if offset >= end {
+            return Ok(());
+        }
+        // Dirty pages go to the device first; the cached pages are then forgotten (a new
+        // cache id), so what is read from here on comes from the device's new map.
+        self.writeback(&mut state)?;
+        let (first_whole, end_whole) = (offset.div_ceil(BLOCK_U64), end / BLOCK_U64);
+        // The parts of blocks at the edges: zeroed where the block holds data.
+        let mut edges = Vec::new();
+        if !offset.is_multiple_of(BLOCK_U64) {
+            edges.push((offset, end.min(offset.next_multiple_of(BLOCK_U64))));
+        }
+        if !end.is_multiple_of(BLOCK_U64) && end / BLOCK_U64 >= first_whole {
+            edges.push(((end / BLOCK_U64 * BLOCK_U64).max(offset), end));
+        }
+        for (from, to) in edges {
+            self.zero_in_place(&state, from, to)?;
+        }
+        state.cache_id = fs.new_cache_id();
+        let mut meta = fs.meta();
+        if first_whole < end_whole {
+            // The bitmap under what is freed, read first: a read that fails changes nothing.
+            for e in state.inode.extents.iter().filter(|e| e.end() > first_whole && (e.logical as u64) < end_whole) {
+                meta.alloc.read_covering(e.physical, u64::from(e.len))?;
+            }
+            for (start, n) in extents::cut(&mut state.inode.extents, first_whole, end_whole) {
+                meta.free_data(&fs.sb, start, n)?;
+            }
+        }
+        for memory in &state.mirrors {
+            memory.zeroed(offset, end);
+        }
+        state.set_mtime(now_ns());
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        state.layout_tid = meta.tid;
+        Ok(())
+    }
+
+    /// Zeroes file bytes `[from, to)`, all within one block, on the device
+    /// where that block holds data (an in-place write the journal is told of,
+    /// as [`File::zero_tail_direct`]'s).
+    fn zero_in_place(&self, state: &NodeState, from: u64, to: u64) -> Result<()> {
+        let block = from / BLOCK_U64;
+        debug_assert!(to > from && (to - 1) / BLOCK_U64 == block, "one block: {from}..{to}");
+        if let Some(run) = extents::runs(&state.inode.extents, block, block + 1).into_iter().find(|r| r.has_data()) {
+            let physical = run.physical.expect("has data");
+            let mut buf = self.fs.disk.read_block(physical)?;
+            let at = (block * BLOCK_U64) as usize;
+            buf[from as usize - at..to as usize - at].fill(0);
+            self.fs.disk.write(physical, &buf)?;
+            self.fs.meta().wrote_in_place(|| [physical]);
+        }
         Ok(())
     }
 

@@ -115,6 +115,13 @@ impl MirrorMemory {
         }
     }
 
+    /// File bytes `[from, to)` were deallocated (a hole punched): they read as zeros.
+    pub(super) fn zeroed(&self, from: u64, to: u64) {
+        if let Some((range, _)) = self.overlap(from, to) {
+            self.bytes()[range].fill(0);
+        }
+    }
+
     /// The file now ends at `len`: what lies past it reads as zeros.
     pub(super) fn truncated(&self, len: u64) {
         if let Some((range, _)) = self.overlap(len, u64::MAX) {
