@@ -579,8 +579,14 @@ macro_rules! hook_ftruncate {
 }
 hook_ftruncate!(ftruncate, ftruncate64);
 
-/// fallocate on a mounted file: mode 0 grows the size (the new bytes read
-/// as zeros), `FALLOC_FL_KEEP_SIZE` changes nothing visible; returns an errno.
+/// fallocate on a mounted file; returns an errno. Mode 0 grows the size
+/// (the new bytes read as zeros); `FALLOC_FL_KEEP_SIZE` changes nothing
+/// visible (iopath allocates as it writes); `FALLOC_FL_PUNCH_HOLE` (with
+/// KEEP_SIZE, as Linux requires) frees the range's whole blocks and zeroes
+/// the rest of it; `FALLOC_FL_ZERO_RANGE` does the same and, without
+/// KEEP_SIZE, grows the file to the range's end (its blocks are not kept
+/// allocated, which only `st_blocks` shows). Other modes (collapse and
+/// insert range, unshare) are EOPNOTSUPP, logged.
 fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> c_int {
     if offset < 0 || len <= 0 {
         return libc::EINVAL;
@@ -590,9 +596,16 @@ fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> 
     }
     let Ok(file) = d.file() else { return libc::ENODEV };
     let Some(end) = offset.checked_add(len) else { return libc::EFBIG };
-    match mode {
-        0 if end as u64 > file.len() => file.truncate(end as u64).map_or_else(|e| errno_of(&e), |()| 0),
-        0 | libc::FALLOC_FL_KEEP_SIZE => 0,
+    let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    let grow = |end: u64| if end > file.len() { file.truncate(end) } else { Ok(()) };
+    let done = |r: iopath::Result<()>| r.map_or_else(|e| errno_of(&e), |()| 0);
+    match mode & !libc::FALLOC_FL_KEEP_SIZE {
+        0 if keep_size => 0,
+        0 => done(grow(end as u64)),
+        libc::FALLOC_FL_PUNCH_HOLE if keep_size => done(file.punch_hole(offset as u64, len as u64)),
+        libc::FALLOC_FL_ZERO_RANGE => done(
+            file.punch_hole(offset as u64, len as u64).and_then(|()| if keep_size { Ok(()) } else { grow(end as u64) }),
+        ),
         _ => {
             crate::log(&format!("fallocate mode {mode:#x} on a mounted file: not supported (EOPNOTSUPP)"));
             libc::EOPNOTSUPP
@@ -602,7 +615,7 @@ fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> 
 
 macro_rules! hook_fallocate {
     ($($name:ident),*) => {$(
-        /// `fallocate`: a mounted file's (modes 0 and KEEP_SIZE), or the C library's.
+        /// `fallocate`: a mounted file's (modes 0, KEEP_SIZE, PUNCH_HOLE and ZERO_RANGE), or the C library's.
         ///
         /// # Safety
         /// As the C function.
