@@ -4019,6 +4019,17 @@ fn a_mount_that_only_reads_reads_the_bitmap_only_where_its_files_are() {
     assert_eq!(read[1], read[0], "device read bytes after the mount and a read, 256 MiB and 2 GiB");
 }
 
+/// File `f`: a block of `bytes(1, 4096)` written and fsynced (on the
+/// `journaled` path its image is in the journal), then cut to 100 bytes and
+/// fsynced again; the block is kept.
+fn shrunk_to_100_bytes(fs: &FileSystem) {
+    let f = fs.create("f").unwrap();
+    f.write_at(&bytes(1, 4096), 0).unwrap();
+    f.fsync().unwrap();
+    f.truncate(100).unwrap();
+    f.fsync().unwrap();
+}
+
 #[test]
 fn a_file_shrunk_then_grown_reads_zeros_past_the_old_end_after_replay() {
     // Block 0's image goes into the journal with its first fsync; a shrink keeps the
@@ -4046,12 +4057,7 @@ fn a_file_shrunk_then_grown_reads_zeros_past_the_old_end_after_replay() {
     for (what, grow) in grows {
         for cut in ["drop", "tear"] {
             let (dev, fs) = fresh_journaled(&format!("emu:null,size=16m,wcache=1,cut={cut}"), options);
-            let f = fs.create("f").unwrap();
-            f.write_at(&bytes(1, 4096), 0).unwrap();
-            f.fsync().unwrap();
-            f.truncate(100).unwrap();
-            f.fsync().unwrap();
-            drop(f);
+            shrunk_to_100_bytes(&fs);
             grow(&fs);
             let fs = cut_and_remount(&dev, fs);
             let got = read_all(&fs, "f");
@@ -4069,12 +4075,7 @@ fn a_file_shrunk_then_grown_reads_zeros_past_the_old_end_after_replay() {
 fn a_write_past_the_end_inside_the_last_block_leaves_zeros_between() {
     for direct in [false, true] {
         let (_dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
-        let f = fs.create("f").unwrap();
-        f.write_at(&bytes(1, 4096), 0).unwrap();
-        f.fsync().unwrap();
-        f.truncate(100).unwrap();
-        f.fsync().unwrap();
-        drop(f);
+        shrunk_to_100_bytes(&fs);
         let f = if direct { fs.open_direct("f").unwrap() } else { fs.open("f").unwrap() };
         f.write_at(&[7u8; 512], 2048).unwrap();
         f.fsync().unwrap();
