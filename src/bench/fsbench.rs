@@ -160,6 +160,12 @@ pub struct FsBenchConfig {
 }
 
 impl FsBenchConfig {
+    /// Whether some workload reads the file of `--file-size` (laid out
+    /// before the runs; fsync and logsync alone write their own).
+    pub fn lays_out_file(&self) -> bool {
+        self.workloads.iter().any(|w| w.reads_data())
+    }
+
     /// Checks the settings before anything is formatted: each wrong one
     /// gets a message that names it and says what would do.
     pub fn validate(&self) -> Result<()> {
@@ -338,7 +344,7 @@ pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<V
     }
     let eng = engine(&device, &config.engine_path)?;
     FileSystem::format(Arc::clone(&eng), FormatOptions::default())?;
-    if config.workloads.iter().any(|w| w.reads_data()) {
+    if config.lays_out_file() {
         lay_out(&eng, config)?;
     }
     let mut out = Vec::new();

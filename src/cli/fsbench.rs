@@ -133,7 +133,7 @@ pub fn run(args: FsBenchArgs) -> iopath::Result<()> {
     config.validate()?;
     let table = matches!(args.output_format, OutputFormat::Table);
     if table {
-        if config.workloads.iter().any(|w| w.reads_data()) {
+        if config.lays_out_file() {
             eprintln!("formatting {} and writing a {} file...", config.device, format_size(config.file_size));
         } else {
             eprintln!("formatting {}...", config.device);
