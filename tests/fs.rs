@@ -4311,3 +4311,361 @@ fn a_punched_hole_reads_zeros_frees_its_whole_blocks_and_survives_a_power_cut() 
         assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean(), "{path:?}");
     }
 }
+
+/// One step of [`held_files_orphans_and_maps_survive_a_power_cut`]: the
+/// same kind of workload as [`DataOp`]'s, through handles kept open from
+/// step to step, with writable shared maps alive across other steps and
+/// files unlinked while open.
+#[derive(Debug, Clone)]
+enum HeldOp {
+    /// `via`: 0 the held buffered handle, 1 the held direct one (512-byte
+    /// aligned), 2 a handle opened for this write.
+    Write {
+        file: usize,
+        offset: u64,
+        len: usize,
+        seed: u64,
+        via: u8,
+    },
+    Truncate {
+        file: usize,
+        len: u64,
+    },
+    /// fsync (or, `data_only`, fdatasync) through the held handle.
+    Fsync {
+        file: usize,
+        data_only: bool,
+    },
+    /// Maps `pages` pages of the file from page `page` (a writable mirror
+    /// mapped shared; `watch`: its stores watched), in place of any map it had.
+    MapOpen {
+        file: usize,
+        page: u64,
+        pages: usize,
+        watch: bool,
+    },
+    /// Stores into the map, where it lies inside the file.
+    MapStore {
+        file: usize,
+        offset: u64,
+        len: usize,
+        seed: u64,
+    },
+    /// `msync`: the map's stores written into the file.
+    MapSync {
+        file: usize,
+    },
+    /// `munmap`: written back and let go.
+    MapClose {
+        file: usize,
+    },
+    /// Unlinks the name while its handles (and map) stay open: they go on
+    /// as an orphan; a new empty file takes the name.
+    UnlinkHeld {
+        file: usize,
+    },
+    /// Writes into the newest orphan and reads it all back.
+    OrphanWrite {
+        offset: u64,
+        len: usize,
+        seed: u64,
+    },
+    /// Lets every orphan go (its blocks are freed).
+    CloseOrphans,
+    /// Opens the held handles again.
+    Reopen {
+        file: usize,
+    },
+    /// Reads the whole file through the held handle and a new one.
+    Check {
+        file: usize,
+    },
+    /// `sync`.
+    Sync,
+    /// `fsync` of the directory.
+    SyncNamespace,
+}
+
+fn held_op() -> impl proptest::strategy::Strategy<Value = HeldOp> {
+    use proptest::prelude::*;
+    let file = 0..2usize;
+    prop_oneof![
+        5 => (file.clone(), 0..40 * 1024u64, 1..16 * 1024usize, any::<u64>(), 0..3u8).prop_map(
+            |(file, offset, len, seed, via)| {
+                if via == 1 {
+                    HeldOp::Write { file, offset: offset / 512 * 512, len: len.div_ceil(512) * 512, seed, via }
+                } else {
+                    HeldOp::Write { file, offset, len, seed, via }
+                }
+            }
+        ),
+        2 => (file.clone(), 0..40 * 1024u64).prop_map(|(file, len)| HeldOp::Truncate { file, len }),
+        2 => (file.clone(), any::<bool>()).prop_map(|(file, data_only)| HeldOp::Fsync { file, data_only }),
+        1 => (file.clone(), 0..8u64, 1..5usize, any::<bool>())
+            .prop_map(|(file, page, pages, watch)| HeldOp::MapOpen { file, page, pages, watch }),
+        3 => (file.clone(), 0..48 * 1024u64, 1..9000usize, any::<u64>())
+            .prop_map(|(file, offset, len, seed)| HeldOp::MapStore { file, offset, len, seed }),
+        1 => file.clone().prop_map(|file| HeldOp::MapSync { file }),
+        1 => file.clone().prop_map(|file| HeldOp::MapClose { file }),
+        1 => file.clone().prop_map(|file| HeldOp::UnlinkHeld { file }),
+        2 => (0..40 * 1024u64, 1..12 * 1024usize, any::<u64>())
+            .prop_map(|(offset, len, seed)| HeldOp::OrphanWrite { offset, len, seed }),
+        1 => Just(HeldOp::CloseOrphans),
+        1 => file.clone().prop_map(|file| HeldOp::Reopen { file }),
+        1 => file.prop_map(|file| HeldOp::Check { file }),
+        1 => Just(HeldOp::Sync),
+        1 => Just(HeldOp::SyncNamespace),
+    ]
+}
+
+/// A writable mirror of part of a file, mapped shared into this process
+/// (what the interposer makes of a program's `mmap`).
+struct SharedMap {
+    mirror: Option<iopath::fs::mirror::Mirror>,
+    at: *mut u8,
+    offset: u64,
+    len: usize,
+}
+
+impl SharedMap {
+    fn new(file: &iopath::fs::File, offset: u64, len: usize, watch: bool) -> SharedMap {
+        let mirror = file.mirror_writable(offset, len).unwrap();
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a new shared mapping of the mirror's memory, unmapped in `drop`.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, mirror.fd(), 0) };
+        assert_ne!(at, libc::MAP_FAILED);
+        if watch {
+            mirror.watch_writes(at.cast());
+        }
+        SharedMap { mirror: Some(mirror), at: at.cast(), offset, len }
+    }
+
+    /// Stores `data` at file offset `at` (inside the map).
+    fn store(&self, data: &[u8], at: u64) {
+        let start = (at - self.offset) as usize;
+        assert!(start + data.len() <= self.len);
+        // SAFETY: inside the mapping made in `new`, alive until `drop`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.at.add(start), data.len()) };
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        drop(self.mirror.take()); // written back
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::munmap(self.at.cast(), self.len) };
+    }
+}
+
+/// One of the two names of [`held_files_orphans_and_maps_survive_a_power_cut`]:
+/// its open handles, its map, and what the model says of it.
+struct HeldName {
+    held: iopath::fs::File,
+    direct: iopath::fs::File,
+    map: Option<SharedMap>,
+    model: Vec<u8>,
+    /// What its last fsync made durable (None: changed since).
+    durable: Option<Vec<u8>>,
+    /// Whether the name is durably this file's (false from an unlink until
+    /// the directory is synced).
+    name_durable: bool,
+}
+
+/// A file unlinked while open: its handles and map, and its bytes.
+struct Orphan {
+    map: Option<SharedMap>,
+    held: iopath::fs::File,
+    model: Vec<u8>,
+}
+
+fn write_model(model: &mut Vec<u8>, data: &[u8], offset: u64) {
+    let end = offset as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[offset as usize..end].copy_from_slice(data);
+}
+
+fn read_through(f: &iopath::fs::File) -> Vec<u8> {
+    let mut buf = vec![0u8; f.len() as usize];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), buf.len());
+    buf
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// [`fsynced_contents_survive_a_power_cut_whatever_came_before`] with
+    /// what programs do besides: handles held open across steps (buffered and
+    /// direct), writable shared maps alive while the file is written, cut and
+    /// synced, files unlinked while open and written on as orphans, then a
+    /// power cut with all of it still open. Reads agree with the model at
+    /// every check; after the cut every durably named file has its last
+    /// fsync's bytes, the orphans are gone and fsck is clean.
+    #[test]
+    fn held_files_orphans_and_maps_survive_a_power_cut(
+        ops in proptest::collection::vec(held_op(), 1..40),
+        tear in proptest::prelude::any::<bool>(),
+        path in 0..3usize,
+        cut_early in proptest::prelude::any::<bool>(),
+    ) {
+        let cut = if tear { "tear" } else { "drop" };
+        let fsync_path = [FsyncPath::Journaled, FsyncPath::Aios, FsyncPath::Conventional][path];
+        let options = FormatOptions { inodes: Some(32), journal_blocks: Some(256) };
+        let dev = emu(&format!("emu:null,size=16m,wcache=1,cut={cut}"));
+        FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
+        let fs = mount_with(&dev, "sync-path", MountOptions { fsync_path, ..MountOptions::default() });
+        let names = ["a", "b"];
+        let mut slots: Vec<HeldName> = names
+            .iter()
+            .map(|name| {
+                let held = fs.create(name).unwrap();
+                held.fsync().unwrap();
+                let direct = fs.open_direct(name).unwrap();
+                HeldName { held, direct, map: None, model: Vec::new(), durable: Some(Vec::new()), name_durable: false }
+            })
+            .collect();
+        fs.sync_namespace().unwrap();
+        for slot in &mut slots {
+            slot.name_durable = true;
+        }
+        let mut orphans: Vec<Orphan> = Vec::new();
+        for op in &ops {
+            match *op {
+                HeldOp::Write { file, offset, len, seed, via } => {
+                    let slot = &mut slots[file];
+                    let data = bytes(seed, len);
+                    match via {
+                        0 => slot.held.write_at(&data, offset).unwrap(),
+                        1 => slot.direct.write_at(&data, offset).unwrap(),
+                        _ => fs.open(names[file]).unwrap().write_at(&data, offset).unwrap(),
+                    }
+                    write_model(&mut slot.model, &data, offset);
+                    slot.durable = None;
+                }
+                HeldOp::Truncate { file, len } => {
+                    let slot = &mut slots[file];
+                    slot.held.truncate(len).unwrap();
+                    slot.model.resize(len as usize, 0);
+                    slot.durable = None;
+                }
+                HeldOp::Fsync { file, data_only } => {
+                    let slot = &mut slots[file];
+                    if data_only { slot.held.fdatasync().unwrap() } else { slot.held.fsync().unwrap() }
+                    slot.durable = Some(slot.model.clone());
+                }
+                HeldOp::MapOpen { file, page, pages, watch } => {
+                    let slot = &mut slots[file];
+                    slot.map = None; // the old one written back first
+                    slot.map = Some(SharedMap::new(&slot.held, page * 4096, pages * 4096, watch));
+                }
+                HeldOp::MapStore { file, offset, len, seed } => {
+                    let slot = &mut slots[file];
+                    let Some(map) = &slot.map else { continue };
+                    // The part of [offset, offset + len) inside both the map and the file.
+                    let from = offset.max(map.offset);
+                    let to = (offset + len as u64).min(map.offset + map.len as u64).min(slot.model.len() as u64);
+                    if from >= to {
+                        continue;
+                    }
+                    let data = bytes(seed, (to - from) as usize);
+                    map.store(&data, from);
+                    write_model(&mut slot.model, &data, from);
+                    slot.durable = None;
+                }
+                HeldOp::MapSync { file } => {
+                    if let Some(map) = &slots[file].map {
+                        map.mirror.as_ref().unwrap().sync().unwrap();
+                    }
+                }
+                HeldOp::MapClose { file } => slots[file].map = None,
+                HeldOp::UnlinkHeld { file } => {
+                    fs.unlink(names[file]).unwrap();
+                    let held = fs.create(names[file]).unwrap();
+                    let direct = fs.open_direct(names[file]).unwrap();
+                    let slot = &mut slots[file];
+                    let old = std::mem::replace(
+                        slot,
+                        HeldName { held, direct, map: None, model: Vec::new(), durable: None, name_durable: false },
+                    );
+                    orphans.push(Orphan { map: old.map, held: old.held, model: old.model });
+                }
+                HeldOp::OrphanWrite { offset, len, seed } => {
+                    let Some(orphan) = orphans.last_mut() else { continue };
+                    let data = bytes(seed, len);
+                    orphan.held.write_at(&data, offset).unwrap();
+                    write_model(&mut orphan.model, &data, offset);
+                    proptest::prop_assert!(read_through(&orphan.held) == orphan.model, "the orphan at {:?}", op);
+                }
+                HeldOp::CloseOrphans => {
+                    for orphan in orphans.drain(..) {
+                        drop(orphan.map);
+                        drop(orphan.held);
+                    }
+                }
+                HeldOp::Reopen { file } => {
+                    let slot = &mut slots[file];
+                    slot.held = fs.open(names[file]).unwrap();
+                    slot.direct = fs.open_direct(names[file]).unwrap();
+                }
+                HeldOp::Check { file } => {
+                    let slot = &slots[file];
+                    proptest::prop_assert!(read_through(&slot.held) == slot.model, "{} (held) at {:?}", names[file], op);
+                    proptest::prop_assert!(read_all(&fs, names[file]) == slot.model, "{} (new) at {:?}", names[file], op);
+                }
+                HeldOp::Sync => {
+                    fs.sync().unwrap();
+                    for slot in &mut slots {
+                        slot.name_durable = true;
+                        if slot.map.is_none() {
+                            slot.durable = Some(slot.model.clone());
+                        }
+                    }
+                }
+                HeldOp::SyncNamespace => {
+                    fs.sync_namespace().unwrap();
+                    for slot in &mut slots {
+                        slot.name_durable = true;
+                    }
+                }
+            }
+        }
+        for orphan in &orphans {
+            proptest::prop_assert!(read_through(&orphan.held) == orphan.model, "an orphan before the cut");
+        }
+        if !cut_early {
+            fs.sync_namespace().unwrap();
+        }
+        for (slot, name) in slots.iter_mut().zip(names) {
+            proptest::prop_assert!(read_through(&slot.held) == slot.model, "{} before the cut (held)", name);
+            proptest::prop_assert!(read_all(&fs, name) == slot.model, "{} before the cut", name);
+            if !cut_early {
+                slot.held.fsync().unwrap();
+                slot.durable = Some(slot.model.clone());
+                slot.name_durable = true;
+            }
+        }
+        // The power goes with everything still open; letting go afterwards writes nothing.
+        assert!(dev.power_cut());
+        let wants: Vec<Option<Vec<u8>>> =
+            slots.iter().map(|s| if s.name_durable { s.durable.clone() } else { None }).collect();
+        drop(orphans);
+        drop(slots);
+        drop(fs);
+        dev.power_on();
+        let fs = mount(&dev);
+        for (want, name) in wants.iter().zip(names) {
+            let Some(want) = want else { continue };
+            let got = read_all(&fs, name);
+            let first_wrong = got.iter().zip(want).position(|(g, w)| g != w);
+            proptest::prop_assert!(
+                got == *want,
+                "{} after the cut: {} bytes against {}, first wrong byte at {:?}",
+                name, got.len(), want.len(), first_wrong
+            );
+        }
+        drop(fs);
+        let report = check::check(engine(&dev, "sync-path")).unwrap();
+        proptest::prop_assert!(report.is_clean(), "{:?}", report.problems);
+    }
+}
