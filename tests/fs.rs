@@ -4669,3 +4669,29 @@ proptest::proptest! {
         proptest::prop_assert!(report.is_clean(), "{:?}", report.problems);
     }
 }
+
+#[test]
+fn an_fdatasync_of_cached_overwrites_makes_the_files_direct_writes_durable_too() {
+    // fdatasync of a file whose dirty pages all overwrite committed blocks
+    // writes them with forced unit access and sends no flush; a direct write
+    // of the file before it was only in the device's cache, and a power cut
+    // took it (found by held_files_orphans_and_maps_survive_a_power_cut).
+    for path in [FsyncPath::Journaled, FsyncPath::Aios, FsyncPath::Conventional] {
+        let dev = emu("emu:null,size=16m,wcache=1,cut=drop");
+        FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+        let fs = mount_with(&dev, "sync-path", MountOptions { fsync_path: path, ..MountOptions::default() });
+        let f = fs.create("f").unwrap();
+        let mut want = bytes(1, 8 * 4096);
+        f.write_at(&want, 0).unwrap();
+        f.fsync().unwrap();
+        let direct = fs.open_direct("f").unwrap();
+        direct.write_at(&bytes(2, 4096), 6 * 4096).unwrap();
+        want[6 * 4096..7 * 4096].copy_from_slice(&bytes(2, 4096));
+        f.write_at(b"cached", 10).unwrap();
+        want[10..16].copy_from_slice(b"cached");
+        f.fdatasync().unwrap();
+        drop((f, direct));
+        let fs = cut_and_remount(&dev, fs);
+        assert!(read_all(&fs, "f") == want, "{path:?}");
+    }
+}

@@ -296,6 +296,21 @@ impl Disk {
         Ok(buf)
     }
 
+    /// Write requests sent so far (counted as each is sent).
+    pub fn writes_sent(&self) -> u64 {
+        self.tally.sent.load(SeqCst)
+    }
+
+    /// Makes the first `sent` writes durable (all completed): nothing if a
+    /// flush since covered them, else [`Disk::flush`].
+    pub fn flush_through(&self, sent: u64) -> Result<()> {
+        if self.tally.durable.load(SeqCst) >= sent {
+            self.counters.flushes_skipped.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        self.flush()
+    }
+
     /// Makes every completed write durable: a flush, unless no write was
     /// sent since one that covered them all (see [`Disk`]).
     pub fn flush(&self) -> Result<()> {

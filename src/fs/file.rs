@@ -854,6 +854,7 @@ impl File {
             self.fs.disk.write(physical, &buf)?;
         }
 
+        self.node.direct_sent.fetch_max(self.fs.disk.writes_sent(), Ordering::AcqRel);
         Ok(())
     }
 
@@ -1198,7 +1199,10 @@ impl File {
             drop(state);
             fs.syncs.fetch_add(1, Ordering::Relaxed);
             fs.overwrite_syncs.fetch_add(1, Ordering::Relaxed);
-            let result = job.write_durable(&fs.disk);
+            // The file's direct writes went to the device's cache: a flush covers them
+            // unless one since did (the pages' own writes need none).
+            let direct = self.node.direct_sent.load(Ordering::Acquire);
+            let result = job.write_durable(&fs.disk).and_then(|()| fs.disk.flush_through(direct));
             // Settled now (the blocks marked written, the pages let go, or dirty again
             // if the write failed) unless whoever took the lock meanwhile settled it.
             self.state_write_for_write().settle(fs, false);

@@ -493,6 +493,11 @@ struct Node {
     /// first, and needs nothing of its own once a sync job that covered that
     /// count is durable ([`NodeState::synced`]).
     writes: AtomicU64,
+    /// The device's count of writes sent ([`Disk::writes_sent`]) after the
+    /// file's latest direct write: a sync that writes the file's pages with
+    /// forced unit access and no flush leaves those in the device's cache
+    /// unless a flush since covered this many ([`Disk::flush_through`]).
+    direct_sent: AtomicU64,
 }
 
 /// What an inode slot holds while mounted.
@@ -1757,6 +1762,7 @@ impl Node {
             handles: AtomicUsize::new(0),
             queued: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+            direct_sent: AtomicU64::new(0),
         })
     }
 }
