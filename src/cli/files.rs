@@ -639,29 +639,33 @@ pub fn run_df(args: DfArgs) -> Result<()> {
     let data = sb.blocks - sb.data_start;
     let free = fs.free_blocks()?;
     let used = data - free.min(data);
+    // As df's "Avail": what files' data may still take (the rest is kept for block maps).
+    let available = fs.available_blocks()?;
     let inodes = sb.inodes();
     let names = fs.names() as u64;
     println!(
         "{:<12} {:>10} {:>10} {:>10} {:>5} {:>8} {:>8} {:>8}",
-        "", "size", "used", "free", "use%", "inodes", "used", "free"
+        "", "size", "used", "avail", "use%", "inodes", "used", "free"
     );
     println!(
         "{:<12} {:>10} {:>10} {:>10} {:>4}% {:>8} {:>8} {:>8}",
         "data",
         format_size(data * 4096),
         format_size(used * 4096),
-        format_size(free * 4096),
+        format_size(available * 4096),
         (used * 100).div_ceil(data.max(1)),
         inodes,
         names,
         inodes - names.min(inodes)
     );
     println!(
-        "{} ({} blocks of 4 KiB) in all: {} of metadata (inode table, bitmap, a {} journal)",
+        "{} ({} blocks of 4 KiB) in all: {} of metadata (inode table, bitmap, a {} journal); \
+         {} of the free space kept for files' block maps",
         format_size(sb.blocks * 4096),
         sb.blocks,
         format_size(sb.data_start * 4096),
-        format_size(sb.journal_blocks * 4096)
+        format_size(sb.journal_blocks * 4096),
+        format_size((free - available) * 4096)
     );
     fs.unmount()
 }

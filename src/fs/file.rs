@@ -517,20 +517,7 @@ impl File {
 
         // 1. Map the holes in the range, not yet written: until the data is on the
         //    device, a commit records them as reading zeros.
-        if !self.map_holes(state, first, end)? {
-            // Blocks freed by changes not yet committed can be used once they are: commit, retry.
-            let tid = fs.meta().tid;
-            fs.sync_through(tid)?;
-            if !self.map_holes(state, first, end)? {
-                let free = fs.meta().alloc.allocatable();
-                return Err(file_error(
-                    "write",
-                    &state.inode.name,
-                    libc::ENOSPC,
-                    format!("no space left on the device ({free} blocks free)"),
-                ));
-            }
-        }
+        self.map_holes_or_enospc(state, first, end, true, "write")?;
         let written = if self.direct {
             self.write_direct(state, data, offset, end_byte)
         } else {
@@ -858,9 +845,40 @@ impl File {
         Ok(())
     }
 
-    /// Maps every hole in file blocks `[first, end)` to new blocks, not yet written.
-    /// Returns false, having taken nothing, when the device has too little space.
-    fn map_holes(&self, state: &mut NodeState, first: u64, end: u64) -> Result<bool> {
+    /// [`File::map_holes`], and once more after a commit if space is short
+    /// (blocks freed by changes not yet committed can be used once they
+    /// are); ENOSPC, having taken nothing, if it still is.
+    fn map_holes_or_enospc(
+        &self,
+        state: &mut NodeState,
+        first: u64,
+        end: u64,
+        ahead: bool,
+        op: &'static str,
+    ) -> Result<()> {
+        let fs = &self.fs;
+        if !self.map_holes(state, first, end, ahead)? {
+            let tid = fs.meta().tid;
+            fs.sync_through(tid)?;
+            if !self.map_holes(state, first, end, ahead)? {
+                let free = fs.meta().alloc.allocatable();
+                let reserve = super::extent_map_reserve(&fs.sb);
+                let why = if free > 0 && free <= reserve {
+                    format!("no space left on the device (the {free} blocks free are kept for files' block maps)")
+                } else {
+                    format!("no space left on the device ({free} blocks free)")
+                };
+                return Err(file_error(op, &state.inode.name, libc::ENOSPC, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps every hole in file blocks `[first, end)` to new blocks, not yet
+    /// written, and (`ahead`) preallocates past them when they grow the
+    /// file's allocation at its end. Returns false, having taken nothing,
+    /// when the device has too little space.
+    fn map_holes(&self, state: &mut NodeState, first: u64, end: u64, ahead: bool) -> Result<bool> {
         let fs = &self.fs;
         let holes: Vec<_> =
             extents::runs(&state.inode.extents, first, end).into_iter().filter(|r| r.physical.is_none()).collect();
@@ -877,7 +895,7 @@ impl File {
         let room = PREALLOC_ROOM * (self.fs.options.append_prealloc_bytes / BLOCK_U64).max(MIN_PREALLOC_BLOCKS);
         meta.alloc.read_until_allocatable(room)?;
         // What an append preallocates after this write follows it in the same free run.
-        let ahead = if end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
+        let ahead = if ahead && end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
         'holes: for hole in holes {
             let mut at = hole.logical;
             while at < hole.logical + hole.len {
@@ -888,7 +906,7 @@ impl File {
                 // holes small files leave would cut it into pieces); a small one
                 // takes the next free blocks.
                 let min_run = if run >= STREAM_RUN_BLOCKS { run.min(MAX_IO_BLOCKS) } else { 1 };
-                let (physical, len) = match meta.allocate(&fs.sb, rest, min_run, goal) {
+                let (physical, len) = match meta.allocate_data(&fs.sb, rest, min_run, goal) {
                     Ok(Some(run)) => run,
                     Ok(None) => {
                         failed = true;
@@ -906,12 +924,16 @@ impl File {
                 at += len;
             }
         }
-        if !failed && end > allocated_end {
+        if !failed && ahead > 0 {
             self.preallocate(state, &mut meta, end, &mut added);
         }
-        // The extent map may need more overflow blocks than are left, too.
-        if !failed && state.store(fs, &mut meta).is_err() {
-            failed = true;
+        // The extent map may need more overflow blocks than are left (outside the
+        // reserve for marking blocks written), too.
+        if !failed {
+            let fits = meta.map_fits_outside_reserve(&fs.sb, state.inode.extents.len(), state.inode.overflow.len());
+            if !matches!(fits, Ok(true)) || state.store(fs, &mut meta).is_err() {
+                failed = true;
+            }
         }
         if failed {
             // Give back what this write took (free once the running transaction commits).
@@ -945,7 +967,7 @@ impl File {
         if meta.alloc.read_covering(goal, want).is_err() || !meta.alloc.is_free(goal) {
             return;
         }
-        if let Ok(Some((physical, len))) = meta.allocate(&self.fs.sb, want, want, Some(goal)) {
+        if let Ok(Some((physical, len))) = meta.allocate_data(&self.fs.sb, want, want, Some(goal)) {
             debug_assert_eq!(physical, goal);
             extents::insert_unwritten(&mut state.inode.extents, end, len, physical);
             added.push((end, len));
@@ -976,7 +998,7 @@ impl File {
         if !state.live || fs.check_writable("close", &state.inode.name).is_err() {
             return;
         }
-        let keep = state.inode.size.div_ceil(BLOCK_U64);
+        let keep = state.inode.size.div_ceil(BLOCK_U64).max(state.kept_past_end);
         if state.inode.extents.last().is_none_or(|e| e.end() <= keep) {
             return;
         }
@@ -1048,10 +1070,58 @@ impl File {
         }
         state.inode.size = len;
         state.disk_size = len;
+        state.kept_past_end = 0;
         for memory in &state.mirrors {
             memory.truncated(len);
         }
         state.set_mtime(now_ns());
+        state.store(fs, &mut meta)?;
+        state.meta_tid = meta.tid;
+        state.layout_tid = meta.tid;
+        Ok(())
+    }
+
+    /// Allocates file bytes `[offset, offset + len)` (`fallocate` mode 0, or
+    /// with `keep_size` its `FALLOC_FL_KEEP_SIZE`): each hole in the range
+    /// gets blocks of its own, unwritten (they read as zeros), so writes
+    /// there cannot fail for want of space, and direct writes into them
+    /// take the shared path as into any preallocated block. Without
+    /// `keep_size` the file grows to the range's end; with it, blocks past
+    /// the end stay through the file's closes in this mount (a later mount
+    /// gives them back at the file's last close, as it does the blocks
+    /// appends preallocate). ENOSPC, having taken nothing, when the device
+    /// has too little room.
+    pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let fs = &self.fs;
+        let mut state = self.state_write();
+        self.live(&state, "fallocate")?;
+        fs.check_writable("fallocate", &state.inode.name)?;
+        if len == 0 {
+            return Err(file_error("fallocate", &state.inode.name, libc::EINVAL, "a range of no bytes"));
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| {
+            file_error("fallocate", &state.inode.name, libc::EFBIG, format!("files end at {MAX_FILE_SIZE} bytes"))
+        })?;
+        let last = end.div_ceil(BLOCK_U64);
+        self.map_holes_or_enospc(&mut state, offset / BLOCK_U64, last, false, "fallocate")?;
+        if keep_size {
+            state.kept_past_end = state.kept_past_end.max(last);
+            return Ok(());
+        }
+        if end <= state.inode.size {
+            return Ok(());
+        }
+        // Growing, as a truncate up does, with nothing past the new end given back.
+        self.writeback(&mut state)?;
+        self.zero_tail_direct(&state)?;
+        state.cache_id = fs.new_cache_id();
+        state.inode.size = end;
+        state.disk_size = end;
+        for memory in &state.mirrors {
+            memory.truncated(end);
+        }
+        state.set_mtime(now_ns());
+        let mut meta = fs.meta();
         state.store(fs, &mut meta)?;
         state.meta_tid = meta.tid;
         state.layout_tid = meta.tid;
@@ -1142,6 +1212,27 @@ impl File {
     }
 
     fn sync(&self, data_only: bool) -> Result<()> {
+        self.sync_once(data_only)?;
+        // A writeback of this sync (or before it) could not store the blocks it marked
+        // written: stored now and committed, or this sync fails (their data is on the
+        // device, but what the device says of the file reads zeros there).
+        let mut state = self.state_write();
+        if !state.map_unstored {
+            return Ok(());
+        }
+        let fs = &self.fs;
+        let mut meta = fs.meta();
+        if let Err(e) = state.store(fs, &mut meta) {
+            let op = if data_only { "fdatasync" } else { "fsync" };
+            return Err(file_error(op, &state.inode.name, e.errno().unwrap_or(libc::EIO), format!("{e}")));
+        }
+        state.meta_tid = meta.tid;
+        state.layout_tid = meta.tid;
+        drop((meta, state));
+        self.sync_once(data_only)
+    }
+
+    fn sync_once(&self, data_only: bool) -> Result<()> {
         let fs = &self.fs;
         let op = if data_only { "fdatasync" } else { "fsync" };
         // What a program stored into a writable map is the file's data too.

@@ -594,6 +594,23 @@ struct NodeState {
     /// block one after another (16 threads appending 512-byte records: 0.5x
     /// ext4's syncs), each for pages the others had written again since.
     synced: u64,
+    /// File blocks below this one that lie past the end were asked for
+    /// (`fallocate` with `FALLOC_FL_KEEP_SIZE`): the last close keeps them
+    /// ([`File::allocate`](file::File::allocate)). Not stored: a later mount
+    /// gives them back as it does appends' preallocation.
+    kept_past_end: u64,
+    /// Blocks were marked written in `inode.extents` by a writeback whose
+    /// store of the inode failed (no room for the map's overflow blocks even
+    /// in [`Meta::allocate_data`]'s reserve): what the device holds says
+    /// they read as zeros. The file's next fsync stores the map or fails.
+    map_unstored: bool,
+}
+
+/// Blocks that data allocations leave free for files' extent maps
+/// ([`Meta::allocate_data`]): a 512th of the device, at least 16 (4,000
+/// extents) and at most 2,048 (8 MiB).
+pub(super) fn extent_map_reserve(sb: &Superblock) -> u64 {
+    (sb.blocks / 512).clamp(16, 2048)
 }
 
 /// All metadata, in memory, as the next commit will write it.
@@ -675,6 +692,38 @@ impl Meta {
         self.alloc.allocate(want, min_run, goal, &mut |i| {
             dirty.insert(sb.bitmap_start + i);
         })
+    }
+
+    /// [`Meta::allocate`] for a file's data: leaves [`extent_map_reserve`]
+    /// blocks free. Marking preallocated blocks written can split an
+    /// unwritten extent in two and grow the file's map past an overflow block,
+    /// after the write has been accepted (`fallocate` promised the space):
+    /// those stores take their blocks from what is left here.
+    fn allocate_data(
+        &mut self,
+        sb: &Superblock,
+        want: u64,
+        min_run: u64,
+        goal: Option<u64>,
+    ) -> Result<Option<(u64, u64)>> {
+        let reserve = extent_map_reserve(sb);
+        let room = self.alloc.read_until_allocatable(want.saturating_add(reserve))?.saturating_sub(reserve);
+        if room == 0 {
+            return Ok(None);
+        }
+        self.allocate(sb, want.min(room), min_run.min(room), goal)
+    }
+
+    /// Whether storing a map of `extents` extents for a file that has
+    /// `overflow` overflow blocks leaves [`extent_map_reserve`] untouched (a
+    /// write that maps new blocks must not take what conversions need).
+    fn map_fits_outside_reserve(&mut self, sb: &Superblock, extents: usize, overflow: usize) -> Result<bool> {
+        let more = Inode::overflow_needed(extents).saturating_sub(overflow) as u64;
+        if more == 0 {
+            return Ok(true);
+        }
+        let want = more + extent_map_reserve(sb);
+        Ok(self.alloc.read_until_allocatable(want)? >= want)
     }
 
     /// Frees a data run: allocatable again once the running transaction
@@ -1146,6 +1195,12 @@ impl FileSystem {
     /// the bitmap this mount has not read yet (see [`alloc`]).
     pub fn free_blocks(&self) -> Result<u64> {
         self.mount.meta().alloc.free_blocks()
+    }
+
+    /// Blocks a file's data may still take (statfs's `f_bavail`): the free
+    /// ones but those kept for files' block maps ([`extent_map_reserve`]).
+    pub fn available_blocks(&self) -> Result<u64> {
+        Ok(self.free_blocks()?.saturating_sub(extent_map_reserve(&self.mount.sb)))
     }
 
     /// Counters so far.
@@ -1682,6 +1737,7 @@ impl NodeState {
         };
         if stored.is_ok() {
             self.mtime_unstored = false;
+            self.map_unstored = false;
         }
         stored
     }
@@ -1749,6 +1805,8 @@ impl NodeState {
             loads: AtomicU64::new(0),
             stream: behind::Stream::default(),
             synced: 0,
+            kept_past_end: 0,
+            map_unstored: false,
         }
     }
 }

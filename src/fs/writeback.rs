@@ -270,14 +270,23 @@ impl Writeback {
             state.disk_size = state.inode.size;
             changed = true;
         }
-        // Marking can only shrink the map (neighbours merge): this cannot run out of space.
-        if (changed || state.mtime_unstored) && state.store(fs, &mut meta).is_ok() {
-            state.meta_tid = meta.tid;
-            // A new modification time alone is not what fdatasync waits for: a file
-            // rewritten in place and synced so (a database's log) would commit at
-            // every sync for the time of the write before.
-            if changed {
-                state.layout_tid = meta.tid;
+        // Marking a part of an unwritten extent splits it: the map can grow past an
+        // overflow block, which comes from the reserve data allocations leave
+        // ([`super::Meta::allocate_data`]). Should even that be gone, the file's next
+        // fsync says so ([`super::NodeState::map_unstored`]).
+        if changed || state.mtime_unstored {
+            match state.store(fs, &mut meta) {
+                Ok(()) => {
+                    state.meta_tid = meta.tid;
+                    // A new modification time alone is not what fdatasync waits for: a
+                    // file rewritten in place and synced so (a database's log) would
+                    // commit at every sync for the time of the write before.
+                    if changed {
+                        state.layout_tid = meta.tid;
+                    }
+                }
+                Err(_) if changed => state.map_unstored = true,
+                Err(_) => {}
             }
         }
         fs.cache.count_writeback(self.pages.len() as u64);

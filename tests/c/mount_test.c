@@ -118,8 +118,14 @@ static void files(void) {
     CHECK(pread(fd, buf, 8, 3) == 8 && !memcmp(buf, "\0\0\0\0\0\0\0\0", 8), "grown bytes read zero");
     CHECK(truncate(at("f"), 100) == 0 && fstat(fd, &st) == 0 && st.st_size == 100, "truncate by path");
     CHECK(fallocate(fd, 0, 0, 5000) == 0 && fstat(fd, &st) == 0 && st.st_size == 5000, "fallocate grows");
+    CHECK(st.st_blocks >= 5000 / 512, "fallocate allocates (%ld blocks)", (long)st.st_blocks);
+    CHECK(pread(fd, buf, 8, 4000) == 8 && !memcmp(buf, "\0\0\0\0\0\0\0\0", 8), "allocated bytes read zero");
     CHECK(fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 90000) == 0 && fstat(fd, &st) == 0 && st.st_size == 5000,
           "KEEP_SIZE keeps it");
+    CHECK(st.st_blocks >= 90000 / 512, "KEEP_SIZE allocates past the end (%ld blocks)", (long)st.st_blocks);
+    CHECK(pread(fd, buf, 8, 4996) == 4, "reads stop at the end, not at the allocation's");
+    ERRNO_IS(fallocate(fd, 0, 0, 0), EINVAL);
+    ERRNO_IS(fallocate(fd, 0, -1, 10), EINVAL);
     CHECK(posix_fallocate(fd, 0, 6000) == 0 && fstat(fd, &st) == 0 && st.st_size == 6000, "posix_fallocate");
     /* Holes: PUNCH_HOLE (with KEEP_SIZE) zeroes a range and keeps the size;
      * ZERO_RANGE zeroes, and grows the file without KEEP_SIZE. (A file

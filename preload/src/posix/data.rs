@@ -579,9 +579,11 @@ macro_rules! hook_ftruncate {
 }
 hook_ftruncate!(ftruncate, ftruncate64);
 
-/// fallocate on a mounted file; returns an errno. Mode 0 grows the size
-/// (the new bytes read as zeros); `FALLOC_FL_KEEP_SIZE` changes nothing
-/// visible (iopath allocates as it writes); `FALLOC_FL_PUNCH_HOLE` (with
+/// fallocate on a mounted file; returns an errno. Mode 0 gives every hole
+/// in the range blocks of its own (reading as zeros; later writes there
+/// cannot fail for want of space) and grows the size to the range's end;
+/// `FALLOC_FL_KEEP_SIZE` allocates without growing ([`iopath::fs::File::allocate`]
+/// says how long blocks past the end are kept); `FALLOC_FL_PUNCH_HOLE` (with
 /// KEEP_SIZE, as Linux requires) frees the range's whole blocks and zeroes
 /// the rest of it; `FALLOC_FL_ZERO_RANGE` does the same and, without
 /// KEEP_SIZE, grows the file to the range's end (its blocks are not kept
@@ -600,8 +602,7 @@ fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> 
     let grow = |end: u64| if end > file.len() { file.truncate(end) } else { Ok(()) };
     let done = |r: iopath::Result<()>| r.map_or_else(|e| errno_of(&e), |()| 0);
     match mode & !libc::FALLOC_FL_KEEP_SIZE {
-        0 if keep_size => 0,
-        0 => done(grow(end as u64)),
+        0 => done(file.allocate(offset as u64, len as u64, keep_size)),
         libc::FALLOC_FL_PUNCH_HOLE if keep_size => done(file.punch_hole(offset as u64, len as u64)),
         libc::FALLOC_FL_ZERO_RANGE => done(
             file.punch_hole(offset as u64, len as u64).and_then(|()| if keep_size { Ok(()) } else { grow(end as u64) }),
