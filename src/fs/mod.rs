@@ -1198,7 +1198,8 @@ impl FileSystem {
     }
 
     /// Blocks a file's data may still take (statfs's `f_bavail`): the free
-    /// ones but those kept for files' block maps ([`extent_map_reserve`]).
+    /// ones but those kept for files' block maps (a 512th of the device,
+    /// 16 to 2,048 blocks).
     pub fn available_blocks(&self) -> Result<u64> {
         Ok(self.free_blocks()?.saturating_sub(extent_map_reserve(&self.mount.sb)))
     }
