@@ -4812,3 +4812,42 @@ fn an_fdatasync_of_cached_overwrites_makes_the_files_direct_writes_durable_too()
         assert!(read_all(&fs, "f") == want, "{path:?}");
     }
 }
+
+#[test]
+fn seek_data_and_seek_hole_find_what_was_written() {
+    let (_dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    let f = fs.create("s").unwrap();
+    // A block of data, a hole to block 256, data in blocks 256 and 257 (the end).
+    f.write_at(&bytes(1, 4096), 0).unwrap();
+    f.write_at(&bytes(2, 4196), 256 * 4096).unwrap();
+    let size = 256 * 4096 + 4196;
+    let seek = |f: &iopath::fs::File, offset: u64, data: bool| f.seek_data_or_hole(offset, data).unwrap();
+    let check = |f: &iopath::fs::File, when: &str| {
+        assert_eq!(seek(f, 0, true), Some(0), "{when}");
+        assert_eq!(seek(f, 0, false), Some(4096), "{when}: appends' preallocation past block 0 is a hole");
+        assert_eq!(seek(f, 100, false), Some(4096), "{when}");
+        assert_eq!(seek(f, 5000, false), Some(5000), "{when}: inside the hole");
+        assert_eq!(seek(f, 5000, true), Some(256 * 4096), "{when}");
+        assert_eq!(seek(f, 256 * 4096 + 10, false), Some(size), "{when}: the end is a hole");
+        assert_eq!(seek(f, size - 1, true), Some(size - 1), "{when}");
+        assert_eq!(seek(f, size, true), None, "{when}");
+        assert_eq!(seek(f, size, false), None, "{when}");
+    };
+    check(&f, "dirty pages");
+    f.fsync().unwrap();
+    check(&f, "written");
+    check(&fs.open_direct("s").unwrap(), "through a direct handle");
+    // Allocated blocks read zeros and stay a hole until written.
+    f.allocate(8 * 4096, 16 * 4096, false).unwrap();
+    assert_eq!(seek(&f, 8 * 4096, false), Some(8 * 4096));
+    assert_eq!(seek(&f, 4096, true), Some(256 * 4096));
+    f.write_at(b"x", 10 * 4096 + 5).unwrap();
+    assert_eq!(seek(&f, 4096, true), Some(10 * 4096), "a write into them");
+    assert_eq!(seek(&f, 10 * 4096, false), Some(11 * 4096));
+    // A writable map's range is data while it lives (its stores are the file's).
+    let map = f.mirror_writable(100 * 4096, 2 * 4096).unwrap();
+    assert_eq!(seek(&f, 11 * 4096, true), Some(100 * 4096));
+    assert_eq!(seek(&f, 100 * 4096, false), Some(102 * 4096));
+    drop(map); // nothing stored: nothing written back
+    assert_eq!(seek(&f, 11 * 4096, true), Some(256 * 4096));
+}

@@ -37,6 +37,13 @@ pub fn locate(extents: &[Extent], block: u64) -> Option<(u64, bool)> {
     (e.logical as u64 <= block).then(|| (e.physical + (block - e.logical as u64), e.unwritten))
 }
 
+/// The first written stretch of one extent that ends after file block
+/// `block`, as `[start, end)` with `start` at least `block`.
+pub fn next_written(extents: &[Extent], block: u64) -> Option<(u64, u64)> {
+    let at = first_after(extents, block);
+    extents[at..].iter().find(|e| !e.unwritten).map(|e| ((e.logical as u64).max(block), e.end()))
+}
+
 /// The runs (mapped pieces and holes) covering file blocks `[first, end)`.
 pub fn runs(extents: &[Extent], first: u64, end: u64) -> Vec<Run> {
     let mut out = Vec::new();

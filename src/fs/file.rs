@@ -1081,6 +1081,68 @@ impl File {
         Ok(())
     }
 
+    /// `lseek`'s SEEK_DATA (`data`) or SEEK_HOLE from byte `offset`: the
+    /// first byte at or after it that holds data (or lies in a hole), or
+    /// `None` from the end of the file on (ENXIO). Data is what was written:
+    /// blocks written on the device, pages in the cache not written back yet
+    /// and the ranges of writable maps. Holes are blocks never mapped and
+    /// blocks allocated but never written (`fallocate`'s, appends'
+    /// preallocation), as ext4 reports them; the end of the file is one.
+    /// Block by block: a hole inside a block that holds data is data.
+    pub fn seek_data_or_hole(&self, offset: u64, data: bool) -> Result<Option<u64>> {
+        let fs = &self.fs;
+        let mut state = self.state_write();
+        // Pages of write-behind jobs in flight are neither dirty nor marked written yet.
+        state.settle(fs, true);
+        self.live(&state, "lseek")?;
+        let size = state.inode.size;
+        if offset >= size {
+            return Ok(None);
+        }
+        let state = &*state;
+        let maps = || {
+            let writable = state.mirrors.iter().filter(|m| m.writable);
+            writable.map(|m| (m.offset() / BLOCK_U64, (m.offset() + m.len() as u64).div_ceil(BLOCK_U64)))
+        };
+        // The first block at or after `b` that holds data (u64::MAX: none).
+        let next_data = |b: u64| {
+            let written = extents::next_written(&state.inode.extents, b).map(|(s, _)| s);
+            let dirty = state.dirty.range(b..).next().map(|(&k, _)| k);
+            let mapped = maps().filter(|&(_, t)| t > b).map(|(s, _)| s.max(b)).min();
+            [written, dirty, mapped].into_iter().flatten().min().unwrap_or(u64::MAX)
+        };
+        // The first block after data block `b` whose run of data ends there.
+        let data_end = |b: u64| {
+            let mut at = b;
+            loop {
+                let mut next = at;
+                if let Some((s, t)) = extents::next_written(&state.inode.extents, at)
+                    && s <= at
+                {
+                    next = t;
+                }
+                if state.dirty.contains_key(&at) {
+                    next = next.max(at + 1);
+                }
+                if let Some(t) = maps().filter(|&(s, t)| s <= at && at < t).map(|(_, t)| t).max() {
+                    next = next.max(t);
+                }
+                if next == at {
+                    return at;
+                }
+                at = next;
+            }
+        };
+        let block = offset / BLOCK_U64;
+        let first_data = next_data(block);
+        Ok(Some(match data {
+            true if first_data.saturating_mul(BLOCK_U64) >= size => return Ok(None),
+            true => (first_data * BLOCK_U64).max(offset),
+            false if first_data > block => offset,
+            false => (data_end(block) * BLOCK_U64).min(size),
+        }))
+    }
+
     /// Allocates file bytes `[offset, offset + len)` (`fallocate` mode 0, or
     /// with `keep_size` its `FALLOC_FL_KEEP_SIZE`): each hole in the range
     /// gets blocks of its own, unwritten (they read as zeros), so writes

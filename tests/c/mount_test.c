@@ -75,6 +75,20 @@ static void files(void) {
     CHECK(lseek(fd, 3, SEEK_DATA) == 3, "SEEK_DATA inside");
     ERRNO_IS(lseek(fd, 15, SEEK_DATA), ENXIO);
     CHECK(lseek(fd, 0, SEEK_HOLE) >= 5 && lseek(fd, 0, SEEK_HOLE) <= 15, "SEEK_HOLE");
+    /* A sparse file: a block of data, a hole of a MiB less a block, a block of data. */
+    {
+        int sp = open(at("sparse"), O_CREAT | O_RDWR, 0644);
+        char block[4096];
+        memset(block, 's', sizeof block);
+        CHECK(pwrite(sp, block, 4096, 0) == 4096 && pwrite(sp, block, 4096, 1 << 20) == 4096 && fsync(sp) == 0,
+              "sparse file");
+        CHECK(lseek(sp, 0, SEEK_HOLE) == 4096, "SEEK_HOLE finds the hole (%lld)", (long long)lseek(sp, 0, SEEK_HOLE));
+        CHECK(lseek(sp, 8192, SEEK_HOLE) == 8192, "SEEK_HOLE inside a hole");
+        CHECK(lseek(sp, 4096, SEEK_DATA) == 1 << 20, "SEEK_DATA skips it (%lld)", (long long)lseek(sp, 4096, SEEK_DATA));
+        CHECK(lseek(sp, 1 << 20, SEEK_HOLE) == (1 << 20) + 4096, "the end is a hole");
+        ERRNO_IS(lseek(sp, (1 << 20) + 4096, SEEK_DATA), ENXIO);
+        CHECK(close(sp) == 0 && unlink(at("sparse")) == 0, "sparse file removed");
+    }
     ERRNO_IS(pread(fd, buf, 1, -1), EINVAL);
 
     /* Duplicates share one position; F_GETFL shows the access mode. */

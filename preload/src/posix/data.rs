@@ -426,12 +426,16 @@ pub(crate) fn seek(d: &Description, offset: off_t, whence: c_int) -> off_t {
         libc::SEEK_SET => Some(offset),
         libc::SEEK_CUR => (*position as i64).checked_add(offset),
         libc::SEEK_END => size.checked_add(offset),
-        // No holes are reported: all data up to the size, one hole at the end (as a file
-        // system without hole tracking answers).
-        libc::SEEK_DATA if offset < 0 || offset >= size => return fail(libc::ENXIO) as off_t,
-        libc::SEEK_DATA => Some(offset),
-        libc::SEEK_HOLE if offset < 0 || offset >= size => return fail(libc::ENXIO) as off_t,
-        libc::SEEK_HOLE => Some(size),
+        libc::SEEK_DATA | libc::SEEK_HOLE if offset < 0 || offset >= size => return fail(libc::ENXIO) as off_t,
+        // Holes as the file layer keeps them (never written blocks; see File::seek_data_or_hole).
+        libc::SEEK_DATA | libc::SEEK_HOLE => {
+            let Ok(file) = d.file() else { return fail(libc::ENXIO) as off_t };
+            match file.seek_data_or_hole(offset as u64, whence == libc::SEEK_DATA) {
+                Ok(Some(to)) => Some(to as i64),
+                Ok(None) => return fail(libc::ENXIO) as off_t,
+                Err(e) => return fail(errno_of(&e)) as off_t,
+            }
+        }
         _ => return fail(libc::EINVAL) as off_t,
     };
     match to {
