@@ -4160,6 +4160,44 @@ fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
     ]
 }
 
+/// The model tests' file system: a fresh 16 MiB emulated device with a
+/// volatile write cache (a cut tears writes if `tear`, else drops them),
+/// formatted with `inodes` inodes and mounted on fsync path `path` (0
+/// journaled, 1 aios, 2 conventional).
+fn model_fs(tear: bool, path: usize, inodes: u64) -> (Arc<EmuDevice>, FileSystem) {
+    let cut = if tear { "tear" } else { "drop" };
+    let fsync_path = [FsyncPath::Journaled, FsyncPath::Aios, FsyncPath::Conventional][path];
+    let options = FormatOptions { inodes: Some(inodes), journal_blocks: Some(256) };
+    let dev = emu(&format!("emu:null,size=16m,wcache=1,cut={cut}"));
+    FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
+    let fs = mount_with(&dev, "sync-path", MountOptions { fsync_path, ..MountOptions::default() });
+    (dev, fs)
+}
+
+/// After the cut: `name` holds `want`, or where it first differs is said.
+fn holds_after_the_cut(fs: &FileSystem, name: &str, want: &[u8]) -> Result<(), proptest::test_runner::TestCaseError> {
+    let got = read_all(fs, name);
+    let first_wrong = got.iter().zip(want).position(|(g, w)| g != w);
+    proptest::prop_assert!(
+        got == want,
+        "{} after the cut: {} bytes against {}, first wrong byte at {:?}",
+        name,
+        got.len(),
+        want.len(),
+        first_wrong
+    );
+    Ok(())
+}
+
+/// `data` written into `model` at `offset` (growing it with zeros first).
+fn write_model(model: &mut Vec<u8>, data: &[u8], offset: u64) {
+    let end = offset as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[offset as usize..end].copy_from_slice(data);
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
 
@@ -4179,12 +4217,7 @@ proptest::proptest! {
         path in 0..3usize,
         cut_early in proptest::prelude::any::<bool>(),
     ) {
-        let cut = if tear { "tear" } else { "drop" };
-        let fsync_path = [FsyncPath::Journaled, FsyncPath::Aios, FsyncPath::Conventional][path];
-        let options = FormatOptions { inodes: Some(16), journal_blocks: Some(256) };
-        let dev = emu(&format!("emu:null,size=16m,wcache=1,cut={cut}"));
-        FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
-        let fs = mount_with(&dev, "sync-path", MountOptions { fsync_path, ..MountOptions::default() });
+        let (dev, fs) = model_fs(tear, path, 16);
         let names = ["a", "b"];
         let mut model = [Vec::<u8>::new(), Vec::new()];
         for name in names {
@@ -4212,12 +4245,7 @@ proptest::proptest! {
                     let f = if direct { fs.open_direct(names[file]).unwrap() } else { fs.open(names[file]).unwrap() };
                     let data = bytes(seed, len);
                     f.write_at(&data, offset).unwrap();
-                    let m = &mut model[file];
-                    let end = offset as usize + len;
-                    if m.len() < end {
-                        m.resize(end, 0);
-                    }
-                    m[offset as usize..end].copy_from_slice(&data);
+                    write_model(&mut model[file], &data, offset);
                 }
                 DataOp::Truncate { file, len } => {
                     fs.open(names[file]).unwrap().truncate(len).unwrap();
@@ -4269,13 +4297,7 @@ proptest::proptest! {
             if renamed[file] {
                 continue;
             }
-            let got = read_all(&fs, name);
-            let first_wrong = got.iter().zip(want).position(|(g, w)| g != w);
-            proptest::prop_assert!(
-                got == *want,
-                "{} after the cut: {} bytes against {}, first wrong byte at {:?}",
-                name, got.len(), want.len(), first_wrong
-            );
+            holds_after_the_cut(&fs, name, want)?;
         }
         drop(fs);
         proptest::prop_assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
@@ -4488,14 +4510,6 @@ struct Orphan {
     model: Vec<u8>,
 }
 
-fn write_model(model: &mut Vec<u8>, data: &[u8], offset: u64) {
-    let end = offset as usize + data.len();
-    if model.len() < end {
-        model.resize(end, 0);
-    }
-    model[offset as usize..end].copy_from_slice(data);
-}
-
 fn read_through(f: &iopath::fs::File) -> Vec<u8> {
     let mut buf = vec![0u8; f.len() as usize];
     assert_eq!(f.read_at(&mut buf, 0).unwrap(), buf.len());
@@ -4521,12 +4535,7 @@ proptest::proptest! {
         path in 0..3usize,
         cut_early in proptest::prelude::any::<bool>(),
     ) {
-        let cut = if tear { "tear" } else { "drop" };
-        let fsync_path = [FsyncPath::Journaled, FsyncPath::Aios, FsyncPath::Conventional][path];
-        let options = FormatOptions { inodes: Some(32), journal_blocks: Some(256) };
-        let dev = emu(&format!("emu:null,size=16m,wcache=1,cut={cut}"));
-        FileSystem::format(engine(&dev, "sync-path"), options).unwrap();
-        let fs = mount_with(&dev, "sync-path", MountOptions { fsync_path, ..MountOptions::default() });
+        let (dev, fs) = model_fs(tear, path, 32);
         let names = ["a", "b"];
         let mut slots: Vec<HeldName> = names
             .iter()
@@ -4677,13 +4686,7 @@ proptest::proptest! {
         let fs = mount(&dev);
         for (want, name) in wants.iter().zip(names) {
             let Some(want) = want else { continue };
-            let got = read_all(&fs, name);
-            let first_wrong = got.iter().zip(want).position(|(g, w)| g != w);
-            proptest::prop_assert!(
-                got == *want,
-                "{} after the cut: {} bytes against {}, first wrong byte at {:?}",
-                name, got.len(), want.len(), first_wrong
-            );
+            holds_after_the_cut(&fs, name, want)?;
         }
         drop(fs);
         let report = check::check(engine(&dev, "sync-path")).unwrap();
