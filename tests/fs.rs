@@ -4854,3 +4854,29 @@ fn seek_data_and_seek_hole_find_what_was_written() {
     drop(map); // nothing stored: nothing written back
     assert_eq!(seek(&f, 11 * 4096, true), Some(256 * 4096));
 }
+
+#[test]
+fn a_block_map_that_cannot_be_stored_fails_the_syncs_that_needed_it() {
+    // The reserve for block maps (32 blocks on 64 MiB, some 8,000 extents) used
+    // up: a write into every other block of a file allocated over the whole
+    // device splits its map into 16,000 extents. The data reaches the device,
+    // but the map that says so cannot be stored: fsync and sync say ENOSPC,
+    // never that the data is durable.
+    let (_dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    let f = fs.create("all").unwrap();
+    let mut blocks = fs.free_blocks().unwrap();
+    while f.allocate(0, blocks * 4096, false).is_err() {
+        blocks -= 1;
+    }
+    for block in (0..blocks).step_by(2) {
+        f.write_at(&bytes(block, 4096), block * 4096).unwrap();
+    }
+    assert_eq!(errno(f.fsync().unwrap_err()), libc::ENOSPC);
+    assert_eq!(errno(fs.sync().unwrap_err()), libc::ENOSPC);
+    // What was written reads back all the same.
+    let mut back = vec![0u8; 4096];
+    for block in (0..blocks).step_by(202) {
+        f.read_at(&mut back, block * 4096).unwrap();
+        assert!(back == bytes(block, 4096), "block {block}");
+    }
+}

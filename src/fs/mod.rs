@@ -1407,12 +1407,30 @@ impl Inner {
             // Only files with pages to write back, and those locked now (a writeback
             // under way there is waited for, as before): walking every file took
             // 5% of a `stat`'s time on a mount of 26K names.
-            let needs =
-                |node: &Node| node.state.try_read().map_or(true, |s| s.live && (s.pending() || s.mtime_pending()));
+            let needs = |node: &Node| {
+                node.state.try_read().map_or(true, |s| s.live && (s.pending() || s.mtime_pending() || s.map_unstored))
+            };
             meta.files().filter(|n| needs(n)).cloned().collect()
         };
-        writeback::write_back_all(self, nodes, stage)?;
-        self.sync_metadata()
+        writeback::write_back_all(self, nodes.clone(), stage)?;
+        // A map a writeback could not store (see `NodeState::map_unstored`): stored
+        // now, or this sync fails once the rest is committed.
+        let mut unstored = Ok(());
+        for node in &nodes {
+            let mut state = node.state.write().expect("file lock poisoned");
+            if state.live && state.map_unstored {
+                let mut meta = self.meta();
+                match state.store(self, &mut meta) {
+                    Ok(()) => {
+                        state.meta_tid = meta.tid;
+                        state.layout_tid = meta.tid;
+                    }
+                    Err(e) => unstored = Err(e),
+                }
+            }
+        }
+        self.sync_metadata()?;
+        unstored
     }
 
     /// Makes every metadata change so far durable (the running transaction
