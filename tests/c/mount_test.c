@@ -163,6 +163,7 @@ static void files(void) {
         CHECK(zr == 0 || (!iopath_mode && errno == EOPNOTSUPP), "zero range");
         if (zr == 0) {
             CHECK(fstat(fd, &st) == 0 && st.st_size == 6010, "zero range grows the file");
+            CHECK(st.st_blocks >= 6010 / 512, "zero range keeps the range allocated (%ld blocks)", (long)st.st_blocks);
             CHECK(pread(fd, buf, 2, 9) == 2 && buf[0] == 'z' && buf[1] == 0, "zero range zeroes");
             CHECK(fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 0, 9000) == 0 && fstat(fd, &st) == 0 &&
                       st.st_size == 6010 && pread(fd, buf, 1, 0) == 1 && buf[0] == 0,

@@ -589,9 +589,9 @@ hook_ftruncate!(ftruncate, ftruncate64);
 /// `FALLOC_FL_KEEP_SIZE` allocates without growing ([`iopath::fs::File::allocate`]
 /// says how long blocks past the end are kept); `FALLOC_FL_PUNCH_HOLE` (with
 /// KEEP_SIZE, as Linux requires) frees the range's whole blocks and zeroes
-/// the rest of it; `FALLOC_FL_ZERO_RANGE` does the same and, without
-/// KEEP_SIZE, grows the file to the range's end (its blocks are not kept
-/// allocated, which only `st_blocks` shows). Other modes (collapse and
+/// the rest of it; `FALLOC_FL_ZERO_RANGE` does the same, then allocates the
+/// range again (unwritten: it reads zeros and keeps its space) and, without
+/// KEEP_SIZE, grows the file to the range's end. Other modes (collapse and
 /// insert range, unshare) are EOPNOTSUPP, logged.
 fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> c_int {
     if offset < 0 || len <= 0 {
@@ -601,15 +601,18 @@ fn allocate_mounted(d: &Description, mode: c_int, offset: off_t, len: off_t) -> 
         return libc::EBADF;
     }
     let Ok(file) = d.file() else { return libc::ENODEV };
-    let Some(end) = offset.checked_add(len) else { return libc::EFBIG };
+    if offset.checked_add(len).is_none() {
+        return libc::EFBIG;
+    }
     let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-    let grow = |end: u64| if end > file.len() { file.truncate(end) } else { Ok(()) };
     let done = |r: iopath::Result<()>| r.map_or_else(|e| errno_of(&e), |()| 0);
     match mode & !libc::FALLOC_FL_KEEP_SIZE {
         0 => done(file.allocate(offset as u64, len as u64, keep_size)),
         libc::FALLOC_FL_PUNCH_HOLE if keep_size => done(file.punch_hole(offset as u64, len as u64)),
+        // The range's blocks freed, then allocated again, unwritten: zeros that keep their space.
         libc::FALLOC_FL_ZERO_RANGE => done(
-            file.punch_hole(offset as u64, len as u64).and_then(|()| if keep_size { Ok(()) } else { grow(end as u64) }),
+            file.punch_hole(offset as u64, len as u64)
+                .and_then(|()| file.allocate(offset as u64, len as u64, keep_size)),
         ),
         _ => {
             crate::log(&format!("fallocate mode {mode:#x} on a mounted file: not supported (EOPNOTSUPP)"));
