@@ -89,6 +89,12 @@ struct Spec {
     end: c_int,
     /// The open file, where it stands.
     file: Reopen,
+    /// The program opened the file itself and writes it (it landed on 0, 1 or
+    /// 2: rsync's receiver closes its standard output): its seeks move where
+    /// the bridge writes, also once the bridge holds its bytes in memory
+    /// ([`seek::reposition_writer`]). Not handed across an exec (the next
+    /// program did not open it).
+    own: bool,
 }
 
 impl Spec {
@@ -110,6 +116,7 @@ impl Spec {
             },
             end: end.parse().ok()?,
             file: Reopen::decode(file)?,
+            own: false,
         })
     }
 
@@ -722,7 +729,9 @@ pub fn file_of(fd: c_int) -> Option<Result<Arc<Description>, c_int>> {
         return None;
     }
     let (control, description, spec, writes) = {
-        let running = running();
+        // A bridge let go to a waiting process is out of the table until it resumes:
+        // waited for, or the call went to the pipe (ftruncate: EINVAL).
+        let running = running_for(fd, fd);
         let b = running.iter().find(|b| b.fds.contains(&fd))?;
         (Arc::clone(&b.control), b.description.clone(), b.spec.clone(), b.writes_into.is_some())
     };
@@ -754,7 +763,9 @@ pub(super) fn written_file(fd: c_int) -> Option<Arc<Description>> {
         return None;
     }
     let (control, description) = {
-        let running = running();
+        // (One let go to a waiting process is waited for, as in `file_of`: a seek went
+        // to the pipe, ESPIPE.)
+        let running = running_for(fd, fd);
         let b = running.iter().find(|b| b.fds.contains(&fd) && !b.feeds && !b.in_memory)?;
         (Arc::clone(&b.control), Arc::clone(b.description.as_ref()?))
     };
@@ -1007,7 +1018,7 @@ pub fn hand_over() -> HandOver {
 /// The spec of a bridge on `d` (`None` if its file has no name any more:
 /// the next program could not open it).
 fn spec_of(d: &Description, fds: Vec<c_int>, end: c_int, writes_file: bool, unsent: u64) -> Option<Spec> {
-    Some(Spec { fds, writes_file, end, file: Reopen::of(d, unsent)? })
+    Some(Spec { fds, writes_file, end, file: Reopen::of(d, unsent)?, own: false })
 }
 
 /// How a bridge's loop ended.
@@ -1043,9 +1054,16 @@ fn run(source: Source, fds: Vec<c_int>, end: c_int, writes_file: bool, control: 
         Source::Handed(spec) | Source::Held { spec, .. } => (spec.file.open().map(Arc::new), None),
         Source::Here(d, cursor) => (Ok(Arc::clone(d)), cursor.map(|c| c.at)),
     };
+    // The program's own open file that it writes (no cursor of a child's), or one that was.
+    let own = writes_file
+        && match &source {
+            Source::Here(_, cursor) => cursor.is_none(),
+            Source::Handed(spec) | Source::Held { spec, .. } => spec.own,
+        };
     // Where it stood, `unsent` bytes back: its own cursor's, else the shared position's.
     let stood = |d: &Description, end: c_int, unsent: u64, cursor: Option<u64>| {
         let mut spec = spec_of(d, fds.clone(), end, writes_file, unsent)?;
+        spec.own = own;
         if let Some(at) = cursor {
             spec.file.position = at.saturating_sub(unsent);
         }
@@ -1248,6 +1266,7 @@ mod tests {
                 position: 1 << 40,
                 path: b"/d;ir|x/\xff name=1".to_vec(),
             },
+            own: false,
         };
         assert_eq!(Spec::decode(&spec.encode()), Some(spec.clone()));
         let reader = Spec { fds: vec![0], writes_file: false, ..spec };

@@ -57,12 +57,18 @@ use std::sync::atomic::Ordering;
 /// bridge feeds the pipe `fd` reads from, here or in a parent, the new
 /// position (or -1 with errno); `None` if none does (the caller keeps ESPIPE).
 pub fn seek(fd: c_int, offset: libc::off_t, whence: c_int) -> Option<libc::off_t> {
-    if whence == libc::SEEK_CUR && offset == 0 {
-        return None; // a query: answered as a pipe (see above)
-    }
     if let Some(description) = super::written_file(fd) {
         let _inside = crate::Inside::enter();
         return Some(crate::posix::data::seek(&description, offset, whence));
+    }
+    if let Some(result) = reposition_writer(fd, offset, whence) {
+        return Some(match result {
+            Ok(position) => position as libc::off_t,
+            Err(errno) => crate::posix::fail(errno) as libc::off_t,
+        });
+    }
+    if whence == libc::SEEK_CUR && offset == 0 {
+        return None; // a query: answered as a pipe (see above)
     }
     let _inside = crate::Inside::enter();
     let result = match reposition(fd, offset, whence) {
@@ -90,6 +96,41 @@ pub(super) fn reposition(read_end: c_int, offset: i64, whence: c_int) -> Option<
         bridge
     };
     Some(move_bridge(bridge, read_end, offset, whence))
+}
+
+/// A seek on `fd` where it is on a bridge that holds in memory what the
+/// program writes into a file it opened itself (let go to a waiting
+/// process, or before a fork): the bridge writes what it holds (waiting
+/// for the mount, as any call does) and starts again at the new position.
+/// rsync's receiver, whose temp files land on its descriptor 1, seeks over
+/// the zeros of a sparse file and lends the mount to its generator between
+/// writes: its seeks failed with ESPIPE. `None` if `fd` is on no such bridge.
+pub(super) fn reposition_writer(fd: c_int, offset: i64, whence: c_int) -> Option<Result<u64, c_int>> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let bridge = {
+        let mut running = super::running_for(fd, fd);
+        let own_held = |b: &Running| b.in_memory && !b.feeds && b.spec.as_ref().is_some_and(|s| s.own);
+        let at = running.iter().position(|b| b.fds.contains(&fd) && own_held(b))?;
+        let bridge = running.swap_remove(at);
+        COUNT.store(running.len(), Ordering::Release);
+        bridge
+    };
+    let _inside = crate::Inside::enter();
+    // Settled: what it held and what the pipe held are in the file.
+    let Some((mut stood, _)) = pause_or_last(bridge, true) else { return Some(Err(libc::ESPIPE)) };
+    let size = if whence == libc::SEEK_END {
+        stood.spec.file.open().map_or(0, |d| d.file().map_or(0, |f| f.len()))
+    } else {
+        0
+    };
+    let answer = target(stood.spec.file.position, size, offset, whence);
+    if let Ok(to) = answer {
+        stood.spec.file.position = to;
+    }
+    relaunch(Source::Held { spec: stood.spec, bytes: Vec::new(), sent: 0, more: false });
+    Some(answer)
 }
 
 /// Where a seek goes from `consumed`, in a file of `size` bytes; or errno.
