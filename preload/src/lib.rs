@@ -303,8 +303,13 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     if DONE.swap(true, Ordering::AcqRel) {
         return;
     }
+    // An exit from a signal handler that interrupted one of this library's calls
+    // on this thread (rsync's receiver ends so when the other side goes away): that
+    // call may hold a lock the commit needs, and it will never return. The commit
+    // is tried, but not waited for past INTERRUPTED_EXIT_WAIT.
+    let interrupted = INSIDE.try_with(Cell::get).unwrap_or(false) && !iopath::sys::own_thread();
     bridge::finish(flush_stdio);
-    commit_mounts_now();
+    commit_mounts_within(interrupted.then_some(INTERRUPTED_EXIT_WAIT));
     if iopath::sys::fork_generation() > 0 {
         // A forked child that did not exec: the figures below are mostly its parent's
         // (bash's subshells each printed the shell's waiting times again).
@@ -322,22 +327,45 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     }
 }
 
+/// How long an exit that interrupted one of this library's calls waits for
+/// the mounts' commit (see [`at_exit`]).
+const INTERRUPTED_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Commits every mount now (at exit, and before an exec, which may still fail and let
 /// the process go on): in a forked child, those it mounted itself.
 pub(crate) fn commit_mounts_now() {
+    commit_mounts_within(None);
+}
+
+/// [`commit_mounts_now`], waiting at most `limit` for it (then the commit is
+/// left to run while the process ends: what was fsynced is durable, the
+/// rest is as a kill leaves it).
+fn commit_mounts_within(limit: Option<std::time::Duration>) {
     if !MOUNTING.load(Ordering::Relaxed) || !(mount::any_mounted_here() || posix::maps::any()) {
         return;
     }
     // On a thread of its own: this one's thread-local storage (the engine's per-thread
     // handles among it) may be torn down by now.
     let named = std::thread::Builder::new().name("iopath-exit".into());
-    let committed = iopath::sys::spawn_without_signals(named, || {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let committed = iopath::sys::spawn_without_signals(named, move || {
         let _inside = Inside::enter();
         posix::maps::write_back_all();
         mount::sync_all();
+        let _ = done.send(());
     });
     match committed {
         Ok(thread) => {
+            if let Some(limit) = limit
+                && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(limit)
+            {
+                say(&format!(
+                    "exit from a signal handler in the middle of a file call: the mounts' commit did not \
+                     finish in {} s (the interrupted call holds what it needs); what was fsynced is kept",
+                    limit.as_secs()
+                ));
+                return;
+            }
             if let Err(panic) = thread.join() {
                 // Said here (its own message went to a stderr the program may have closed).
                 let why = panic

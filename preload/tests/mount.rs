@@ -453,6 +453,29 @@ sys.exit(os.waitstatus_to_exitcode(status))'
     assert_eq!(stdout[1], stdout[0]);
 }
 
+/// A program whose signal handler calls `_exit` while its main loop is in
+/// the middle of a file call on a mount (rsync on Ctrl-C: every run of
+/// `rsync -a /usr/share` into a mount interrupted so hung): the exit
+/// commits the mounts on a thread of its own, which needed a lock the
+/// interrupted call held, and the exit waited for it for ever. Now it
+/// waits 2 s, says so, and the process ends with the handler's status;
+/// the image is clean (what a kill leaves).
+#[test]
+fn an_exit_from_a_signal_handler_in_the_middle_of_a_file_call_ends_the_program() {
+    let program = compile("exit_in_handler", &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let mut command = Command::new(&program);
+    command.arg(&mount_dir);
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = common::output_within(&mut command, std::time::Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let _ = std::fs::remove_file(program);
+}
+
 /// A flock on a mounted file is the kernel's, taken on a file that stands
 /// for the inode (`posix/locks.rs`): a process holding one lends the mount
 /// to a process that waits for it, and the lock still keeps other
