@@ -4880,3 +4880,48 @@ fn a_block_map_that_cannot_be_stored_fails_the_syncs_that_needed_it() {
         assert!(back == bytes(block, 4096), "block {block}");
     }
 }
+
+#[test]
+fn a_direct_write_whose_map_cannot_be_stored_is_never_called_durable() {
+    // Direct writes into every other block of a file allocated over the whole
+    // device split its map past the reserve: a write whose map cannot be stored
+    // says ENOSPC, but its blocks are marked written in memory, so the same
+    // write again succeeded without a store and fsync said the data was durable;
+    // after a power cut those blocks read zeros.
+    let (dev, fs) = fresh("emu:null,size=64m,wcache=1,cut=drop", FormatOptions::default());
+    let f = fs.create("all").unwrap();
+    let mut blocks = fs.free_blocks().unwrap();
+    while f.allocate(0, blocks * 4096, false).is_err() {
+        blocks -= 1;
+    }
+    f.fsync().unwrap();
+    let direct = fs.open_direct("all").unwrap();
+    let mut written = Vec::new();
+    let mut refused = 0;
+    for block in (0..blocks).step_by(2) {
+        let data = bytes(block, 4096);
+        if direct.write_at(&data, block * 4096).is_err() {
+            refused += 1;
+            // Written again: as a program that retries.
+            if direct.write_at(&data, block * 4096).is_err() {
+                continue;
+            }
+        }
+        written.push(block);
+    }
+    assert!(refused > 0, "the reserve was never used up: the test no longer tests this");
+    let synced = f.fsync();
+    drop((f, direct));
+    let fs = cut_and_remount(&dev, fs);
+    match synced {
+        Ok(()) => {
+            let f = fs.open("all").unwrap();
+            let mut back = vec![0u8; 4096];
+            for &block in &written {
+                f.read_at(&mut back, block * 4096).unwrap();
+                assert!(back == bytes(block, 4096), "block {block}: fsync said yes, the cut took it");
+            }
+        }
+        Err(e) => assert_eq!(errno(e), libc::ENOSPC),
+    }
+}

@@ -481,6 +481,8 @@ impl File {
             let mut meta = fs.meta();
             if extents::mark_written(&mut state.inode.extents, first, end) {
                 if let Err(e) = state.store(fs, &mut meta) {
+                    // The map in memory is ahead of the device's: the next sync stores it or fails.
+                    state.map_unstored = true;
                     return Some(Err(e));
                 }
                 state.meta_tid = meta.tid;
@@ -782,7 +784,12 @@ impl File {
         // Direct writes are preceded by a writeback of the cached pages: all of it is on the device.
         state.disk_size = state.inode.size;
         state.set_mtime(now_ns());
-        state.store(fs, &mut meta)?;
+        if let Err(e) = state.store(fs, &mut meta) {
+            // The map and size in memory are ahead of the device's (the data is there):
+            // the next sync stores them or fails, as after a writeback that could not.
+            state.map_unstored = true;
+            return Err(e);
+        }
         state.meta_tid = meta.tid;
         if written || grew || overwrote_journaled {
             state.layout_tid = meta.tid;
