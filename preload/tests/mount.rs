@@ -363,29 +363,50 @@ fn a_fifo_made_in_a_mount_carries_bytes_between_processes() {
 /// went first).
 #[test]
 fn a_sender_and_a_receiver_taking_turns_file_by_file_lose_nothing() {
-    let script = r#"set -e
+    let script = sender_and_receiver(
+        100,
+        false,
+        r#"
+        while data:
+            data = data[os.write(fd, data):]"#,
+    );
+    let (stdout, _scratch, _kernel_dir, _image) = on_both(&script);
+    assert_eq!(stdout[0], "same\n100\n");
+    assert_eq!(stdout[1], stdout[0]);
+}
+
+/// A Python sender and receiver taking turns file by file, as rsync's do:
+/// the parent sends `files` files of `src` down a pipe (stat-ing `dst`
+/// before each, as rsync's generator does, when `stat_first`); the child,
+/// its standard output closed, opens each temp file (which lands on
+/// descriptor 1), writes `data` into `fd` with `write_file` (Python lines
+/// indented by 8), closes and renames it. The script prints "same" if
+/// `dst` matches `src`, then how many files it holds.
+fn sender_and_receiver(files: usize, stat_first: bool, write_file: &str) -> String {
+    let stat = if stat_first { "os.stat(\"dst\")" } else { "pass" };
+    format!(
+        r#"set -e
         cd "$D"; mkdir src dst
-        for i in $(seq 1 100); do seq $i 7 $((i * 900)) > src/f$i; done
+        for i in $(seq 1 {files}); do seq $i 7 $((i * 900)) > src/f$i; done
         python3 -c 'import os, sys
 r, w = os.pipe()
 if os.fork() == 0:
     os.close(w)
     os.close(1)
     pipe = os.fdopen(r, "rb")
-    for i in range(1, 101):
+    for i in range(1, {files} + 1):
         n = int.from_bytes(pipe.read(8), "little")
         data = pipe.read(n)
         fd = os.open("dst/.f%d.tmp" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        assert fd == 1, fd
-        while data:
-            data = data[os.write(fd, data):]
+        assert fd == 1, fd{write_file}
         os.close(fd)
         os.rename("dst/.f%d.tmp" % i, "dst/f%d" % i)
     os._exit(0)
 os.close(r)
-for i in range(1, 101):
+for i in range(1, {files} + 1):
     with open("src/f%d" % i, "rb") as f:
         data = f.read()
+    {stat}
     os.write(w, len(data).to_bytes(8, "little"))
     while data:
         data = data[os.write(w, data):]
@@ -393,10 +414,8 @@ os.close(w)
 _, status = os.wait()
 sys.exit(os.waitstatus_to_exitcode(status))'
         diff -r src dst && echo same
-        ls dst | wc -l"#;
-    let (stdout, _scratch, _kernel_dir, _image) = on_both(script);
-    assert_eq!(stdout[0], "same\n100\n");
-    assert_eq!(stdout[1], stdout[0]);
+        ls dst | wc -l"#
+    )
 }
 
 /// rsync's receiver with `--sparse`: its temp files land on descriptor 1
@@ -412,20 +431,10 @@ sys.exit(os.waitstatus_to_exitcode(status))'
 /// and starts again where the seek says (`bridge/seek.rs`).
 #[test]
 fn a_receiver_seeking_and_truncating_its_files_on_descriptor_1_loses_nothing() {
-    let script = r#"set -e
-        cd "$D"; mkdir src dst
-        for i in $(seq 1 60); do seq $i 7 $((i * 900)) > src/f$i; done
-        python3 -c 'import os, sys
-r, w = os.pipe()
-if os.fork() == 0:
-    os.close(w)
-    os.close(1)
-    pipe = os.fdopen(r, "rb")
-    for i in range(1, 61):
-        n = int.from_bytes(pipe.read(8), "little")
-        data = pipe.read(n)
-        fd = os.open("dst/.f%d.tmp" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        assert fd == 1, fd
+    let script = sender_and_receiver(
+        60,
+        true,
+        r#"
         half = len(data) // 2
         os.write(fd, data[:half])
         os.lseek(fd, len(data) - half - 1, os.SEEK_CUR)
@@ -433,23 +442,10 @@ if os.fork() == 0:
         os.ftruncate(fd, len(data))
         assert os.lseek(fd, half, os.SEEK_SET) == half
         assert os.lseek(fd, 0, os.SEEK_CUR) == half
-        os.write(fd, data[half:])
-        os.close(fd)
-        os.rename("dst/.f%d.tmp" % i, "dst/f%d" % i)
-    os._exit(0)
-os.close(r)
-for i in range(1, 61):
-    with open("src/f%d" % i, "rb") as f:
-        data = f.read()
-    os.stat("dst")
-    os.write(w, len(data).to_bytes(8, "little"))
-    os.write(w, data)
-os.close(w)
-_, status = os.wait()
-sys.exit(os.waitstatus_to_exitcode(status))'
-        diff -r src dst && echo same"#;
-    let (stdout, _scratch, _kernel_dir, _image) = on_both(script);
-    assert_eq!(stdout[0], "same\n");
+        os.write(fd, data[half:])"#,
+    );
+    let (stdout, _scratch, _kernel_dir, _image) = on_both(&script);
+    assert_eq!(stdout[0], "same\n60\n");
     assert_eq!(stdout[1], stdout[0]);
 }
 
