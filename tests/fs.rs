@@ -4925,3 +4925,24 @@ fn a_direct_write_whose_map_cannot_be_stored_is_never_called_durable() {
         Err(e) => assert_eq!(errno(e), libc::ENOSPC),
     }
 }
+
+#[test]
+fn a_write_past_a_hole_preallocates_nothing_for_a_sparse_file() {
+    // A write that leaves a hole before it is not an append: a sparse file
+    // grown by a truncate afterwards (rsync --sparse, dd seek=) kept the
+    // blocks preallocated after it inside its size, 1 MiB per such write.
+    let (_dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
+    let f = fs.create("sparse").unwrap();
+    f.write_at(&bytes(1, 8192), 3000 * 4096).unwrap();
+    f.truncate(50 << 20).unwrap();
+    f.fsync().unwrap();
+    drop(f);
+    assert_eq!(fs.metadata("sparse").unwrap().blocks, 2 * 8, "two written blocks, nothing else");
+    // An append still preallocates (given back past the end at the last close).
+    let g = fs.create("log").unwrap();
+    g.write_at(&bytes(2, 4096), 0).unwrap();
+    g.append(&bytes(3, 4096)).unwrap();
+    assert!(fs.metadata("log").unwrap().blocks > 2 * 8, "an append preallocates");
+    drop(g);
+    assert_eq!(fs.metadata("log").unwrap().blocks, 2 * 8, "given back at the last close");
+}

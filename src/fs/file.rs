@@ -902,7 +902,11 @@ impl File {
         let room = PREALLOC_ROOM * (self.fs.options.append_prealloc_bytes / BLOCK_U64).max(MIN_PREALLOC_BLOCKS);
         meta.alloc.read_until_allocatable(room)?;
         // What an append preallocates after this write follows it in the same free run.
-        let ahead = if ahead && end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
+        // Only a write that continues the allocation is an append: one that leaves a
+        // hole before it writes a sparse file (rsync --sparse, dd seek=), whose
+        // preallocation a later truncate up would bring inside the size for good.
+        let appends = first <= allocated_end;
+        let ahead = if ahead && appends && end > allocated_end { self.prealloc_blocks(&meta, end) } else { 0 };
         'holes: for hole in holes {
             let mut at = hole.logical;
             while at < hole.logical + hole.len {
