@@ -1063,25 +1063,35 @@ impl File {
                 format!("files end at {MAX_FILE_SIZE} bytes"),
             ));
         }
+        self.resize_locked(&mut state, len, true)
+    }
+
+    /// Sets the size to `len` with the file's lock held: bytes past the old
+    /// end read as zeros; with `give_back`, every block past the new end
+    /// is freed (a truncate), else none is (`fallocate` growing the file).
+    fn resize_locked(&self, state: &mut NodeState, len: u64, give_back: bool) -> Result<()> {
+        let fs = &self.fs;
         // Dirty pages go to the device first; the cached pages are then forgotten (a new
         // cache id), so nothing past the new end can be read back from the cache.
-        self.writeback(&mut state)?;
+        self.writeback(state)?;
         if len > state.inode.size {
-            self.zero_tail_direct(&state)?;
+            self.zero_tail_direct(state)?;
         }
         state.cache_id = fs.new_cache_id();
         let mut meta = fs.meta();
-        let keep = len.div_ceil(BLOCK_U64);
-        // The bitmap under what is cut, read first: a read that fails changes nothing.
-        for e in state.inode.extents.iter().filter(|e| e.end() > keep) {
-            meta.alloc.read_covering(e.physical, u64::from(e.len))?;
-        }
-        for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
-            meta.free_data(&fs.sb, start, n)?;
+        if give_back {
+            let keep = len.div_ceil(BLOCK_U64);
+            // The bitmap under what is cut, read first: a read that fails changes nothing.
+            for e in state.inode.extents.iter().filter(|e| e.end() > keep) {
+                meta.alloc.read_covering(e.physical, u64::from(e.len))?;
+            }
+            for (start, n) in extents::cut(&mut state.inode.extents, keep, u32::MAX as u64 + 1) {
+                meta.free_data(&fs.sb, start, n)?;
+            }
+            state.kept_past_end = 0;
         }
         state.inode.size = len;
         state.disk_size = len;
-        state.kept_past_end = 0;
         for memory in &state.mirrors {
             memory.truncated(len);
         }
@@ -1185,20 +1195,7 @@ impl File {
             return Ok(());
         }
         // Growing, as a truncate up does, with nothing past the new end given back.
-        self.writeback(&mut state)?;
-        self.zero_tail_direct(&state)?;
-        state.cache_id = fs.new_cache_id();
-        state.inode.size = end;
-        state.disk_size = end;
-        for memory in &state.mirrors {
-            memory.truncated(end);
-        }
-        state.set_mtime(now_ns());
-        let mut meta = fs.meta();
-        state.store(fs, &mut meta)?;
-        state.meta_tid = meta.tid;
-        state.layout_tid = meta.tid;
-        Ok(())
+        self.resize_locked(&mut state, end, false)
     }
 
     /// Deallocates file bytes `[offset, offset + len)` (`fallocate`'s
