@@ -482,7 +482,7 @@ impl File {
             if extents::mark_written(&mut state.inode.extents, first, end) {
                 if let Err(e) = state.store(fs, &mut meta) {
                     // The map in memory is ahead of the device's: the next sync stores it or fails.
-                    state.map_unstored = true;
+                    state.note_map_unstored(fs);
                     return Some(Err(e));
                 }
                 state.meta_tid = meta.tid;
@@ -787,7 +787,7 @@ impl File {
         if let Err(e) = state.store(fs, &mut meta) {
             // The map and size in memory are ahead of the device's (the data is there):
             // the next sync stores them or fails, as after a writeback that could not.
-            state.map_unstored = true;
+            state.note_map_unstored(fs);
             return Err(e);
         }
         state.meta_tid = meta.tid;
@@ -1285,12 +1285,16 @@ impl File {
         self.sync_once(data_only)?;
         // A writeback of this sync (or before it) could not store the blocks it marked
         // written: stored now and committed, or this sync fails (their data is on the
-        // device, but what the device says of the file reads zeros there).
+        // device, but what the device says of the file reads zeros there). Looked at
+        // only when some file has such a map: not a lock of the file per sync.
+        let fs = &self.fs;
+        if fs.maps_unstored.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
         let mut state = self.state_write();
         if !state.map_unstored {
             return Ok(());
         }
-        let fs = &self.fs;
         let mut meta = fs.meta();
         if let Err(e) = state.store(fs, &mut meta) {
             let op = if data_only { "fdatasync" } else { "fsync" };

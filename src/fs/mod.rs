@@ -436,6 +436,10 @@ struct Inner {
     overwrite_syncs: AtomicU64,
     direct_shared: AtomicU64,
     direct_exclusive: AtomicU64,
+    /// Files whose `NodeState::map_unstored` is set (one freed with it set
+    /// stays counted): an fsync looks at its file's flag, under the file's
+    /// exclusive lock, only when this is not 0.
+    maps_unstored: AtomicUsize,
 }
 
 /// How far a commit goes.
@@ -1119,6 +1123,7 @@ impl FileSystem {
             flush_only: AtomicU64::new(0),
             overwrite_syncs: AtomicU64::new(0),
             direct_shared: AtomicU64::new(0),
+            maps_unstored: AtomicUsize::new(0),
             direct_exclusive: AtomicU64::new(0),
         });
         let mounted = Mounted {
@@ -1756,9 +1761,19 @@ impl NodeState {
         };
         if stored.is_ok() {
             self.mtime_unstored = false;
-            self.map_unstored = false;
+            if std::mem::replace(&mut self.map_unstored, false) {
+                fs.maps_unstored.fetch_sub(1, Ordering::AcqRel);
+            }
         }
         stored
+    }
+
+    /// Blocks were marked written in the file's map and the store that
+    /// records it failed: see [`NodeState::map_unstored`].
+    fn note_map_unstored(&mut self, fs: &Inner) {
+        if !std::mem::replace(&mut self.map_unstored, true) {
+            fs.maps_unstored.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// The modification time `stat` shows: a direct overwrite's not stored

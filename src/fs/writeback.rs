@@ -285,7 +285,7 @@ impl Writeback {
                         state.layout_tid = meta.tid;
                     }
                 }
-                Err(_) if changed => state.map_unstored = true,
+                Err(_) if changed => state.note_map_unstored(fs),
                 Err(_) => {}
             }
         }
