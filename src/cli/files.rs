@@ -640,7 +640,7 @@ pub fn run_df(args: DfArgs) -> Result<()> {
     let free = fs.free_blocks()?;
     let used = data - free.min(data);
     // As df's "Avail": what files' data may still take (the rest is kept for block maps).
-    let available = fs.available_blocks()?;
+    let available = free.saturating_sub(fs.reserved_blocks());
     let inodes = sb.inodes();
     let names = fs.names() as u64;
     println!(

@@ -1202,11 +1202,11 @@ impl FileSystem {
         self.mount.meta().alloc.free_blocks()
     }
 
-    /// Blocks a file's data may still take (statfs's `f_bavail`): the free
-    /// ones but those kept for files' block maps (a 512th of the device,
-    /// 16 to 2,048 blocks).
-    pub fn available_blocks(&self) -> Result<u64> {
-        Ok(self.free_blocks()?.saturating_sub(extent_map_reserve(&self.mount.sb)))
+    /// Free blocks kept for files' block maps, which data does not take
+    /// (a 512th of the device, 16 to 2,048): statfs's `f_bavail` is the
+    /// free blocks less these, as ext4's reserved blocks.
+    pub fn reserved_blocks(&self) -> u64 {
+        extent_map_reserve(&self.mount.sb)
     }
 
     /// Counters so far.

@@ -607,10 +607,7 @@ fn fill_statfs(mount: &Mount, out: *mut libc::statfs) -> c_int {
         Err(e) => return fail(super::errno_of(&e)),
     };
     // What is kept for files' block maps is free but not for data (ext4's reserved blocks).
-    st.f_bavail = match fs.available_blocks() {
-        Ok(available) => available,
-        Err(e) => return fail(super::errno_of(&e)),
-    };
+    st.f_bavail = st.f_bfree.saturating_sub(fs.reserved_blocks());
     st.f_files = sb.inodes();
     st.f_ffree = sb.inodes().saturating_sub(fs.names() as u64);
     st.f_namelen = 255;
