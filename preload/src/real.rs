@@ -28,6 +28,12 @@ macro_rules! next_symbol {
     )*};
 }
 
+/// The next definition of the C function `name` after this library (the
+/// process ends, saying so, if there is none).
+pub fn next_function(name: &std::ffi::CStr) -> *mut c_void {
+    resolve(&format!("{}\0", name.to_string_lossy()))
+}
+
 fn resolve(name: &str) -> *mut c_void {
     // SAFETY: `name` is NUL-terminated; RTLD_NEXT looks past this library.
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast::<c_char>()) };

@@ -349,6 +349,58 @@ fn a_fifo_made_in_a_mount_carries_bytes_between_processes() {
     assert_eq!(fs.open("q").unwrap_err().errno(), Some(libc::ENXIO));
 }
 
+/// A library stored on a mount is loaded by `dlopen` as from the kernel's
+/// file system (`posix/libraries.rs`): by an absolute path, relative to a
+/// working directory inside the mount, through `..`; twice the same
+/// handle, also after it was rebuilt in place (the loader's answer for the
+/// same file); closed and rebuilt, the new one; a missing one fails with
+/// the kernel's message; and a bare name is still searched in the calling program's
+/// `DT_RUNPATH` (the interposer's entry point keeps the caller's return
+/// address). rustc's proc macros in a target directory on a mount failed
+/// to load ("can't find crate"), as Python's extension modules there would.
+#[test]
+fn a_library_stored_on_a_mount_is_loaded_by_dlopen_as_from_the_kernels() {
+    let script = r#"set -e
+        cd "$D"; K=$(mktemp -d); trap 'rm -rf "$K"' EXIT
+        echo 'int answer(void) { return 42; }' > lib.c; gcc -shared -fPIC -o lib.so lib.c
+        echo 'int answer(void) { return 7; }' > "$K/k.c"; gcc -shared -fPIC -o "$K/libk.so" "$K/k.c"
+        cat > main.c <<'END'
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    void *opened[64];
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '!') { fflush(stdout); if (system(argv[i] + 1) != 0) return 1; continue; }
+        if (argv[i][0] == '-') { while (n > 0) dlclose(opened[--n]); continue; }
+        void *h = dlopen(argv[i], RTLD_NOW);
+        if (!h) { printf("%d: %s\n", i, dlerror()); continue; }
+        int (*answer)(void) = (int (*)(void))dlsym(h, "answer");
+        printf("%d: %d%s\n", i, answer(), n > 0 && h == opened[0] ? " (same handle)" : "");
+        opened[n++] = h;
+    }
+    return 0;
+}
+END
+        gcc -o main main.c -Wl,-rpath,"$K"
+        mkdir sub
+        ./main "$D/lib.so" ./lib.so sub/../lib.so ./nope.so libk.so \
+            '!echo "int answer(void) { return 43; }" > lib.c && gcc -shared -fPIC -o lib.so lib.c' ./lib.so \
+            - '!echo "int answer(void) { return 44; }" > lib.c && gcc -shared -fPIC -o lib.so lib.c' ./lib.so
+        cd sub; ../main ../lib.so"#;
+    let (stdout, _scratch, _kernel_dir, image) = on_both(script);
+    assert_eq!(
+        stdout[0],
+        "1: 42\n2: 42 (same handle)\n3: 42 (same handle)\n\
+         4: ./nope.so: cannot open shared object file: No such file or directory\n5: 7\n7: 42 (same handle)\n\
+         10: 44\n1: 44\n"
+    );
+    assert_eq!(stdout[1], stdout[0]);
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
 /// Two processes that work on the mount file by file, each with a file
 /// open there in turn, as `rsync -a` between two directories of a mount
 /// does: the receiver (which closed its standard output) creates each temp

@@ -6,8 +6,10 @@
 //! - a private map is a copy of the file's bytes ([`map_private`]), which
 //!   is what the kernel's `MAP_PRIVATE` shows until the program writes a
 //!   page (a later change of the file is not seen; POSIX leaves that
-//!   unspecified). git reads its config, index and packs so; the dynamic
-//!   loader maps programs and libraries stored on a mount so.
+//!   unspecified). git reads its config, index and packs so. (The
+//!   dynamic loader maps with its own system calls: a program or library
+//!   stored on a mount is run or loaded from a memfd copy instead,
+//!   `processes.rs` and `libraries.rs`.)
 //! - a shared map is the memory of a mirror of the file's range
 //!   (`iopath::fs::mirror`): every write and truncate of the file in this
 //!   process shows in it before the call returns, as in a kernel mapping's

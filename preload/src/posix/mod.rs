@@ -24,6 +24,8 @@
 //!   fadvise, readahead
 //! - `maps.rs`: mmap, munmap, msync and mremap (a private map of a mounted file is a copy; a
 //!   shared one follows the file, and what is stored into it reaches the file)
+//! - `libraries.rs`: dlopen and dlmopen of a library stored on a mount (loaded from a copy in a
+//!   memfd, as an exec of a program stored there is)
 //! - `directories.rs`: opendir, fdopendir, readdir, rewinddir, telldir, seekdir, closedir, dirfd
 //! - `metadata.rs`: the stat family (stat, lstat, fstat, fstatat, statx and the `__xstat` forms),
 //!   chmod, utimensat/futimens/utimes, chown (see there), statfs
@@ -52,6 +54,7 @@ pub mod credentials;
 pub mod data;
 pub mod descriptors;
 pub mod directories;
+pub mod libraries;
 pub mod locks;
 pub mod maps;
 pub mod metadata;
@@ -346,6 +349,11 @@ impl KernelPath {
     /// The pointer to pass on.
     pub(crate) fn ptr(&self) -> *const c_char {
         self.rewritten.as_ref().map_or(self.original, |c| c.as_ptr())
+    }
+
+    /// The rewritten path, if the kernel should get another than the caller's.
+    pub(crate) fn into_rewritten(self) -> Option<std::ffi::CString> {
+        self.rewritten
     }
 }
 

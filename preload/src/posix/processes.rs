@@ -285,7 +285,7 @@ fn stored_on_mount(path: *const c_char) -> Option<Result<Stored, c_int>> {
         if let Some(line) = head[..n].strip_prefix(b"#!") {
             return shebang(line);
         }
-        copy_into_memfd(&file).map(Stored::Binary)
+        copy_into_memfd(&file, c"iopath-exec").map(Stored::Binary)
     })
 }
 
@@ -310,10 +310,10 @@ fn shebang(line: &[u8]) -> Result<Stored, c_int> {
     })
 }
 
-/// A close-on-exec memfd holding `file`'s bytes.
-fn copy_into_memfd(file: &iopath::fs::File) -> Result<c_int, c_int> {
+/// A close-on-exec memfd named `name` holding `file`'s bytes.
+pub(super) fn copy_into_memfd(file: &iopath::fs::File, name: &std::ffi::CStr) -> Result<c_int, c_int> {
     // SAFETY: memfd_create with a NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(c"iopath-exec".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(super::last_errno());
     }

@@ -1,0 +1,199 @@
+//! Shared libraries: `dlopen` and `dlmopen` of a library stored on a mount.
+//!
+//! The C library's loader opens and maps a library with its own system
+//! calls, out of this library's reach, and the kernel cannot open a file it
+//! does not hold: rustc's proc macros built into a target directory on a
+//! mount, Python's extension modules in a virtual environment there, a
+//! plugin a program built itself, all failed with "cannot open shared
+//! object file". So a path naming a mounted file is replaced by a memfd
+//! holding a copy of the file's bytes (`/proc/self/fd/N`), as the exec of a
+//! program stored on a mount is (`processes.rs`). The copy is kept and used
+//! again for the same file (inode) as the loader treats the same file: a
+//! second `dlopen` of a library gives the same handle, also after it was
+//! rebuilt in place while loaded, and one closed and rebuilt since loads
+//! the new bytes. A library found by a bare name (no
+//! `/`) is the loader's to search for, as before.
+//!
+//! Both are entered through a few instructions that ask [`loadable`] for
+//! the path and then jump to the C library's function, so that it sees its
+//! caller's return address: the loader searches the *calling* object's
+//! `DT_RUNPATH` for a bare name and puts the library in its namespace, and a
+//! call from this library instead would search the wrong object's.
+//!
+//! What this gives up: the library's name in the loader's list (`dladdr`,
+//! `dl_iterate_phdr`, `/proc/self/maps`) is the memfd's; a library's own
+//! dependencies are searched for as the loader would, and `$ORIGIN` in its
+//! `DT_RUNPATH` names `/proc/self/fd`, so a dependency stored next to it on
+//! the mount is not found; `RTLD_NOLOAD` finds only a library loaded from
+//! such a copy. Only on x86-64 (elsewhere a mounted library is not found).
+
+use crate::mount::Inside;
+use crate::real;
+use libc::{c_char, c_int, c_void};
+use std::cell::RefCell;
+use std::ffi::CString;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// A library stored on a mount, copied into a memfd.
+struct Copy {
+    /// The file it was copied from: the mount's device number and the file's inode number.
+    file: (u64, u64),
+    /// The file's size and modification time when it was copied.
+    stamp: (u64, u64),
+    /// `/proc/self/fd/N` of the memfd (open for the process's life).
+    path: CString,
+}
+
+impl Copy {
+    /// Whether the loader has this copy loaded now.
+    fn loaded(&self) -> bool {
+        let real: unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void =
+            // SAFETY: the C library's dlopen, found by `resolve_real`.
+            unsafe { std::mem::transmute(REAL_DLOPEN.load(Ordering::Acquire)) };
+        // SAFETY: a NUL-terminated path; RTLD_NOLOAD loads nothing, and the
+        // reference it takes on a loaded library is given back.
+        unsafe {
+            let handle = real(self.path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            !handle.is_null() && libc::dlclose(handle) == 0
+        }
+    }
+}
+
+/// Every copy made in this process (a few: rustc loads a handful of proc macros).
+static COPIES: Mutex<Vec<Copy>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// A path rewritten for the kernel (relative to a working directory
+    /// inside a mount), kept until the C library has read it.
+    static REWRITTEN: RefCell<Option<CString>> = const { RefCell::new(None) };
+}
+
+/// The C library's `dlopen` and `dlmopen`, which the entry points jump to.
+static REAL_DLOPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static REAL_DLMOPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Finds the C library's two functions the first time.
+fn resolve_real() {
+    if REAL_DLOPEN.load(Ordering::Acquire).is_null() {
+        REAL_DLMOPEN.store(real::next_function(c"dlmopen"), Ordering::Release);
+        REAL_DLOPEN.store(real::next_function(c"dlopen"), Ordering::Release);
+    }
+}
+
+/// The path the C library's `dlopen` gets for `file`: a memfd's copy of a
+/// library stored on a mount, `file` itself where the loader can find it,
+/// or `file` made absolute for the kernel where a working directory inside
+/// a mount would mislead it. A mounted file that cannot be read (missing, a
+/// directory, unreadable) gets `file`, which the kernel does not find
+/// either, so `dlerror` names what the program asked for.
+extern "C" fn loadable(file: *const c_char, mode: c_int) -> *const c_char {
+    resolve_real();
+    let _errno = crate::KeepErrno::new();
+    if !super::path_bytes(file).is_some_and(|p| p.contains(&b'/')) {
+        return file;
+    }
+    let name = String::from_utf8_lossy(super::path_bytes(file).unwrap_or_default()).into_owned();
+    let served = super::on_path(libc::AT_FDCWD, file, |_| None, |inside| copy_of(&inside, mode, &name));
+    match served {
+        Some(Some(copy)) => copy,
+        Some(None) => file,
+        None => match super::kernel(libc::AT_FDCWD, file).into_rewritten() {
+            None => file,
+            Some(kept) => REWRITTEN.with(|slot| {
+                let at = kept.as_ptr();
+                *slot.borrow_mut() = Some(kept);
+                at
+            }),
+        },
+    }
+}
+
+/// The memfd path of a copy of the mounted library at `inside` (made now
+/// if this process has none of the file as it is), or `None` where it
+/// cannot be read (or with `RTLD_NOLOAD`, where no copy of it was loaded).
+fn copy_of(inside: &Inside, mode: c_int, name: &str) -> Option<*const c_char> {
+    let failed = |errno: c_int| {
+        let e = std::io::Error::from_raw_os_error(errno);
+        crate::log(&format!("dlopen of {name}: {e}"));
+    };
+    let fs = inside.mount.fs().inspect_err(|&e| failed(e)).ok()?;
+    let file = fs.open(&inside.path).map_err(|e| super::errno_of(&e)).inspect_err(|&e| failed(e)).ok()?;
+    let meta = file.metadata();
+    let (key, stamp) = ((inside.mount.dev, meta.ino), (meta.size, meta.mtime_ns));
+    let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
+    // The newest copy of this file, unless it changed since and is no longer
+    // loaded: then a new one (the old stays: another thread may be about to
+    // pass its path to the loader).
+    if let Some(copy) = copies.iter().rev().find(|c| c.file == key)
+        && (copy.stamp == stamp || copy.loaded())
+    {
+        return Some(copy.path.as_ptr());
+    }
+    if mode & libc::RTLD_NOLOAD != 0 {
+        return None;
+    }
+    let fd = super::processes::copy_into_memfd(&file, c"iopath-library").inspect_err(|&e| failed(e)).ok()?;
+    crate::log(&format!("dlopen of {name}: loading a copy in memory ({} bytes)", meta.size));
+    let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number");
+    let at = path.as_ptr();
+    copies.push(Copy { file: key, stamp, path });
+    Some(at)
+}
+
+/// The entry points: the C variadic-free signatures, but each must end in
+/// a jump to the C library's function with its caller's return address on
+/// the stack, which a Rust function cannot do.
+#[cfg(target_arch = "x86_64")]
+mod entries {
+    use super::{REAL_DLMOPEN, REAL_DLOPEN, loadable};
+    use libc::c_void;
+
+    /// `dlopen`: the C library's, with a mounted library's path replaced
+    /// by its copy's (see the module).
+    ///
+    /// # Safety
+    /// As the C function.
+    #[unsafe(naked)]
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn dlopen() -> *mut c_void {
+        core::arch::naked_asm!(
+            // Keep the arguments (and the stack 16-byte aligned for the call).
+            "push rdi",
+            "push rsi",
+            "sub rsp, 8",
+            "call {loadable}",
+            "add rsp, 8",
+            "pop rsi",
+            "pop rdi",
+            "mov rdi, rax",
+            "jmp qword ptr [rip + {real}]",
+            loadable = sym loadable,
+            real = sym REAL_DLOPEN,
+        )
+    }
+
+    /// `dlmopen`: as [`dlopen`], in the namespace the caller names.
+    ///
+    /// # Safety
+    /// As the C function.
+    #[unsafe(naked)]
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn dlmopen() -> *mut c_void {
+        core::arch::naked_asm!(
+            "push rdi",
+            "push rsi",
+            "push rdx",
+            "mov rdi, rsi",
+            "mov rsi, rdx",
+            "call {loadable}",
+            "pop rdx",
+            "pop rsi",
+            "pop rdi",
+            "mov rsi, rax",
+            "jmp qword ptr [rip + {real}]",
+            loadable = sym loadable,
+            real = sym REAL_DLMOPEN,
+        )
+    }
+}
