@@ -176,11 +176,16 @@ impl Drop for KeepErrno {
 static FORK_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The forking thread's holds from the fork's prepare handler to after it.
-type ForkHolds = (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, ()>, iopath::sys::NumbersHeld);
+type ForkHolds = (
+    std::sync::MutexGuard<'static, ()>,
+    mount::StatesHeld,
+    std::sync::MutexGuard<'static, ()>,
+    iopath::sys::NumbersHeld,
+);
 
 thread_local! {
-    /// The forking thread's hold on [`FORK_GATE`], on the library's
-    /// thread starts ([`iopath::sys::hold_thread_starts`]) and on the
+    /// The forking thread's hold on [`FORK_GATE`], on the mounts' states
+    /// ([`mount::hold_states_for_fork`]), on the library's thread starts ([`iopath::sys::hold_thread_starts`]) and on the
     /// descriptors its threads make ([`iopath::sys::hold_own_numbers`]: a
     /// child never starts with one half moved), from the fork's prepare
     /// handler to after it.
@@ -200,10 +205,13 @@ extern "C" fn before_fork() {
         // (A forked child listens too: it passes its children's requests up.)
         bridge::listen_before_fork();
     }
+    // In this order: a background thread takes the gate, then a state; a
+    // thread that mounts holds its state while it starts the lender.
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
+    let states = mount::hold_states_for_fork();
     let starts = iopath::sys::hold_thread_starts();
     let numbers = iopath::sys::hold_own_numbers();
-    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, starts, numbers)));
+    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, states, starts, numbers)));
 }
 
 /// After a fork, in the parent and in the child: the gate goes.

@@ -67,6 +67,10 @@ struct MountState {
     /// forked bash whose working directory is on a mount another process
     /// kept waited 10 s for each (`{ head; cat; } < big | md5sum`: 20 s).
     gave_up: Option<std::time::Instant>,
+    /// When this process last gave the mount to a process that waited for
+    /// it: the next mount here lets that one take it first
+    /// (`iopath::fs::lock::after_giving_way`).
+    lent: Option<std::time::Instant>,
 }
 
 /// How long a call waits for another process to let go of a mount: `wait`,
@@ -229,6 +233,9 @@ impl Mount {
         }
         let _inside = crate::Inside::enter();
         let spec = self.engine_spec();
+        if let Some(lent) = state.lent.take() {
+            iopath::fs::lock::after_giving_way(&spec, lent);
+        }
         let waiting = wait_now(state.gave_up, wait);
         let waited_in_vain = waiting < wait;
         let lock = match MountLock::acquire(&spec, waiting) {
@@ -312,6 +319,31 @@ impl Mount {
             Err(std::sync::TryLockError::WouldBlock) => true,
         }
     }
+}
+
+/// Every mount's state, locked by a thread that forks from before the fork
+/// to after it ([`hold_states_for_fork`]).
+pub struct StatesHeld(#[allow(dead_code)] Vec<std::sync::MutexGuard<'static, MountState>>);
+
+/// Locks every mount's state before a fork, so that the child never starts
+/// with one locked by a thread it does not have: a multi-threaded program
+/// that forked while another of its threads mounted, or gave a mount back,
+/// left a child in which the mount was stuck (EPERM): cargo running a build
+/// script stored on a mount failed so, 1 build in 2. The fork waits for
+/// such work to end (a mount takes milliseconds, unless it waits for
+/// another process: `IOPATH_MOUNT_WAIT` at most). A fork from inside one
+/// of this library's calls (a signal handler's) takes only the free ones.
+pub fn hold_states_for_fork() -> StatesHeld {
+    let inside = crate::inside();
+    let mounts = MOUNTS.get().map_or(&[][..], |v| &v[..]);
+    StatesHeld(
+        mounts
+            .iter()
+            .filter_map(|m| {
+                if inside { m.state.try_lock().ok() } else { Some(m.state.lock().unwrap_or_else(|e| e.into_inner())) }
+            })
+            .collect(),
+    )
 }
 
 /// In a child just forked: leaves the mounts the parent held to the parent.
@@ -1239,6 +1271,9 @@ impl Mount {
         state.fs = None; // the last handle: unmounted
         state.kept_engine = engine;
         state.lock = None; // and the next process may mount it
+        if dormant {
+            state.lent = Some(std::time::Instant::now());
+        }
         let held = if files == 0 {
             "nothing here holds it open".to_string()
         } else {

@@ -40,6 +40,13 @@ use std::time::{Duration, Instant};
 /// How often a waiting taker nudges the holder (its [`Wanted`] sees each nudge).
 pub const NUDGE_EVERY: Duration = Duration::from_millis(100);
 
+/// How often a waiting taker tries the lock again.
+const TRY_EVERY: Duration = Duration::from_millis(5);
+
+/// How long a holder that let go for a waiting taker keeps off the lock
+/// ([`after_giving_way`]): a few of the taker's tries.
+const GIVE_WAY_FOR: Duration = Duration::from_millis(20);
+
 /// Where in the lock file the word takers add to lies (the holder's pid,
 /// as text, comes first).
 pub const WANT_AT: usize = 64;
@@ -290,7 +297,7 @@ impl MountLock {
                 nudge(&file);
                 nudged = Some(Instant::now());
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(TRY_EVERY);
         }
         // The pid, then zeros up to the want word; the file never shorter than
         // LOCK_FILE_LEN (a taker may have it mapped).
@@ -428,6 +435,21 @@ fn sweep(ours: &Path) {
                 let _ = std::fs::remove_file(&path);
             }
         }
+    }
+}
+
+/// Called by a process that let go of the lock of `spec` at `given` because
+/// another process waited for it, before it takes the lock again: waits
+/// until a taker has made the lock file anew (it has the lock, or is about
+/// to) or 20 ms have passed since `given`. A waiting taker tries every
+/// 5 ms, and a holder that uses the device again at once took the lock
+/// back first every time: a program forking children that each needed the
+/// mount while one of its threads wrote there every millisecond had each
+/// child wait `IOPATH_MOUNT_WAIT` in vain.
+pub fn after_giving_way(spec: &str, given: Instant) {
+    let Some(path) = backing_path(spec).and_then(|device| lock_path(&device).ok()) else { return };
+    while given.elapsed() < GIVE_WAY_FOR && !path.exists() {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
