@@ -326,6 +326,9 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     if let Some(waits) = iopath::path::completion::explain::summary() {
         log(&waits);
     }
+    for line in mount::waits_summary() {
+        log(&line);
+    }
     if ROUTING.load(Ordering::Relaxed) {
         log(&format!(
             "{} calls routed through iopath, {} calls on routed files passed to the C library",

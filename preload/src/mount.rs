@@ -44,6 +44,66 @@ pub struct Mount {
     /// locked at the fork, so the child can neither drop the parent's file
     /// system nor mount its own (calls on it fail with EPERM, said once).
     stuck: AtomicBool,
+    /// How long this process waited for the mount (said at exit with `IOPATH_LOG`).
+    waits: Waits,
+}
+
+/// What sharing a mount with other processes cost one process: its waits
+/// for another to give the mount back, and its waits giving way after it
+/// lent the mount ([`iopath::fs::lock::after_giving_way`]).
+#[derive(Default)]
+struct Waits {
+    times: AtomicU64,
+    ns: AtomicU64,
+    longest_ns: AtomicU64,
+    gave_way_times: AtomicU64,
+    gave_way_ns: AtomicU64,
+}
+
+/// A take of the mount lock shorter than this did not wait for anyone.
+const WAITED: std::time::Duration = std::time::Duration::from_micros(200);
+
+impl Waits {
+    fn waited(&self, took: std::time::Duration) {
+        if took >= WAITED {
+            let ns = took.as_nanos() as u64;
+            self.times.fetch_add(1, Ordering::Relaxed);
+            self.ns.fetch_add(ns, Ordering::Relaxed);
+            self.longest_ns.fetch_max(ns, Ordering::Relaxed);
+        }
+    }
+
+    fn gave_way(&self, took: std::time::Duration) {
+        self.gave_way_times.fetch_add(1, Ordering::Relaxed);
+        self.gave_way_ns.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// One line for the exit's log, if this process waited at all.
+    fn summary(&self) -> Option<String> {
+        let ms = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
+        let (times, gave_way) = (self.times.load(Ordering::Relaxed), self.gave_way_times.load(Ordering::Relaxed));
+        if times == 0 && gave_way == 0 {
+            return None;
+        }
+        Some(format!(
+            "waited for other processes to give it back {times} times, {:.1} ms in all (longest {:.1} ms); \
+             gave way to a process it lent it to {gave_way} times, {:.1} ms in all",
+            ms(&self.ns),
+            ms(&self.longest_ns),
+            ms(&self.gave_way_ns)
+        ))
+    }
+}
+
+/// What sharing each mount with other processes cost this process (at
+/// exit, with `IOPATH_LOG`): how often and how long it waited for them.
+pub fn waits_summary() -> Vec<String> {
+    MOUNTS
+        .get()
+        .map_or(&[][..], |v| &v[..])
+        .iter()
+        .filter_map(|m| m.waits.summary().map(|s| format!("{}: {s}", m.device)))
+        .collect()
 }
 
 #[derive(Default)]
@@ -234,11 +294,16 @@ impl Mount {
         let _inside = crate::Inside::enter();
         let spec = self.engine_spec();
         if let Some(lent) = state.lent.take() {
+            let giving_way = std::time::Instant::now();
             iopath::fs::lock::after_giving_way(&spec, lent);
+            self.waits.gave_way(giving_way.elapsed());
         }
         let waiting = wait_now(state.gave_up, wait);
         let waited_in_vain = waiting < wait;
-        let lock = match MountLock::acquire(&spec, waiting) {
+        let asked = std::time::Instant::now();
+        let acquired = MountLock::acquire(&spec, waiting);
+        self.waits.waited(asked.elapsed());
+        let lock = match acquired {
             Ok(lock) => lock,
             Err(_) if !say_busy => return Err(libc::EBUSY),
             Err(e) => {
@@ -489,6 +554,7 @@ pub fn mounts() -> &'static [Mount] {
                 state: Mutex::new(MountState::default()),
                 lending: Lending::default(),
                 stuck: AtomicBool::new(false),
+                waits: Waits::default(),
             })
             .collect()
     })
