@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 pub const NUDGE_EVERY: Duration = Duration::from_millis(100);
 
 /// How often a waiting taker tries the lock again.
-const TRY_EVERY: Duration = Duration::from_millis(5);
+const TRY_EVERY: Duration = Duration::from_millis(1);
 
 /// How long a holder that let go for a waiting taker keeps off the lock
 /// ([`after_giving_way`]): a few of the taker's tries.
@@ -442,7 +442,7 @@ fn sweep(ours: &Path) {
 /// another process waited for it, before it takes the lock again: waits
 /// until a taker has made the lock file anew (it has the lock, or is about
 /// to) or 20 ms have passed since `given`. A waiting taker tries every
-/// 5 ms, and a holder that uses the device again at once took the lock
+/// millisecond, and a holder that uses the device again at once took the lock
 /// back first every time: a program forking children that each needed the
 /// mount while one of its threads wrote there every millisecond had each
 /// child wait `IOPATH_MOUNT_WAIT` in vain.
