@@ -100,11 +100,14 @@ extern "C" fn loadable(file: *const c_char, mode: c_int) -> *const c_char {
         Some(None) => file,
         None => match super::kernel(libc::AT_FDCWD, file).into_rewritten() {
             None => file,
-            Some(kept) => REWRITTEN.with(|slot| {
-                let at = kept.as_ptr();
-                *slot.borrow_mut() = Some(kept);
-                at
-            }),
+            // (A thread whose storage is gone, at its exit: the caller's path.)
+            Some(kept) => REWRITTEN
+                .try_with(|slot| {
+                    let at = kept.as_ptr();
+                    *slot.borrow_mut() = Some(kept);
+                    at
+                })
+                .unwrap_or(file),
         },
     }
 }
