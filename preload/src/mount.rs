@@ -58,6 +58,25 @@ struct Waits {
     longest_ns: AtomicU64,
     gave_way_times: AtomicU64,
     gave_way_ns: AtomicU64,
+    /// Tries of the lender that found the mount busy, by what kept it ([`Busy`]).
+    busy: [AtomicU64; 4],
+    /// Lends done, and the time their commits took.
+    lends: AtomicU64,
+    lend_commit_ns: AtomicU64,
+}
+
+/// What kept a lender from giving the mount back at one try.
+#[derive(Clone, Copy)]
+enum Busy {
+    /// A call on a mounted file was under way.
+    Call = 0,
+    /// A file open here has no name (unlinked): it cannot be opened again.
+    Unnamed = 1,
+    /// A file open here had a record lock taken on it.
+    Locked = 2,
+    /// Something else held the file system: a call on a path, a directory
+    /// stream, a shared map, a bridge.
+    Held = 3,
 }
 
 /// A take of the mount lock shorter than this did not wait for anyone.
@@ -78,18 +97,33 @@ impl Waits {
         self.gave_way_ns.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// One line for the exit's log, if this process waited at all.
+    fn busy(&self, why: Busy) {
+        self.busy[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn lent(&self, commit: std::time::Duration) {
+        self.lends.fetch_add(1, Ordering::Relaxed);
+        self.lend_commit_ns.fetch_add(commit.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// One line for the exit's log, if this process waited or lent at all.
     fn summary(&self) -> Option<String> {
         let ms = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
-        let (times, gave_way) = (self.times.load(Ordering::Relaxed), self.gave_way_times.load(Ordering::Relaxed));
-        if times == 0 && gave_way == 0 {
+        let count = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (times, gave_way, lends) = (count(&self.times), count(&self.gave_way_times), count(&self.lends));
+        if times == 0 && gave_way == 0 && lends == 0 {
             return None;
         }
+        let [call, unnamed, locked, held] = self.busy.each_ref().map(count);
         Some(format!(
             "waited for other processes to give it back {times} times, {:.1} ms in all (longest {:.1} ms); \
+             lent it {lends} times ({:.1} ms committing), found it busy when asked {} times (a call under way \
+             {call}, an unlinked file open {unnamed}, a locked file {locked}, held otherwise {held}); \
              gave way to a process it lent it to {gave_way} times, {:.1} ms in all",
             ms(&self.ns),
             ms(&self.longest_ns),
+            ms(&self.lend_commit_ns),
+            call + unnamed + locked + held,
             ms(&self.gave_way_ns)
         ))
     }
@@ -1318,19 +1352,30 @@ impl Mount {
         let Some(fs) = &state.fs else { return true };
         let _inside = crate::Inside::enter();
         let mut asleep: Vec<(Arc<Description>, File)> = Vec::new();
-        if dormant && fs.in_use_elsewhere() && !self.put_to_sleep(&mut asleep) {
+        if dormant
+            && fs.in_use_elsewhere()
+            && let Err(why) = self.put_to_sleep(&mut asleep)
+        {
+            self.waits.busy(why);
             wake(asleep);
             return false;
         }
         if fs.in_use_beyond(asleep.len()) {
+            if dormant {
+                self.waits.busy(Busy::Held);
+            }
             wake(asleep);
             return false;
         }
         let files = asleep.len();
         drop(asleep); // (their handles: only the file system's own is left)
+        let committing = std::time::Instant::now();
         if let Err(e) = fs.quiesce() {
             crate::say(&format!("cannot commit {} {when}: {e}; keeping it mounted", self.device));
             return false;
+        }
+        if dormant {
+            self.waits.lent(committing.elapsed());
         }
         let stats = fs.stats().summary();
         let engine = self.engine_spec().starts_with("uring:").then(|| Arc::clone(fs.engine()));
@@ -1351,20 +1396,20 @@ impl Mount {
     }
 
     /// Takes the file of every description of this mount out of its slot
-    /// into `asleep`, leaving where to find it again; false (some taken
-    /// already) if one cannot be: a call on it under way, no name, a lock.
-    fn put_to_sleep(&self, asleep: &mut Vec<(Arc<Description>, File)>) -> bool {
+    /// into `asleep`, leaving where to find it again; what kept one (some
+    /// taken already) if one cannot be: a call on it under way, no name, a lock.
+    fn put_to_sleep(&self, asleep: &mut Vec<(Arc<Description>, File)>) -> Result<(), Busy> {
         for (_, d) in descriptors() {
             if !std::ptr::eq(d.mount, self) || asleep.iter().any(|(a, _)| Arc::ptr_eq(a, &d)) {
                 continue;
             }
             let Node::File(slot) = &d.node else { continue };
             if d.locked.load(Ordering::Acquire) {
-                return false;
+                return Err(Busy::Locked);
             }
-            let Ok(mut state) = slot.state.try_write() else { return false };
+            let Ok(mut state) = slot.state.try_write() else { return Err(Busy::Call) };
             let SlotState::Open(file) = &*state else { continue };
-            let Some(path) = file.path() else { return false }; // unlinked: only this process has it
+            let Some(path) = file.path() else { return Err(Busy::Unnamed) }; // unlinked: only this process has it
             let (ino, generation) = (file.metadata().ino, file.metadata().generation);
             let SlotState::Open(file) = std::mem::replace(&mut *state, SlotState::Dormant { ino, generation, path })
             else {
@@ -1373,7 +1418,7 @@ impl Mount {
             drop(state);
             asleep.push((d, file));
         }
-        true
+        Ok(())
     }
 }
 
