@@ -48,6 +48,11 @@ fn pool_class(len: usize) -> Option<usize> {
     (len > 0 && len <= RECYCLED_MAX && len.is_multiple_of(IO_ALIGN)).then(|| len / IO_ALIGN - 1)
 }
 
+/// The pool's lock, held across a fork ([`crate::sys::hold_globals_for_fork`]).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// A pooled buffer of `len` bytes, if one is there (holding old bytes).
 fn from_pool(len: usize) -> Option<IoBuf> {
     let class = pool_class(len)?;

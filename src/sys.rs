@@ -366,6 +366,27 @@ pub fn hold_thread_starts() -> std::sync::MutexGuard<'static, ()> {
     }
 }
 
+/// The library's process-wide locks a forked child's first mount takes,
+/// held by [`hold_globals_for_fork`].
+pub struct GlobalsHeld(#[allow(dead_code)] Vec<Box<dyn std::any::Any>>);
+
+/// Takes the library's process-wide locks that a forked child needs to
+/// mount a file system of its own (the carried caches' mappings, the
+/// kernel's write-watch descriptors, the buffer pool), for a fork's prepare
+/// handler: dropped after the fork in the parent and the child, so no child
+/// starts with one held by a thread it does not have. A child of cargo
+/// forked while another of its threads returned a buffer to the pool
+/// waited for the pool's lock for ever as it mounted, and held the mount
+/// its parent then waited for. Short holds all, and none taken while
+/// another of them is held (the pool's last).
+pub fn hold_globals_for_fork() -> GlobalsHeld {
+    GlobalsHeld(vec![
+        crate::fs::carry::hold_for_fork(),
+        crate::fs::written::hold_for_fork(),
+        crate::buffer::hold_for_fork(),
+    ])
+}
+
 thread_local! {
     /// This thread is iopath's: started by [`spawn_without_signals`] (for
     /// good), or dropping iopath's per-thread state ([`own_calls`]).

@@ -179,13 +179,15 @@ static FORK_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 type ForkHolds = (
     std::sync::MutexGuard<'static, ()>,
     mount::StatesHeld,
+    iopath::sys::GlobalsHeld,
     std::sync::MutexGuard<'static, ()>,
     iopath::sys::NumbersHeld,
 );
 
 thread_local! {
     /// The forking thread's hold on [`FORK_GATE`], on the mounts' states
-    /// ([`mount::hold_states_for_fork`]), on the library's thread starts ([`iopath::sys::hold_thread_starts`]) and on the
+    /// ([`mount::hold_states_for_fork`]), on the library's process-wide
+    /// locks ([`iopath::sys::hold_globals_for_fork`]), on its thread starts ([`iopath::sys::hold_thread_starts`]) and on the
     /// descriptors its threads make ([`iopath::sys::hold_own_numbers`]: a
     /// child never starts with one half moved), from the fork's prepare
     /// handler to after it.
@@ -209,9 +211,10 @@ extern "C" fn before_fork() {
     // thread that mounts holds its state while it starts the lender.
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
     let states = mount::hold_states_for_fork();
+    let globals = iopath::sys::hold_globals_for_fork();
     let starts = iopath::sys::hold_thread_starts();
     let numbers = iopath::sys::hold_own_numbers();
-    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, states, starts, numbers)));
+    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, states, globals, starts, numbers)));
 }
 
 /// After a fork, in the parent and in the child: the gate goes.

@@ -138,6 +138,11 @@ unsafe impl Sync for Lender {}
 /// Every private mapping this process made of a carried cache.
 static LENDERS: Mutex<Vec<Arc<Lender>>> = Mutex::new(Vec::new());
 
+/// The lenders' lock, held across a fork ([`crate::sys::hold_globals_for_fork`]).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(LENDERS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 impl Lender {
     /// The private mapping of `file` (`len` bytes, `frames` frames), made once per process.
     fn of(file: &std::fs::File, len: usize, frames: usize, path: &Path) -> Result<Arc<Lender>> {

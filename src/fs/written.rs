@@ -118,6 +118,11 @@ extern "C" fn forked_in_parent() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The descriptors' lock, held across a fork ([`crate::sys::hold_globals_for_fork`]).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(KERNEL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Runs `f` with this process's descriptors, made at first use.
 fn with_kernel<R>(f: impl FnOnce(&Kernel) -> Option<R>) -> Option<R> {
     let mut kernel = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
