@@ -78,6 +78,14 @@ pub fn listen_before_fork() {
     if LISTENING.load(Ordering::Acquire) >= 0 || !(mount::holds_files() || super::feeds_any()) {
         return;
     }
+    // One thread makes the socket: two threads forking at once (cargo's job
+    // threads starting rustc) both made one, and the second one's bind said
+    // "cannot listen ...: Address already in use".
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    if LISTENING.load(Ordering::Acquire) >= 0 {
+        return;
+    }
     // SAFETY: socket, bind and listen on a socket of ours.
     let fd = unsafe {
         let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
