@@ -4855,6 +4855,17 @@ fn seek_data_and_seek_hole_find_what_was_written() {
     assert_eq!(seek(&f, 11 * 4096, true), Some(256 * 4096));
 }
 
+/// A file "all" allocated (unwritten) over as many blocks as data may
+/// still take, and that number: what is left is the reserve for block maps.
+fn file_over_the_whole_device(fs: &FileSystem) -> (iopath::fs::File, u64) {
+    let f = fs.create("all").unwrap();
+    let mut blocks = fs.free_blocks().unwrap();
+    while f.allocate(0, blocks * 4096, false).is_err() {
+        blocks -= 1;
+    }
+    (f, blocks)
+}
+
 #[test]
 fn a_block_map_that_cannot_be_stored_fails_the_syncs_that_needed_it() {
     // The reserve for block maps (32 blocks on 64 MiB, some 8,000 extents) used
@@ -4863,11 +4874,7 @@ fn a_block_map_that_cannot_be_stored_fails_the_syncs_that_needed_it() {
     // but the map that says so cannot be stored: fsync and sync say ENOSPC,
     // never that the data is durable.
     let (_dev, fs) = fresh("emu:null,size=64m", FormatOptions::default());
-    let f = fs.create("all").unwrap();
-    let mut blocks = fs.free_blocks().unwrap();
-    while f.allocate(0, blocks * 4096, false).is_err() {
-        blocks -= 1;
-    }
+    let (f, blocks) = file_over_the_whole_device(&fs);
     for block in (0..blocks).step_by(2) {
         f.write_at(&bytes(block, 4096), block * 4096).unwrap();
     }
@@ -4889,11 +4896,7 @@ fn a_direct_write_whose_map_cannot_be_stored_is_never_called_durable() {
     // write again succeeded without a store and fsync said the data was durable;
     // after a power cut those blocks read zeros.
     let (dev, fs) = fresh("emu:null,size=64m,wcache=1,cut=drop", FormatOptions::default());
-    let f = fs.create("all").unwrap();
-    let mut blocks = fs.free_blocks().unwrap();
-    while f.allocate(0, blocks * 4096, false).is_err() {
-        blocks -= 1;
-    }
+    let (f, blocks) = file_over_the_whole_device(&fs);
     f.fsync().unwrap();
     let direct = fs.open_direct("all").unwrap();
     let mut written = Vec::new();
