@@ -209,8 +209,7 @@ const LENT: &str = "to a process that waits for it";
 /// A lender's thread: while this process has mount `m`, each time another
 /// process waits for it (`iopath::fs::lock::Wanted`), gives it back as soon
 /// as nothing here holds it open ([`Mount::release_if_idle`]), trying every
-/// 2 ms while the waiter keeps waiting (every 10 ms, a parallel build on a
-/// mount took 8% longer). A parent that waits for its
+/// 2 ms while the waiter keeps waiting. A parent that waits for its
 /// children (make running its jobs, `make -j2` most of all) held them off
 /// the mount until they gave up: now they take turns, as they do after a
 /// fork. The next call here mounts again (waiting its turn).
@@ -1374,9 +1373,7 @@ impl Mount {
             crate::say(&format!("cannot commit {} {when}: {e}; keeping it mounted", self.device));
             return false;
         }
-        if dormant {
-            self.waits.lent(committing.elapsed());
-        }
+        let committed = committing.elapsed();
         let stats = fs.stats().summary();
         let engine = self.engine_spec().starts_with("uring:").then(|| Arc::clone(fs.engine()));
         self.lending.set(None); // (its thread waits for the next mount)
@@ -1384,6 +1381,7 @@ impl Mount {
         state.kept_engine = engine;
         state.lock = None; // and the next process may mount it
         if dormant {
+            self.waits.lent(committed);
             state.lent = Some(std::time::Instant::now());
         }
         let held = if files == 0 {

@@ -1123,8 +1123,8 @@ impl FileSystem {
             flush_only: AtomicU64::new(0),
             overwrite_syncs: AtomicU64::new(0),
             direct_shared: AtomicU64::new(0),
-            maps_unstored: AtomicUsize::new(0),
             direct_exclusive: AtomicU64::new(0),
+            maps_unstored: AtomicUsize::new(0),
         });
         let mounted = Mounted {
             replayed,

@@ -90,11 +90,8 @@ fn resolve_real() {
 extern "C" fn loadable(file: *const c_char, mode: c_int) -> *const c_char {
     resolve_real();
     let _errno = crate::KeepErrno::new();
-    if !super::path_bytes(file).is_some_and(|p| p.contains(&b'/')) {
-        return file;
-    }
-    let name = String::from_utf8_lossy(super::path_bytes(file).unwrap_or_default()).into_owned();
-    let served = super::on_path(libc::AT_FDCWD, file, |_| None, |inside| copy_of(&inside, mode, &name));
+    let Some(name) = super::path_bytes(file).filter(|p| p.contains(&b'/')) else { return file };
+    let served = super::on_path(libc::AT_FDCWD, file, |_| None, |inside| copy_of(&inside, mode, name));
     match served {
         Some(Some(copy)) => copy,
         Some(None) => file,
@@ -115,7 +112,8 @@ extern "C" fn loadable(file: *const c_char, mode: c_int) -> *const c_char {
 /// The memfd path of a copy of the mounted library at `inside` (made now
 /// if this process has none of the file as it is), or `None` where it
 /// cannot be read (or with `RTLD_NOLOAD`, where no copy of it was loaded).
-fn copy_of(inside: &Inside, mode: c_int, name: &str) -> Option<*const c_char> {
+fn copy_of(inside: &Inside, mode: c_int, name: &[u8]) -> Option<*const c_char> {
+    let name = String::from_utf8_lossy(name);
     let failed = |errno: c_int| {
         let e = std::io::Error::from_raw_os_error(errno);
         crate::log(&format!("dlopen of {name}: {e}"));
@@ -144,9 +142,9 @@ fn copy_of(inside: &Inside, mode: c_int, name: &str) -> Option<*const c_char> {
     Some(at)
 }
 
-/// The entry points: the C variadic-free signatures, but each must end in
-/// a jump to the C library's function with its caller's return address on
-/// the stack, which a Rust function cannot do.
+/// The entry points: each must end in a jump to the C library's function
+/// with its caller's return address on the stack, which a Rust function
+/// cannot do.
 #[cfg(target_arch = "x86_64")]
 mod entries {
     use super::{REAL_DLMOPEN, REAL_DLOPEN, loadable};
