@@ -1398,7 +1398,9 @@ impl Mount {
     /// taken already) if one cannot be: a call on it under way, no name, a lock.
     fn put_to_sleep(&self, asleep: &mut Vec<(Arc<Description>, File)>) -> Result<(), Busy> {
         for (_, d) in descriptors() {
-            if !std::ptr::eq(d.mount, self) || asleep.iter().any(|(a, _)| Arc::ptr_eq(a, &d)) {
+            // (A forked child's inherited ones are its parent's: their files, and the
+            // locks a parent's thread may have held at the fork, are not to be touched.)
+            if !std::ptr::eq(d.mount, self) || inherited(&d) || asleep.iter().any(|(a, _)| Arc::ptr_eq(a, &d)) {
                 continue;
             }
             let Node::File(slot) = &d.node else { continue };
