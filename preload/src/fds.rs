@@ -102,9 +102,16 @@ fn probe(fd: i32, w: &AtomicU32, seen: u32) -> Option<Route> {
     if w.compare_exchange(seen, (seen & !STATE_MASK) | state, Ordering::AcqRel, Ordering::Relaxed).is_ok()
         && let Some(route) = &decided
     {
-        routes.insert(fd, route.clone());
+        let displaced = routes.insert(fd, route.clone());
+        drop(routes);
+        drop(displaced); // (outside the lock: the last descriptor of a file closes its engine)
     }
     decided
+}
+
+/// The routed descriptors' table, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::rwlock(&ROUTES)
 }
 
 /// Whether `fd` should be routed, and to which file.

@@ -64,6 +64,11 @@ pub fn any_engine_across_fork() -> bool {
     })
 }
 
+/// The routed files' entries, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&FILES)
+}
+
 /// The entry for a file, shared with its other descriptors.
 pub fn entry_for(dev: u64, ino: u64, writable: bool, path: &str) -> Arc<FileEntry> {
     let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());

@@ -47,6 +47,7 @@ mod bridge;
 pub mod config;
 mod fds;
 mod files;
+mod fork_holds;
 mod inherit;
 pub mod mount;
 mod posix;
@@ -179,18 +180,21 @@ static FORK_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 type ForkHolds = (
     std::sync::MutexGuard<'static, ()>,
     mount::StatesHeld,
+    Option<fork_holds::Held>,
     iopath::sys::GlobalsHeld,
     std::sync::MutexGuard<'static, ()>,
     iopath::sys::NumbersHeld,
+    Vec<fork_holds::Held>,
 );
 
 thread_local! {
     /// The forking thread's hold on [`FORK_GATE`], on the mounts' states
-    /// ([`mount::hold_states_for_fork`]), on the library's process-wide
-    /// locks ([`iopath::sys::hold_globals_for_fork`]), on its thread starts ([`iopath::sys::hold_thread_starts`]) and on the
+    /// ([`mount::hold_states_for_fork`]), on the maps' registry, on the
+    /// library's process-wide locks ([`iopath::sys::hold_globals_for_fork`]),
+    /// on its thread starts ([`iopath::sys::hold_thread_starts`]), on the
     /// descriptors its threads make ([`iopath::sys::hold_own_numbers`]: a
-    /// child never starts with one half moved), from the fork's prepare
-    /// handler to after it.
+    /// child never starts with one half moved) and on this library's own
+    /// tables ([`fork_holds`]), from the fork's prepare handler to after it.
     static GATE_HELD: std::cell::RefCell<Option<ForkHolds>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -211,10 +215,13 @@ extern "C" fn before_fork() {
     // thread that mounts holds its state while it starts the lender.
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
     let states = mount::hold_states_for_fork();
+    let maps = posix::maps::hold_for_fork();
     let globals = iopath::sys::hold_globals_for_fork();
     let starts = iopath::sys::hold_thread_starts();
     let numbers = iopath::sys::hold_own_numbers();
-    let _ = GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, states, globals, starts, numbers)));
+    let leaves = fork_holds::leaves();
+    let _ =
+        GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, states, maps, globals, starts, numbers, leaves)));
 }
 
 /// After a fork, in the parent and in the child: the gate goes.

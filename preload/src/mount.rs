@@ -1236,8 +1236,17 @@ pub fn is_mounted(fd: c_int) -> bool {
 /// Puts `description` at descriptor number `fd` (reserved by the caller).
 pub fn install(fd: c_int, description: Arc<Description>) {
     let Some((word, mask)) = bit(fd) else { return };
-    TABLE.write().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(fd, description);
+    let displaced =
+        TABLE.write().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(fd, description);
     word.fetch_or(mask, Ordering::AcqRel);
+    drop(displaced); // (outside the lock: a description's last drop closes its file)
+}
+
+/// The descriptor table, the working directories and the kernel
+/// directories above mounts, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_tables_for_fork() -> Vec<crate::fork_holds::Held> {
+    use crate::fork_holds::{mutex, rwlock};
+    [rwlock(&TABLE), rwlock(&KERNEL_CWD), rwlock(&VIRTUAL_CWD), mutex(&KERNEL_DIRS)].into_iter().flatten().collect()
 }
 
 /// Takes `fd` out of the table (closed, or replaced by `dup2`); the

@@ -81,6 +81,11 @@ static LETTING_GO: Mutex<()> = Mutex::new(());
 /// descriptor is always in one or the other.
 static LET_GO_FDS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
 
+/// The descriptors on bridges let go, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&LET_GO_FDS)
+}
+
 /// Whether one of descriptors `first..=last` is on a bridge let go, and
 /// the calling thread may wait for its [`LetGo::resume`] ([`wait_for_resume`]).
 /// Asked with the table of running bridges locked, by a call that did not

@@ -351,6 +351,13 @@ fn forget_own(fd: c_int) {
     }
 }
 
+/// What the bridges hold across a fork ([`crate::fork_holds`]): the list
+/// of descriptors on bridges let go (the table of running ones is left to
+/// the parent by [`in_child_after_fork`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    held::hold_for_fork()
+}
+
 /// In a child just forked: closes the bridges' own descriptors (their
 /// threads stay with the parent; the child's writes reach them through the pipe).
 pub fn in_child_after_fork() {

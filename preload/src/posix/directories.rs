@@ -29,6 +29,11 @@ struct DirStream {
 /// The streams this library made (addresses).
 static STREAMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
+/// The list of streams, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&STREAMS)
+}
+
 fn ours(dir: *mut c_void) -> Option<&'static mut DirStream> {
     let streams = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
     if streams.as_ref()?.contains(&(dir as usize)) {

@@ -45,18 +45,18 @@ struct Copy {
     path: CString,
 }
 
-impl Copy {
-    /// Whether the loader has this copy loaded now.
-    fn loaded(&self) -> bool {
-        let real: unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void =
-            // SAFETY: the C library's dlopen, found by `resolve_real`.
-            unsafe { std::mem::transmute(REAL_DLOPEN.load(Ordering::Acquire)) };
-        // SAFETY: a NUL-terminated path; RTLD_NOLOAD loads nothing, and the
-        // reference it takes on a loaded library is given back.
-        unsafe {
-            let handle = real(self.path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-            !handle.is_null() && libc::dlclose(handle) == 0
-        }
+/// Whether the loader has the copy at `path` (a [`Copy`]'s) loaded now.
+/// Asked without the list's lock: the loader's own lock may be held by a
+/// thread whose library's constructor calls dlopen, which takes the list's.
+fn loaded(path: *const c_char) -> bool {
+    let real: unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void =
+        // SAFETY: the C library's dlopen, found by `resolve_real`.
+        unsafe { std::mem::transmute(REAL_DLOPEN.load(Ordering::Acquire)) };
+    // SAFETY: a NUL-terminated path that lives as long as the process; RTLD_NOLOAD
+    // loads nothing, and the reference it takes on a loaded library is given back.
+    unsafe {
+        let handle = real(path, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        !handle.is_null() && libc::dlclose(handle) == 0
     }
 }
 
@@ -122,24 +122,49 @@ fn copy_of(inside: &Inside, mode: c_int, name: &[u8]) -> Option<*const c_char> {
     let file = fs.open(&inside.path).map_err(|e| super::errno_of(&e)).inspect_err(|&e| failed(e)).ok()?;
     let meta = file.metadata();
     let (key, stamp) = ((inside.mount.dev, meta.ino), (meta.size, meta.mtime_ns));
-    let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
-    // The newest copy of this file, unless it changed since and is no longer
-    // loaded: then a new one (the old stays: another thread may be about to
-    // pass its path to the loader).
-    if let Some(copy) = copies.iter().rev().find(|c| c.file == key)
-        && (copy.stamp == stamp || copy.loaded())
-    {
-        return Some(copy.path.as_ptr());
+    if let Some(kept) = kept_copy(key, stamp) {
+        return Some(kept);
     }
     if mode & libc::RTLD_NOLOAD != 0 {
         return None;
     }
+    // Copied without the list's lock (a fork meanwhile holds it: see `crate::fork_holds`).
     let fd = super::processes::copy_into_memfd(&file, c"iopath-library").inspect_err(|&e| failed(e)).ok()?;
-    crate::log(&format!("dlopen of {name}: loading a copy in memory ({} bytes)", meta.size));
     let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number");
+    let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(kept) = newest(&copies, key, stamp).filter(|&(_, same)| same).map(|(kept, _)| kept) {
+        // Another thread copied the same file meanwhile: its copy serves (the
+        // loader must find one library, not two).
+        drop(copies);
+        // SAFETY: our memfd, never handed out.
+        unsafe { real::close(fd) };
+        return Some(kept);
+    }
+    crate::log(&format!("dlopen of {name}: loading a copy in memory ({} bytes)", meta.size));
     let at = path.as_ptr();
     copies.push(Copy { file: key, stamp, path });
     Some(at)
+}
+
+/// The path of the newest copy of the file `key`, unless the file changed
+/// since (`stamp`) and that copy is no longer loaded: then none, and a new
+/// one is made (the old stays: another thread may be about to pass its
+/// path to the loader).
+fn kept_copy(key: (u64, u64), stamp: (u64, u64)) -> Option<*const c_char> {
+    let (path, same) = newest(&COPIES.lock().unwrap_or_else(|e| e.into_inner()), key, stamp)?;
+    (same || loaded(path)).then_some(path)
+}
+
+/// The path of the newest copy of the file `key` in `copies`, and whether
+/// it was copied as the file is now (`stamp`). The path stays where it is
+/// while the process lives (a copy is never taken out of the list).
+fn newest(copies: &[Copy], key: (u64, u64), stamp: (u64, u64)) -> Option<(*const c_char, bool)> {
+    copies.iter().rev().find(|c| c.file == key).map(|c| (c.path.as_ptr(), c.stamp == stamp))
+}
+
+/// The list of copies, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&COPIES)
 }
 
 /// The entry points: each must end in a jump to the C library's function

@@ -182,6 +182,12 @@ struct Mapped {
 
 /// The program's shared maps of mounted files.
 static MAPPED: Mutex<Vec<Mapped>> = Mutex::new(Vec::new());
+/// The registry, held across a fork ([`crate::fork_holds`] says in which
+/// order: not a leaf, its holder takes the kernel's write-watch lock).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&MAPPED)
+}
+
 /// How many: `munmap` looks no further when there are none.
 static MAPS: AtomicUsize = AtomicUsize::new(0);
 

@@ -70,6 +70,15 @@ use libc::{c_char, c_int};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// The stream, spawn-action and library-copy lists of the calls here,
+/// held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Vec<crate::fork_holds::Held> {
+    [stdio::hold_for_fork(), directories::hold_for_fork(), spawn::hold_for_fork(), libraries::hold_for_fork()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Whether this call should look at the mounts (none set, or a call iopath makes itself: no).
 pub(crate) fn mounting() -> bool {
     MOUNTING.load(Ordering::Relaxed) && !crate::inside()

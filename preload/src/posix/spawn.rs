@@ -53,6 +53,11 @@ enum Action {
 /// The actions of every live actions object, by its address.
 static RECORDED: Mutex<Vec<(usize, Vec<Action>)>> = Mutex::new(Vec::new());
 
+/// The recorded actions, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&RECORDED)
+}
+
 fn recorded() -> std::sync::MutexGuard<'static, Vec<(usize, Vec<Action>)>> {
     RECORDED.lock().unwrap_or_else(|e| e.into_inner())
 }

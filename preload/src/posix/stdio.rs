@@ -73,6 +73,11 @@ unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
     unsafe { super::descriptors::close(fd) }
 }
 
+/// The list of streams, held across a fork ([`crate::fork_holds`]).
+pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
+    crate::fork_holds::mutex(&STREAMS)
+}
+
 /// A stream over mounted descriptor `fd` (closed with it), or NULL.
 fn stream(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
     let functions = CookieIoFunctions {
