@@ -870,6 +870,34 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
 }
 
 #[test]
+fn run_log_file_keeps_the_interposers_lines_out_of_the_programs_stderr() {
+    use common::succeeds;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let img = img.to_str().unwrap();
+    let mnt = dir.path().join("mnt");
+    let mnt_s = mnt.to_str().unwrap();
+    succeeds(&["mkfs", img, "--size", "32m"]);
+    std::fs::create_dir(&mnt).unwrap(); // (else `run` says it made it, on stderr)
+    let mount = format!("{mnt_s}={img}");
+    // Relative: taken against the working directory (every process appends to one file).
+    let script = format!("echo hi > {mnt_s}/f && cat {mnt_s}/f");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .current_dir(dir.path())
+        .args(["run", "--log-file", "run.log", "--mount", &mount, "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+    assert!(!stderr(&o).contains("iopath:"), "{}", stderr(&o));
+    let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
+    assert!(log.contains(&format!("iopath: {img} serves {mnt_s}")) && log.contains("mounted"), "{log}");
+    // The interposer opens it with the kernel: one inside a mount would be hidden under it.
+    let e = fails(&["run", "--log-file", &format!("{mnt_s}/run.log"), "--mount", &mount, "--", "true"]);
+    assert!(e.contains("inside the mount") && e.contains("outside every mount"), "{e}");
+}
+
+#[test]
 fn fsbench_runs_both_paths_on_every_workload_and_reports_steps() {
     let o = iopath(&[
         "fsbench",

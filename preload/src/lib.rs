@@ -117,17 +117,23 @@ pub fn config() -> &'static Config {
     CONFIG.get_or_init(Config::from_env)
 }
 
-/// Writes one line to stderr when `IOPATH_LOG` is set.
+/// Writes one line to the log when `IOPATH_LOG` is set: its file, or stderr.
 pub(crate) fn log(message: &str) {
     if config().log {
-        say(message);
+        match LOG_FILE_FD.load(Ordering::Relaxed) {
+            -1 => say(message),
+            fd => write_line(fd, message),
+        }
     }
 }
 
-/// Where the log goes: a copy of stderr taken at load when `IOPATH_LOG` is
-/// set (GNU programs close stderr as they exit, before the exit summary is
-/// written), else -1 (stderr itself).
+/// Where [`say`] writes: a copy of stderr taken at load when `IOPATH_LOG`
+/// is set (GNU programs close stderr as they exit, before the exit summary
+/// is written), else -1 (stderr itself).
 static LOG_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The log's file (`IOPATH_LOG=/path`), opened at load; -1 for none.
+static LOG_FILE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 /// Lowest descriptor number the log's copy of stderr takes (out of the way of
 /// the small numbers programs expect to be theirs).
@@ -135,13 +141,54 @@ const LOG_FD_FLOOR: libc::c_int = 500;
 
 /// Writes one line to stderr, always (what a user must see: a mount that fails).
 pub(crate) fn say(message: &str) {
-    let line = format!("iopath: {message}\n");
     let fd = match LOG_FD.load(Ordering::Relaxed) {
         -1 => 2,
         fd => fd,
     };
-    // SAFETY: writing a buffer we own to stderr (or its copy), bypassing our own hook.
+    write_line(fd, message);
+}
+
+/// Writes `iopath: message` and a newline to `fd`, in one write.
+fn write_line(fd: libc::c_int, message: &str) {
+    let line = format!("iopath: {message}\n");
+    // SAFETY: writing a buffer we own to one of our descriptors (or stderr), bypassing our own hook.
     unsafe { real::write(fd, line.as_ptr().cast(), line.len()) };
+}
+
+/// Opens the log's file (`IOPATH_LOG=/path`) for appending, at a number out
+/// of the program's way, and hands it to the completion policy's decision
+/// lines too. A file inside a mount (the kernel would get the directory
+/// under it), or one that cannot be opened, leaves the log on stderr, said.
+fn open_log_file(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    if let Some(m) = mount::mounts().iter().find(|m| bytes.starts_with(&m.dir) && bytes.get(m.dir.len()) == Some(&b'/'))
+    {
+        let dir = String::from_utf8_lossy(&m.dir);
+        say(&format!("IOPATH_LOG: {} is inside the mount {dir}: the log goes to stderr", path.display()));
+        return;
+    }
+    let Ok(c_path) = std::ffi::CString::new(bytes) else { return };
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path; the C library's open, not our hook.
+    let opened = unsafe { real::open(c_path.as_ptr(), flags, 0o644) };
+    if opened < 0 {
+        let e = std::io::Error::last_os_error();
+        say(&format!("IOPATH_LOG: cannot open {}: {e}; the log goes to stderr", path.display()));
+        return;
+    }
+    // SAFETY: duplicates our descriptor at LOG_FD_FLOOR or above (close-on-exec), then closes the first.
+    let fd = unsafe {
+        let moved = libc::fcntl(opened, libc::F_DUPFD_CLOEXEC, LOG_FD_FLOOR);
+        if moved >= 0 {
+            real::close(opened);
+            moved
+        } else {
+            opened
+        }
+    };
+    LOG_FILE_FD.store(fd, Ordering::Relaxed);
+    iopath::path::completion::explain::write_to(fd);
 }
 
 /// Sets the calling thread's errno.
@@ -276,6 +323,9 @@ extern "C" fn on_load() {
         // SAFETY: duplicates stderr (close-on-exec); -1 if it is closed or the table is full.
         let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, LOG_FD_FLOOR) };
         LOG_FD.store(fd, Ordering::Relaxed);
+        if let Some(path) = &c.log_file {
+            open_log_file(path);
+        }
     }
     if !c.files.is_empty() {
         ROUTING.store(true, Ordering::SeqCst);

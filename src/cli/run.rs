@@ -77,6 +77,12 @@ pub struct RunArgs {
     /// Say on stderr what the interposer does (IOPATH_LOG=1).
     #[arg(long)]
     log: bool,
+    /// Say what the interposer does in FILE instead, appended (IOPATH_LOG=FILE;
+    /// outside every mount): for a program that keeps its children's stderr
+    /// in a mounted file (cargo does, with its target directory on the mount),
+    /// where each line on stderr costs a hand-over of the mount.
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<std::path::PathBuf>,
     /// Seconds to wait for another process that has a mount's device mounted
     /// (default: IOPATH_MOUNT_WAIT if set, else 10); a call within that long
     /// after one that waited in vain does not wait again.
@@ -120,6 +126,23 @@ fn newest(candidates: &[PathBuf]) -> Option<PathBuf> {
         .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
         .max_by_key(|(modified, _)| *modified)
         .map(|(_, p)| p.clone())
+}
+
+/// The log file of `--log-file`, made absolute (every process of the
+/// program appends to the same one, whatever its working directory); one
+/// inside a mount is refused (the interposer opens it with the kernel).
+fn check_log_file(file: &Path, mount_dirs: &[PathBuf]) -> Result<PathBuf> {
+    let text = file.display().to_string();
+    let file =
+        std::path::absolute(file).map_err(|source| Error::Os { context: format!("cannot resolve {text}"), source })?;
+    if let Some(dir) = mount_dirs.iter().find(|d| file.starts_with(d)) {
+        return Err(Error::spec(
+            "--log-file",
+            &text,
+            format!("it is inside the mount {}: give a file outside every mount", dir.display()),
+        ));
+    }
+    Ok(file)
 }
 
 /// Checks a `DIR=DEVICE` before the program starts: DIR is (made) a directory, DEVICE holds a file system.
@@ -173,10 +196,16 @@ pub fn run(args: RunArgs) -> Result<()> {
         iopath::units::parse_size(size)?;
     }
     let mut mounts = Vec::new();
+    let mut dirs = Vec::new();
     for m in &args.mounts {
         let (dir, device) = check_mount(m)?;
         mounts.push(format!("{}={device}", dir.display()));
+        dirs.push(dir);
     }
+    let log_file = match &args.log_file {
+        Some(file) => Some(check_log_file(file, &dirs)?),
+        None => None,
+    };
     let library = preload_library()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", library.display()),
@@ -206,7 +235,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.idle_poll {
         command.env("IOPATH_IDLE_POLL", "1");
     }
-    if args.log {
+    if let Some(file) = &log_file {
+        command.env("IOPATH_LOG", file);
+    } else if args.log {
         command.env("IOPATH_LOG", "1");
     }
     // Set only when given: an IOPATH_MOUNT_WAIT of the caller's was overridden by

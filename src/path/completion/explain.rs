@@ -40,6 +40,30 @@ fn epoch() -> Instant {
     *START.get_or_init(Instant::now)
 }
 
+/// Where the decision lines go when they go to stderr: another descriptor
+/// if set ([`write_to`]), else -1 (stderr).
+static WRITE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Sends the lines that would go to stderr to descriptor `fd` instead (the
+/// interposer's log file, `IOPATH_LOG=/path`), from now on.
+pub fn write_to(fd: std::os::fd::RawFd) {
+    WRITE_FD.store(fd, Ordering::Relaxed);
+}
+
+/// Writes `iopath: line` to stderr, or to the descriptor [`write_to`] set.
+fn write_line(line: std::fmt::Arguments<'_>) {
+    match WRITE_FD.load(Ordering::Relaxed) {
+        -1 => {
+            let _ = writeln!(std::io::stderr(), "iopath: {line}");
+        }
+        fd => {
+            let text = format!("iopath: {line}\n");
+            // SAFETY: writes a buffer we own to a descriptor the caller handed over.
+            unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+        }
+    }
+}
+
 /// Whether anyone listens (reads `IOPATH_LOG` the first time).
 pub fn enabled() -> bool {
     match SINK.load(Ordering::Relaxed) {
@@ -166,9 +190,7 @@ fn say_limited(who: &str, what: Arguments<'_>, limited: bool) {
                 LEFT_OUT.fetch_add(1, Ordering::Relaxed);
             }
         }
-        STDERR if !limited => {
-            let _ = writeln!(std::io::stderr(), "iopath: {line}");
-        }
+        STDERR if !limited => write_line(format_args!("{line}")),
         STDERR => {
             let second = at.as_secs();
             let packed = THIS_SECOND.fetch_add(1, Ordering::Relaxed);
@@ -177,13 +199,13 @@ fn say_limited(who: &str, what: Arguments<'_>, limited: bool) {
                 THIS_SECOND.store(second << 16 | 1, Ordering::Relaxed);
                 let left = LEFT_OUT.swap(0, Ordering::Relaxed);
                 if left > 0 {
-                    let _ = writeln!(std::io::stderr(), "iopath: ({left} more decisions not shown)");
+                    write_line(format_args!("({left} more decisions not shown)"));
                 }
             } else if count >= LINES_PER_SECOND {
                 LEFT_OUT.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let _ = writeln!(std::io::stderr(), "iopath: {line}");
+            write_line(format_args!("{line}"));
         }
         _ => {}
     }
