@@ -49,6 +49,7 @@ mod fds;
 mod files;
 mod fork_holds;
 mod inherit;
+mod interrupted_exit;
 pub mod mount;
 mod posix;
 mod real;
@@ -146,6 +147,17 @@ pub(crate) fn say(message: &str) {
         fd => fd,
     };
     write_line(fd, message);
+}
+
+/// Writes `line` (a whole line, `iopath: ` and all) where [`say`] writes,
+/// without allocating: for an exit that interrupted the allocator.
+fn say_static(line: &[u8]) {
+    let fd = match LOG_FD.load(Ordering::Relaxed) {
+        -1 => 2,
+        fd => fd,
+    };
+    // SAFETY: writes a static buffer to stderr (or its copy), bypassing our own hook.
+    unsafe { real::write(fd, line.as_ptr().cast(), line.len()) };
 }
 
 /// Writes `iopath: message` and a newline to `fd`, in one write.
@@ -302,6 +314,7 @@ extern "C" fn in_child_after_fork() {
         FORKED.store(true, Ordering::SeqCst);
     }
     mount::leave_to_parent();
+    interrupted_exit::in_child_after_fork();
     posix::maps::in_child_after_fork();
     bridge::in_child_after_fork();
 }
@@ -373,11 +386,21 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     }
     // An exit from a signal handler that interrupted one of this library's calls
     // on this thread (rsync's receiver ends so when the other side goes away): that
-    // call may hold a lock the commit needs, and it will never return. The commit
-    // is tried, but not waited for past INTERRUPTED_EXIT_WAIT.
+    // call may hold a lock the commit needs, or the allocator's, and it will never
+    // return. The work goes to a helper, waited for at most INTERRUPTED_EXIT_WAIT,
+    // and this thread allocates nothing (`interrupted_exit`).
     let interrupted = INSIDE.try_with(Cell::get).unwrap_or(false) && !iopath::sys::own_thread();
+    if interrupted {
+        if interrupted_exit::started() && !interrupted_exit::finish_within(flush_stdio, INTERRUPTED_EXIT_WAIT) {
+            say_static(
+                b"iopath: exit from a signal handler in the middle of a file call: the mounts' commit did not \
+                  finish in 2 s (the interrupted call holds what it needs); what was fsynced is kept\n",
+            );
+        }
+        return;
+    }
     bridge::finish(flush_stdio);
-    commit_mounts_within(interrupted.then_some(INTERRUPTED_EXIT_WAIT));
+    commit_mounts_now();
     if iopath::sys::fork_generation() > 0 {
         // A forked child that did not exec: the figures below are mostly its parent's
         // (bash's subshells each printed the shell's waiting times again).
@@ -399,44 +422,24 @@ pub(crate) fn at_exit(flush_stdio: bool) {
 }
 
 /// How long an exit that interrupted one of this library's calls waits for
-/// the mounts' commit (see [`at_exit`]).
+/// the mounts' commit (see [`at_exit`]; its message says 2 s).
 const INTERRUPTED_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Commits every mount now (at exit, and before an exec, which may still fail and let
 /// the process go on): in a forked child, those it mounted itself.
 pub(crate) fn commit_mounts_now() {
-    commit_mounts_within(None);
-}
-
-/// [`commit_mounts_now`], waiting at most `limit` for it (then the commit is
-/// left to run while the process ends: what was fsynced is durable, the
-/// rest is as a kill leaves it).
-fn commit_mounts_within(limit: Option<std::time::Duration>) {
     if !MOUNTING.load(Ordering::Relaxed) || !(mount::any_mounted_here() || posix::maps::any()) {
         return;
     }
     // On a thread of its own: this one's thread-local storage (the engine's per-thread
     // handles among it) may be torn down by now.
     let named = std::thread::Builder::new().name("iopath-exit".into());
-    let (done, finished) = std::sync::mpsc::channel::<()>();
-    let committed = iopath::sys::spawn_without_signals(named, move || {
+    let committed = iopath::sys::spawn_without_signals(named, || {
         let _inside = Inside::enter();
-        posix::maps::write_back_all();
-        mount::sync_all();
-        let _ = done.send(());
+        commit_mounts_here();
     });
     match committed {
         Ok(thread) => {
-            if let Some(limit) = limit
-                && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(limit)
-            {
-                say(&format!(
-                    "exit from a signal handler in the middle of a file call: the mounts' commit did not \
-                     finish in {} s (the interrupted call holds what it needs); what was fsynced is kept",
-                    limit.as_secs()
-                ));
-                return;
-            }
             if let Err(panic) = thread.join() {
                 // Said here (its own message went to a stderr the program may have closed).
                 let why = panic
@@ -448,6 +451,15 @@ fn commit_mounts_within(limit: Option<std::time::Duration>) {
             }
         }
         Err(e) => say(&format!("cannot commit the mounts at exit: {e}")),
+    }
+}
+
+/// The commit of [`commit_mounts_now`], on the calling thread: shared maps
+/// written back, then every mount this process holds synced.
+pub(crate) fn commit_mounts_here() {
+    if MOUNTING.load(Ordering::Relaxed) && (mount::any_mounted_here() || posix::maps::any()) {
+        posix::maps::write_back_all();
+        mount::sync_all();
     }
 }
 

@@ -376,6 +376,7 @@ impl Mount {
                 crate::log(&format!("mounted {} on {dir} in {ms:.1} ms ({names} names){carried}", self.device));
                 state.fs = Some(fs.clone());
                 start_lending(self, &lock);
+                crate::interrupted_exit::prepare();
                 state.lock = lock;
                 Ok(fs)
             }

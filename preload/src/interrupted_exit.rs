@@ -1,0 +1,80 @@
+//! The exit of a program whose signal handler ends it in the middle of one
+//! of this library's calls (rsync on Ctrl-C calls `_exit` from its handler).
+//!
+//! The interrupted call may hold anything: a lock the mounts' commit needs,
+//! a standard stream's lock, or the C library's allocator's (the handler
+//! ran in the middle of a `malloc`; 1 exit in 10 of a program printing into
+//! a mounted stdout then waited for ever on its first allocation in the
+//! exit handler). So the exiting thread allocates nothing and takes no
+//! lock: it asks a thread started when the process first mounted (a
+//! helper that sleeps until then) to end the bridges and commit the
+//! mounts, and waits for it at most a bound; past it, the process ends
+//! as a kill would leave it (what was fsynced is kept).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The helper is running (in this process: a forked child has none).
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// What the helper is asked: [`IDLE`], [`ASKED`], then [`DONE`].
+static REQUEST: AtomicU32 = AtomicU32::new(IDLE);
+const IDLE: u32 = 0;
+const ASKED: u32 = 1;
+const DONE: u32 = 2;
+/// The exit flushes the program's stdio buffers first (`exit`, not `_exit`).
+static FLUSH_STDIO: AtomicBool = AtomicBool::new(false);
+
+/// Starts the helper if it is not running: when the process mounts (a
+/// normal call, where starting a thread is safe).
+pub(crate) fn prepare() {
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let named = std::thread::Builder::new().name("iopath-exit".into());
+    if iopath::sys::spawn_without_signals(named, serve).is_err() {
+        STARTED.store(false, Ordering::Release);
+    }
+}
+
+/// The helper: sleeps until asked, then does the exit's work.
+fn serve() {
+    while REQUEST.load(Ordering::Acquire) != ASKED {
+        iopath::sys::futex_wait(&REQUEST, IDLE, None);
+    }
+    let _inside = crate::Inside::enter();
+    crate::bridge::finish(FLUSH_STDIO.load(Ordering::Acquire));
+    crate::commit_mounts_here();
+    REQUEST.store(DONE, Ordering::Release);
+    iopath::sys::futex_wake_all(&REQUEST);
+}
+
+/// Has the helper end the bridges and commit the mounts, waiting at most
+/// `limit` for it; without allocating. Whether it finished (false also
+/// when no helper runs: nothing was mounted, so nothing is left to write).
+pub(crate) fn finish_within(flush_stdio: bool, limit: Duration) -> bool {
+    if !STARTED.load(Ordering::Acquire) {
+        return false;
+    }
+    FLUSH_STDIO.store(flush_stdio, Ordering::Release);
+    REQUEST.store(ASKED, Ordering::Release);
+    iopath::sys::futex_wake_all(&REQUEST);
+    let start = Instant::now();
+    loop {
+        if REQUEST.load(Ordering::Acquire) == DONE {
+            return true;
+        }
+        let Some(left) = limit.checked_sub(start.elapsed()) else { return false };
+        iopath::sys::futex_wait(&REQUEST, ASKED, Some(left.as_nanos() as u64));
+    }
+}
+
+/// Whether a helper runs in this process.
+pub(crate) fn started() -> bool {
+    STARTED.load(Ordering::Acquire)
+}
+
+/// In a child just forked: the parent's helper is not here.
+pub(crate) fn in_child_after_fork() {
+    STARTED.store(false, Ordering::Release);
+    REQUEST.store(IDLE, Ordering::Release);
+}
