@@ -759,16 +759,22 @@ fn the_file_tools_copy_in_and_out_list_remove_and_check() {
     assert!(e.contains("iopath fsck"), "{e}");
 }
 
+/// A 32 MiB image in `dir` with an iopath file system, and where to mount
+/// it: (the image, the mount directory, `--mount`'s DIR=DEVICE).
+fn formatted_image_to_mount(dir: &std::path::Path) -> (String, String, String) {
+    let img = dir.join("fs.img").to_str().unwrap().to_string();
+    let mnt = dir.join("mnt").to_str().unwrap().to_string();
+    common::succeeds(&["mkfs", &img, "--size", "32m"]);
+    let mount = format!("{mnt}={img}");
+    (img, mnt, mount)
+}
+
 #[test]
 fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
     use common::succeeds;
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
-    let img = img.to_str().unwrap();
-    let mnt = dir.path().join("mnt");
-    let mnt_s = mnt.to_str().unwrap();
-    succeeds(&["mkfs", img, "--size", "32m"]);
-    let mount = format!("{mnt_s}={img}");
+    let (img, mnt_s, mount) = formatted_image_to_mount(dir.path());
+    let (img, mnt_s, mnt) = (img.as_str(), mnt_s.as_str(), dir.path().join("mnt"));
     // A shell's builtins run in the process that mounts: a directory, a file, a rename.
     // (A failed mkdir or write fails the run and shows why: one CI run found no /d
     // afterwards with nothing said; mv may fail, which the listing below allows.)
@@ -871,15 +877,9 @@ fn run_mounts_an_image_for_a_program_and_one_process_holds_it_at_a_time() {
 
 #[test]
 fn run_log_file_keeps_the_interposers_lines_out_of_the_programs_stderr() {
-    use common::succeeds;
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
-    let img = img.to_str().unwrap();
-    let mnt = dir.path().join("mnt");
-    let mnt_s = mnt.to_str().unwrap();
-    succeeds(&["mkfs", img, "--size", "32m"]);
-    std::fs::create_dir(&mnt).unwrap(); // (else `run` says it made it, on stderr)
-    let mount = format!("{mnt_s}={img}");
+    let (img, mnt_s, mount) = formatted_image_to_mount(dir.path());
+    std::fs::create_dir(&mnt_s).unwrap(); // (else `run` says it made it, on stderr)
     // Relative: taken against the working directory (every process appends to one file).
     let script = format!("echo hi > {mnt_s}/f && cat {mnt_s}/f");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))

@@ -588,13 +588,19 @@ fn an_exit_from_a_signal_handler_in_the_middle_of_a_file_call_ends_the_program()
     let (image, mount_dir) = formatted_image(scratch.path());
     let mut command = Command::new(&program);
     command.arg(&mount_dir);
-    common::mounted(&mut command, &mount_dir, &image);
-    let out = common::output_within(&mut command, std::time::Duration::from_secs(30));
+    ends_with_the_handlers_status(&mut command, &mount_dir, &image);
+    let _ = std::fs::remove_file(program);
+}
+
+/// Runs `command` (`tests/c/exit_in_handler.c`) on the mount: it ends, with
+/// its handler's status, and leaves the image clean.
+fn ends_with_the_handlers_status(command: &mut Command, mount_dir: &Path, image: &Path) {
+    common::mounted(command, mount_dir, image);
+    let out = common::output_within(command, std::time::Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    let report = check::check(engine(&image)).unwrap();
+    let report = check::check(engine(image)).unwrap();
     assert!(report.is_clean(), "{report:?}");
-    let _ = std::fs::remove_file(program);
 }
 
 /// The same exit with the program's stdout on a mounted file (a bridge,
@@ -611,12 +617,7 @@ fn an_exit_from_a_signal_handler_with_stdout_on_the_mount_ends_the_program() {
     for _ in 0..5 {
         let mut command = Command::new("sh");
         command.arg("-c").arg(r#"exec "$0" "$1" print > "$1/out""#).arg(&program).arg(&mount_dir);
-        common::mounted(&mut command, &mount_dir, &image);
-        let out = common::output_within(&mut command, std::time::Duration::from_secs(30));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(3), "{stderr}");
-        let report = check::check(engine(&image)).unwrap();
-        assert!(report.is_clean(), "{report:?}");
+        ends_with_the_handlers_status(&mut command, &mount_dir, &image);
     }
     let _ = std::fs::remove_file(program);
 }
