@@ -49,11 +49,12 @@ fn serve() {
 }
 
 /// Has the helper end the bridges and commit the mounts, waiting at most
-/// `limit` for it; without allocating. Whether it finished (false also
-/// when no helper runs: nothing was mounted, so nothing is left to write).
+/// `limit` for it; without allocating. False if it did not finish in time
+/// (true at once where no helper runs: nothing was mounted, so nothing is
+/// left to write).
 pub(crate) fn finish_within(flush_stdio: bool, limit: Duration) -> bool {
     if !STARTED.load(Ordering::Acquire) {
-        return false;
+        return true;
     }
     FLUSH_STDIO.store(flush_stdio, Ordering::Release);
     REQUEST.store(ASKED, Ordering::Release);
@@ -66,11 +67,6 @@ pub(crate) fn finish_within(flush_stdio: bool, limit: Duration) -> bool {
         let Some(left) = limit.checked_sub(start.elapsed()) else { return false };
         iopath::sys::futex_wait(&REQUEST, ASKED, Some(left.as_nanos() as u64));
     }
-}
-
-/// Whether a helper runs in this process.
-pub(crate) fn started() -> bool {
-    STARTED.load(Ordering::Acquire)
 }
 
 /// In a child just forked: the parent's helper is not here.

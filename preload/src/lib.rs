@@ -142,22 +142,22 @@ const LOG_FD_FLOOR: libc::c_int = 500;
 
 /// Writes one line to stderr, always (what a user must see: a mount that fails).
 pub(crate) fn say(message: &str) {
-    let fd = match LOG_FD.load(Ordering::Relaxed) {
+    write_line(said_to(), message);
+}
+
+/// Where [`say`] writes: stderr, or its copy ([`LOG_FD`]).
+fn said_to() -> libc::c_int {
+    match LOG_FD.load(Ordering::Relaxed) {
         -1 => 2,
         fd => fd,
-    };
-    write_line(fd, message);
+    }
 }
 
 /// Writes `line` (a whole line, `iopath: ` and all) where [`say`] writes,
 /// without allocating: for an exit that interrupted the allocator.
 fn say_static(line: &[u8]) {
-    let fd = match LOG_FD.load(Ordering::Relaxed) {
-        -1 => 2,
-        fd => fd,
-    };
     // SAFETY: writes a static buffer to stderr (or its copy), bypassing our own hook.
-    unsafe { real::write(fd, line.as_ptr().cast(), line.len()) };
+    unsafe { real::write(said_to(), line.as_ptr().cast(), line.len()) };
 }
 
 /// Writes `iopath: message` and a newline to `fd`, in one write.
@@ -391,7 +391,7 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     // and this thread allocates nothing (`interrupted_exit`).
     let interrupted = INSIDE.try_with(Cell::get).unwrap_or(false) && !iopath::sys::own_thread();
     if interrupted {
-        if interrupted_exit::started() && !interrupted_exit::finish_within(flush_stdio, INTERRUPTED_EXIT_WAIT) {
+        if !interrupted_exit::finish_within(flush_stdio, INTERRUPTED_EXIT_WAIT) {
             say_static(
                 b"iopath: exit from a signal handler in the middle of a file call: the mounts' commit did not \
                   finish in 2 s (the interrupted call holds what it needs); what was fsynced is kept\n",
