@@ -781,6 +781,17 @@ pub(super) fn written_file(fd: c_int) -> Option<Arc<Description>> {
     Some(description)
 }
 
+/// Whether the bridge on pipe descriptor `fd` still writes into the
+/// program's open file `d` ([`written_file`]): not if a let-go (to a
+/// waiting process, or before a fork) has stopped it since, keeping
+/// where `d`'s position stood then. Waits for a let-go under way to end.
+pub(super) fn still_writes_into(fd: c_int, d: &Arc<Description>) -> bool {
+    let running = running_for(fd, fd);
+    running
+        .iter()
+        .any(|b| b.fds.contains(&fd) && !b.in_memory && b.description.as_ref().is_some_and(|own| Arc::ptr_eq(own, d)))
+}
+
 /// Stops a bridge and waits for it: it writes what its pipe holds into its
 /// file (or into memory, if it is held, unless `settle`) and gives back
 /// where it stands (`None` if it had ended: its file fed to the end, every
