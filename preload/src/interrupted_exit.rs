@@ -6,9 +6,9 @@
 //! ran in the middle of a `malloc`; 1 exit in 10 of a program printing into
 //! a mounted stdout then waited for ever on its first allocation in the
 //! exit handler). So the exiting thread allocates nothing and takes no
-//! lock: it asks a thread started when the process first mounted (a
-//! helper that sleeps until then) to end the bridges and commit the
-//! mounts, and waits for it at most a bound; past it, the process ends
+//! lock: it asks a thread started when the process first mounted or
+//! bridged a standard stream (a helper that sleeps until then) to end the
+//! bridges and commit the mounts, and waits for it at most a bound; past it, the process ends
 //! as a kill would leave it (what was fsynced is kept).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -24,8 +24,8 @@ const DONE: u32 = 2;
 /// The exit flushes the program's stdio buffers first (`exit`, not `_exit`).
 static FLUSH_STDIO: AtomicBool = AtomicBool::new(false);
 
-/// Starts the helper if it is not running: when the process mounts (a
-/// normal call, where starting a thread is safe).
+/// Starts the helper if it is not running: when the process mounts or
+/// starts a bridge (a normal call, where starting a thread is safe).
 pub(crate) fn prepare() {
     if STARTED.swap(true, Ordering::AcqRel) {
         return;
@@ -50,8 +50,8 @@ fn serve() {
 
 /// Has the helper end the bridges and commit the mounts, waiting at most
 /// `limit` for it; without allocating. False if it did not finish in time
-/// (true at once where no helper runs: nothing was mounted, so nothing is
-/// left to write).
+/// (true at once where no helper runs: nothing was mounted or bridged, so
+/// nothing is left to write).
 pub(crate) fn finish_within(flush_stdio: bool, limit: Duration) -> bool {
     if !STARTED.load(Ordering::Acquire) {
         return true;

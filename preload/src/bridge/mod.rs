@@ -650,6 +650,9 @@ fn launch(fds: Vec<c_int>, end: c_int, writes_file: bool, source: Source, reader
             return;
         }
     };
+    // (An exit that interrupts a call then has a thread to end the bridge: one
+    // that has not mounted yet may hold the program's bytes.)
+    crate::interrupted_exit::prepare();
     let named = std::thread::Builder::new().name("iopath-stdio".into());
     let bridge_fds = fds.clone();
     let (description, spec, file) = match &source {
