@@ -528,6 +528,47 @@ fn a_file_is_found_by_its_inode_after_a_rename_and_never_in_a_reused_slot() {
     assert_eq!(errno(fs.open_ino(u64::MAX, 0, false).unwrap_err()), libc::ENOENT);
 }
 
+/// A file found again by its inode number while another thread creates
+/// and unlinks it, over and over: each takes the file's lock before the
+/// metadata's. `open_ino` took the metadata's first and then waited for the
+/// file's, which an unlink held while it waited for the metadata's: the
+/// interposer's lender, reading a standard input's file into memory, and
+/// the program unlinking that file waited for each other for ever.
+#[test]
+fn finding_a_file_by_its_inode_while_it_is_unlinked_never_deadlocks() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (_dev, fs) = fresh("emu:null,size=16m", FormatOptions::default());
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let current = Mutex::new(None::<(u64, u64)>);
+        let stop = AtomicBool::new(false);
+        let found = std::thread::scope(|s| {
+            let finder = s.spawn(|| {
+                let mut found = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    let Some((ino, generation)) = *current.lock().unwrap() else { continue };
+                    found += u64::from(fs.open_ino(ino, generation, false).is_ok());
+                }
+                found
+            });
+            for _ in 0..3000 {
+                let f = fs.create("f").unwrap();
+                f.append(b"x").unwrap();
+                let stat = f.metadata();
+                *current.lock().unwrap() = Some((stat.ino, stat.generation));
+                fs.unlink("f").unwrap();
+                drop(f);
+            }
+            stop.store(true, Ordering::Release);
+            finder.join().unwrap()
+        });
+        let _ = done.send(found);
+    });
+    // (A deadlock never ends: waited for far longer than the seconds this takes.)
+    let found = finished.recv_timeout(std::time::Duration::from_secs(300));
+    assert!(found.is_ok(), "the finder and the unlinker wait for each other");
+}
+
 #[test]
 fn symbolic_links_lead_where_they_say_survive_a_remount_and_a_power_cut() {
     use iopath::fs::{Kind, Resolved};

@@ -1199,16 +1199,21 @@ impl FileSystem {
         let fs = &self.mount;
         let gone = || file_error("open", format!("inode {ino}"), libc::ENOENT, "no such file any more");
         let slot = ino.checked_sub(2).and_then(|s| u32::try_from(s).ok());
-        let meta = fs.meta();
-        let node = Arc::clone(slot.and_then(|s| meta.file(s)).ok_or_else(gone)?);
+        // Counted under the metadata lock, as every open (an unlink sees it); looked
+        // at under the file's lock once the metadata's is let go: an unlink holds the
+        // file's and waits for the metadata's.
+        let file = {
+            let meta = fs.meta();
+            self.handle(Arc::clone(slot.and_then(|s| meta.file(s)).ok_or_else(gone)?), direct)
+        };
         {
-            let state = node.state.read().expect("file lock poisoned");
+            let state = file.node.state.read().expect("file lock poisoned");
             let regular = state.inode.mode & libc::S_IFMT == libc::S_IFREG;
             if !state.live || state.inode.orphan || !regular || state.inode.generation != generation {
-                return Err(gone());
+                return Err(gone()); // (the handle goes: the last one closes an orphan)
             }
         }
-        Ok(self.handle(node, direct))
+        Ok(file)
     }
 
     /// Opens an existing file for access that bypasses the page cache (like `O_DIRECT`):
