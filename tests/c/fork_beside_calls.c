@@ -1,7 +1,10 @@
 /* A program whose two threads call on a mount without pause (open,
- * write, dup, close, directory streams, stdio streams, stat, and dlopen of
- * a file that is no library, which the interposer copies first) while its
- * main thread forks: every child makes the same calls once and exits. A
+ * write, dup, close, directory streams, stdio streams, stat, dlopen of a
+ * file that is no library, which the interposer copies first, and fsync
+ * of a pipe, which looks in the table of standard streams on mounted files:
+ * the program's standard input is one) while its main thread forks: every
+ * child makes the same calls once, puts a mounted file on its own standard
+ * input, reads it there, and exits. A
  * lock of the interposer held by a worker at the instant of a fork stays
  * held for ever in the child, whose own call then waits for it: each
  * child has an alarm, and one it kills counts as a failure. Run on a mount
@@ -26,6 +29,21 @@
 
 static const char *dir;
 static atomic_int stop;
+/* A pipe: an fsync of it fails (EINVAL) after the interposer has looked
+ * whether it is one of its standard streams on a mounted file. */
+static int pipe_fds[2];
+/* What a standard input on a mounted file holds. */
+#define INPUT "input on the mount\n"
+
+/* Puts the mounted file `name` (created holding INPUT) on descriptor 0. */
+static int input_from(const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, INPUT, strlen(INPUT)) != (ssize_t)strlen(INPUT) || close(fd) != 0) return -1;
+    close(0);
+    return open(path, O_RDONLY) == 0 ? 0 : -1;
+}
 /* A worker's first COPIES rounds copy its library, of LIBRARY bytes (each
  * copy stays open in the process, and in memory); a child's is a page. */
 #define COPIES 200
@@ -71,6 +89,7 @@ static int calls(const char *who, size_t library_bytes) {
         STEP(10, lib >= 0 && write(lib, junk, library_bytes) == (ssize_t)library_bytes && close(lib) == 0);
         STEP(11, dlopen(library, RTLD_NOW) == NULL);
     }
+    for (int i = 0; i < 50; i++) STEP(12, fsync(pipe_fds[0]) == -1 && errno == EINVAL);
     return 0;
 }
 
@@ -94,6 +113,8 @@ int main(int argc, char **argv) {
     }
     dir = argv[1];
     int forks = atoi(argv[2]);
+    CHECK(pipe(pipe_fds) == 0 && input_from("parent-input") == 0, "standard input on the mount: %s",
+          strerror(errno));
     pthread_t threads[2];
     for (long t = 0; t < 2; t++) pthread_create(&threads[t], NULL, worker, (void *)t);
     for (int i = 0; i < forks; i++) {
@@ -103,9 +124,17 @@ int main(int argc, char **argv) {
             char who[32];
             snprintf(who, sizeof who, "child-%d", i);
             int step = calls(who, 4096);
+            char name[64], got[64] = {0};
+            snprintf(name, sizeof name, "%s-input", who);
+            if (step == 0 && (input_from(name) != 0 || read(0, got, sizeof got - 1) != (ssize_t)strlen(INPUT) ||
+                              strcmp(got, INPUT) != 0))
+                step = 13;
             char path[4096], library[4096];
             snprintf(path, sizeof path, "%s/%s", dir, who);
             snprintf(library, sizeof library, "%s/%s.so", dir, who);
+            snprintf(path, sizeof path, "%s/%s-input", dir, who);
+            if (step == 0 && unlink(path) != 0) step = 14;
+            snprintf(path, sizeof path, "%s/%s", dir, who);
             _exit(step != 0 ? step : unlink(path) != 0 || unlink(library) != 0 ? 12 : 0);
         }
         int status = 0;

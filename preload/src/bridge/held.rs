@@ -7,6 +7,7 @@ use super::{
     COUNT, Paused, Pipe, Running, Source, Spec, end_for_good, os_error, pause_or_last, pipe_holds, read_pipe, relaunch,
     running, set_nonblocking,
 };
+use crate::fork_holds::FreshInChild;
 use crate::mount::{self, Reopen};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::real;
@@ -75,7 +76,7 @@ pub struct LetGo(Vec<Paused>, Option<MutexGuard<'static, ()>>);
 
 /// Held from a [`let_go`] until its [`LetGo::resume`], while its bridges
 /// are out of the table of running ones.
-static LETTING_GO: Mutex<()> = Mutex::new(());
+static LETTING_GO: FreshInChild<()> = FreshInChild::new(Mutex::new(()));
 /// The program's descriptors on the bridges let go (empty: none are). Set
 /// and cleared with the table of running bridges locked, so that a
 /// descriptor is always in one or the other.
@@ -84,6 +85,14 @@ static LET_GO_FDS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
 /// The descriptors on bridges let go, held across a fork ([`crate::fork_holds`]).
 pub(crate) fn hold_for_fork() -> Option<crate::fork_holds::Held> {
     crate::fork_holds::mutex(&LET_GO_FDS)
+}
+
+/// In a child just forked: the parent's bridges are not here, let go or
+/// not (nothing to wait for), and a let-go under way in a thread of the
+/// parent at the fork leaves the child's gate free.
+pub(super) fn in_child_after_fork() {
+    LETTING_GO.renew_in_child();
+    LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
 /// Whether one of descriptors `first..=last` is on a bridge let go, and
@@ -107,7 +116,7 @@ pub(super) fn let_go_holds(first: c_int, last: c_int) -> bool {
 
 /// Waits until the bridges let go run again ([`LetGo::resume`]).
 pub(super) fn wait_for_resume() {
-    drop(LETTING_GO.lock().unwrap_or_else(|e| e.into_inner()));
+    drop(LETTING_GO.get().lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// Before a fork (`fork`, `vfork`, `posix_spawn`): stops the bridges that
@@ -123,7 +132,7 @@ pub fn let_go() -> LetGo {
     if COUNT.load(Ordering::Acquire) == 0 {
         return LetGo(Vec::new(), None);
     }
-    let gate = LETTING_GO.lock().unwrap_or_else(|e| e.into_inner());
+    let gate = LETTING_GO.get().lock().unwrap_or_else(|e| e.into_inner());
     let (alone, writing): (Vec<Running>, Vec<Arc<Control>>) = {
         let mut running = running();
         let (alone, shared): (Vec<Running>, Vec<Running>) = std::mem::take(&mut *running).into_iter().partition(|b| {

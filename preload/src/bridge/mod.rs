@@ -57,6 +57,7 @@ pub use adopt::{ask_parent, bridged_in_place, listen_before_fork};
 pub use held::let_go;
 pub use seek::seek;
 
+use crate::fork_holds::FreshInChild;
 use crate::mount::{self, Description, Node, Reopen};
 use crate::posix::data::{read_mounted, write_mounted};
 use crate::{Inside, real};
@@ -247,7 +248,8 @@ impl Paused {
     }
 }
 
-static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
+/// The running bridges ([`running`]).
+static RUNNING: FreshInChild<Vec<Running>> = FreshInChild::new(Mutex::new(Vec::new()));
 /// How many bridges run: a call on any descriptor costs one load while none does.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
@@ -261,7 +263,7 @@ fn running() -> RunningGuard {
     // Said before the lock is taken, and unsaid after it is let go: a signal between the
     // two only defers what it reaps.
     HOLDS_RUNNING.with(|h| h.set(true));
-    let guard = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = RUNNING.get().lock().unwrap_or_else(|e| e.into_inner());
     RunningGuard(std::mem::ManuallyDrop::new(guard))
 }
 
@@ -368,11 +370,16 @@ pub fn in_child_after_fork() {
             unsafe { real::close(fd) };
         }
     }
-    // The parent's threads are not here: nothing to stop or join.
-    if let Ok(mut running) = RUNNING.try_lock() {
+    // The parent's threads are not here: nothing to stop or join (and a table one
+    // of them held at the fork is left to the parent: a child that starts a bridge
+    // of its own waited for it for ever).
+    if RUNNING.renew_in_child() {
+        crate::log("a thread of the parent held the bridges' table at the fork: the child starts a new one");
+    } else if let Ok(mut running) = RUNNING.get().try_lock() {
         std::mem::forget(std::mem::take(&mut *running));
     }
     COUNT.store(0, Ordering::Release);
+    held::in_child_after_fork();
     adopt::in_child_after_fork();
 }
 
