@@ -505,6 +505,34 @@ fn a_receiver_seeking_and_truncating_its_files_on_descriptor_1_loses_nothing() {
     assert_eq!(stdout[1], stdout[0]);
 }
 
+/// A program that unlinks the mounted file on its standard input (put
+/// there by itself, or by the shell) and then starts another program
+/// reads all of the file. Before, the bridge that fed it was let go before
+/// the fork, could not find the file again ("the file was unlinked; the
+/// next program cannot be given it") and the program read only what the
+/// pipe held; now such a bridge keeps the mount, as an unlinked file open
+/// on a descriptor does.
+#[test]
+fn a_program_that_unlinks_its_input_then_forks_still_reads_all_of_it() {
+    let script = r#"set -e
+        cd "$D"; seq 1 100000 > in
+        python3 -c 'import os, subprocess, sys
+fd = os.open("in", os.O_RDONLY)
+os.dup2(fd, 0)
+os.close(fd)
+os.unlink("in")
+subprocess.run(["true"], check=True)
+print(len(sys.stdin.buffer.read()))'
+        seq 1 100000 > in
+        python3 -c 'import os, subprocess, sys
+os.unlink("in")
+subprocess.run(["true"], check=True)
+print(len(sys.stdin.buffer.read()))' < in"#;
+    let (stdout, _scratch, _kernel_dir, _image) = on_both(script);
+    assert_eq!(stdout[0], "588895\n588895\n");
+    assert_eq!(stdout[1], stdout[0]);
+}
+
 /// A program that forks children, each of which needs the mount, while
 /// another of its threads writes there every half millisecond
 /// (`tests/c/fork_while_mounting.c`): every child gets the mount. Before,

@@ -127,7 +127,8 @@ pub(super) fn wait_for_resume() {
 /// files first, if the mount can be had without waiting (what the program
 /// wrote before the fork lies before what the child writes). A reading
 /// program's file is read into memory, up to [`HELD_BYTES`] of it (the rest
-/// later, a window at a time: [`feed_held`]).
+/// later, a window at a time: [`feed_held`]), unless the file has no name
+/// any more: that bridge runs on ([`feeds_unnamed`]).
 pub fn let_go() -> LetGo {
     if COUNT.load(Ordering::Acquire) == 0 {
         return LetGo(Vec::new(), None);
@@ -147,12 +148,28 @@ pub fn let_go() -> LetGo {
         let writing = running.iter().filter(|b| b.writes_into.is_some()).map(|b| Arc::clone(&b.control)).collect();
         (alone, writing)
     };
+    // Those that feed a file with no name stay too, put back once it is known (with
+    // the table let go: finding a file may take a mount's state, whose holders may
+    // take the table).
+    let (unnamed, alone): (Vec<Running>, Vec<Running>) = alone.into_iter().partition(feeds_unnamed);
+    if !unnamed.is_empty() {
+        let mut running = running();
+        let mut let_go_fds = LET_GO_FDS.lock().unwrap_or_else(|e| e.into_inner());
+        let_go_fds.retain(|fd| !unnamed.iter().any(|b| b.fds.contains(fd)));
+        running.extend(unnamed);
+    }
     // The bridges that stay: what the program wrote lands before the child looks.
     for control in writing {
         control.flush();
     }
     let mut paused = Vec::new();
-    for (Paused { mut spec, mut held, sent, more }, _) in alone.into_iter().filter_map(|b| pause_or_last(b, false)) {
+    // (A feeding bridge's open file is read from, not the file found again by its
+    // inode: a program may have unlinked its input, `exec < f; rm f`.)
+    let stopped = alone.into_iter().filter_map(|b| {
+        let open = b.description.clone();
+        pause_or_last(b, false).map(|(p, _)| (p, open))
+    });
+    for (Paused { mut spec, mut held, sent, more }, open) in stopped {
         if spec.writes_file {
             write_held(&mut spec, &mut held, false);
             paused.push(Paused { spec, held, sent, more });
@@ -166,7 +183,7 @@ pub fn let_go() -> LetGo {
             let in_pipe = pipe_holds(counted_on).min(spec.file.position);
             spec.file.position -= in_pipe;
             // (The mount is this process's here, before the fork.)
-            let (rest, more) = read_window(&spec).unwrap_or_default(); // (unread: the reader sees the end)
+            let (rest, more) = read_window(&spec, open.as_deref()).unwrap_or_default(); // (unread: the reader sees the end)
             let sent = rest.len().min(in_pipe as usize);
             paused.push(Paused { spec, held: rest, sent, more });
         }
@@ -174,21 +191,50 @@ pub fn let_go() -> LetGo {
     LetGo(paused, Some(gate))
 }
 
+/// Whether `b` feeds the program a file that has no name any more (the
+/// program unlinked its input: `exec < f; rm f`). Such a bridge is not let
+/// go: a file with no name cannot be found again once the mount is given
+/// back, and its reader saw the end early ("the file was unlinked; the next
+/// program cannot be given it"). It keeps the mount, as an unlinked file
+/// open on a descriptor does.
+fn feeds_unnamed(b: &Running) -> bool {
+    if !b.feeds || b.in_memory {
+        return false;
+    }
+    match (&b.description, &b.spec) {
+        (Some(d), _) => d.file().is_ok_and(|f| f.path().is_none()),
+        // (Handed over at an exec, its file is open in its thread: one that cannot be
+        // found by its inode has none.)
+        (None, Some(spec)) => mount::mounts()
+            .get(spec.file.mount)
+            .is_some_and(|m| m.mounted().is_some_and(|fs| spec.file.open_in(&fs, m).is_err())),
+        (None, None) => false,
+    }
+}
+
 /// Up to [`HELD_BYTES`] of a reading program's file from `spec`'s
-/// position, and whether the file goes on past them; read with its mount,
-/// mounted for this if this process does not have it (waiting as any call
-/// does) and given back after. `None` if it cannot be read (said).
-fn read_window(spec: &Spec) -> Option<(Vec<u8>, bool)> {
+/// position, and whether the file goes on past them; read from `open`, the
+/// file still open, if given, else with its mount, mounted for this if
+/// this process does not have it (waiting as any call does) and given back
+/// after. `None` if it cannot be read (said).
+fn read_window(spec: &Spec, open: Option<&mount::Description>) -> Option<(Vec<u8>, bool)> {
     let m = mount::mounts().get(spec.file.mount)?;
     let was_mounted = m.mounted().is_some();
     let read = || {
-        let fs = m.fs().map_err(|errno| os_error(errno).to_string())?;
-        let d = spec.file.open_in(&fs, m)?;
+        let found;
+        let d = match open {
+            Some(d) => d,
+            None => {
+                let fs = m.fs().map_err(|errno| os_error(errno).to_string())?;
+                found = spec.file.open_in(&fs, m)?;
+                &found
+            }
+        };
         let mut window = vec![0u8; HELD_BYTES + 1];
         let mut len = 0;
         while len < window.len() {
             let at = (spec.file.position + len as u64) as libc::off_t;
-            match read_mounted(&d, &mut window[len..], Some(at)) {
+            match read_mounted(d, &mut window[len..], Some(at)) {
                 0 => break,
                 n if n > 0 => len += n as usize,
                 _ => return Err(os_error(crate::posix::last_errno()).to_string()),
@@ -290,7 +336,7 @@ pub(super) fn feed_held(
                 file: Reopen { position: spec.file.position + rest.len() as u64, ..spec.file.clone() },
                 ..spec.clone()
             };
-            match crate::background(|| read_window(&next)) {
+            match crate::background(|| read_window(&next, None)) {
                 Some((window, further)) => (spec, rest, at, more) = (next, window, 0, further),
                 None => more = false,
             }
