@@ -533,6 +533,45 @@ print(len(sys.stdin.buffer.read()))' < in"#;
     assert_eq!(stdout[1], stdout[0]);
 }
 
+/// A program that rebuilds a library on a mount and loads it again and
+/// again does not keep a copy of every version in memory: a copy that a
+/// newer one replaced is closed once the loader does not have it and its
+/// grace period (5 s) has passed, so the newest and the one it replaced
+/// last are left. (The "library" here is none: the loader refuses every
+/// version, so none stays loaded.) Before, 11 versions kept 11 copies.
+#[test]
+fn a_library_rebuilt_and_loaded_again_and_again_keeps_two_copies_at_most() {
+    let script = r#"set -e
+        cd "$D"
+        python3 -c 'import ctypes, os, time
+def load(version):
+    with open("plugin.so", "wb") as f:
+        f.write(b"not a library" * (100 + version))
+    try:
+        ctypes.CDLL(os.path.abspath("plugin.so"))
+    except OSError:
+        pass
+def copies():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink("/proc/self/fd/" + fd).startswith("/memfd:iopath-library")
+        except OSError:
+            pass
+    return n
+for version in range(10):
+    load(version)
+print(copies())
+time.sleep(6)
+load(10)
+print(copies())'"#;
+    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let out = bash_in(script, &mount_dir, Some(&image));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
+    assert_eq!(stdout, "10\n2\n", "copies open after 10 versions, then after the grace period and one more");
+}
+
 /// A program that forks children, each of which needs the mount, while
 /// another of its threads writes there every half millisecond
 /// (`tests/c/fork_while_mounting.c`): every child gets the mount. Before,

@@ -45,7 +45,8 @@ static int input_from(const char *name) {
     return open(path, O_RDONLY) == 0 ? 0 : -1;
 }
 /* A worker's first COPIES rounds copy its library, of LIBRARY bytes (each
- * copy stays open in the process, and in memory); a child's is a page. */
+ * copy stays open, and in memory, until 5 s after the next one); a child's
+ * is a page. */
 #define COPIES 200
 #define LIBRARY (128 << 10)
 

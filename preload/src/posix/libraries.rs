@@ -11,7 +11,10 @@
 //! again for the same file (inode) as the loader treats the same file: a
 //! second `dlopen` of a library gives the same handle, also after it was
 //! rebuilt in place while loaded, and one closed and rebuilt since loads
-//! the new bytes. A library found by a bare name (no
+//! the new bytes. A copy that a newer one of the same file replaced is
+//! closed once the loader does not have it and [`GRACE`] has passed (a
+//! program that rebuilds and loads a plugin over and over kept one copy
+//! of every version in memory). A library found by a bare name (no
 //! `/`) is the loader's to search for, as before.
 //!
 //! Both are entered through a few instructions that ask [`loadable`] for
@@ -34,6 +37,7 @@ use std::cell::RefCell;
 use std::ffi::CString;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering};
+use std::time::{Duration, Instant};
 
 /// A library stored on a mount, copied into a memfd.
 struct Copy {
@@ -41,9 +45,20 @@ struct Copy {
     file: (u64, u64),
     /// The file's size and modification time when it was copied.
     stamp: (u64, u64),
-    /// `/proc/self/fd/N` of the memfd (open for the process's life).
+    /// `/proc/self/fd/N` of the memfd.
     path: CString,
+    /// The memfd (open until the copy is swept: [`sweep`]), and its device
+    /// and inode numbers (a program may have closed it and reused the number).
+    fd: c_int,
+    memfd: Option<(u64, u64)>,
+    /// When a newer copy of the same file was made (`None` while this is the newest).
+    superseded: Option<Instant>,
 }
+
+/// How long a replaced copy is kept at least: a thread handed its path
+/// just before the newer copy was made passes it to the loader within
+/// microseconds, and a copy is swept only while the loader does not have it.
+const GRACE: Duration = Duration::from_secs(5);
 
 /// Whether the loader has the copy at `path` (a [`Copy`]'s) loaded now.
 /// Asked without the list's lock: the loader's own lock may be held by a
@@ -142,8 +157,45 @@ fn copy_of(inside: &Inside, mode: c_int, name: &[u8]) -> Option<*const c_char> {
     }
     crate::log(&format!("dlopen of {name}: loading a copy in memory ({} bytes)", meta.size));
     let at = path.as_ptr();
-    copies.push(Copy { file: key, stamp, path });
+    let now = Instant::now();
+    for older in copies.iter_mut().filter(|c| c.file == key && c.superseded.is_none()) {
+        older.superseded = Some(now);
+    }
+    copies.push(Copy { file: key, stamp, path, fd, memfd: identity(fd), superseded: None });
+    drop(copies);
+    sweep(now);
     Some(at)
+}
+
+/// Closes the copies replaced more than [`GRACE`] before `now` that the
+/// loader does not have (asked without the list's lock, as in [`loaded`]).
+fn sweep(now: Instant) {
+    let stale: Vec<(c_int, CString)> = COPIES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|c| c.superseded.is_some_and(|at| now.duration_since(at) >= GRACE))
+        .map(|c| (c.fd, c.path.clone()))
+        .collect();
+    for (fd, path) in stale.into_iter().filter(|(_, path)| !loaded(path.as_ptr())) {
+        let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(at) = copies.iter().position(|c| c.fd == fd) else { continue };
+        let gone = copies.remove(at); // (in order: the newest of a file is its last)
+        drop(copies);
+        if gone.memfd.is_some() && identity(gone.fd) == gone.memfd {
+            crate::log(&format!("dlopen: closed a replaced copy ({})", path.to_string_lossy()));
+            // SAFETY: our memfd (the same file), in no list: its path is no longer handed out.
+            unsafe { real::close(gone.fd) };
+        }
+    }
+}
+
+/// The device and inode numbers of the file open on `fd`.
+fn identity(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat into a local.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a closed descriptor fails.
+    (unsafe { real::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 /// The path of the newest copy of the file `key`, unless the file changed
@@ -157,7 +209,8 @@ fn kept_copy(key: (u64, u64), stamp: (u64, u64)) -> Option<*const c_char> {
 
 /// The path of the newest copy of the file `key` in `copies`, and whether
 /// it was copied as the file is now (`stamp`). The path stays where it is
-/// while the process lives (a copy is never taken out of the list).
+/// for at least [`GRACE`] (a copy is taken out of the list only that long
+/// after a newer one replaced it).
 fn newest(copies: &[Copy], key: (u64, u64), stamp: (u64, u64)) -> Option<(*const c_char, bool)> {
     copies.iter().rev().find(|c| c.file == key).map(|c| (c.path.as_ptr(), c.stamp == stamp))
 }
