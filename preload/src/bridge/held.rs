@@ -163,8 +163,8 @@ pub fn let_go() -> LetGo {
         control.flush();
     }
     let mut paused = Vec::new();
-    // (A feeding bridge's open file is read from, not the file found again by its
-    // inode: a program may have unlinked its input, `exec < f; rm f`.)
+    // (A feeding bridge's open file is read from where it has one, not the file
+    // found again by its inode: another thread may have unlinked it since.)
     let stopped = alone.into_iter().filter_map(|b| {
         let open = b.description.clone();
         pause_or_last(b, false).map(|(p, _)| (p, open))
