@@ -17,7 +17,8 @@
 //! ...) take it; a second taker waits up to its limit and then fails with
 //! a message that names the holder's pid and command.
 //!
-//! A taker that waits says so: every [`NUDGE_EVERY`] it adds one to a
+//! A taker that waits says so: every [`NUDGE_EVERY`], and at once when
+//! a new holder's lock file is what it finds taken, it adds one to a
 //! word of the lock file (at [`WANT_AT`], through a shared mapping) and
 //! wakes whoever waits on that word (a futex on a file mapping works
 //! across processes), and a holder that [`MountLock::watch`]es its lock
