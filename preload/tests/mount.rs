@@ -176,6 +176,17 @@ fn on_both(script: &str) -> ([String; 2], tempfile::TempDir, std::path::PathBuf,
     (stdout, scratch, kernel_dir, image)
 }
 
+/// The standard output of `script` run on a mount only (for what the
+/// kernel's file system has no counterpart of), which must succeed with
+/// nothing on stderr.
+fn on_mount(script: &str) -> String {
+    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
+    let out = bash_in(script, &mount_dir, Some(&image));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `image` passes fsck, and each of `names` in it holds what the file of
 /// that name in `kernel_dir` holds, byte for byte.
 fn same_files_in_image(image: &Path, kernel_dir: &Path, names: &[&str]) {
@@ -286,11 +297,7 @@ fn a_shell_redirecting_while_the_interposer_mounts_keeps_its_descriptors() {
     let script = r#"for i in $(seq 1 40); do
             ( exec 4>&1; nice sh -c 'echo one; echo four >&4' ) > "$D/dup"; cat "$D/dup"
         done"#;
-    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    let out = bash_in(script, &mount_dir, Some(&image));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\nfour\n".repeat(40));
+    assert_eq!(on_mount(script), "one\nfour\n".repeat(40));
 }
 
 /// A pipeline whose last command writes a mounted file and whose first
@@ -565,11 +572,7 @@ print(copies())
 time.sleep(6)
 load(10)
 print(copies())'"#;
-    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    let out = bash_in(script, &mount_dir, Some(&image));
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
-    assert_eq!(stdout, "10\n2\n", "copies open after 10 versions, then after the grace period and one more");
+    assert_eq!(on_mount(script), "10\n2\n", "copies open after 10 versions, then after the grace period and one more");
 }
 
 /// A program that forks children, each of which needs the mount, while
@@ -784,11 +787,7 @@ while True:
     n += len(y)
 print("same", n)' "$D/b"
         done"#;
-    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    let out = bash_in(script, &mount_dir, Some(&image));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "same 588895\n".repeat(4));
+    assert_eq!(on_mount(script), "same 588895\n".repeat(4));
 }
 
 /// A shared map a program cannot write (Python's `ACCESS_READ`, Rust's
@@ -1009,11 +1008,7 @@ for r in range(8):
     short += sum(len(os.read(fd, 1 << 20)) < 1 << 20 for i in range(16))
     os.close(fd)
 print("short reads:", short)' "$D/h""#;
-    let (_scratch, _kernel_dir, mount_dir, image) = kernel_dir_and_mount();
-    let out = bash_in(script, &mount_dir, Some(&image));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "16777216\nshort reads: 0\n");
+    assert_eq!(on_mount(script), "16777216\nshort reads: 0\n");
 }
 
 /// A reader that read ahead of what it used gives the rest back with a
