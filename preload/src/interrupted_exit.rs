@@ -8,8 +8,9 @@
 //! exit handler). So the exiting thread allocates nothing and takes no
 //! lock: it asks a thread started when the process first mounted or
 //! bridged a standard stream (a helper that sleeps until then) to end the
-//! bridges and commit the mounts, and waits for it at most a bound; past it, the process ends
-//! as a kill would leave it (what was fsynced is kept).
+//! bridges and commit the mounts, and waits for it at most a bound; past
+//! it, the process ends as a kill would leave it (what was fsynced is
+//! kept).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};

@@ -341,7 +341,8 @@ impl MountLock {
     /// taken nudged it at once, most often while this holder was still
     /// mounting, and then not for [`NUDGE_EVERY`]. (Each holder has a file
     /// of its own, made after its last holder removed the one before, so
-    /// they are nudges for this holder.)
+    /// they are nudges for this holder; a killed holder's file, taken over
+    /// as it was left, may hold old ones: one lend tried too many.)
     pub fn watch(&self) -> Result<Wanted> {
         let map = map_want(&self._file).ok_or_else(|| Error::Os {
             context: format!("cannot map the mount lock {}", self.path.display()),
