@@ -250,15 +250,17 @@ fn lend(m: &'static Mount) {
                     // `cat in | sort | head > out` in a mounted directory, where head's
                     // bridge had `out` open first, waited 10 s for cat, which could not
                     // mount, one run in five. Let go as before a fork, once a stretch
-                    // (what arrives is held in memory), it no longer does.
-                    if !std::mem::replace(&mut bridges_let_go, true)
-                        && crate::background(|| {
-                            let let_go = crate::bridge::let_go();
-                            let released = m.release(LENT, true);
-                            let_go.resume();
-                            released
-                        })
-                    {
+                    // (what arrives is held in memory), it no longer does. The let-go
+                    // runs outside the fork gate, as before a fork: it waits for its
+                    // bridges' threads, which take the gate to write what they hold
+                    // (under the gate, a receiver's lender and its held bridge waited
+                    // for each other for ever). A fork meanwhile waits for its resume.
+                    if !std::mem::replace(&mut bridges_let_go, true) && {
+                        let let_go = crate::bridge::let_go();
+                        let released = crate::background(|| m.release(LENT, true));
+                        let_go.resume();
+                        released
+                    } {
                         break;
                     }
                 }
