@@ -11,8 +11,13 @@
 //! bridges and commit the mounts, and waits for it at most a bound; past
 //! it, the process ends as a kill would leave it (what was fsynced is
 //! kept).
+//!
+//! The same helper ends a process killed by a signal the program left at
+//! its default action (`ending.rs`): it commits, then lets the signal
+//! kill the process.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use libc::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The helper is running (in this process: a forked child has none).
@@ -24,6 +29,10 @@ const ASKED: u32 = 1;
 const DONE: u32 = 2;
 /// The exit flushes the program's stdio buffers first (`exit`, not `_exit`).
 static FLUSH_STDIO: AtomicBool = AtomicBool::new(false);
+/// The signal that kills the process once the helper is done (0: none, an exit).
+static KILL_WITH: AtomicI32 = AtomicI32::new(0);
+/// The helper was asked (by the first of [`ask`]'s callers, whose settings count).
+static CLAIMED: AtomicBool = AtomicBool::new(false);
 
 /// Starts the helper if it is not running: when the process mounts or
 /// starts a bridge (a normal call, where starting a thread is safe).
@@ -43,10 +52,23 @@ fn serve() {
         iopath::sys::futex_wait(&REQUEST, IDLE, None);
     }
     let _inside = crate::Inside::enter();
+    let signal = KILL_WITH.load(Ordering::Acquire);
+    if signal != 0 {
+        crate::log(&format!("signal {signal}: committing the mounts before it ends the process"));
+    }
     crate::bridge::finish(FLUSH_STDIO.load(Ordering::Acquire));
     crate::commit_mounts_here();
     REQUEST.store(DONE, Ordering::Release);
     iopath::sys::futex_wake_all(&REQUEST);
+    if signal != 0 {
+        crate::ending::die_by(signal);
+    }
+}
+
+/// Whether the helper runs: this process mounted or bridged something (in a
+/// forked child: the child itself).
+pub(crate) fn started() -> bool {
+    STARTED.load(Ordering::Acquire)
 }
 
 /// Has the helper end the bridges and commit the mounts, waiting at most
@@ -57,9 +79,26 @@ pub(crate) fn finish_within(flush_stdio: bool, limit: Duration) -> bool {
     if !STARTED.load(Ordering::Acquire) {
         return true;
     }
+    ask(flush_stdio, 0);
+    wait_done(limit)
+}
+
+/// Asks the helper to end the bridges and commit the mounts (the first
+/// ask counts), and then, with `kill_with` a signal, to let that signal
+/// kill the process. Atomics and a futex wake only: callable from a
+/// signal handler.
+pub(crate) fn ask(flush_stdio: bool, kill_with: c_int) {
+    if CLAIMED.swap(true, Ordering::AcqRel) {
+        return;
+    }
     FLUSH_STDIO.store(flush_stdio, Ordering::Release);
+    KILL_WITH.store(kill_with, Ordering::Release);
     REQUEST.store(ASKED, Ordering::Release);
     iopath::sys::futex_wake_all(&REQUEST);
+}
+
+/// Waits at most `limit` for the helper asked by [`ask`]: whether it finished.
+pub(crate) fn wait_done(limit: Duration) -> bool {
     let start = Instant::now();
     loop {
         if REQUEST.load(Ordering::Acquire) == DONE {
@@ -74,4 +113,6 @@ pub(crate) fn finish_within(flush_stdio: bool, limit: Duration) -> bool {
 pub(crate) fn in_child_after_fork() {
     STARTED.store(false, Ordering::Release);
     REQUEST.store(IDLE, Ordering::Release);
+    KILL_WITH.store(0, Ordering::Release);
+    CLAIMED.store(false, Ordering::Release);
 }

@@ -45,6 +45,7 @@
 
 mod bridge;
 pub mod config;
+mod ending;
 mod fds;
 mod files;
 mod fork_holds;
@@ -110,7 +111,16 @@ impl Inside {
 impl Drop for Inside {
     fn drop(&mut self) {
         let _ = INSIDE.try_with(|i| i.set(self.0));
+        if !self.0 {
+            ending::at_call_end();
+        }
     }
+}
+
+/// Whether the calling thread is in the middle of one of this library's
+/// calls (a signal handler may have interrupted it there).
+pub(crate) fn in_a_call() -> bool {
+    INSIDE.try_with(Cell::get).unwrap_or(false)
 }
 
 /// The settings (read from the environment when the library is loaded).
@@ -315,6 +325,7 @@ extern "C" fn in_child_after_fork() {
     }
     mount::leave_to_parent();
     interrupted_exit::in_child_after_fork();
+    ending::in_child_after_fork();
     posix::maps::in_child_after_fork();
     bridge::in_child_after_fork();
 }
@@ -355,6 +366,7 @@ extern "C" fn on_load() {
         for m in mounts {
             log(&format!("{} serves {} (mounted at first use)", m.device, String::from_utf8_lossy(&m.dir)));
         }
+        ending::install();
     }
     if c.idle_poll {
         let _inside = Inside::enter();
@@ -423,7 +435,7 @@ pub(crate) fn at_exit(flush_stdio: bool) {
 
 /// How long an exit that interrupted one of this library's calls waits for
 /// the mounts' commit (see [`at_exit`]; its message says 2 s).
-const INTERRUPTED_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const INTERRUPTED_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Commits every mount now (at exit, and before an exec, which may still fail and let
 /// the process go on): in a forked child, those it mounted itself.

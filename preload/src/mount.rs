@@ -342,6 +342,8 @@ impl Mount {
         let lock = match acquired {
             Ok(lock) => lock,
             Err(_) if !say_busy => return Err(libc::EBUSY),
+            // The process is ending (`ending`): nothing to say.
+            Err(e) if e.errno() == Some(libc::EINTR) => return Err(libc::EINTR),
             Err(e) => {
                 if !waited_in_vain {
                     state.gave_up = Some(std::time::Instant::now());

@@ -701,6 +701,53 @@ fn an_exit_from_a_signal_handler_with_stdout_on_the_mount_ends_the_program() {
     let _ = std::fs::remove_file(program);
 }
 
+/// A program that a signal kills (one it leaves at its default action:
+/// Ctrl-C, `kill`, `timeout`) keeps what it wrote to the mount, as on a
+/// kernel file system, whose page cache outlives the process: the library's
+/// stand-in handler commits the mounts, then the signal ends the process
+/// with its own status. A shell writing through a descriptor and through
+/// its standard output (a bridge), and writer threads that the signal
+/// finds in the middle of a write most often (each finishes it first).
+/// Before, every file was empty.
+#[test]
+fn a_program_killed_by_a_signal_keeps_what_it_wrote_to_the_mount() {
+    use std::os::unix::process::ExitStatusExt;
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let script = r#"exec 3> "$D/out"; printf hello >&3; exec > "$D/log"; echo line; kill -TERM $$; sleep 5"#;
+    let out = bash_in(script, &mount_dir, Some(&image));
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{}", String::from_utf8_lossy(&out.stderr));
+    let program = compile("killed_writers", &[]);
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        let mut command = Command::new(&program);
+        command.arg(&mount_dir).arg(signal.to_string());
+        common::mounted(&mut command, &mount_dir, &image);
+        let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+        assert_eq!(out.status.signal(), Some(signal), "{}", String::from_utf8_lossy(&out.stderr));
+        let report = check::check(engine(&image)).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+        let read = |name: &str| {
+            let file = fs.open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut bytes = vec![0u8; file.len() as usize];
+            assert_eq!(file.read_at(&mut bytes, 0).unwrap(), bytes.len());
+            bytes
+        };
+        assert_eq!(read("out"), b"hello");
+        assert_eq!(read("log"), b"line\n");
+        for n in 0..4 {
+            let bytes = read(&format!("w{n}"));
+            assert!(bytes.len() % 4096 == 0 && bytes.len() >= 20 * 4096, "w{n}: {} bytes", bytes.len());
+            for (i, record) in bytes.chunks(4096).enumerate() {
+                let number = u64::from_ne_bytes(record[..8].try_into().unwrap());
+                let fill = b'a' + (i % 26) as u8;
+                assert!(number == i as u64 && record[8..].iter().all(|&b| b == fill), "w{n}: record {i} is wrong");
+            }
+        }
+    }
+    let _ = std::fs::remove_file(program);
+}
+
 /// A flock on a mounted file is the kernel's, taken on a file that stands
 /// for the inode (`posix/locks.rs`): a process holding one lends the mount
 /// to a process that waits for it, and the lock still keeps other

@@ -16,8 +16,9 @@ through '..') from the iopath file system on DEVICE (make one with `iopath mkfs`
 bare path). Nothing outside DIR changes, and a program that never touches DIR pays nothing. DIR is
 made if it does not exist (it stays empty: the files are on DEVICE). One process mounts a device at a
 time: a program started while another holds it waits up to --wait seconds, then its calls into DIR
-fail with EBUSY and a message naming the holder. The mount is committed when the program exits;
-what it fsync'd is durable at once. A forked child cannot use a mount its parent holds (a
+fail with EBUSY and a message naming the holder. The mount is committed when the program exits,
+also when a signal it leaves at its default action ends it (Ctrl-C, kill, a pipe's reader gone:
+the process then dies by that signal); what it fsync'd is durable at once. A forked child cannot use a mount its parent holds (a
 subshell of a shell that holds nothing open there mounts in turn); a private mmap of a mounted
 file is a copy, a shared one follows the file and keeps the mount while it lasts (what is stored
 into it reaches the file at msync, fsync, munmap and exit). --cache sets the mounts' page cache (default an eighth of the memory). At exit

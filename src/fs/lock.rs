@@ -38,6 +38,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// Set once the process is ending ([`stop_waiting`]): takers waiting for a
+/// holder give up at their next try.
+static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every wait of this process for another holder end at its next try
+/// (within [`TRY_EVERY`]), failing with EINTR, and every later take fail at
+/// once if the lock is held: for a process that is ending (a signal that
+/// kills it arrived while one of its threads waited its turn for a mount).
+/// Only an atomic store: callable from a signal handler.
+pub fn stop_waiting() {
+    STOPPED.store(true, Ordering::Release);
+}
+
 /// How often a waiting taker nudges the holder (its [`Wanted`] sees each nudge).
 pub const NUDGE_EVERY: Duration = Duration::from_millis(100);
 
@@ -273,6 +286,14 @@ impl MountLock {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 return Err(os("take", e));
+            }
+            if STOPPED.load(Ordering::Acquire) {
+                return Err(Error::File {
+                    op: "mount",
+                    name: device.display().to_string(),
+                    errno: libc::EINTR,
+                    why: "this process is ending (a signal): it no longer waits for another one to let go".into(),
+                });
             }
             if Instant::now() >= deadline {
                 let mut text = String::new();

@@ -1,0 +1,89 @@
+/* Writer threads killed by a signal the program leaves at its default
+ * action (run on a mount by preload/tests/mount.rs): each of THREADS
+ * threads appends RECORD-byte records to a file of its own, DIR/wN (record
+ * i: its number, then the byte 'a' + i % 26); once every thread has
+ * written MIN_RECORDS, the main thread, which blocks the signal, sends it
+ * to the process, so it lands on a writer, most often in the middle of a
+ * write. The test then finds whole records only, at least MIN_RECORDS per
+ * file (at most MAX_RECORDS): what the threads wrote is in the files, as
+ * on a kernel file system.
+ * Exits 2 if the program does not see SIG_DFL for the signal (the library's
+ * stand-in handler must not show). Usage: killed_writers DIR SIGNAL */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define THREADS 4
+#define RECORD 4096
+#define MIN_RECORDS 20
+#define MAX_RECORDS 2000
+
+static const char *dir;
+static atomic_int ready;
+
+static void *writer(void *arg) {
+    long n = (long)arg;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/w%ld", dir, n);
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0) {
+        perror("open");
+        exit(1);
+    }
+    static _Thread_local char record[RECORD];
+    for (unsigned long i = 0;; i++) {
+        memset(record, 'a' + (int)(i % 26), sizeof record);
+        memcpy(record, &i, sizeof i);
+        if (write(fd, record, sizeof record) != (ssize_t)sizeof record) {
+            perror("write");
+            exit(1);
+        }
+        if (i + 1 == MIN_RECORDS) {
+            atomic_fetch_add(&ready, 1);
+        }
+        if (i + 1 == MAX_RECORDS) {
+            for (;;) {
+                pause(); /* (a device of the test's size holds this much) */
+            }
+        }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: killed_writers DIR SIGNAL\n");
+        return 1;
+    }
+    dir = argv[1];
+    int sig = atoi(argv[2]);
+    struct sigaction seen;
+    if (sigaction(sig, NULL, &seen) != 0 || seen.sa_handler != SIG_DFL) {
+        fprintf(stderr, "signal %d does not read as SIG_DFL\n", sig);
+        return 2;
+    }
+    pthread_t threads[THREADS];
+    for (long n = 0; n < THREADS; n++) {
+        if (pthread_create(&threads[n], NULL, writer, (void *)n) != 0) {
+            perror("pthread_create");
+            return 1;
+        }
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    while (atomic_load(&ready) < THREADS) {
+        usleep(1000);
+    }
+    kill(getpid(), sig);
+    for (;;) {
+        pause();
+    }
+}
