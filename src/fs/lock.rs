@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Makes every wait of this process for another holder end at its next try
-/// (within [`TRY_EVERY`]), failing with EINTR, and every later take fail at
+/// (within a millisecond), failing with EINTR, and every later take fail at
 /// once if the lock is held: for a process that is ending (a signal that
 /// kills it arrived while one of its threads waited its turn for a mount).
 /// Only an atomic store: callable from a signal handler.
