@@ -22,9 +22,11 @@
 //! its turn for a mount stops waiting (the process no longer needs one). A
 //! process that never mounted or bridged anything dies at once, as before.
 //!
-//! `signal()` and `sigset()` set the C library's handler without the
-//! `sigaction` this library sees: `signal(SIGINT, SIG_DFL)` puts the kernel's
-//! default back, and the stand-in is gone for that signal.
+//! A handler of the program's that cleans up, sets `SIG_DFL` back and raises
+//! the signal again (git's) gets the stand-in as that default (`signal` is
+//! hooked too: the C library's goes around `sigaction`); the raised signal
+//! then ends the process as above. `sigset` and `sysv_signal` go around
+//! both: `sigset(SIGINT, SIG_DFL)` puts the kernel's default back.
 
 use crate::real;
 use libc::{c_int, c_void};

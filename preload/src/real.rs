@@ -57,6 +57,7 @@ next_symbol! {
     creat64: fn(path: *const c_char, mode: mode_t) -> c_int;
     close: fn(fd: c_int) -> c_int;
     sigaction: fn(signal: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    signal: fn(signal: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
     close_range: fn(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     dup: fn(fd: c_int) -> c_int;
     dup2: fn(fd: c_int, to: c_int) -> c_int;

@@ -707,8 +707,9 @@ fn an_exit_from_a_signal_handler_with_stdout_on_the_mount_ends_the_program() {
 /// stand-in handler commits the mounts, then the signal ends the process
 /// with its own status. A shell writing through a descriptor and through
 /// its standard output (a bridge), and writer threads that the signal
-/// finds in the middle of a write most often (each finishes it first).
-/// Before, every file was empty.
+/// finds in the middle of a write most often (each finishes it first),
+/// also where the program's own handler, set with `signal()`, sets the
+/// default back and raises the signal again. Before, every file was empty.
 #[test]
 fn a_program_killed_by_a_signal_keeps_what_it_wrote_to_the_mount() {
     use std::os::unix::process::ExitStatusExt;
@@ -718,9 +719,14 @@ fn a_program_killed_by_a_signal_keeps_what_it_wrote_to_the_mount() {
     let out = bash_in(script, &mount_dir, Some(&image));
     assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{}", String::from_utf8_lossy(&out.stderr));
     let program = compile("killed_writers", &[]);
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+    for (signal, reraise) in
+        [(libc::SIGTERM, false), (libc::SIGINT, false), (libc::SIGHUP, false), (libc::SIGTERM, true)]
+    {
         let mut command = Command::new(&program);
         command.arg(&mount_dir).arg(signal.to_string());
+        if reraise {
+            command.arg("reraise");
+        }
         common::mounted(&mut command, &mount_dir, &image);
         let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
         assert_eq!(out.status.signal(), Some(signal), "{}", String::from_utf8_lossy(&out.stderr));

@@ -8,7 +8,10 @@
  * file (at most MAX_RECORDS): what the threads wrote is in the files, as
  * on a kernel file system.
  * Exits 2 if the program does not see SIG_DFL for the signal (the library's
- * stand-in handler must not show). Usage: killed_writers DIR SIGNAL */
+ * stand-in handler must not show). With `reraise`, a handler set with
+ * signal() sets SIG_DFL back and raises the signal again, as programs that
+ * clean up before they die do (git's). Usage: killed_writers DIR SIGNAL
+ * [reraise] */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -25,6 +28,11 @@
 #define MAX_RECORDS 2000
 
 static const char *dir;
+
+static void reraise(int sig) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 static atomic_int ready;
 
 static void *writer(void *arg) {
@@ -57,8 +65,8 @@ static void *writer(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: killed_writers DIR SIGNAL\n");
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "reraise") == 0)) {
+        fprintf(stderr, "usage: killed_writers DIR SIGNAL [reraise]\n");
         return 1;
     }
     dir = argv[1];
@@ -66,6 +74,10 @@ int main(int argc, char **argv) {
     struct sigaction seen;
     if (sigaction(sig, NULL, &seen) != 0 || seen.sa_handler != SIG_DFL) {
         fprintf(stderr, "signal %d does not read as SIG_DFL\n", sig);
+        return 2;
+    }
+    if (argc == 4 && (signal(sig, reraise) != SIG_DFL || signal(sig, reraise) != reraise)) {
+        fprintf(stderr, "signal() of %d does not give back SIG_DFL, then its own handler\n", sig);
         return 2;
     }
     pthread_t threads[THREADS];

@@ -35,8 +35,8 @@
 //! - `stdio.rs`: fopen, fdopen and fileno on mounted files (through `fopencookie`), freopen
 //!   of a standard stream onto one (a bridge)
 //! - `raw.rs`: `syscall`, for the file calls programs make by number (libuv's `statx`)
-//! - `signals.rs`: `sigaction`, which shows `SIG_DFL` where the library's stand-in handler
-//!   (`ending.rs`: a killing signal commits the mounts first) is installed
+//! - `signals.rs`: `sigaction` and `signal`, which show `SIG_DFL` where the library's stand-in
+//!   handler (`ending.rs`: a killing signal commits the mounts first) is installed
 //!
 //! Symbolic links are followed here, before a call is served (`on_path`;
 //! `on_path_nofollow` for the calls that act on a last link itself): a

@@ -1,6 +1,12 @@
-//! `sigaction`, for the signals the library stands in for (`ending.rs`):
-//! the program sees `SIG_DFL` where the stand-in is, and setting `SIG_DFL`
-//! puts the stand-in back. Every other call goes to the C library as it is.
+//! `sigaction` and `signal`, for the signals the library stands in for
+//! (`ending.rs`): the program sees `SIG_DFL` where the stand-in is, and
+//! setting `SIG_DFL` puts the stand-in back. Every other call goes to the C
+//! library as it is.
+//!
+//! `signal` is here because the C library's goes around `sigaction`: a
+//! handler that cleans up, sets `SIG_DFL` with it and raises the signal
+//! again (git's, GNU coreutils') would have ended the process with the
+//! kernel's default, its writes to the mounts lost.
 
 use crate::{ending, real};
 use libc::c_int;
@@ -28,4 +34,34 @@ pub unsafe extern "C" fn sigaction(signal: c_int, act: *const libc::sigaction, o
         unsafe { *old = ending::default_action() };
     }
     done
+}
+
+/// `signal`: the C library's (BSD semantics: the signal blocked while its
+/// handler runs, interrupted calls restarted), through [`sigaction`] above
+/// for the signals the library stands in for.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn signal(signal: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if !ending::covers(signal) {
+        // SAFETY: passed on.
+        return unsafe { real::signal(signal, handler) };
+    }
+    // SAFETY: a zeroed sigaction is valid; the mask is set before use.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: our own mask.
+    unsafe {
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaddset(&mut act.sa_mask, signal);
+    }
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: our own structs.
+    if unsafe { sigaction(signal, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
 }
