@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 /// The signals whose default action ends the process and that programs
 /// commonly get: hang-up, Ctrl-C, Ctrl-\, `kill`, a pipe's reader gone,
 /// an alarm, the two user signals.
-const SIGNALS: [c_int; 8] = [
+pub(crate) const SIGNALS: [c_int; 8] = [
     libc::SIGHUP,
     libc::SIGINT,
     libc::SIGQUIT,

@@ -53,6 +53,7 @@ mod inherit;
 mod interrupted_exit;
 pub mod mount;
 mod posix;
+mod program_handlers;
 mod real;
 mod route;
 
@@ -113,6 +114,7 @@ impl Drop for Inside {
         let _ = INSIDE.try_with(|i| i.set(self.0));
         if !self.0 {
             ending::at_call_end();
+            program_handlers::deliver_pending();
         }
     }
 }
@@ -401,7 +403,10 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     // call may hold a lock the commit needs, or the allocator's, and it will never
     // return. The work goes to a helper, waited for at most INTERRUPTED_EXIT_WAIT,
     // and this thread allocates nothing (`interrupted_exit`).
-    let interrupted = INSIDE.try_with(Cell::get).unwrap_or(false) && !iopath::sys::own_thread();
+    // So is an exit from a program's handler run at a call's end (`program_handlers`): a
+    // caller up the stack may still hold a lock of this library's.
+    let interrupted =
+        (INSIDE.try_with(Cell::get).unwrap_or(false) && !iopath::sys::own_thread()) || program_handlers::delivering();
     if interrupted {
         if !interrupted_exit::finish_within(flush_stdio, INTERRUPTED_EXIT_WAIT) {
             say_static(

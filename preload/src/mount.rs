@@ -337,7 +337,11 @@ impl Mount {
         let waiting = wait_now(state.gave_up, wait);
         let waited_in_vain = waiting < wait;
         let asked = std::time::Instant::now();
-        let acquired = MountLock::acquire(&spec, waiting);
+        let acquired = {
+            // (Another process decides how long this lasts: the program's handlers run meanwhile.)
+            let _handlers = crate::program_handlers::RunNow::enter();
+            MountLock::acquire(&spec, waiting)
+        };
         self.waits.waited(asked.elapsed());
         let lock = match acquired {
             Ok(lock) => lock,

@@ -80,6 +80,8 @@ fn flock_mounted(d: &Arc<Description>, operation: c_int) -> c_int {
             Err(errno) => return fail(errno),
         };
     }
+    // A blocked LOCK_EX waits as long as another holder likes: the program's handlers run meanwhile.
+    let _handlers = crate::program_handlers::RunNow::enter();
     // SAFETY: flock on the description's own descriptor.
     unsafe { real::flock(fd, operation) }
 }

@@ -36,7 +36,8 @@
 //!   of a standard stream onto one (a bridge)
 //! - `raw.rs`: `syscall`, for the file calls programs make by number (libuv's `statx`)
 //! - `signals.rs`: `sigaction` and `signal`, which show `SIG_DFL` where the library's stand-in
-//!   handler (`ending.rs`: a killing signal commits the mounts first) is installed
+//!   handler (`ending.rs`: a killing signal commits the mounts first) is installed, and the
+//!   program's own handler where its wrapper (`program_handlers.rs`: run between calls) is
 //!
 //! Symbolic links are followed here, before a call is served (`on_path`;
 //! `on_path_nofollow` for the calls that act on a last link itself): a

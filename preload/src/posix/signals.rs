@@ -1,18 +1,26 @@
 //! `sigaction` and `signal`, for the signals the library stands in for
 //! (`ending.rs`): the program sees `SIG_DFL` where the stand-in is, and
-//! setting `SIG_DFL` puts the stand-in back. Every other call goes to the C
-//! library as it is.
+//! setting `SIG_DFL` puts the stand-in back; a handler of the program's is
+//! run between the library's calls (`program_handlers.rs`) and reads as
+//! itself. Every other call goes to the C library as it is.
 //!
 //! `signal` is here because the C library's goes around `sigaction`: a
 //! handler that cleans up, sets `SIG_DFL` with it and raises the signal
 //! again (git's, GNU coreutils') would have ended the process with the
 //! kernel's default, its writes to the mounts lost.
 
-use crate::{ending, real};
+use crate::{ending, program_handlers, real};
 use libc::c_int;
 
-/// `sigaction`: as the C library's, but the stand-in handler of a signal
-/// left at its default action reads as `SIG_DFL` and is what `SIG_DFL` sets.
+/// The flag the C library sets on every action it gives the kernel (its
+/// return trampoline; x86-64 Linux's value, not in the `libc` crate).
+const SA_RESTORER: c_int = 0x0400_0000;
+
+/// `sigaction`: as the C library's, but for the signals the library stands
+/// in for, the stand-in reads as `SIG_DFL` and is what `SIG_DFL` sets, and
+/// a handler of the program's is installed behind the wrapper of
+/// `program_handlers` (which runs it between the library's calls) and reads
+/// as itself, with the flags the program gave.
 ///
 /// # Safety
 /// As the C function.
@@ -23,15 +31,38 @@ pub unsafe extern "C" fn sigaction(signal: c_int, act: *const libc::sigaction, o
         return unsafe { real::sigaction(signal, act, old) };
     }
     // SAFETY: `act`, when not null, points to a sigaction (the caller's contract).
-    let to_default = !act.is_null() && unsafe { (*act).sa_sigaction } == libc::SIG_DFL;
-    let stand_in = ending::stand_in();
-    let act = if to_default { &stand_in as *const libc::sigaction } else { act };
-    // SAFETY: passed on (or our own action).
+    let asked = (!act.is_null()).then(|| unsafe { *act });
+    let (installed, before) = match asked {
+        None => (None, None),
+        Some(a) if a.sa_sigaction == libc::SIG_DFL => {
+            (Some(ending::stand_in()), Some(program_handlers::unwrap(signal)))
+        }
+        Some(a) if a.sa_sigaction == libc::SIG_IGN => (Some(a), Some(program_handlers::unwrap(signal))),
+        Some(a) => {
+            let (wrapped, before) = program_handlers::wrap(signal, &a);
+            (Some(wrapped), Some(before))
+        }
+    };
+    let act = installed.as_ref().map_or(std::ptr::null(), |a| a as *const libc::sigaction);
+    // SAFETY: our own action (or none), and the caller's `old`.
     let done = unsafe { real::sigaction(signal, act, old) };
-    // SAFETY: `old`, when not null, points to a sigaction the call just filled.
-    if done == 0 && !old.is_null() && ending::is_stand_in(unsafe { (*old).sa_sigaction }) {
-        // SAFETY: as above.
-        unsafe { *old = ending::default_action() };
+    if done != 0 {
+        if let Some(before) = before {
+            program_handlers::restore(signal, before);
+        }
+        return done;
+    }
+    if !old.is_null() {
+        // SAFETY: `old` points to a sigaction the call just filled.
+        let old = unsafe { &mut *old };
+        if ending::is_stand_in(old.sa_sigaction) {
+            *old = ending::default_action();
+        } else if program_handlers::is_wrapper(old.sa_sigaction) {
+            let (handler, flags) = before.unwrap_or_else(|| program_handlers::recorded(signal));
+            old.sa_sigaction = handler;
+            // (The C library's own SA_RESTORER, as it reports it for any handler.)
+            old.sa_flags = flags | (old.sa_flags & SA_RESTORER);
+        }
     }
     done
 }
