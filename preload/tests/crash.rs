@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{compile, engine, formatted_image, mounted};
+use common::{compile, engine, formatted_image, formatted_image_of, mounted};
 use iopath::fs::{FileSystem, check};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -215,11 +215,7 @@ fn sigkill_of_db_bench_fillsync_keeps_every_acknowledged_write() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let image = scratch.path().join("fs.img");
-    std::fs::File::create(&image).unwrap().set_len(256 << 20).unwrap();
-    FileSystem::format(engine(&image), Default::default()).unwrap();
-    let mnt = scratch.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (image, mnt) = formatted_image_of(scratch.path(), 256 << 20);
     let rounds: u64 = std::env::var("CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).map_or(3, |r: u64| r.div_ceil(8));
     let mut rng = fastrand::Rng::with_seed(11);
     for round in 0..rounds {
@@ -282,11 +278,7 @@ fn sigkill_of_a_mariadb_server_keeps_every_acknowledged_commit() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let image = scratch.path().join("fs.img");
-    std::fs::File::create(&image).unwrap().set_len(384 << 20).unwrap();
-    FileSystem::format(engine(&image), Default::default()).unwrap();
-    let mnt = scratch.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (image, mnt) = formatted_image_of(scratch.path(), 384 << 20);
     let cnf = scratch.path().join("my.cnf");
     std::fs::write(
         &cnf,

@@ -43,8 +43,13 @@ pub fn engine(image: &Path) -> Arc<Engine> {
 /// A 64 MiB image file in `dir` with an empty iopath file system, and an
 /// empty directory to mount it on.
 pub fn formatted_image(dir: &Path) -> (PathBuf, PathBuf) {
+    formatted_image_of(dir, 64 << 20)
+}
+
+/// [`formatted_image`] of `bytes` bytes.
+pub fn formatted_image_of(dir: &Path, bytes: u64) -> (PathBuf, PathBuf) {
     let image = dir.join("fs.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    std::fs::File::create(&image).unwrap().set_len(bytes).unwrap();
     FileSystem::format(engine(&image), FormatOptions::default()).unwrap();
     let mnt = dir.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
