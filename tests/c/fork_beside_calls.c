@@ -127,9 +127,16 @@ int main(int argc, char **argv) {
             int step = calls(who, 4096);
             char name[64], got[64] = {0};
             snprintf(name, sizeof name, "%s-input", who);
-            if (step == 0 && (input_from(name) != 0 || read(0, got, sizeof got - 1) != (ssize_t)strlen(INPUT) ||
-                              strcmp(got, INPUT) != 0))
-                step = 13;
+            if (step == 0) {
+                int from = input_from(name);
+                int from_errno = errno;
+                ssize_t n = from == 0 ? read(0, got, sizeof got - 1) : -2;
+                if (n != (ssize_t)strlen(INPUT) || strcmp(got, INPUT) != 0) {
+                    fprintf(stderr, "%s: step 13: input_from %d (%s), read %zd (%s), got \"%s\"\n", who, from,
+                            strerror(from_errno), n, strerror(errno), got);
+                    step = 13;
+                }
+            }
             char path[4096], library[4096];
             snprintf(path, sizeof path, "%s/%s", dir, who);
             snprintf(library, sizeof library, "%s/%s.so", dir, who);
