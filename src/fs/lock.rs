@@ -38,17 +38,24 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Set once the process is ending ([`stop_waiting`]): takers waiting for a
-/// holder give up at their next try.
-static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The pid of the process that is ending ([`stop_waiting`]; 0: none): its
+/// takers waiting for a holder give up at their next try. A pid, not a flag:
+/// a child forked meanwhile, which inherits the value, is not ending.
+static STOPPED: AtomicU32 = AtomicU32::new(0);
 
 /// Makes every wait of this process for another holder end at its next try
 /// (within a millisecond), failing with EINTR, and every later take fail at
 /// once if the lock is held: for a process that is ending (a signal that
 /// kills it arrived while one of its threads waited its turn for a mount).
-/// Only an atomic store: callable from a signal handler.
+/// A `getpid` and an atomic store: callable from a signal handler.
 pub fn stop_waiting() {
-    STOPPED.store(true, Ordering::Release);
+    STOPPED.store(std::process::id(), Ordering::Release);
+}
+
+/// Whether this process is ending ([`stop_waiting`]).
+fn stopped() -> bool {
+    let pid = STOPPED.load(Ordering::Acquire);
+    pid != 0 && pid == std::process::id()
 }
 
 /// How often a waiting taker nudges the holder (its [`Wanted`] sees each nudge).
@@ -287,7 +294,7 @@ impl MountLock {
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 return Err(os("take", e));
             }
-            if STOPPED.load(Ordering::Acquire) {
+            if stopped() {
                 return Err(Error::File {
                     op: "mount",
                     name: device.display().to_string(),
