@@ -80,28 +80,30 @@ pub(crate) fn is_stand_in(handler: libc::sighandler_t) -> bool {
     handler == on_signal as *const () as libc::sighandler_t
 }
 
-/// The stand-in's action: every signal of [`SIGNALS`] blocked while it runs.
-pub(crate) fn stand_in() -> libc::sigaction {
+/// A `sigaction` of `handler` with `flags`, `blocked` blocked while it runs.
+pub(crate) fn action(handler: libc::sighandler_t, flags: c_int, blocked: &[c_int]) -> libc::sigaction {
     // SAFETY: a zeroed sigaction is valid; its mask is set before use.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    action.sa_sigaction = handler;
+    action.sa_flags = flags;
     // SAFETY: a mask of our own.
     unsafe {
         libc::sigemptyset(&mut action.sa_mask);
-        for signal in SIGNALS {
+        for &signal in blocked {
             libc::sigaddset(&mut action.sa_mask, signal);
         }
     }
     action
 }
 
+/// The stand-in's action: every signal of [`SIGNALS`] blocked while it runs.
+pub(crate) fn stand_in() -> libc::sigaction {
+    action(on_signal as *const () as libc::sighandler_t, libc::SA_SIGINFO | libc::SA_RESTART, &SIGNALS)
+}
+
 /// The action `sigaction` reports where the stand-in is installed.
 pub(crate) fn default_action() -> libc::sigaction {
-    // SAFETY: a zeroed sigaction is SIG_DFL, no flags, an empty mask.
-    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = libc::SIG_DFL;
-    action
+    action(libc::SIG_DFL, 0, &[])
 }
 
 /// The stand-in handler. Atomics, futexes and a few system calls only.
@@ -155,11 +157,8 @@ pub(crate) fn die_by(signal: c_int) {
             libc::kill(libc::getpid(), signal);
             return;
         }
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, signal);
         libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), signal);
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &action(libc::SIG_DFL, 0, &[signal]).sa_mask, std::ptr::null_mut());
     }
 }
 

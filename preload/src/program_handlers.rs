@@ -138,10 +138,11 @@ extern "C" fn wrapper(signal: c_int, info: *mut libc::siginfo_t, context: *mut c
 /// wrapper, and so the handler, before `tgkill` returns, unless the program
 /// blocks the signal now).
 pub(crate) fn deliver_pending() {
-    let pending = PENDING.try_with(|p| p.replace(0)).unwrap_or(0);
-    if pending == 0 {
+    // (A read only, at the end of every call where nothing waits.)
+    if PENDING.try_with(Cell::get).unwrap_or(0) == 0 {
         return;
     }
+    let pending = PENDING.try_with(|p| p.replace(0)).unwrap_or(0);
     let was = DELIVERING.try_with(|d| d.replace(true)).unwrap_or(false);
     for (i, &signal) in ending::SIGNALS.iter().enumerate() {
         if pending & 1 << i != 0 {

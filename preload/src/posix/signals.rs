@@ -79,17 +79,8 @@ pub unsafe extern "C" fn signal(signal: c_int, handler: libc::sighandler_t) -> l
         // SAFETY: passed on.
         return unsafe { real::signal(signal, handler) };
     }
-    // SAFETY: a zeroed sigaction is valid; the mask is set before use.
-    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = handler;
-    act.sa_flags = libc::SA_RESTART;
-    // SAFETY: our own mask.
-    unsafe {
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaddset(&mut act.sa_mask, signal);
-    }
-    // SAFETY: as above.
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    let act = ending::action(handler, libc::SA_RESTART, &[signal]);
+    let mut old = ending::default_action();
     // SAFETY: our own structs.
     if unsafe { sigaction(signal, &act, &mut old) } != 0 {
         return libc::SIG_ERR;
