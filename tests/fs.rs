@@ -4990,3 +4990,37 @@ fn a_write_past_a_hole_preallocates_nothing_for_a_sparse_file() {
     drop(g);
     assert_eq!(fs.metadata("log").unwrap().blocks, 2 * 8, "given back at the last close");
 }
+
+#[test]
+fn writers_short_of_space_find_what_a_commit_freed() {
+    // Four threads truncate and rewrite files of their own without fsync on a
+    // small device, so the blocks they free sit in the running transaction
+    // until a writer finds no space and commits. A writer whose transaction
+    // another thread was committing saw the commit's watermark raised before
+    // the blocks it freed could be allocated, looked again at once and got
+    // ENOSPC with 3,691 blocks of 3,707 freed (`tests/c/handlers_on_mount.c`
+    // on a 16 MiB mount: 3 runs in 20).
+    let dir = tempfile::tempdir().unwrap();
+    let dev = emu("emu:null,size=16m");
+    FileSystem::format(engine(&dev, "sync-path"), FormatOptions::default()).unwrap();
+    let log = shm_log(&dir.path().join("log"), 1 << 20);
+    let (fs, _) =
+        FileSystem::mount_beside(engine(&dev, "sync-path"), MountOptions::default(), None, Some(log)).unwrap();
+    std::thread::scope(|s| {
+        for n in 0..4 {
+            let fs = &fs;
+            s.spawn(move || {
+                let f = fs.create(format!("f{n}")).unwrap();
+                let data = bytes(n, 4096);
+                for round in 0..1000 {
+                    f.truncate(0).unwrap();
+                    for i in 0..64 {
+                        f.write_at(&data, i * 4096).unwrap_or_else(|e| panic!("f{n}, round {round}, record {i}: {e}"));
+                    }
+                }
+            });
+        }
+    });
+    fs.unmount().unwrap();
+    assert!(check::check(engine(&dev, "sync-path")).unwrap().is_clean());
+}

@@ -256,6 +256,12 @@ impl Allocator {
         Ok(self.free + self.held_count)
     }
 
+    /// Blocks freed that may not be allocated yet: until the transaction (or
+    /// checkpoint) that freed them is done.
+    pub fn held_blocks(&self) -> u64 {
+        self.held_count
+    }
+
     fn held(&self, n: u64) -> bool {
         self.held[(n / 64) as usize] & (1 << (n % 64)) != 0
     }

@@ -179,7 +179,6 @@ fn settle(
         }
     };
     if durable {
-        fs.committed.store(tid, Ordering::Release);
         journal.flushed();
     }
     fs.written.fetch_max(tid, Ordering::AcqRel);
@@ -200,6 +199,12 @@ fn settle(
         // at replay) or writes it in place, which makes the commit that vouches for
         // it checkpoint first (`Meta::wrote_in_place`).
         released.extend(freed);
+        fs.meta().alloc.release(&released);
+        // Raised once what it freed may be allocated (a writer short of space that
+        // finds its transaction committed looks again and finds the blocks), and
+        // before any checkpoint (those it covers need not wait for that).
+        fs.committed.store(tid, Ordering::Release);
+        released.clear();
     } else {
         // The free is not durable: were the block reused and written before a flush,
         // a power cut could bring back the file that held it, holding another's data.
