@@ -72,7 +72,12 @@ pub(crate) fn install() {
 
 /// Whether `signal` is one this library may stand in for.
 pub(crate) fn covers(signal: c_int) -> bool {
-    INSTALLED.load(Ordering::Acquire) && SIGNALS.contains(&signal)
+    installed() && SIGNALS.contains(&signal)
+}
+
+/// Whether the stand-ins were installed (the process has mounts).
+pub(crate) fn installed() -> bool {
+    INSTALLED.load(Ordering::Acquire)
 }
 
 /// Whether `handler` (a `sa_sigaction`) is the stand-in.

@@ -1,8 +1,9 @@
-//! `sigaction` and `signal`, for the signals the library stands in for
-//! (`ending.rs`): the program sees `SIG_DFL` where the stand-in is, and
-//! setting `SIG_DFL` puts the stand-in back; a handler of the program's is
-//! run between the library's calls (`program_handlers.rs`) and reads as
-//! itself. Every other call goes to the C library as it is.
+//! `sigaction` and `signal`, in a process with mounts: for the signals the
+//! library stands in for (`ending.rs`), the program sees `SIG_DFL` where
+//! the stand-in is, and setting `SIG_DFL` puts the stand-in back; a
+//! handler of the program's for any asynchronous signal is run between the
+//! library's calls (`program_handlers.rs`) and reads as itself. Every other
+//! call goes to the C library as it is.
 //!
 //! `signal` is here because the C library's goes around `sigaction`: a
 //! handler that cleans up, sets `SIG_DFL` with it and raises the signal
@@ -18,15 +19,16 @@ const SA_RESTORER: c_int = 0x0400_0000;
 
 /// `sigaction`: as the C library's, but for the signals the library stands
 /// in for, the stand-in reads as `SIG_DFL` and is what `SIG_DFL` sets, and
-/// a handler of the program's is installed behind the wrapper of
-/// `program_handlers` (which runs it between the library's calls) and reads
-/// as itself, with the flags the program gave.
+/// a handler of the program's (of any signal `program_handlers` covers) is
+/// installed behind its wrapper (which runs it between the library's calls)
+/// and reads as itself, with the flags the program gave.
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sigaction(signal: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
-    if !ending::covers(signal) {
+    let stand_in = ending::covers(signal);
+    if !stand_in && !program_handlers::covers(signal) {
         // SAFETY: passed on.
         return unsafe { real::sigaction(signal, act, old) };
     }
@@ -35,7 +37,7 @@ pub unsafe extern "C" fn sigaction(signal: c_int, act: *const libc::sigaction, o
     let (installed, before) = match asked {
         None => (None, None),
         Some(a) if a.sa_sigaction == libc::SIG_DFL => {
-            (Some(ending::stand_in()), Some(program_handlers::unwrap(signal)))
+            (Some(if stand_in { ending::stand_in() } else { a }), Some(program_handlers::unwrap(signal)))
         }
         Some(a) if a.sa_sigaction == libc::SIG_IGN => (Some(a), Some(program_handlers::unwrap(signal))),
         Some(a) => {
@@ -69,13 +71,13 @@ pub unsafe extern "C" fn sigaction(signal: c_int, act: *const libc::sigaction, o
 
 /// `signal`: the C library's (BSD semantics: the signal blocked while its
 /// handler runs, interrupted calls restarted), through [`sigaction`] above
-/// for the signals the library stands in for.
+/// for the signals it does more for.
 ///
 /// # Safety
 /// As the C function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn signal(signal: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    if !ending::covers(signal) {
+    if !ending::covers(signal) && !program_handlers::covers(signal) {
         // SAFETY: passed on.
         return unsafe { real::signal(signal, handler) };
     }
