@@ -68,6 +68,16 @@ static void on_queued(int sig, siginfo_t *info, void *context) {
     atomic_fetch_add(&handled[2], 1);
 }
 
+/* Blocks or unblocks (how) the signals main sends, on the calling thread. */
+static void mask_sent(int how) {
+    sigset_t sent;
+    sigemptyset(&sent);
+    sigaddset(&sent, SIGCHLD);
+    sigaddset(&sent, SIGWINCH);
+    sigaddset(&sent, SIGRTMIN + 1);
+    pthread_sigmask(how, &sent, NULL);
+}
+
 static void *writer(void *arg) {
     long n = (long)arg;
     char path[4096];
@@ -77,12 +87,7 @@ static void *writer(void *arg) {
         perror("open");
         exit(1);
     }
-    sigset_t sent;
-    sigemptyset(&sent);
-    sigaddset(&sent, SIGCHLD);
-    sigaddset(&sent, SIGWINCH);
-    sigaddset(&sent, SIGRTMIN + 1);
-    pthread_sigmask(SIG_UNBLOCK, &sent, NULL);
+    mask_sent(SIG_UNBLOCK);
     static _Thread_local char record[RECORD];
     for (unsigned long i = 0; !atomic_load(&stop); i++) {
         memset(record, 'a' + (int)(i % 26), sizeof record);
@@ -142,12 +147,7 @@ int main(int argc, char **argv) {
     install(SIGCHLD, on_child, NULL);
     install(SIGWINCH, on_winch, NULL);
     install(SIGRTMIN + 1, NULL, on_queued);
-    sigset_t sent;
-    sigemptyset(&sent);
-    sigaddset(&sent, SIGCHLD);
-    sigaddset(&sent, SIGWINCH);
-    sigaddset(&sent, SIGRTMIN + 1);
-    pthread_sigmask(SIG_BLOCK, &sent, NULL);
+    mask_sent(SIG_BLOCK);
     pthread_t threads[THREADS];
     for (long n = 0; n < THREADS; n++) {
         pthread_create(&threads[n], NULL, writer, (void *)n);
