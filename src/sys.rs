@@ -101,6 +101,11 @@ pub fn grow_descriptor_table() {
 /// one; 1: one does; 2: one does and another waits (see [`own_numbers`]).
 static NUMBERS: AtomicU32 = AtomicU32::new(0);
 
+/// Odd while an [`own_numbers`] section runs: counted up as one starts and
+/// again as it ends, so [`taking_lowest`] can tell whether one overlapped
+/// a program's call.
+static OWN_SECTIONS: AtomicU32 = AtomicU32::new(0);
+
 thread_local! {
     /// How deep this thread is in [`own_numbers`] or [`hold_own_numbers`].
     static NUMBERS_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -125,24 +130,37 @@ fn unlock_numbers() {
 pub struct NumbersHeld {
     /// This thread took the lock (it was not already in a section).
     took: bool,
+    /// An [`own_numbers`] section: counted in [`OWN_SECTIONS`].
+    own: bool,
 }
 
 impl Drop for NumbersHeld {
     fn drop(&mut self) {
         if self.took {
             let _ = NUMBERS_DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+            if self.own {
+                OWN_SECTIONS.fetch_add(1, Ordering::SeqCst);
+            }
             unlock_numbers();
         }
     }
 }
 
-fn enter_numbers() -> NumbersHeld {
-    let outer = NUMBERS_DEPTH.try_with(|d| d.get() == 0).unwrap_or(true);
+fn enter_numbers(own: bool) -> NumbersHeld {
+    let outer = !in_numbers_section();
     if outer {
         lock_numbers();
         let _ = NUMBERS_DEPTH.try_with(|d| d.set(1));
+        if own {
+            OWN_SECTIONS.fetch_add(1, Ordering::SeqCst);
+        }
     }
-    NumbersHeld { took: outer }
+    NumbersHeld { took: outer, own }
+}
+
+/// Whether this thread is inside a section of [`enter_numbers`] already.
+fn in_numbers_section() -> bool {
+    NUMBERS_DEPTH.try_with(|d| d.get() != 0).unwrap_or(false)
 }
 
 /// Runs `f`, which makes a descriptor of iopath's own and moves it to a
@@ -160,7 +178,7 @@ fn enter_numbers() -> NumbersHeld {
 /// taken inside, so none can wait on another); nested calls on one thread
 /// are fine.
 pub fn own_numbers<R>(f: impl FnOnce() -> R) -> R {
-    let _held = enter_numbers();
+    let _held = enter_numbers(true);
     f()
 }
 
@@ -170,8 +188,69 @@ pub fn own_numbers<R>(f: impl FnOnce() -> R) -> R {
 /// ([`own_numbers`]). For the interposer; costs one atomic exchange each
 /// way when no iopath thread is making a descriptor.
 pub fn placing_numbers<R>(f: impl FnOnce() -> R) -> R {
-    let _held = enter_numbers();
+    let _held = enter_numbers(false);
     f()
+}
+
+/// Runs `make`, a program's call that takes the lowest free descriptor
+/// number (`open`, `openat`, `creat`, and the number behind a mounted
+/// file), and gives back the number it would have had if no iopath thread
+/// had held a low one for a moment ([`own_numbers`]) meanwhile: a program
+/// that closes 0 and opens a file expects it on 0 (a forked child beside
+/// the interposer's threads got 5 now and then, and read nothing from its
+/// standard input). `make` is never held back: an `open` can wait for
+/// ever (a FIFO with no writer yet), so no lock is held across it. Instead
+/// a call that overlapped a section waits for that section to end and
+/// moves its descriptor down to the lowest free number if that is lower
+/// (`cloexec`: the copy's close-on-exec flag, as the call opened it).
+/// Costs two atomic loads when no section overlapped.
+pub fn taking_lowest(make: impl FnOnce() -> libc::c_int, cloexec: bool) -> libc::c_int {
+    if in_numbers_section() {
+        return make();
+    }
+    let mut before = OWN_SECTIONS.load(Ordering::SeqCst);
+    if before % 2 == 1 {
+        wait_for_own_sections();
+        before = OWN_SECTIONS.load(Ordering::SeqCst);
+    }
+    let fd = make();
+    if fd < 0 || OWN_SECTIONS.load(Ordering::SeqCst) == before {
+        return fd;
+    }
+    // SAFETY: saves the caller's errno around the moves below.
+    let errno = unsafe { *libc::__errno_location() };
+    wait_for_own_sections();
+    let lowered = lowered(fd, cloexec);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+    lowered
+}
+
+/// Returns once no [`own_numbers`] section runs (one that starts later may).
+fn wait_for_own_sections() {
+    lock_numbers();
+    unlock_numbers();
+}
+
+/// `fd` moved to the lowest free number if that is below it (the old
+/// number closed), else `fd` as it was. The system calls themselves: under
+/// the interposer the C library's are its own hooks.
+fn lowered(fd: libc::c_int, cloexec: bool) -> libc::c_int {
+    let command = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+    // SAFETY: copies the caller's new descriptor and closes one of the two copies.
+    unsafe {
+        let low = libc::syscall(libc::SYS_fcntl, fd, command, 0) as libc::c_int;
+        if low < 0 {
+            return fd;
+        }
+        if low < fd {
+            libc::syscall(libc::SYS_close, fd);
+            low
+        } else {
+            libc::syscall(libc::SYS_close, low);
+            fd
+        }
+    }
 }
 
 /// Keeps [`own_numbers`] sections from starting until dropped: for a
@@ -179,7 +258,7 @@ pub fn placing_numbers<R>(f: impl FnOnce() -> R) -> R {
 /// child (a child never starts with a descriptor half moved, or the lock
 /// held by a thread it does not have).
 pub fn hold_own_numbers() -> NumbersHeld {
-    enter_numbers()
+    enter_numbers(false)
 }
 
 /// The names in directory `dir`, read inside [`own_numbers`]: a directory

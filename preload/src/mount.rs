@@ -1276,11 +1276,14 @@ pub fn reserve(mount: &Mount, cloexec: bool) -> std::result::Result<c_int, c_int
     let flags = libc::O_PATH | if cloexec { libc::O_CLOEXEC } else { 0 };
     let mut dir = mount.dir.clone();
     dir.push(0);
-    // SAFETY: NUL-terminated paths we own.
-    let mut fd = unsafe { real::open(dir.as_ptr().cast(), flags, 0) };
+    // The program's number: the lowest free one, as the kernel's open gives.
+    let open = |path: *const libc::c_char| {
+        // SAFETY: `path` is one of the NUL-terminated paths below, ours.
+        iopath::sys::taking_lowest(|| unsafe { real::open(path, flags, 0) }, cloexec)
+    };
+    let mut fd = open(dir.as_ptr().cast());
     if fd < 0 {
-        // SAFETY: as above.
-        fd = unsafe { real::open(c"/".as_ptr(), flags, 0) };
+        fd = open(c"/".as_ptr());
     }
     if fd < 0 { Err(crate::posix::last_errno()) } else { Ok(fd) }
 }

@@ -35,14 +35,16 @@ static int pipe_fds[2];
 /* What a standard input on a mounted file holds. */
 #define INPUT "input on the mount\n"
 
-/* Puts the mounted file `name` (created holding INPUT) on descriptor 0. */
+/* Puts the mounted file `name` (created holding INPUT) on descriptor 0:
+ * what the reopening returned (0 if it worked), or -1 (errno says why). */
 static int input_from(const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || write(fd, INPUT, strlen(INPUT)) != (ssize_t)strlen(INPUT) || close(fd) != 0) return -1;
-    close(0);
-    return open(path, O_RDONLY) == 0 ? 0 : -1;
+    errno = 0;
+    if (close(0) != 0) return -1;
+    return open(path, O_RDONLY);
 }
 /* A worker's first COPIES rounds copy its library, of LIBRARY bytes (each
  * copy stays open, and in memory, until 5 s after the next one); a child's
