@@ -13,7 +13,6 @@
 //! the count said.
 
 use std::fmt::Arguments;
-use std::io::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
@@ -50,16 +49,29 @@ pub fn write_to(fd: std::os::fd::RawFd) {
     WRITE_FD.store(fd, Ordering::Relaxed);
 }
 
-/// Writes `iopath: line` to stderr, or to the descriptor [`write_to`] set.
-fn write_line(line: std::fmt::Arguments<'_>) {
-    match WRITE_FD.load(Ordering::Relaxed) {
-        -1 => {
-            let _ = writeln!(std::io::stderr(), "iopath: {line}");
-        }
-        fd => {
-            let text = format!("iopath: {line}\n");
-            // SAFETY: writes a buffer we own to a descriptor the caller handed over.
-            unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+/// Writes `iopath: line` to stderr, or to the descriptor [`write_to`] set,
+/// in one system call and without a lock: the standard library's stderr
+/// lock, taken by a thread at the instant another forks, stays held for
+/// ever in the child, whose next line then waits on it (a forked child of
+/// a program under the interposer with `IOPATH_LOG=1` hung in its first
+/// decision line, holding the mount its parent's threads waited for). The
+/// system call itself, not the C library's `write`: under the interposer
+/// that is its own hook.
+pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
+    let text = format!("iopath: {line}\n");
+    let fd = match WRITE_FD.load(Ordering::Relaxed) {
+        -1 => libc::STDERR_FILENO,
+        fd => fd,
+    };
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: writes a buffer we own to stderr or a descriptor the caller handed over.
+        let n = unsafe { libc::syscall(libc::SYS_write, fd, rest.as_ptr(), rest.len()) };
+        match usize::try_from(n) {
+            Ok(0) => return,
+            Ok(n) => rest = &rest[n.min(rest.len())..],
+            Err(_) if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
         }
     }
 }
@@ -219,6 +231,51 @@ mod tests {
     /// test's `collect` clears, and its `take` stops, what another collects
     /// (seen once in CI: 1 line taken of 400).
     static COLLECTING: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn a_child_forked_while_another_thread_held_stderr_still_writes_its_line() {
+        // A thread in the middle of writing to stderr (the standard library's lock held)
+        // as another forks: the child's line must not wait for that lock.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _stderr = std::io::stderr().lock();
+            held_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        let mut pipe = [-1; 2];
+        // SAFETY: pipe2 fills two descriptors.
+        assert_eq!(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: the child only writes a line onto its own stderr (the pipe) and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child: its own descriptor table.
+            unsafe { libc::dup2(pipe[1], libc::STDERR_FILENO) };
+            write_line(format_args!("a line from the child"));
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        // SAFETY: closing the parent's copy of the writing end.
+        unsafe { libc::close(pipe[1]) };
+        let mut poll = libc::pollfd { fd: pipe[0], events: libc::POLLIN, revents: 0 };
+        // SAFETY: waits up to 10 s for the child's line on our pipe.
+        let ready = unsafe { libc::poll(&mut poll, 1, 10_000) };
+        let mut got = [0u8; 64];
+        // SAFETY: reads into a buffer we own, if anything came.
+        let n = if ready == 1 { unsafe { libc::read(pipe[0], got.as_mut_ptr().cast(), got.len()) } } else { 0 };
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        // SAFETY: ends and reaps the child (if its line never came, it is stuck).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(pipe[0]);
+        }
+        let line = String::from_utf8_lossy(&got[..usize::try_from(n).unwrap_or(0)]).into_owned();
+        assert_eq!(line, "iopath: a line from the child\n", "the child's line (none: it waited for the lock)");
+    }
 
     #[test]
     fn collected_lines_come_back_once_and_are_capped() {

@@ -282,7 +282,9 @@ fn after_panic(shared: &Shared, channel: &mut Channel, server: &mut Server) {
     }));
     if steps.is_err() {
         // The device panics again: what it holds stays its own (never handed back).
-        eprintln!("iopath: the device panicked again while the dispatcher drained it; its requests stay waiting");
+        crate::path::completion::explain::write_line(format_args!(
+            "the device panicked again while the dispatcher drained it; its requests stay waiting"
+        ));
     }
     server.fail_orphans(u64::MAX, libc::ENOTRECOVERABLE);
     server.fail_backlog(libc::ENOTRECOVERABLE);

@@ -194,7 +194,7 @@ impl Adaptive {
             })
             .collect();
         let wall = s.wall_ns.max(1) as f64;
-        eprintln!(
+        super::explain::write_line(format_args!(
             "{}: {:>9} -> {:<9}{} jitter={:.2} level={:?} ios={} wall={:.2}ms run_delay={:.1}% psi={:.1}% inv={} L={:.1}us W={:.1}us measured lat/cpu per io: {}",
             self.name,
             before.name(),
@@ -210,7 +210,7 @@ impl Adaptive {
             s.device_latency_ns / 1e3,
             s.overshoot_ns / 1e3,
             costs.join(" "),
-        );
+        ));
     }
 
     /// The controller (mode, level, switches).
