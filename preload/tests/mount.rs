@@ -805,6 +805,30 @@ fn a_programs_signal_handlers_write_to_the_mount_between_its_calls() {
     let _ = std::fs::remove_file(program);
 }
 
+/// `signal` in a program compiled as strict POSIX is the C library's
+/// `__sysv_signal`, and `sysv_signal` and `bsd_signal` are its other names:
+/// each installs the program's handler behind the interposer's wrapper (the
+/// kernel's handler is another address), reads back as itself, keeps the
+/// System V (reset as it runs) or BSD semantics, and its write to the mount
+/// lands. Before, all three installed the handler bare: the kernel held the
+/// program's own address (`tests/c/sysv_signal.c`).
+#[test]
+fn the_c_librarys_other_signal_calls_install_handlers_behind_the_wrapper() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let program = compile("sysv_signal", &["-std=c11"]);
+    let mut command = Command::new(&program);
+    command.arg(&mount_dir);
+    common::mounted(&mut command, &mount_dir, &image);
+    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), "23 passed, 0 failed");
+    let report = check::check(engine(&image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let _ = std::fs::remove_file(program);
+}
+
 /// A flock on a mounted file is the kernel's, taken on a file that stands
 /// for the inode (`posix/locks.rs`): a process holding one lends the mount
 /// to a process that waits for it, and the lock still keeps other

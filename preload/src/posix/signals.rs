@@ -8,7 +8,11 @@
 //! `signal` is here because the C library's goes around `sigaction`: a
 //! handler that cleans up, sets `SIG_DFL` with it and raises the signal
 //! again (git's, GNU coreutils') would have ended the process with the
-//! kernel's default, its writes to the mounts lost.
+//! kernel's default, its writes to the mounts lost. So are its other
+//! names: `bsd_signal`, and `sysv_signal` with `__sysv_signal`, which is
+//! what `signal` compiles to under strict ISO C or POSIX (`cc -std=c11`
+//! without `_DEFAULT_SOURCE`): their handlers were installed bare, and ran
+//! inside the library's calls.
 
 use crate::{ending, program_handlers, real};
 use libc::c_int;
@@ -81,7 +85,59 @@ pub unsafe extern "C" fn signal(signal: c_int, handler: libc::sighandler_t) -> l
         // SAFETY: passed on.
         return unsafe { real::signal(signal, handler) };
     }
-    let act = ending::action(handler, libc::SA_RESTART, &[signal]);
+    installed(signal, handler, Semantics::Bsd)
+}
+
+/// `bsd_signal`: `signal` under its POSIX name.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bsd_signal(signal: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: as the caller's.
+    unsafe { self::signal(signal, handler) }
+}
+
+macro_rules! hook_sysv_signal {
+    ($($name:ident),*) => {$(
+        /// `sysv_signal` (`__sysv_signal`: what `signal` compiles to under
+        /// strict ISO C or POSIX): System V semantics, the default action
+        /// back as the handler starts, the signal not blocked while it
+        /// runs, interrupted calls not restarted; through [`sigaction`].
+        ///
+        /// # Safety
+        /// As the C function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(signal: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+            installed(signal, handler, Semantics::SysV)
+        }
+    )*};
+}
+hook_sysv_signal!(sysv_signal, __sysv_signal);
+
+/// Which of the C library's one-call forms a handler was installed with.
+#[derive(Clone, Copy)]
+enum Semantics {
+    /// `signal`, `bsd_signal`: the signal blocked while its handler runs,
+    /// interrupted calls restarted.
+    Bsd,
+    /// `sysv_signal`: reset to the default as the handler starts, not
+    /// blocked while it runs, interrupted calls not restarted.
+    SysV,
+}
+
+/// Installs `handler` for `signal` as a one-call form with `semantics`
+/// does, through [`sigaction`]; the previous handler, or `SIG_ERR` (errno
+/// set: EINVAL for `SIG_ERR` itself or a signal that cannot be caught).
+fn installed(signal: c_int, handler: libc::sighandler_t, semantics: Semantics) -> libc::sighandler_t {
+    if handler == libc::SIG_ERR {
+        crate::set_errno(libc::EINVAL);
+        return libc::SIG_ERR;
+    }
+    let act = match semantics {
+        Semantics::Bsd => ending::action(handler, libc::SA_RESTART, &[signal]),
+        Semantics::SysV => ending::action(handler, libc::SA_RESETHAND | libc::SA_NODEFER, &[]),
+    };
     let mut old = ending::default_action();
     // SAFETY: our own structs.
     if unsafe { sigaction(signal, &act, &mut old) } != 0 {
