@@ -1,6 +1,6 @@
 /* A program compiled as strict POSIX (no _DEFAULT_SOURCE), whose `signal`
- * is the C library's `__sysv_signal`, and one calling `sysv_signal` and
- * `bsd_signal` by name, on a process with a mount: each handler must be
+ * is the C library's `__sysv_signal`, and one calling `sysv_signal`,
+ * `bsd_signal` and `sigset` by name, on a process with a mount: each handler must be
  * installed behind the interposer's wrapper (the kernel holds another
  * address than the program's handler, as rt_sigaction without the C library
  * shows), read back as itself, run when the signal comes with the System V
@@ -24,6 +24,8 @@
 typedef void (*handler_t)(int);
 extern handler_t sysv_signal(int, handler_t);
 extern handler_t bsd_signal(int, handler_t);
+extern handler_t sigset(int, handler_t);
+#define HOLD ((handler_t)2) /* SIG_HOLD */
 extern long syscall(long number, ...);
 
 static const char *dir;
@@ -80,12 +82,23 @@ int main(int argc, char **argv) {
     one("signal (strict POSIX: __sysv_signal)", signal, SIGUSR1, 1);
     one("sysv_signal", sysv_signal, SIGUSR2, 1);
     one("bsd_signal", bsd_signal, SIGWINCH, 0);
+    one("sigset", sigset, SIGURG, 0);
+    /* sigset's SIG_HOLD blocks the signal (and says what was set); the next
+     * disposition unblocks it, says it was held, and the held one runs. */
+    ran = wrote = 0;
+    CHECK(sigset(SIGURG, handler) == SIG_DFL && sigset(SIGURG, HOLD) == handler, "sigset: SIG_HOLD");
+    sigset_t mask;
+    CHECK(sigprocmask(SIG_BLOCK, NULL, &mask) == 0 && sigismember(&mask, SIGURG) == 1, "sigset: not blocked");
+    CHECK(raise(SIGURG) == 0 && ran == 0, "sigset: a held signal ran");
+    CHECK(sigset(SIGURG, handler) == HOLD && ran == 1 && wrote == 1, "sigset: released: ran %d, wrote %d", (int)ran,
+          (int)wrote);
+    CHECK(sigset(SIGURG, SIG_DFL) == handler, "sigset: back to SIG_DFL");
     char path[4096];
     snprintf(path, sizeof path, "%s/handled", dir);
     int fd = open(path, O_RDONLY);
     char got[16] = {0};
     ssize_t n = fd >= 0 ? read(fd, got, sizeof got - 1) : -1;
-    CHECK(n == 4 && strcmp(got, "++++") == 0, "the mounted file holds \"%s\" (%zd bytes)", got, n);
+    CHECK(n == 7 && strcmp(got, "+++++++") == 0, "the mounted file holds \"%s\" (%zd bytes)", got, n);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -11,8 +11,8 @@
 //! kernel's default, its writes to the mounts lost. So are its other
 //! names: `bsd_signal`, and `sysv_signal` with `__sysv_signal`, which is
 //! what `signal` compiles to under strict ISO C or POSIX (`cc -std=c11`
-//! without `_DEFAULT_SOURCE`): their handlers were installed bare, and ran
-//! inside the library's calls.
+//! without `_DEFAULT_SOURCE`), and System V's `sigset`: their handlers were
+//! installed bare, and ran inside the library's calls.
 
 use crate::{ending, program_handlers, real};
 use libc::c_int;
@@ -114,6 +114,51 @@ macro_rules! hook_sysv_signal {
     )*};
 }
 hook_sysv_signal!(sysv_signal, __sysv_signal);
+
+/// `SIG_HOLD` (glibc's value; not in the `libc` crate).
+const SIG_HOLD: libc::sighandler_t = 2;
+
+/// `sigset` (System V): `SIG_HOLD` blocks the signal; any other
+/// disposition is installed through [`sigaction`] (no flags, nothing else
+/// blocked while its handler runs) and the signal unblocked. Returns
+/// `SIG_HOLD` if the signal was blocked before, else the previous
+/// disposition; `SIG_ERR` with EINVAL for `SIG_ERR` or a signal out of
+/// range. The C library's goes to its own `sigaction`, not this one.
+///
+/// # Safety
+/// As the C function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sigset(signal: c_int, disposition: libc::sighandler_t) -> libc::sighandler_t {
+    if disposition == libc::SIG_ERR || !(1..libc::SIGRTMAX() + 1).contains(&signal) {
+        crate::set_errno(libc::EINVAL);
+        return libc::SIG_ERR;
+    }
+    // SAFETY: masks and actions of our own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        let mut old = ending::default_action();
+        if disposition == SIG_HOLD {
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut before) != 0 {
+                return libc::SIG_ERR;
+            }
+            if libc::sigismember(&before, signal) == 1 {
+                return SIG_HOLD;
+            }
+            if sigaction(signal, std::ptr::null(), &mut old) != 0 {
+                return libc::SIG_ERR;
+            }
+            return old.sa_sigaction;
+        }
+        let act = ending::action(disposition, 0, &[]);
+        if sigaction(signal, &act, &mut old) != 0 || libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut before) != 0 {
+            return libc::SIG_ERR;
+        }
+        if libc::sigismember(&before, signal) == 1 { SIG_HOLD } else { old.sa_sigaction }
+    }
+}
 
 /// Which of the C library's one-call forms a handler was installed with.
 #[derive(Clone, Copy)]
