@@ -57,8 +57,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"IOPCARRY";
 /// The file's own layout version (2: the index is sorted by block; 3: the
@@ -94,7 +94,7 @@ pub struct CarriedCache {
     /// frames are lent out as page frames ([`CarriedCache::lend`]), read in
     /// place and copied by the kernel only when written. One per file (and
     /// size) per process, whatever the mounts: see [`Lender`].
-    lender: Arc<Lender>,
+    lender: &'static Lender,
     frames: usize,
     state: Mutex<State>,
     /// Blocks it vouches for now (lets writes skip the lock while it is empty).
@@ -136,22 +136,39 @@ unsafe impl Send for Lender {}
 unsafe impl Sync for Lender {}
 
 /// Every private mapping this process made of a carried cache.
-static LENDERS: Mutex<Vec<Arc<Lender>>> = Mutex::new(Vec::new());
+/// Each is leaked: a mapping is never unmapped, so its lender lives as
+/// long as the process.
+static LENDERS: Mutex<Vec<&'static Lender>> = Mutex::new(Vec::new());
 
-/// The lenders' lock, held across a fork ([`crate::sys::hold_globals_for_fork`]).
+/// The lenders' list and every lender's bits, held across a fork.
+struct HeldForFork {
+    /// Each lender's bits (dropped first: fields drop in order).
+    _lent: Vec<std::sync::MutexGuard<'static, Vec<u64>>>,
+    _lenders: std::sync::MutexGuard<'static, Vec<&'static Lender>>,
+}
+
+/// The lenders' lock and each lender's bits, held across a fork
+/// ([`crate::sys::hold_globals_for_fork`]): a child's mount lends from the
+/// same mapping, and one forked while a thread of its parent lent a frame or
+/// took one back waited for those bits for ever as it mounted (holding the
+/// mount its parent's threads then waited for). A thread holding a
+/// lender's bits never waits for the list, so taking them in this order
+/// waits for nothing but short holds.
 pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
-    Box::new(LENDERS.lock().unwrap_or_else(|e| e.into_inner()))
+    let lenders = LENDERS.lock().unwrap_or_else(|e| e.into_inner());
+    let lent = lenders.iter().map(|l| l.lent.lock().unwrap_or_else(|e| e.into_inner())).collect();
+    Box::new(HeldForFork { _lent: lent, _lenders: lenders })
 }
 
 impl Lender {
     /// The private mapping of `file` (`len` bytes, `frames` frames), made once per process.
-    fn of(file: &std::fs::File, len: usize, frames: usize, path: &Path) -> Result<Arc<Lender>> {
+    fn of(file: &std::fs::File, len: usize, frames: usize, path: &Path) -> Result<&'static Lender> {
         use std::os::unix::fs::MetadataExt;
         let meta = file.metadata().map_err(os(format!("cannot look at the carried cache {}", path.display())))?;
         let key = (meta.dev(), meta.ino(), len);
         let mut lenders = LENDERS.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = lenders.iter().find(|l| l.key == key) {
-            return Ok(Arc::clone(l));
+            return Ok(*l);
         }
         // SAFETY: a private mapping of a file we hold open; no fixed address.
         let base = unsafe {
@@ -170,8 +187,9 @@ impl Lender {
             );
         }
         let base = std::ptr::NonNull::new(base.cast::<u8>()).expect("a mapping is not at 0");
-        let lender = Arc::new(Lender { key, base, lent: Mutex::new(vec![0; frames.div_ceil(64)]) });
-        lenders.push(Arc::clone(&lender));
+        let lender: &'static Lender =
+            Box::leak(Box::new(Lender { key, base, lent: Mutex::new(vec![0; frames.div_ceil(64)]) }));
+        lenders.push(lender);
         Ok(lender)
     }
 }
@@ -1214,13 +1232,51 @@ mod tests {
         assert!(c.read(5, &mut out) && out == block(5));
         assert_eq!(&c.lend(6).unwrap()[..], &block(6)[..]);
         assert_eq!(c.hits(), 2);
-        let mappings = LENDERS.lock().unwrap().iter().filter(|l| Arc::ptr_eq(l, &c.lender)).count();
+        let mappings = LENDERS.lock().unwrap().iter().filter(|l| std::ptr::eq(**l, c.lender)).count();
         assert_eq!(mappings, 1);
         drop(c);
         // Another size replaces the file (never cut short while a frame may be lent).
         let c = CarriedCache::open(&path, &backing, 16 * BLOCK_U64).unwrap();
         assert_eq!(c.attach(3, 12).unwrap(), 0);
         assert_eq!(&frame[..], &[0xAB; BLOCK][..], "a written lent frame keeps its bytes");
+    }
+
+    #[test]
+    fn a_fork_waits_for_a_lenders_bits_and_holds_them_until_it_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let backing = dir.path().join("device");
+        std::fs::write(&backing, b"x").unwrap();
+        let c = CarriedCache::open(&dir.path().join("iopath-carry-fork"), &backing, 4 * BLOCK_U64).unwrap();
+        let lender = c.lender;
+        // A thread in the middle of lending a frame (its bits held): the fork's hold waits.
+        let (holding_tx, holding_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let lending = std::thread::spawn(move || {
+            let _bits = lender.lent.lock().unwrap();
+            holding_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        });
+        holding_rx.recv().unwrap();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let forking = std::thread::spawn(move || {
+            let held = hold_for_fork();
+            held_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            drop(held);
+        });
+        assert!(
+            held_rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(),
+            "the fork's hold went ahead while a thread held a lender's bits"
+        );
+        release_tx.send(()).unwrap();
+        lending.join().unwrap();
+        held_rx.recv().unwrap();
+        // Held now: no thread takes the bits until the fork is done.
+        assert!(lender.lent.try_lock().is_err(), "the bits are free during the fork");
+        done_tx.send(()).unwrap();
+        forking.join().unwrap();
+        assert!(lender.lent.try_lock().is_ok());
     }
 
     #[test]
