@@ -792,17 +792,25 @@ fn a_programs_signal_handlers_write_to_the_mount_between_its_calls() {
     let (image, mount_dir) = formatted_image(scratch.path());
     let program = compile("handlers_on_mount", &["-lpthread"]);
     for _ in 0..2 {
-        let mut command = Command::new(&program);
-        command.arg(&mount_dir);
-        common::mounted(&mut command, &mount_dir, &image);
-        let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(stdout.trim(), "9 passed, 0 failed");
-        let report = check::check(engine(&image)).unwrap();
-        assert!(report.is_clean(), "{report:?}");
+        passes_on_mount(&program, &mount_dir, &image, "9 passed, 0 failed");
     }
     let _ = std::fs::remove_file(program);
+}
+
+/// Runs C test `program` with the mount's directory as its argument, under
+/// the interposer mounting `image` there: it must print `summary` (its
+/// "N passed, M failed"), exit 0 within a minute, and leave the file
+/// system clean.
+fn passes_on_mount(program: &Path, mount_dir: &Path, image: &Path, summary: &str) {
+    let mut command = Command::new(program);
+    command.arg(mount_dir);
+    common::mounted(&mut command, mount_dir, image);
+    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), summary);
+    let report = check::check(engine(image)).unwrap();
+    assert!(report.is_clean(), "{report:?}");
 }
 
 /// `signal` in a program compiled as strict POSIX is the C library's
@@ -818,15 +826,7 @@ fn the_c_librarys_other_signal_calls_install_handlers_behind_the_wrapper() {
     let scratch = tempfile::tempdir().unwrap();
     let (image, mount_dir) = formatted_image(scratch.path());
     let program = compile("sysv_signal", &["-std=c11"]);
-    let mut command = Command::new(&program);
-    command.arg(&mount_dir);
-    common::mounted(&mut command, &mount_dir, &image);
-    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.trim(), "36 passed, 0 failed");
-    let report = check::check(engine(&image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
+    passes_on_mount(&program, &mount_dir, &image, "36 passed, 0 failed");
     let _ = std::fs::remove_file(program);
 }
 
