@@ -197,7 +197,7 @@ pub fn placing_numbers<R>(f: impl FnOnce() -> R) -> R {
 /// file), and gives back the number it would have had if no iopath thread
 /// had held a low one for a moment ([`own_numbers`]) meanwhile: a program
 /// that closes 0 and opens a file expects it on 0 (a forked child beside
-/// the interposer's threads got 5 now and then, and read nothing from its
+/// the interposer's threads got 11 now and then, and read nothing from its
 /// standard input). `make` is never held back: an `open` can wait for
 /// ever (a FIFO with no writer yet), so no lock is held across it. Instead
 /// a call that overlapped a section waits for that section to end and
@@ -208,8 +208,10 @@ pub fn taking_lowest(make: impl FnOnce() -> libc::c_int, cloexec: bool) -> libc:
     if in_numbers_section() {
         return make();
     }
+    // Start between sections: a count read while one runs would not change
+    // if that one ran on past the call's end.
     let mut before = OWN_SECTIONS.load(Ordering::SeqCst);
-    if before % 2 == 1 {
+    while before % 2 == 1 {
         wait_for_own_sections();
         before = OWN_SECTIONS.load(Ordering::SeqCst);
     }

@@ -208,10 +208,8 @@ fn noted(fd: c_int, inside: bool) -> c_int {
 /// iopath's own (made inside this library while it mounts) is made and
 /// moved above the program's numbers inside
 /// [`iopath::sys::own_numbers`], so a program that redirects meanwhile
-/// (closes a number and `dup2`s onto it) never meets it there; a
-/// program's gets the lowest free number as if iopath's threads made none
-/// meanwhile ([`iopath::sys::taking_lowest`]; `cloexec`: as it was opened).
-pub(crate) fn made(make: impl FnOnce() -> c_int, cloexec: bool) -> c_int {
+/// (closes a number and `dup2`s onto it) never meets it there.
+pub(crate) fn made(make: impl FnOnce() -> c_int) -> c_int {
     if crate::inside() && crate::MOUNTING.load(Ordering::Relaxed) {
         let fd = iopath::sys::own_numbers(|| {
             let fd = make();
@@ -219,7 +217,16 @@ pub(crate) fn made(make: impl FnOnce() -> c_int, cloexec: bool) -> c_int {
         });
         return if fd < 0 { fd } else { noted(fd, true) };
     }
-    created(iopath::sys::taking_lowest(make, cloexec))
+    created(make())
+}
+
+/// [`made`] for an open, which takes the lowest free number: a program's
+/// gets the one it would have had if no thread of iopath's held a low
+/// number for a moment meanwhile ([`iopath::sys::taking_lowest`];
+/// `cloexec`: as it was opened). Not for `F_DUPFD`, whose floor is the
+/// caller's.
+pub(crate) fn opened(make: impl FnOnce() -> c_int, cloexec: bool) -> c_int {
+    made(|| iopath::sys::taking_lowest(make, cloexec))
 }
 
 /// Lowest number iopath moves its own descriptors to (the library's own floor).

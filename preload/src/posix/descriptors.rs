@@ -245,7 +245,7 @@ fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, call: impl FnOnce() -> c_int) 
     }
     // iopath's own (its loadavg reader keeps its file at 300 and up) is made and moved
     // above the program's numbers; a program's waits for iopath's to be made.
-    let r = if crate::inside() { made(call, cmd == libc::F_DUPFD_CLOEXEC) } else { created(placing_numbers(call)) };
+    let r = if crate::inside() { made(call) } else { created(placing_numbers(call)) };
     mount::kernel_dir_duplicated(fd, r);
     bridge::duplicated(fd, r);
     r

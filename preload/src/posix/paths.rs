@@ -5,7 +5,7 @@
 use super::{errno_of, fail, on_path, on_path_nofollow};
 use crate::mount::{self, Description, Inside, Node};
 use crate::real;
-use crate::route::made;
+use crate::route::opened;
 use iopath::fs::Kind;
 use libc::{c_char, c_int, c_uint, mode_t, off_t};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
@@ -237,7 +237,7 @@ macro_rules! hook_open {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = made(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) }, flags & libc::O_CLOEXEC != 0);
+            let fd = opened(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags, mode) }, flags & libc::O_CLOEXEC != 0);
             kernel_opened(libc::AT_FDCWD, path, flags, fd)
         }
     )*};
@@ -254,7 +254,7 @@ macro_rules! hook_openat {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = made(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) }, flags & libc::O_CLOEXEC != 0);
+            let fd = opened(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags, mode) }, flags & libc::O_CLOEXEC != 0);
             kernel_opened(dirfd, path, flags, fd)
         }
     )*};
@@ -272,7 +272,7 @@ macro_rules! hook_creat {
                 return fd;
             }
             // SAFETY: passed on.
-            made(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), mode) }, false)
+            opened(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), mode) }, false)
         }
     )*};
 }
@@ -288,7 +288,7 @@ macro_rules! hook_open_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = made(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) }, flags & libc::O_CLOEXEC != 0);
+            let fd = opened(|| unsafe { real::$name(super::kernel(libc::AT_FDCWD, path).ptr(), flags) }, flags & libc::O_CLOEXEC != 0);
             kernel_opened(libc::AT_FDCWD, path, flags, fd)
         }
     )*};
@@ -305,7 +305,7 @@ macro_rules! hook_openat_2 {
                 return fd;
             }
             // SAFETY: passed on.
-            let fd = made(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) }, flags & libc::O_CLOEXEC != 0);
+            let fd = opened(|| unsafe { real::$name(dirfd, super::kernel(dirfd, path).ptr(), flags) }, flags & libc::O_CLOEXEC != 0);
             kernel_opened(dirfd, path, flags, fd)
         }
     )*};
@@ -918,7 +918,7 @@ fn open_fifo(inside: &Inside, ino: u64, flags: c_int) -> c_int {
     // meanwhile (a descriptor made inside waits for the lender's, which waits for it).
     let _program = crate::Inside::leave();
     // SAFETY: a NUL-terminated path; the descriptor is the program's.
-    crate::route::made(|| unsafe { real::open(pipe.as_ptr(), flags & kept, 0) }, flags & libc::O_CLOEXEC != 0)
+    opened(|| unsafe { real::open(pipe.as_ptr(), flags & kept, 0) }, flags & libc::O_CLOEXEC != 0)
 }
 
 /// What a path's component is, for [`canonical`]'s walk.
