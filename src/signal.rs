@@ -9,6 +9,8 @@
 //! A run still going [`GRACE`] after the first signal (a thread that never
 //! looks at the flag, a request that never finishes) exits then, with a
 //! message: a SIGTERM from a script must end the process either way.
+//! A signal the process started with ignored stays ignored (a background
+//! command of a script has SIGINT ignored, so Ctrl-C stops the script only).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 

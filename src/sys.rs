@@ -405,9 +405,21 @@ pub fn futex_wake_all(word: &AtomicU32) {
 // ---- signals ----
 
 /// Calls `handler` on each of `signals` (SA_RESTART, so other threads' calls
-/// are not cut short). The handler must do only async-signal-safe work.
+/// are not cut short), except those the process started with ignored: a
+/// command run in the background of a script (`iopath bench ... &`, no job
+/// control) has SIGINT ignored so that Ctrl-C at the terminal stops the
+/// script, not it, and `nohup` ignores SIGHUP; a handler would undo that.
+/// The handler must do only async-signal-safe work.
 pub fn on_signals(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int)) -> io::Result<()> {
     for &signal in signals {
+        // SAFETY: queries the disposition into a zeroed sigaction of our own.
+        let ignored = unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut current) == 0 && current.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            continue;
+        }
         // SAFETY: a zeroed sigaction is valid; the handler has the signature sa_sigaction
         // expects without SA_SIGINFO; the mask is initialised before use.
         check(unsafe {

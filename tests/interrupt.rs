@@ -6,12 +6,27 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn start(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_iopath"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run iopath")
+    start_ignoring(args, &[])
+}
+
+/// Starts `iopath` with `ignored` signals ignored and SIGINT and SIGTERM
+/// otherwise at their default action (as from a terminal, however this test
+/// run was started: a background job of a script has SIGINT ignored).
+fn start_ignoring(args: &[&str], ignored: &'static [i32]) -> Child {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iopath"));
+    command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: between fork and exec only `signal` (one system call) runs.
+    unsafe {
+        command.pre_exec(move || {
+            for signal in [libc::SIGINT, libc::SIGTERM] {
+                let action = if ignored.contains(&signal) { libc::SIG_IGN } else { libc::SIG_DFL };
+                libc::signal(signal, action);
+            }
+            Ok(())
+        });
+    }
+    command.spawn().expect("run iopath")
 }
 
 fn signal(child: &Child, signal: i32) {
@@ -162,4 +177,22 @@ fn a_run_that_cannot_finish_after_sigterm_exits_after_the_grace_time() {
         return;
     }
     panic!("iopath {args:?} never hung before the signal");
+}
+
+/// A run started with SIGINT ignored (`iopath bench ... &` in a script: the
+/// shell ignores it for background commands so that Ctrl-C stops the script
+/// only) keeps ignoring it; SIGTERM still ends it with what it measured.
+#[test]
+fn a_run_started_with_sigint_ignored_keeps_ignoring_it() {
+    let args = ["bench", "--device", "emu:dram-ssd,size=64m", "--runtime", "20s", "--threads", "2", "--no-progress"];
+    let child = start_ignoring(&args, &[libc::SIGINT]);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&child, libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&child, libc::SIGTERM);
+    let o = finish(child, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&o.stderr);
+    // SIGTERM's exit status, and its notice only: the SIGINT left no trace.
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert_eq!(err.matches("interrupted: finishing").count(), 1, "{err}");
 }

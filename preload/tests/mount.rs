@@ -735,6 +735,8 @@ fn a_program_killed_by_a_signal_keeps_what_it_wrote_to_the_mount() {
             command.arg(mode);
         }
         common::mounted(&mut command, &mount_dir, &image);
+        // The program checks that it sees SIG_DFL (not the library's stand-in).
+        common::with_default_actions(&mut command, &[libc::SIGINT, libc::SIGQUIT]);
         let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
         let stderr = String::from_utf8_lossy(&out.stderr);
         // In "exit" mode: the records each thread had written when the handler ran.

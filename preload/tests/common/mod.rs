@@ -64,6 +64,24 @@ pub fn mounted(command: &mut Command, mnt: &Path, image: &Path) {
         .env("IOPATH_MOUNT_WAIT", "5");
 }
 
+/// Starts `command` with `signals` at their default action, as a program
+/// started from a terminal has them. A command run in the background of a
+/// shell script (`cmd &`, no job control) inherits SIGINT and SIGQUIT
+/// ignored, and a test that looks at a program's dispositions must not
+/// depend on how the test run itself was started.
+pub fn with_default_actions(command: &mut Command, signals: &'static [libc::c_int]) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only `signal` (one system call) runs.
+    unsafe {
+        command.pre_exec(move || {
+            for &signal in signals {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `command` to its end, as `output()` does, but kills it and fails
 /// after `limit` (a hang is a failure here, not a stuck test run).
 pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::process::Output {
