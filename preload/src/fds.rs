@@ -29,6 +29,7 @@ const STATE_BITS: u32 = 2;
 const STATE_MASK: u32 = (1 << STATE_BITS) - 1;
 
 static WORDS: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
+/// The routed descriptors: taken on a program's thread only in a [`crate::Section`].
 static ROUTES: RwLock<BTreeMap<i32, Route>> = RwLock::new(BTreeMap::new());
 
 /// A routed descriptor.
@@ -50,7 +51,10 @@ pub fn lookup(fd: i32) -> Option<Route> {
     let seen = w.load(Ordering::Acquire);
     match seen & STATE_MASK {
         PLAIN => None,
-        ROUTED => ROUTES.read().unwrap_or_else(|e| e.into_inner()).get(&fd).cloned(),
+        ROUTED => {
+            let _section = crate::Section::enter();
+            ROUTES.read().unwrap_or_else(|e| e.into_inner()).get(&fd).cloned()
+        }
         _ => probe(fd, w, seen),
     }
 }
@@ -70,13 +74,16 @@ pub fn forget(fd: i32) {
     let old = w
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some((((v >> STATE_BITS) + 1) << STATE_BITS) | UNKNOWN));
     if old.is_ok_and(|v| v & STATE_MASK == ROUTED) {
+        let section = crate::Section::enter();
         let removed = ROUTES.write().unwrap_or_else(|e| e.into_inner()).remove(&fd);
+        drop(section);
         drop(removed); // outside the lock: the last descriptor of a file closes its engine
     }
 }
 
 /// Forgets every routed descriptor in `first..=last`.
 pub fn forget_range(first: u32, last: u32) {
+    let section = crate::Section::enter();
     let fds: Vec<i32> = ROUTES
         .read()
         .unwrap_or_else(|e| e.into_inner())
@@ -84,6 +91,7 @@ pub fn forget_range(first: u32, last: u32) {
         .copied()
         .filter(|&fd| (first..=last).contains(&(fd as u32)))
         .collect();
+    drop(section);
     for fd in fds {
         forget(fd);
     }
@@ -91,12 +99,14 @@ pub fn forget_range(first: u32, last: u32) {
 
 /// Every routed descriptor, with its route.
 pub fn routed() -> Vec<(i32, Route)> {
+    let _section = crate::Section::enter();
     ROUTES.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.clone())).collect()
 }
 
 fn probe(fd: i32, w: &AtomicU32, seen: u32) -> Option<Route> {
     let decided = decide(fd);
     let state = if decided.is_some() { ROUTED } else { PLAIN };
+    let section = crate::Section::enter();
     let mut routes = ROUTES.write().unwrap_or_else(|e| e.into_inner());
     // Store only if nobody closed or reused the number while we looked.
     if w.compare_exchange(seen, (seen & !STATE_MASK) | state, Ordering::AcqRel, Ordering::Relaxed).is_ok()
@@ -104,6 +114,7 @@ fn probe(fd: i32, w: &AtomicU32, seen: u32) -> Option<Route> {
     {
         let displaced = routes.insert(fd, route.clone());
         drop(routes);
+        drop(section);
         drop(displaced); // (outside the lock: the last descriptor of a file closes its engine)
     }
     decided

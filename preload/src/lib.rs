@@ -81,6 +81,8 @@ static PASSED_CALLS: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// This thread is inside iopath (opening an engine): its calls are iopath's own.
     static INSIDE: Cell<bool> = const { Cell::new(false) };
+    /// [`Section`]s this thread is in (it holds one of the library's tables).
+    static SECTIONS: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Whether the calling thread is inside iopath (its calls are iopath's own).
@@ -113,16 +115,59 @@ impl Drop for Inside {
     fn drop(&mut self) {
         let _ = INSIDE.try_with(|i| i.set(self.0));
         if !self.0 {
-            ending::at_call_end();
-            program_handlers::deliver_pending();
+            call_ended();
         }
     }
 }
 
+/// Marks the program's thread, while alive, as in the middle of one of
+/// this library's calls without being inside iopath (its own calls still
+/// reach the hooks): around a lock of the library's that a hook takes for
+/// the program (the bridges' table, the mount table). A signal handler
+/// there that took the same lock (a `dup` or `close` of a bridged
+/// descriptor, an exit that ends the bridges) waited for ever on its own
+/// thread: 1 run in about 450 of `tests/c/exit_in_handler.c` printing to a
+/// mounted stdout hung, its handler's `_exit` waiting for the bridges'
+/// table that the interrupted `close` held. The program's handlers and the
+/// stand-in of a default action wait for the section's end, as for a
+/// call's ([`in_a_call`]).
+pub(crate) struct Section(());
+
+impl Section {
+    pub(crate) fn enter() -> Section {
+        let _ = SECTIONS.try_with(|s| s.set(s.get() + 1));
+        Section(())
+    }
+}
+
+impl Drop for Section {
+    fn drop(&mut self) {
+        let left = SECTIONS.try_with(|s| {
+            let left = s.get().saturating_sub(1);
+            s.set(left);
+            left
+        });
+        if left == Ok(0) && !INSIDE.try_with(Cell::get).unwrap_or(true) {
+            call_ended();
+        }
+    }
+}
+
+/// The end of the outermost of a program's thread's calls ([`Inside`]) or
+/// sections ([`Section`]), unless the other still runs: the process ends
+/// if a signal asked it to, and the handlers that waited run.
+fn call_ended() {
+    if SECTIONS.try_with(Cell::get).unwrap_or(0) != 0 {
+        return;
+    }
+    ending::at_call_end();
+    program_handlers::deliver_pending();
+}
+
 /// Whether the calling thread is in the middle of one of this library's
-/// calls (a signal handler may have interrupted it there).
+/// calls or sections (a signal handler may have interrupted it there).
 pub(crate) fn in_a_call() -> bool {
-    INSIDE.try_with(Cell::get).unwrap_or(false)
+    INSIDE.try_with(Cell::get).unwrap_or(false) || SECTIONS.try_with(Cell::get).unwrap_or(0) != 0
 }
 
 /// The settings (read from the environment when the library is loaded).
@@ -256,6 +301,7 @@ type ForkHolds = (
     std::sync::MutexGuard<'static, ()>,
     iopath::sys::NumbersHeld,
     Vec<fork_holds::Held>,
+    program_handlers::Blocked,
 );
 
 thread_local! {
@@ -265,7 +311,10 @@ thread_local! {
     /// on its thread starts ([`iopath::sys::hold_thread_starts`]), on the
     /// descriptors its threads make ([`iopath::sys::hold_own_numbers`]: a
     /// child never starts with one half moved) and on this library's own
-    /// tables ([`fork_holds`]), from the fork's prepare handler to after it.
+    /// tables ([`fork_holds`]), from the fork's prepare handler to after it;
+    /// with every signal blocked (a handler there that took one of those
+    /// waited for ever; the kernel keeps what comes meanwhile pending, and
+    /// gives the child none of the parent's).
     static GATE_HELD: std::cell::RefCell<Option<ForkHolds>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -282,6 +331,8 @@ extern "C" fn before_fork() {
         // (A forked child listens too: it passes its children's requests up.)
         bridge::listen_before_fork();
     }
+    // Unblocked after every hold is let go (the tuple's last).
+    let blocked = program_handlers::Blocked::all();
     // In this order: a background thread takes the gate, then a state; a
     // thread that mounts holds its state while it starts the lender.
     let gate = FORK_GATE.lock().unwrap_or_else(|e| e.into_inner());
@@ -291,8 +342,8 @@ extern "C" fn before_fork() {
     let starts = iopath::sys::hold_thread_starts();
     let numbers = iopath::sys::hold_own_numbers();
     let leaves = fork_holds::leaves();
-    let _ =
-        GATE_HELD.try_with(|held| *held.borrow_mut() = Some((gate, states, maps, globals, starts, numbers, leaves)));
+    let _ = GATE_HELD
+        .try_with(|held| *held.borrow_mut() = Some((gate, states, maps, globals, starts, numbers, leaves, blocked)));
 }
 
 /// After a fork, in the parent and in the child: the gate goes.
@@ -317,6 +368,9 @@ pub(crate) fn release_mounts_before_fork() {
 }
 
 extern "C" fn in_child_after_fork() {
+    // Before the gate opens (and signals are unblocked): what the parent's thread kept for
+    // its handlers is not the child's (the kernel gives a child none of its parent's).
+    program_handlers::in_child_after_fork();
     open_the_gate();
     // A child of a parent that had an engine open for a routed file, or that
     // still held a mount at the fork, has none of those engines' threads: it
@@ -405,8 +459,7 @@ pub(crate) fn at_exit(flush_stdio: bool) {
     // and this thread allocates nothing (`interrupted_exit`).
     // So is an exit from a program's handler run at a call's end (`program_handlers`): a
     // caller up the stack may still hold a lock of this library's.
-    let interrupted =
-        (INSIDE.try_with(Cell::get).unwrap_or(false) && !iopath::sys::own_thread()) || program_handlers::delivering();
+    let interrupted = (in_a_call() && !iopath::sys::own_thread()) || program_handlers::delivering();
     if interrupted {
         if !interrupted_exit::finish_within(flush_stdio, INTERRUPTED_EXIT_WAIT) {
             say_static(

@@ -610,16 +610,20 @@ static KERNEL_CWD: RwLock<Option<Arc<[u8]>>> = RwLock::new(None);
 
 /// The kernel's working directory (cached; see [`forget_kernel_cwd`]).
 pub fn kernel_cwd() -> Option<Arc<[u8]>> {
+    let section = crate::Section::enter();
     if let Some(dir) = KERNEL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone() {
         return Some(dir);
     }
+    drop(section);
     let dir: Arc<[u8]> = real_cwd()?.into();
+    let _section = crate::Section::enter();
     *KERNEL_CWD.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&dir));
     Some(dir)
 }
 
 /// The kernel's working directory changed (a chdir or fchdir went through).
 pub fn forget_kernel_cwd() {
+    let _section = crate::Section::enter();
     *KERNEL_CWD.write().unwrap_or_else(|e| e.into_inner()) = None;
 }
 
@@ -643,11 +647,13 @@ static VIRTUAL_SET: AtomicBool = AtomicBool::new(false);
 
 /// The working directory: a mount's if `chdir` went into one, else the kernel's.
 pub fn cwd() -> Option<Arc<[u8]>> {
+    let section = crate::Section::enter();
     if VIRTUAL_SET.load(Ordering::Acquire)
         && let Some(dir) = VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).clone()
     {
         return Some(dir);
     }
+    drop(section);
     kernel_cwd()
 }
 
@@ -669,11 +675,13 @@ pub fn virtual_cwd() -> Option<Vec<u8>> {
     if !VIRTUAL_SET.load(Ordering::Acquire) {
         return None;
     }
+    let _section = crate::Section::enter();
     VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).as_deref().map(<[u8]>::to_vec)
 }
 
 /// Sets (or with `None`, clears) the working directory inside a mount.
 pub fn set_virtual_cwd(dir: Option<Vec<u8>>) {
+    let _section = crate::Section::enter();
     let mut cwd = VIRTUAL_CWD.write().unwrap_or_else(|e| e.into_inner());
     VIRTUAL_SET.store(dir.is_some(), Ordering::Release);
     *cwd = dir.map(Arc::from);
@@ -690,6 +698,7 @@ pub fn kernel_path(dirfd: c_int, path: &[u8]) -> Option<std::ffi::CString> {
         if !VIRTUAL_SET.load(Ordering::Acquire) {
             return None;
         }
+        let _section = crate::Section::enter();
         VIRTUAL_CWD.read().unwrap_or_else(|e| e.into_inner()).as_deref()?.to_vec()
     } else {
         let d = lookup(dirfd)?;
@@ -825,11 +834,13 @@ fn kernel_dir_above(fd: c_int) -> Option<Vec<u8>> {
     if KERNEL_DIR_COUNT.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let _section = crate::Section::enter();
     let dirs = KERNEL_DIRS.lock().unwrap_or_else(|e| e.into_inner());
     dirs.iter().find(|(f, _)| *f == fd).map(|(_, p)| p.clone())
 }
 
 fn set_kernel_dir(fd: c_int, path: Option<Vec<u8>>) {
+    let _section = crate::Section::enter();
     let mut dirs = KERNEL_DIRS.lock().unwrap_or_else(|e| e.into_inner());
     dirs.retain(|(f, _)| *f != fd);
     if let Some(path) = path {
@@ -1221,6 +1232,7 @@ fn open_checked(fs: &FileSystem, (ino, generation): (u64, u64), direct: bool) ->
 /// Descriptor numbers with a description: one bit each, so a call on any
 /// other descriptor costs one load.
 static BITS: [AtomicU64; crate::fds::MAX_FD / 64] = [const { AtomicU64::new(0) }; crate::fds::MAX_FD / 64];
+/// The mounted descriptors: taken on a program's thread only in a [`crate::Section`].
 static TABLE: RwLock<Option<HashMap<c_int, Arc<Description>>>> = RwLock::new(None);
 
 fn bit(fd: c_int) -> Option<(&'static AtomicU64, u64)> {
@@ -1234,6 +1246,7 @@ pub fn lookup(fd: c_int) -> Option<Arc<Description>> {
     if word.load(Ordering::Acquire) & mask == 0 {
         return None;
     }
+    let _section = crate::Section::enter();
     TABLE.read().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&fd).cloned()
 }
 
@@ -1245,9 +1258,11 @@ pub fn is_mounted(fd: c_int) -> bool {
 /// Puts `description` at descriptor number `fd` (reserved by the caller).
 pub fn install(fd: c_int, description: Arc<Description>) {
     let Some((word, mask)) = bit(fd) else { return };
+    let section = crate::Section::enter();
     let displaced =
         TABLE.write().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(fd, description);
     word.fetch_or(mask, Ordering::AcqRel);
+    drop(section);
     drop(displaced); // (outside the lock: a description's last drop closes its file)
 }
 
@@ -1265,6 +1280,7 @@ pub fn remove(fd: c_int) -> Option<Arc<Description>> {
     if word.load(Ordering::Acquire) & mask == 0 {
         return None;
     }
+    let _section = crate::Section::enter();
     let removed = TABLE.write().unwrap_or_else(|e| e.into_inner()).as_mut()?.remove(&fd);
     word.fetch_and(!mask, Ordering::AcqRel);
     removed
@@ -1454,18 +1470,21 @@ fn wake(asleep: Vec<(Arc<Description>, File)>) {
 
 /// Every mounted descriptor and its description.
 pub fn descriptors() -> Vec<(c_int, Arc<Description>)> {
+    let _section = crate::Section::enter();
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
     table.as_ref().map_or_else(Vec::new, |t| t.iter().map(|(&fd, d)| (fd, Arc::clone(d))).collect())
 }
 
 /// Whether this process has a mounted file (not a directory) open.
 pub fn holds_files() -> bool {
+    let _section = crate::Section::enter();
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
     table.as_ref().is_some_and(|t| t.values().any(|d| matches!(d.node, Node::File(_))))
 }
 
 /// Whether a descriptor of the program stands for `description`.
 pub fn in_table(description: &Arc<Description>) -> bool {
+    let _section = crate::Section::enter();
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
     table.as_ref().is_some_and(|t| t.values().any(|d| Arc::ptr_eq(d, description)))
 }

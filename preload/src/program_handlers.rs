@@ -232,7 +232,7 @@ pub(crate) fn deliver_pending() {
     }
     // Taken with every signal blocked: a handler running a call of its own (whose end
     // delivers what it kept) cannot come between the copy and the emptying.
-    let was_blocked = block_all();
+    let blocked = Blocked::all();
     let kept = KEPT_HERE.try_with(|k| {
         // SAFETY: signals are blocked: nothing else uses this thread's storage now.
         let k = unsafe { &mut *k.get() };
@@ -241,8 +241,7 @@ pub(crate) fn deliver_pending() {
         taken
     });
     let _ = PENDING.try_with(|p| p.set(0));
-    // SAFETY: the mask the thread had.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &was_blocked, std::ptr::null_mut()) };
+    drop(blocked);
     let Ok(kept) = kept else { return };
     let was = DELIVERING.try_with(|d| d.replace(true)).unwrap_or(false);
     for (signal, info) in &kept.deliveries[..kept.len] {
@@ -259,16 +258,36 @@ pub(crate) fn deliver_pending() {
     let _ = DELIVERING.try_with(|d| d.set(was));
 }
 
-/// Blocks every signal on the calling thread; returns the mask it had.
-fn block_all() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; zeros are a valid value to fill.
-    let (mut all, mut had): (libc::sigset_t, libc::sigset_t) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    // SAFETY: masks of our own.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut had);
+/// In a child just forked: the deliveries its thread's copy kept were the
+/// parent's (which delivers them); the child has none pending.
+pub(crate) fn in_child_after_fork() {
+    let _ = PENDING.try_with(|p| p.set(0));
+    // SAFETY: the child's only thread, in its fork handler: nothing else uses this storage.
+    let _ = KEPT_HERE.try_with(|k| unsafe { (*k.get()).len = 0 });
+}
+
+/// Every signal blocked on the calling thread while alive; the mask it had
+/// comes back as it goes.
+pub(crate) struct Blocked(libc::sigset_t);
+
+impl Blocked {
+    pub(crate) fn all() -> Blocked {
+        // SAFETY: sigset_t is plain data; zeros are a valid value to fill.
+        let (mut all, mut had): (libc::sigset_t, libc::sigset_t) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: masks of our own.
+        unsafe {
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut had);
+        }
+        Blocked(had)
     }
-    had
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        // SAFETY: the mask the thread had.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 /// Whether the calling thread runs a handler that waited for a call's end

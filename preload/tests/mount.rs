@@ -704,6 +704,40 @@ fn an_exit_from_a_signal_handler_with_stdout_on_the_mount_ends_the_program() {
     let _ = std::fs::remove_file(program);
 }
 
+/// A signal handler that duplicates and closes the program's stdout (a
+/// bridge to a mounted file) while the program does the same in a loop,
+/// a timer firing every 100 us (`tests/c/handler_beside_bridges.c`): the
+/// handler waits for the end of the interposer's section it interrupted
+/// (the bridges' table, the lock on descriptor numbers), and runs 3000
+/// times; and with `exit`, the `_exit` from it ends the program. Before,
+/// the handler waited for ever on the lock its own thread held, in both
+/// modes (3 runs of 3 hung in each); the exit was the test above's hang,
+/// 1 run in about 450.
+#[test]
+fn a_handler_duplicating_a_bridged_stdout_beside_the_program_runs_and_exits() {
+    let program = compile("handler_beside_bridges", &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    for (mode, status) in [("", 0), ("exit", 3)] {
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(r#"exec "$0" $2 > "$1/out""#).arg(&program).arg(&mount_dir).arg(mode);
+        common::mounted(&mut command, &mount_dir, &image);
+        let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(status), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = check::check(engine(&image)).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        if mode.is_empty() {
+            let (fs, _) = FileSystem::mount(engine(&image)).unwrap();
+            let file = fs.open("out").unwrap();
+            let mut bytes = vec![0u8; file.len() as usize];
+            assert_eq!(file.read_at(&mut bytes, 0).unwrap(), bytes.len());
+            let printed = String::from_utf8_lossy(&bytes);
+            assert!(printed.starts_with("ok ") && printed.trim_end() != "ok 0", "printed {printed:?}");
+        }
+    }
+    let _ = std::fs::remove_file(program);
+}
+
 /// A program that a signal kills (one it leaves at its default action:
 /// Ctrl-C, `kill`, `timeout`) keeps what it wrote to the mount, as on a
 /// kernel file system, whose page cache outlives the process: the library's

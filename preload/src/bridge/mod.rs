@@ -258,13 +258,17 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// lock (bash's `close` interrupted in [`unread`]: it waited for itself
 /// for ever, a hang seen once in about 200 runs of the mount suite's seek
 /// script): while a thread holds it, a child it reaps is noted
-/// ([`DEFERRED`]) and seen to as the lock is let go.
+/// ([`DEFERRED`]) and seen to as the lock is let go. A handler behind the
+/// library's wrapper waits for the lock's release ([`crate::Section`]);
+/// this is for those that are not (installed before the library loaded).
 fn running() -> RunningGuard {
+    // Before the lock, and ended after it is let go: a signal between the two waits too.
+    let section = crate::Section::enter();
     // Said before the lock is taken, and unsaid after it is let go: a signal between the
     // two only defers what it reaps.
     HOLDS_RUNNING.with(|h| h.set(true));
     let guard = RUNNING.get().lock().unwrap_or_else(|e| e.into_inner());
-    RunningGuard(std::mem::ManuallyDrop::new(guard))
+    RunningGuard(std::mem::ManuallyDrop::new(guard), section)
 }
 
 /// [`running`], once none of descriptors `first..=last` is on a bridge let
@@ -291,8 +295,9 @@ thread_local! {
 static DEFERRED: [std::sync::atomic::AtomicI32; 16] = [const { std::sync::atomic::AtomicI32::new(0) }; 16];
 
 /// [`RUNNING`] locked by this thread: seeing to the children reaped
-/// meanwhile once it is let go.
-struct RunningGuard(std::mem::ManuallyDrop<std::sync::MutexGuard<'static, Vec<Running>>>);
+/// meanwhile once it is let go, and then (the section's end, a field's drop
+/// after the lock's) to the handlers that waited.
+struct RunningGuard(std::mem::ManuallyDrop<std::sync::MutexGuard<'static, Vec<Running>>>, crate::Section);
 
 impl std::ops::Deref for RunningGuard {
     type Target = Vec<Running>;

@@ -7,10 +7,18 @@ use super::{fail, locks, mounting};
 use crate::mount::{self, Description};
 use crate::route::{after_fcntl, created, made, placed};
 use crate::{FORKED, ROUTING, bridge, fds, real};
-use iopath::sys::placing_numbers;
 use libc::{c_int, c_uint, c_ulong};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+/// [`iopath::sys::placing_numbers`] in a [`crate::Section`]: the program's
+/// call places its descriptor holding the lock on descriptor numbers, and a
+/// signal handler that duplicated a descriptor there waited for that lock
+/// for ever (`tests/c/handler_beside_bridges.c`).
+fn placing_numbers<R>(call: impl FnOnce() -> R) -> R {
+    let _section = crate::Section::enter();
+    iopath::sys::placing_numbers(call)
+}
 
 /// Forgets mounted descriptor `fd`, which the kernel is closing or replacing.
 /// In a forked child the description is the parent's: it is left alone.
