@@ -193,7 +193,7 @@ pub fn placing_numbers<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `make`, a program's call that takes the lowest free descriptor
-/// number (`open`, `openat`, `creat`, and the number behind a mounted
+/// number (`open`, `openat`, `creat`, `accept`, and the number behind a mounted
 /// file), and gives back the number it would have had if no iopath thread
 /// had held a low one for a moment ([`own_numbers`]) meanwhile: a program
 /// that closes 0 and opens a file expects it on 0 (a forked child beside
@@ -228,10 +228,18 @@ pub fn taking_lowest(make: impl FnOnce() -> libc::c_int, cloexec: bool) -> libc:
     lowered
 }
 
-/// Returns once no [`own_numbers`] section runs (one that starts later may).
+/// Returns once no [`own_numbers`] section runs (one that starts later
+/// may). Without taking the lock: a signal handler on this thread that
+/// `dup`s while this waits must not find it held by its own thread.
 fn wait_for_own_sections() {
-    lock_numbers();
-    unlock_numbers();
+    loop {
+        match NUMBERS.load(Ordering::Acquire) {
+            0 => return,
+            // Asks the holder's unlock to wake (it wakes only where it finds 2).
+            1 if NUMBERS.compare_exchange(1, 2, Ordering::Acquire, Ordering::Relaxed).is_err() => continue,
+            _ => futex_wait(&NUMBERS, 2, None),
+        }
+    }
 }
 
 /// `fd` moved to the lowest free number if that is below it (the old

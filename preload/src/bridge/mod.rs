@@ -595,8 +595,11 @@ fn relaunch(source: Source) {
     launch(fds, end, writes_file, source, None);
 }
 
-/// A new pipe: the program's end and this library's (at [`END_FLOOR`] or
-/// above), both close-on-exec; or errno.
+/// A new pipe: the program's end and this library's, both at [`END_FLOOR`]
+/// or above and close-on-exec; or errno. The program's end is put where
+/// the program wants it by the caller; until then it sits high too (left
+/// on the lowest free number, a program's `pipe` on another thread got
+/// the number above: `tests/c/lowest_numbers.c`).
 fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
     iopath::sys::own_numbers(|| {
         let mut pipe = [-1; 2];
@@ -607,12 +610,15 @@ fn pipe(writes_file: bool) -> Result<(c_int, c_int), c_int> {
         let (theirs, ours) = if writes_file { (pipe[1], pipe[0]) } else { (pipe[0], pipe[1]) };
         // SAFETY: fcntl on our own end of the pipe.
         unsafe { real::fcntl(ours, libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_ulong) };
-        match moved_up(ours) {
-            Ok(end) => Ok((theirs, end)),
-            Err(errno) => {
-                // SAFETY: the program's end, not handed out yet.
-                unsafe { real::close(theirs) };
-                Err(errno)
+        let theirs = moved_up(theirs);
+        match (theirs, moved_up(ours)) {
+            (Ok(theirs), Ok(end)) => Ok((theirs, end)),
+            (theirs, end) => {
+                for fd in [theirs, end].into_iter().flatten() {
+                    // SAFETY: this library's, not handed out yet.
+                    unsafe { real::close(fd) };
+                }
+                Err(theirs.err().or(end.err()).unwrap_or(libc::EMFILE))
             }
         }
     })
