@@ -824,13 +824,7 @@ fn a_program_killed_by_a_signal_keeps_what_it_wrote_to_the_mount() {
 /// bytes"). The files are whole, fsck clean. `tests/c/handlers_on_mount.c`.
 #[test]
 fn a_programs_signal_handlers_write_to_the_mount_between_its_calls() {
-    let scratch = tempfile::tempdir().unwrap();
-    let (image, mount_dir) = formatted_image(scratch.path());
-    let program = compile("handlers_on_mount", &["-lpthread"]);
-    for _ in 0..2 {
-        passes_on_mount(&program, &mount_dir, &image, "9 passed, 0 failed");
-    }
-    let _ = std::fs::remove_file(program);
+    passes_on_mount("handlers_on_mount", &["-lpthread"], "9 passed, 0 failed", 2);
 }
 
 /// A program's pipes, sockets, socket pairs, accepted connections and
@@ -845,27 +839,30 @@ fn a_programs_signal_handlers_write_to_the_mount_between_its_calls() {
 /// program's end low until it was placed).
 #[test]
 fn a_programs_pipes_and_sockets_take_the_lowest_numbers_beside_bridges_being_made() {
-    let scratch = tempfile::tempdir().unwrap();
-    let (image, mount_dir) = formatted_image(scratch.path());
-    let program = compile("lowest_numbers", &["-lpthread"]);
-    passes_on_mount(&program, &mount_dir, &image, "10 passed, 0 failed");
-    let _ = std::fs::remove_file(program);
+    passes_on_mount("lowest_numbers", &["-lpthread"], "10 passed, 0 failed", 1);
 }
 
-/// Runs C test `program` with the mount's directory as its argument, under
-/// the interposer mounting `image` there: it must print `summary` (its
-/// "N passed, M failed"), exit 0 within a minute, and leave the file
+/// Compiles C test `tests/c/NAME.c` (with `flags`) and runs it `runs`
+/// times with a fresh mount's directory as its argument, under the
+/// interposer mounting its image there: each run must print `summary`
+/// (its "N passed, M failed"), exit 0 within a minute, and leave the file
 /// system clean.
-fn passes_on_mount(program: &Path, mount_dir: &Path, image: &Path, summary: &str) {
-    let mut command = Command::new(program);
-    command.arg(mount_dir);
-    common::mounted(&mut command, mount_dir, image);
-    let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.trim(), summary);
-    let report = check::check(engine(image)).unwrap();
-    assert!(report.is_clean(), "{report:?}");
+fn passes_on_mount(name: &str, flags: &[&str], summary: &str, runs: usize) {
+    let scratch = tempfile::tempdir().unwrap();
+    let (image, mount_dir) = formatted_image(scratch.path());
+    let program = compile(name, flags);
+    for _ in 0..runs {
+        let mut command = Command::new(&program);
+        command.arg(&mount_dir);
+        common::mounted(&mut command, &mount_dir, &image);
+        let out = common::output_within(&mut command, std::time::Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(stdout.trim(), summary);
+        let report = check::check(engine(&image)).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+    }
+    let _ = std::fs::remove_file(program);
 }
 
 /// `signal` in a program compiled as strict POSIX is the C library's
@@ -878,11 +875,7 @@ fn passes_on_mount(program: &Path, mount_dir: &Path, image: &Path, summary: &str
 /// program's own address (`tests/c/sysv_signal.c`).
 #[test]
 fn the_c_librarys_other_signal_calls_install_handlers_behind_the_wrapper() {
-    let scratch = tempfile::tempdir().unwrap();
-    let (image, mount_dir) = formatted_image(scratch.path());
-    let program = compile("sysv_signal", &["-std=c11"]);
-    passes_on_mount(&program, &mount_dir, &image, "36 passed, 0 failed");
-    let _ = std::fs::remove_file(program);
+    passes_on_mount("sysv_signal", &["-std=c11"], "36 passed, 0 failed", 1);
 }
 
 /// A flock on a mounted file is the kernel's, taken on a file that stands
