@@ -233,11 +233,13 @@ pub fn taking_lowest(make: impl FnOnce() -> libc::c_int, cloexec: bool) -> libc:
 /// `dup`s while this waits must not find it held by its own thread.
 fn wait_for_own_sections() {
     loop {
-        match NUMBERS.load(Ordering::Acquire) {
-            0 => return,
-            // Asks the holder's unlock to wake (it wakes only where it finds 2).
-            1 if NUMBERS.compare_exchange(1, 2, Ordering::Acquire, Ordering::Relaxed).is_err() => continue,
-            _ => futex_wait(&NUMBERS, 2, None),
+        let state = NUMBERS.load(Ordering::Acquire);
+        if state == 0 {
+            return;
+        }
+        // Marked 2, the holder's unlock wakes this thread (it wakes only where it finds 2).
+        if state == 2 || NUMBERS.compare_exchange(1, 2, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            futex_wait(&NUMBERS, 2, None);
         }
     }
 }
