@@ -58,12 +58,63 @@ fn completion_flag_overrides_the_preset() {
     assert_eq!(v["jobs"][0]["iopath"]["completion"]["policy"], "auto", "the default path is auto");
 }
 
+/// The queue the merging paths share between threads, on Linux AIO: 16
+/// threads' reads and writes merged into batches that whichever thread looks
+/// completes, every byte checked, and a device error in the middle of a
+/// merged batch reaching its own requests only (the run reports them, none
+/// hangs).
+#[test]
+fn merging_paths_share_an_aio_queue_among_16_threads_and_lose_no_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("aio:{}", dir.path().join("a.img").display());
+    for path in ["stm", "atm", "htm", "2q", "combine+yield"] {
+        let v = bench_json(&[
+            "--device",
+            &spec,
+            "--size",
+            "8m",
+            "--rw",
+            "randrw",
+            "--threads",
+            "16",
+            "--verify",
+            "--ios",
+            "300",
+            "--path",
+            path,
+        ]);
+        let io = &v["jobs"][0]["iopath"];
+        assert!(io["verified_blocks"].as_u64().unwrap() > 0, "{path}");
+    }
+    let faulty = format!("{spec},fail_range=1m-2m");
+    let o = iopath(&[
+        "bench",
+        "--device",
+        &faulty,
+        "--size",
+        "8m",
+        "--rw",
+        "randread",
+        "--threads",
+        "16",
+        "--ios",
+        "300",
+        "--path",
+        "stm",
+        "--no-progress",
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "a failed read must fail the run: {err}");
+    assert!(err.contains("device error on read") && err.contains("Input/output error"), "{err}");
+}
+
 #[test]
 fn verify_passes_under_8_threads_of_randrw_on_every_device() {
     let dir = tempfile::tempdir().unwrap();
     let mut specs = vec!["emu:dram-ssd".to_string(), "emu:nand".to_string()];
     specs.push(format!("uring:{}", dir.path().join("u.img").display()));
     specs.push(format!("psync:{}", dir.path().join("p.img").display()));
+    specs.push(format!("aio:{}", dir.path().join("a.img").display()));
     for spec in &specs {
         for completion in ["poll", "interrupt"] {
             let v = bench_json(&[

@@ -331,6 +331,7 @@ fn flush_reaches_every_backend_and_the_data_is_in_the_file() {
         ("null".to_string(), None),
         (format!("psync:{}", file("p.img").display()), Some(file("p.img"))),
         (format!("uring:{}", file("u.img").display()), Some(file("u.img"))),
+        (format!("aio:{}", file("a.img").display()), Some(file("a.img"))),
     ];
     for (spec, path) in specs {
         let device = open_device(&spec, Some(1 << 20)).unwrap();
@@ -1024,6 +1025,7 @@ fn durable_writes_land_on_every_backend_and_path_beside_plain_ones() {
         "emu:null,size=1m,wcache=1".to_string(),
         format!("uring:{}", file.display()),
         format!("psync:{}", file.display()),
+        format!("aio:{}", file.display()),
         "emu:null,size=1m,audit=1,spike_rate=0.2,spike=20us".to_string(),
     ];
     for spec in &specs {

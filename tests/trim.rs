@@ -64,6 +64,8 @@ fn trims_zero_their_range_on_every_backend_and_path() {
         trims_read_back_as_zeros(&format!("uring:{}", file.display()), path);
         let file = dir.path().join(format!("p{n}.img"));
         trims_read_back_as_zeros(&format!("psync:{}", file.display()), path);
+        let file = dir.path().join(format!("a{n}.img"));
+        trims_read_back_as_zeros(&format!("aio:{}", file.display()), path);
     }
 }
 

@@ -20,7 +20,6 @@
 use super::run::{check_threads, thread_refused};
 use crate::clock::{ThreadUsage, now_ns};
 use crate::device::DeviceSpec;
-use crate::device::spec::Backend;
 use crate::device::target::Guard;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -306,8 +305,7 @@ fn engine(device: &Arc<dyn crate::device::Device>, path: &PathConfig) -> Result<
 pub fn run(config: &FsBenchConfig, mut progress: impl FnMut(&FsRun)) -> Result<Vec<FsRun>> {
     config.validate()?;
     let mut spec = DeviceSpec::parse(&config.device, Some(config.file_size * 2 + (256 << 20)))?;
-    if let Backend::Uring(crate::device::uring::UringConfig { target, .. })
-    | Backend::Psync(crate::device::psync::PsyncConfig { target }) = &mut spec.backend
+    if let Some(target) = spec.target_mut()
         && std::fs::metadata(&target.path)
             .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
     {

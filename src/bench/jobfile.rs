@@ -431,12 +431,13 @@ pub fn to_config(job: &Job, base: &BenchConfig) -> Result<BenchConfig> {
         let backend = match engine {
             "io_uring" => "uring",
             "psync" | "pvsync" | "sync" => "psync",
+            "libaio" => "aio",
             "null" => "null",
             other => {
                 return Err(job.error(
                     "ioengine",
                     other,
-                    "io_uring, psync (pvsync, sync) or null; or name any iopath device with iopath_device=",
+                    "io_uring, libaio, psync (pvsync, sync) or null; or name any iopath device with iopath_device=",
                 ));
             }
         };
@@ -523,6 +524,8 @@ iopath_path=stm
         assert_eq!(a.runtime, Some(std::time::Duration::from_secs(2)));
         let b = to_config(&jobs[1], &base).unwrap();
         assert_eq!((b.rw, b.rwmixread, b.threads, b.path_name.as_str()), (Rw::RandRw, 70, 4, "stm"));
+        let aio = parse("[a]\nioengine=libaio\nfilename=/dev/loop0\n").unwrap();
+        assert_eq!(to_config(&aio[0], &base).unwrap().device, "aio:/dev/loop0");
     }
 
     #[test]
@@ -587,7 +590,7 @@ iopath_path=stm
         assert!(err("[a]\nbsrange=64k-4k\n").contains("MIN-MAX"));
         assert!(err("[a]\noffset_increment=1g\n").contains("does not support this fio option yet"));
         assert!(err("[a]\nbogus=1\n").contains("not an fio option iopath knows"));
-        assert!(err("[a]\nioengine=libaio\nfilename=/x\n").contains("io_uring, psync"));
+        assert!(err("[a]\nioengine=posixaio\nfilename=/x\n").contains("io_uring, libaio, psync"));
         assert!(err("[a]\nrw=trimwrite\n").contains("trimwrite is not supported"));
         assert!(err("rw=read\n").contains("options go in [global] or in a [job] section"));
         assert!(err("[global]\nrw=read\n").contains("no job"));

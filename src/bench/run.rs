@@ -12,7 +12,6 @@ use super::logs::{LogConfig, ThreadLog};
 use super::stats::{DirStats, Measurements};
 use super::workload::{Generator, Rw};
 use crate::clock::{ThreadUsage, now_ns};
-use crate::device::spec::Backend;
 use crate::device::target::Guard;
 use crate::device::{DeviceSpec, Op};
 use crate::engine::{Engine, Handle, HandleOptions};
@@ -323,8 +322,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchResult> {
     // not exist yet then needs its size given.
     let in_bytes = config.fio.size_percent.is_none() && config.fio.offset_percent.is_none();
     let mut spec = DeviceSpec::parse(&config.device, config.size.filter(|_| in_bytes).map(|s| s + config.fio.offset))?;
-    if let Backend::Uring(crate::device::uring::UringConfig { target, .. })
-    | Backend::Psync(crate::device::psync::PsyncConfig { target }) = &spec.backend
+    if let Some(target) = spec.target()
         && !in_bytes
         && target.size.is_none()
         && !target.path.exists()

@@ -2,8 +2,8 @@
 //! checked, round after round, reproducible from a seed.
 //!
 //! Each round draws (from the seed and its own number, so any round can be
-//! run again alone) a device (an emulated SSD, or a file through `psync` or
-//! `uring`), a path (any dispatch x completion, sometimes with knobs), a
+//! run again alone) a device (an emulated SSD, or a file through `psync`,
+//! `uring` or `aio`), a path (any dispatch x completion, sometimes with knobs), a
 //! thread count, a queue depth and faults for the [`fault`] wrapper to
 //! inject; then [`exercise`] runs blocking and queued threads that write
 //! self-describing blocks, read them back, flush now and then, and check
@@ -306,7 +306,7 @@ pub struct SoakConfig {
     pub rounds: Option<u64>,
     /// Run only this round (to reproduce one).
     pub only_round: Option<u64>,
-    /// Where `psync`/`uring` rounds put their files; `None`: emulated devices only.
+    /// Where `psync`/`uring`/`aio` rounds put their files; `None`: emulated devices only.
     pub dir: Option<PathBuf>,
 }
 
@@ -359,7 +359,7 @@ impl Round {
         let files = dir.is_some() && rng.u8(..4) == 0;
         let device = if files {
             let dir = dir.expect("checked");
-            let backend = if rng.bool() { "uring" } else { "psync" };
+            let backend = ["uring", "psync", "aio"][rng.usize(..3)];
             format!("{backend}:{},size={size}", round_file(dir, seed, number).display())
         } else {
             let preset = ["dram-ssd", "optane", "zssd", "nand", "null"][rng.usize(..5)];
@@ -439,7 +439,7 @@ impl Round {
     }
 }
 
-/// The file a round on `psync`/`uring` uses (created by the round, removed after it).
+/// The file a round on `psync`/`uring`/`aio` uses (created by the round, removed after it).
 fn round_file(dir: &std::path::Path, seed: u64, number: u64) -> PathBuf {
     dir.join(format!("iopath-soak-{}-{seed}-{number}.img", std::process::id()))
 }

@@ -111,6 +111,10 @@ DEVICES:
   uring:PATH[,k=v...]   io_uring, O_DIRECT. Options: direct=0|1, size=, readonly=1, taskrun=defer|coop|plain,
                         fixedbufs=0|1, fixedfiles=0|1, sqpoll=0|1, iopoll=auto|on|off.
   psync:PATH[,k=v...]   pread/pwrite. Options: direct=0|1, size=, readonly=1.
+  aio:PATH[,k=v...]     Linux native AIO (io_submit), O_DIRECT; completions read from the ring the kernel
+                        writes, by whichever thread looks (no task work on the submitter, unlike io_uring):
+                        the backend for merging paths (stm) with many threads. Options: direct=0|1, size=,
+                        readonly=1.
   PATH                  an existing file or block device, on io_uring (as uring:PATH; the same in every
                         subcommand, e.g. iopath bench --device /dev/loop0, iopath mkfs /dev/shm/fs.img).
   A missing file is created, laid out with iopath's self-describing pattern at --size, and marked
@@ -146,7 +150,7 @@ pub struct BenchArgs {
     /// The same, as a flag.
     #[arg(long, conflicts_with = "job_file_arg")]
     job_file: Option<std::path::PathBuf>,
-    /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v], or an existing PATH.
+    /// Device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v], aio:PATH[,k=v], or an existing PATH.
     #[arg(long, default_value = "emu:dram-ssd")]
     device: String,
     /// Path preset (auto, scsi-intr, sync-path, sync-intr, sync-yield, stm, atm, htm, 2q) or DISPATCH+COMPLETION,

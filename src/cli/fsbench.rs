@@ -46,7 +46,7 @@ EXAMPLES:
 #[derive(Args, Debug)]
 #[command(after_long_help = FSBENCH_HELP)]
 pub struct FsBenchArgs {
-    /// Device spec (formatted first): emu:PRESET[,k=v], uring:PATH, psync:PATH.
+    /// Device spec (formatted first): emu:PRESET[,k=v], uring:PATH, psync:PATH, aio:PATH.
     #[arg(long, default_value = "emu:optane,wcache=1")]
     device: String,
     /// Workloads: randread, hitsweep, seqread, region, fsync, logsync.

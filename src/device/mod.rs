@@ -15,8 +15,10 @@
 //! while it is in flight.
 //!
 //! One file per backend: [`emu`] (emulated ultra-low-latency SSD), [`null`]
-//! (no device time, no data), [`psync`] (pread/pwrite), [`uring`] (io_uring).
+//! (no device time, no data), [`psync`] (pread/pwrite), [`uring`] (io_uring),
+//! [`aio`] (Linux native AIO, completions read from its ring by any thread).
 
+pub mod aio;
 pub mod emu;
 pub mod fault;
 pub mod model;

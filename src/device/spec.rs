@@ -1,5 +1,5 @@
 //! Device spec strings: `emu:PRESET[,k=v...]`, `null[,size=N]`,
-//! `uring:PATH[,k=v...]`, `psync:PATH[,k=v...]`.
+//! `uring:PATH[,k=v...]`, `psync:PATH[,k=v...]`, `aio:PATH[,k=v...]`.
 //!
 //! Each backend parses its own options (in its own file) from an
 //! [`Options`] list; a key no backend takes is an error that lists the keys
@@ -7,7 +7,7 @@
 //! ([`fault::KNOWN`]) are taken first, from any backend's spec, and wrap the
 //! device in a [`FaultDevice`](fault::FaultDevice).
 
-use super::{Device, emu, fault, null, psync, uring};
+use super::{Device, aio, emu, fault, null, psync, uring};
 use crate::error::{Error, Result};
 use crate::units::{parse_duration_default_unit, parse_size};
 use std::sync::Arc;
@@ -123,6 +123,8 @@ pub enum Backend {
     Uring(uring::UringConfig),
     /// pread/pwrite on a file or block device.
     Psync(psync::PsyncConfig),
+    /// Linux native AIO on a file or block device.
+    Aio(aio::AioConfig),
 }
 
 impl DeviceSpec {
@@ -130,10 +132,28 @@ impl DeviceSpec {
     /// emulated device in memory and the null device, which no other process sees).
     pub fn backing_file(&self) -> Option<std::path::PathBuf> {
         match &self.backend {
-            Backend::Uring(c) => Some(c.target.path.clone()),
-            Backend::Psync(c) => Some(c.target.path.clone()),
             Backend::Emu(c) => c.file.clone(),
-            Backend::Null(_) => None,
+            _ => self.target().map(|t| t.path.clone()),
+        }
+    }
+
+    /// The file or block device of a kernel backend (uring, psync, aio).
+    pub fn target(&self) -> Option<&super::target::TargetConfig> {
+        match &self.backend {
+            Backend::Uring(uring::UringConfig { target, .. })
+            | Backend::Psync(psync::PsyncConfig { target })
+            | Backend::Aio(aio::AioConfig { target }) => Some(target),
+            Backend::Emu(_) | Backend::Null(_) => None,
+        }
+    }
+
+    /// [`DeviceSpec::target`], to change how it is opened.
+    pub fn target_mut(&mut self) -> Option<&mut super::target::TargetConfig> {
+        match &mut self.backend {
+            Backend::Uring(uring::UringConfig { target, .. })
+            | Backend::Psync(psync::PsyncConfig { target })
+            | Backend::Aio(aio::AioConfig { target }) => Some(target),
+            Backend::Emu(_) | Backend::Null(_) => None,
         }
     }
 
@@ -177,16 +197,20 @@ impl DeviceSpec {
                 let (opts, faults) = options("psync", &fields)?;
                 (Backend::Psync(psync::PsyncConfig::parse(first, opts, default_size)?), faults)
             }
+            "aio" => {
+                let (opts, faults) = options("aio", &fields)?;
+                (Backend::Aio(aio::AioConfig::parse(first, opts, default_size)?), faults)
+            }
             _ => {
                 return Err(Error::spec(
                     "device spec",
                     spec,
                     if spec.contains(':') {
                         "expected emu:PRESET[,k=v] (presets: dram-ssd, optane, zssd, nand, null, custom), null, \
-                         uring:PATH[,k=v], psync:PATH[,k=v] or the path of a file or block device"
+                         uring:PATH[,k=v], psync:PATH[,k=v], aio:PATH[,k=v] or the path of a file or block device"
                     } else {
                         "no such file or block device (a bare path must exist; uring:PATH creates a file at --size), \
-                         and not a device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v] or psync:PATH[,k=v]"
+                         and not a device spec: emu:PRESET[,k=v], null, uring:PATH[,k=v], psync:PATH[,k=v] or aio:PATH[,k=v]"
                     },
                 ));
             }
@@ -199,9 +223,9 @@ impl DeviceSpec {
     /// which exists only for the run, nor `null`).
     pub fn holds_user_data(&self) -> bool {
         match &self.backend {
-            Backend::Uring(_) | Backend::Psync(_) => true,
             Backend::Emu(c) => c.file.is_some(),
             Backend::Null(_) => false,
+            _ => self.target().is_some(),
         }
     }
 
@@ -210,16 +234,12 @@ impl DeviceSpec {
     /// decides what an existing target iopath did not create may have
     /// written to it.
     pub fn protect(&mut self, guard: super::target::Guard, read_only: bool) {
-        match &mut self.backend {
-            Backend::Uring(uring::UringConfig { target, .. }) | Backend::Psync(psync::PsyncConfig { target }) => {
-                target.guard = guard;
-                target.read_only |= read_only;
-            }
-            Backend::Emu(c) => {
-                c.guard = guard;
-                c.read_only |= read_only;
-            }
-            Backend::Null(_) => {}
+        if let Some(target) = self.target_mut() {
+            target.guard = guard;
+            target.read_only |= read_only;
+        } else if let Backend::Emu(c) = &mut self.backend {
+            c.guard = guard;
+            c.read_only |= read_only;
         }
     }
 
@@ -230,6 +250,7 @@ impl DeviceSpec {
             Backend::Null(c) => Arc::new(null::NullDevice::new(c)),
             Backend::Uring(c) => Arc::new(uring::UringDevice::open(c)?),
             Backend::Psync(c) => Arc::new(psync::PsyncDevice::open(c)?),
+            Backend::Aio(c) => Arc::new(aio::AioDevice::open(c)?),
         };
         Ok(match &self.faults {
             Some(faults) => Arc::new(fault::FaultDevice::new(device, faults.clone())),
