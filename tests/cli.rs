@@ -58,6 +58,27 @@ fn completion_flag_overrides_the_preset() {
     assert_eq!(v["jobs"][0]["iopath"]["completion"]["policy"], "auto", "the default path is auto");
 }
 
+/// Blocks read back and checked after 300 randrw I/Os of `threads` threads
+/// on an 8 MiB `spec`, with `flag value` (a path or a completion policy).
+fn verified_randrw(spec: &str, threads: &str, flag: &str, value: &str) -> u64 {
+    let v = bench_json(&[
+        "--device",
+        spec,
+        "--size",
+        "8m",
+        "--rw",
+        "randrw",
+        "--threads",
+        threads,
+        "--verify",
+        "--ios",
+        "300",
+        flag,
+        value,
+    ]);
+    v["jobs"][0]["iopath"]["verified_blocks"].as_u64().unwrap()
+}
+
 /// The queue the merging paths share between threads, on Linux AIO: 16
 /// threads' reads and writes merged into batches that whichever thread looks
 /// completes, every byte checked, and a device error in the middle of a
@@ -68,23 +89,7 @@ fn merging_paths_share_an_aio_queue_among_16_threads_and_lose_no_byte() {
     let dir = tempfile::tempdir().unwrap();
     let spec = format!("aio:{}", dir.path().join("a.img").display());
     for path in ["stm", "atm", "htm", "2q", "combine+yield"] {
-        let v = bench_json(&[
-            "--device",
-            &spec,
-            "--size",
-            "8m",
-            "--rw",
-            "randrw",
-            "--threads",
-            "16",
-            "--verify",
-            "--ios",
-            "300",
-            "--path",
-            path,
-        ]);
-        let io = &v["jobs"][0]["iopath"];
-        assert!(io["verified_blocks"].as_u64().unwrap() > 0, "{path}");
+        assert!(verified_randrw(&spec, "16", "--path", path) > 0, "{path}");
     }
     let faulty = format!("{spec},fail_range=1m-2m");
     let o = iopath(&[
@@ -117,23 +122,7 @@ fn verify_passes_under_8_threads_of_randrw_on_every_device() {
     specs.push(format!("aio:{}", dir.path().join("a.img").display()));
     for spec in &specs {
         for completion in ["poll", "interrupt"] {
-            let v = bench_json(&[
-                "--device",
-                spec,
-                "--size",
-                "8m",
-                "--rw",
-                "randrw",
-                "--threads",
-                "8",
-                "--verify",
-                "--ios",
-                "300",
-                "--completion",
-                completion,
-            ]);
-            let io = &v["jobs"][0]["iopath"];
-            assert!(io["verified_blocks"].as_u64().unwrap() > 0, "{spec}");
+            assert!(verified_randrw(spec, "8", "--completion", completion) > 0, "{spec}");
         }
     }
     let v = bench_json(&[

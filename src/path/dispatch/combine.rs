@@ -37,7 +37,9 @@
 //! the device does not idle while wake-ups are paid. Where the device tells
 //! when its current command will complete (the emulator does), the next
 //! batch is sent just before that moment ([`Server::send_time`]), so it holds
-//! everything that arrived meanwhile.
+//! everything that arrived meanwhile. Where it cannot (a kernel device), a
+//! batch is held while the device is busy until it is as large as what the
+//! device holds, or for at most 40 us ([`Server::gather_time`]).
 
 use super::serve::{MergeMode, Server, queue_depth_for};
 use super::{Dispatch, Request};
@@ -337,6 +339,12 @@ impl Combine {
         }
     }
 
+    /// When the next batch is due: as the device allows, and on a device
+    /// that cannot say, once it is worth a submission ([`Server::gather_time`]).
+    fn send_time(&self, server: &Server, device: &Channel) -> u64 {
+        server.gather_time(device, &self.pending)
+    }
+
     /// One serving step that never waits: picks up finished commands, sends
     /// the next batch if it is due, and completes the finished requests.
     fn step(&self, role: &mut Role, channel: &Channel) {
@@ -346,7 +354,7 @@ impl Combine {
             server.expire(device);
         }
         if server.can_send(device, self.config.pipeline) && server.has_work(&self.pending) {
-            let send_time = server.send_time(device);
+            let send_time = self.send_time(server, device);
             if send_time == 0 || now_ns() >= send_time {
                 server.dispatch(device, &self.pending, 1);
             }
@@ -377,7 +385,7 @@ impl Combine {
                 && (server.has_backlog() || (may_send && !self.pending.is_empty()));
             // Sending before paying for wake-ups keeps the device busy; sending as late as
             // the device allows lets the batch grow.
-            let send_time = if want_send { server.send_time(device) } else { u64::MAX };
+            let send_time = if want_send { self.send_time(server, device) } else { u64::MAX };
             if send_time == 0 || (want_send && now_ns() >= send_time) {
                 server.dispatch(device, &self.pending, 1);
                 if mine_done {
