@@ -196,6 +196,28 @@ struct AioQueue {
     in_flight: usize,
 }
 
+/// An event's `data`: the command's slot and the request's segment.
+fn request_data(slot: usize, seg: u64) -> u64 {
+    ((slot as u64) << SEG_BITS) | seg
+}
+
+/// The `iocb` of one request on `fd`, moving `segment`'s bytes (none for a flush).
+fn iocb(fd: libc::c_int, data: u64, opcode: u16, rw_flags: i32, segment: Option<&super::Segment>) -> Iocb {
+    Iocb {
+        data,
+        lio_opcode: opcode,
+        rw_flags,
+        fildes: fd as u32,
+        buf: segment.map_or(0, |g| g.buf as u64),
+        nbytes: segment.map_or(0, |g| u64::from(g.len)),
+        offset: segment.map_or(0, |g| g.offset as i64),
+        ..Iocb::default()
+    }
+}
+
+/// Requests one `io_submit` carries at most (its pointer array is on the stack).
+const SUBMIT_CHUNK: usize = 128;
+
 fn os_err(context: &str, source: std::io::Error) -> Error {
     Error::Os { context: context.to_string(), source }
 }
@@ -244,34 +266,20 @@ impl AioQueue {
         })
     }
 
-    /// The `iocb` of one request (`data`: its slot and segment), moving
-    /// `segment`'s bytes (none for a flush).
-    fn iocb(&self, data: u64, opcode: u16, rw_flags: i32, segment: Option<&super::Segment>) -> Iocb {
-        Iocb {
-            data,
-            lio_opcode: opcode,
-            rw_flags,
-            fildes: self.shared.target.file.as_raw_fd() as u32,
-            buf: segment.map_or(0, |g| g.buf as u64),
-            nbytes: segment.map_or(0, |g| u64::from(g.len)),
-            offset: segment.map_or(0, |g| g.offset as i64),
-            ..Iocb::default()
-        }
-    }
-
     /// Queues the data requests of the command in `slot` (an `Ordered`
     /// write's after its flush).
     fn queue_data(&mut self, slot: usize) {
-        let command = self.slots[slot].command.as_ref().expect("a command to send");
+        let AioQueue { shared, slots, unsent, .. } = self;
+        let command = slots[slot].command.as_ref().expect("a command to send");
         let (opcode, rw_flags) = match (command.op, command.durability) {
             (Op::Read, _) => (IOCB_CMD_PREAD, 0),
             (_, Durability::Cached) => (IOCB_CMD_PWRITE, 0),
             _ => (IOCB_CMD_PWRITE, libc::RWF_DSYNC),
         };
-        let iocbs: Vec<Iocb> = (command.segments.iter().enumerate())
-            .map(|(i, g)| self.iocb(((slot as u64) << SEG_BITS) | i as u64, opcode, rw_flags, Some(g)))
-            .collect();
-        self.unsent.extend(iocbs);
+        let fd = shared.target.file.as_raw_fd();
+        for (i, g) in command.segments.iter().enumerate() {
+            unsent.push(iocb(fd, request_data(slot, i as u64), opcode, rw_flags, Some(g)));
+        }
     }
 
     /// Hands the queued requests to the kernel, as many as its context has
@@ -279,10 +287,14 @@ impl AioQueue {
     fn send(&mut self) {
         let mut from = 0;
         while from < self.unsent.len() {
-            let ptrs: Vec<*const Iocb> = self.unsent[from..].iter().map(|c| c as *const Iocb).collect();
+            let mut ptrs = [std::ptr::null::<Iocb>(); SUBMIT_CHUNK];
+            let n = (self.unsent.len() - from).min(SUBMIT_CHUNK);
+            for (p, c) in ptrs.iter_mut().zip(&self.unsent[from..from + n]) {
+                *p = c;
+            }
             // SAFETY: the kernel copies each iocb during the call; their buffers
             // belong to commands held in `slots` until their events arrive.
-            let r = unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, ptrs.len() as libc::c_long, ptrs.as_ptr()) };
+            let r = unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, n as libc::c_long, ptrs.as_ptr()) };
             if r > 0 {
                 from += r as usize;
                 self.in_kernel += r as usize;
@@ -437,13 +449,15 @@ impl Queue for AioQueue {
             self.finished.push(command);
             return;
         }
+        let flush = command.op == Op::Flush;
         let ordered = command.op == Op::Write && command.durability == Durability::Ordered;
-        let requests = if command.op == Op::Flush { 1 } else { command.segments.len() + usize::from(ordered) };
+        let requests = if flush { 1 } else { command.segments.len() + usize::from(ordered) };
         self.slots[slot] = Slot { command: Some(command), remaining: requests };
-        if ordered || self.slots[slot].command.as_ref().is_some_and(|c| c.op == Op::Flush) {
+        if flush || ordered {
+            // A flush, or an ordered write's leading one (its data follows on completion).
             let seg = if ordered { FLUSH_SEG } else { 0 };
-            let iocb = self.iocb(((slot as u64) << SEG_BITS) | seg, IOCB_CMD_FDSYNC, 0, None);
-            self.unsent.push(iocb);
+            let fd = self.shared.target.file.as_raw_fd();
+            self.unsent.push(iocb(fd, request_data(slot, seg), IOCB_CMD_FDSYNC, 0, None));
         } else {
             self.queue_data(slot);
         }
@@ -602,15 +616,10 @@ mod tests {
         let mut chunks = bufs.chunks_mut(16);
         for tag in 0..u64::from(depth) {
             let chunk = chunks.next().unwrap();
-            let segs: Vec<(u64, &mut IoBuf)> =
+            let mut segs: Vec<(u64, &mut IoBuf)> =
                 chunk.iter_mut().enumerate().map(|(i, b)| ((tag * 16 + i as u64) * 512, b)).collect();
-            let mut c = Command::with_capacity(16);
-            c.reset(Op::Read, tag);
-            for (offset, buf) in segs {
-                c.segments.push(crate::device::Segment { offset, buf: buf.as_mut_ptr(), len: 512, result: 0 });
-            }
             // SAFETY: the buffers outlive the commands, which all come back below.
-            unsafe { q.submit(c) };
+            unsafe { q.submit(command(Op::Read, tag, &mut segs)) };
         }
         q.commit().unwrap();
         let mut out = Vec::new();

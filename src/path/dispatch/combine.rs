@@ -339,12 +339,6 @@ impl Combine {
         }
     }
 
-    /// When the next batch is due: as the device allows, and on a device
-    /// that cannot say, once it is worth a submission ([`Server::gather_time`]).
-    fn send_time(&self, server: &Server, device: &Channel) -> u64 {
-        server.gather_time(device, &self.pending)
-    }
-
     /// One serving step that never waits: picks up finished commands, sends
     /// the next batch if it is due, and completes the finished requests.
     fn step(&self, role: &mut Role, channel: &Channel) {
@@ -354,7 +348,7 @@ impl Combine {
             server.expire(device);
         }
         if server.can_send(device, self.config.pipeline) && server.has_work(&self.pending) {
-            let send_time = self.send_time(server, device);
+            let send_time = server.gather_time(device, &self.pending);
             if send_time == 0 || now_ns() >= send_time {
                 server.dispatch(device, &self.pending, 1);
             }
@@ -385,7 +379,7 @@ impl Combine {
                 && (server.has_backlog() || (may_send && !self.pending.is_empty()));
             // Sending before paying for wake-ups keeps the device busy; sending as late as
             // the device allows lets the batch grow.
-            let send_time = if want_send { self.send_time(server, device) } else { u64::MAX };
+            let send_time = if want_send { server.gather_time(device, &self.pending) } else { u64::MAX };
             if send_time == 0 || (want_send && now_ns() >= send_time) {
                 server.dispatch(device, &self.pending, 1);
                 if mine_done {

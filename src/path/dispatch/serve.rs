@@ -154,12 +154,16 @@ impl Server {
     /// one submission each, and the kernel's per-request work (the loop
     /// device's worker wake-ups) paid for each.
     pub fn gather_time(&self, channel: &Channel, pending: &PendingList) -> u64 {
-        let send = self.send_time(channel);
-        if send != 0 || channel.next_deadline_ns().is_some() {
-            return send;
+        if self.device_in_flight(channel) == 0 {
+            return 0;
         }
-        let in_device = self.batches.iter().map(|b| b.waiters.len()).sum();
-        gather_until(in_device, self.has_backlog(), pending.len(), pending.first_arrival_ns())
+        match channel.next_deadline_ns() {
+            Some(deadline) => deadline.saturating_sub(SEND_LEAD_NS),
+            None => {
+                let in_device = self.batches.iter().map(|b| b.waiters.len()).sum();
+                gather_until(in_device, self.has_backlog(), pending.len(), pending.first_arrival_ns())
+            }
+        }
     }
 
     /// When the oldest command in flight that has not been cancelled was sent.
