@@ -167,7 +167,9 @@ impl Engine {
     /// a direct dispatch on a device that submits at commit. What a process
     /// sent that way is done even if the process dies the next moment.
     pub fn commit_submits(&self) -> bool {
-        self.shared.path.dispatch == crate::path::DispatchKind::Direct && self.shared.capabilities.submits_at_commit
+        // `auto` sends queued requests direct too.
+        matches!(self.shared.path.dispatch, crate::path::DispatchKind::Direct | crate::path::DispatchKind::Auto)
+            && self.shared.capabilities.submits_at_commit
     }
 
     /// A token that dies with the engine's last clone (see [`ThreadHandles`]).

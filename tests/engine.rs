@@ -5,7 +5,7 @@ mod common;
 use common::within_two_minutes;
 
 use iopath::device::{Op, open_device};
-use iopath::path::{CombinePolling, CompletionKind, DispatchKind, PathConfig};
+use iopath::path::{CombinePolling, CompletionKind, CrowdRule, DispatchKind, PathConfig};
 use iopath::{Engine, Error, HandleOptions, IoBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +115,62 @@ fn uring_on_a_loop_device_keeps_every_byte() {
                 hammer(&engine, 8, 8, 4096, 2);
             }
         }
+    });
+}
+
+/// `auto` on a kernel device: a lone thread sends its own requests; threads
+/// blocked at once share one AIO queue whose merged batches any of them
+/// completes; threads that pause at random (the crowd growing and
+/// shrinking, so each thread's requests take one route, then the other)
+/// get every request back with its bytes; `crowd=off` never shares.
+#[test]
+fn auto_sends_a_crowd_through_one_shared_queue_and_a_lone_thread_direct() {
+    within_two_minutes("auto's crowd", || {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = format!("uring:{}", dir.path().join("crowd.img").display());
+        // `always`: other tests of this binary may keep the CPUs busy, which `auto`
+        // would rightly answer by going direct.
+        let auto = PathConfig { crowd: CrowdRule::Always, ..path(DispatchKind::Auto, CompletionKind::Auto) };
+        let engine = Engine::with_device(open_device(&spec, Some(8 << 20)).unwrap(), auto.clone()).unwrap();
+        hammer(&engine, 1, 8, 4096, 2);
+        assert_eq!(engine.background_stats().merged_requests, 0, "a lone thread goes direct");
+        let device_before = engine.device().stats().segments;
+        hammer(&engine, 16, 8, 4096, 3);
+        let shared = engine.background_stats().merged_requests;
+        assert!(shared > 0, "16 threads blocked at once: none went through the shared queue");
+        assert_eq!(
+            engine.device().stats().segments - device_before,
+            16 * 8 * 3 * 3,
+            "every request reached the device once, whichever queue it took"
+        );
+
+        // Pausing threads: the number blocked at once moves between 1 and 6.
+        std::thread::scope(|s| {
+            for t in 0..6usize {
+                let engine = engine.clone();
+                s.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t as u64);
+                    for round in 0..150 {
+                        let b = rng.usize(..16);
+                        let offset = ((100 + t * 16 + b) * 4096) as u64;
+                        let data = pattern(t, round, b, 4096);
+                        engine.write_at(&data, offset).unwrap();
+                        if rng.bool() {
+                            std::thread::sleep(Duration::from_micros(rng.u64(..300)));
+                        }
+                        let mut got = IoBuf::new(4096);
+                        engine.read_at(&mut got, offset).unwrap();
+                        assert_eq!(&got[..], &data[..], "thread {t} round {round}");
+                    }
+                });
+            }
+        });
+        assert!(engine.background_stats().merged_requests > shared);
+
+        let off = PathConfig { crowd: CrowdRule::Off, ..auto };
+        let engine = Engine::with_device(open_device(&spec, Some(8 << 20)).unwrap(), off).unwrap();
+        hammer(&engine, 16, 8, 4096, 1);
+        assert_eq!(engine.background_stats().merged_requests, 0, "crowd=off shares nothing");
     });
 }
 

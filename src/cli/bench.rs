@@ -158,7 +158,7 @@ pub struct BenchArgs {
     /// way is cheapest as the run goes (--explain says which and why).
     #[arg(long, default_value = "auto")]
     path: String,
-    /// Override the preset's dispatch strategy (direct, combine, queue, hybrid, twoq, elevator).
+    /// Override the preset's dispatch strategy (auto, direct, combine, queue, hybrid, twoq, elevator).
     #[arg(long)]
     dispatch: Option<String>,
     /// Override the preset's completion policy (poll, interrupt, yield, hybrid, adaptive, auto).

@@ -102,7 +102,7 @@ pub fn presets_help() -> String {
         text.push_str(&format!("  {:<10} {}+{}: {}\n", p.name, p.dispatch.name(), p.completion.name(), p.about));
     }
     text.push_str(
-        "  dispatch: direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  \
+        "  dispatch: auto, direct, combine, queue, hybrid, twoq, elevator; completion: poll, interrupt,\n  \
          yield (spin, handing the CPU to any runnable thread between looks), hybrid (sleep a learned\n  \
          share, then spin), adaptive (switch among poll, hybrid and interrupt from measured costs and\n  \
          CPU contention, and yield while more threads wait than there are CPUs;\n  \
@@ -110,7 +110,10 @@ pub fn presets_help() -> String {
          --dispatch and --completion override either half of a preset.\n  \
          PATH@knob=value[@knob=value] sets knobs for that path alone, so compare can run two settings\n  \
          side by side: --paths stm,stm@combine-polling=winner. Knobs: combine-polling, combine-budget,\n  \
-         pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments (as the flags below).\n",
+         pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments (as the flags below), and\n  \
+         crowd=auto|always|off: when the auto dispatch lets threads blocked at once share one AIO queue\n  \
+         on a kernel device (auto: unless CPU-bound threads want the CPUs; off: never, every request\n  \
+         goes direct): --paths auto,auto@crowd=off.\n",
     );
     text
 }

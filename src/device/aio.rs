@@ -128,8 +128,13 @@ pub struct AioDevice {
 impl AioDevice {
     /// Opens the target.
     pub fn open(config: &AioConfig) -> Result<AioDevice> {
-        let target = Target::open(&config.target)?;
-        Ok(AioDevice { shared: Arc::new(Shared { target, counters: Counters::default() }) })
+        Ok(AioDevice::on(Target::open(&config.target)?))
+    }
+
+    /// AIO on a target already open (another backend's, duplicated: see
+    /// [`Device::crowd_device`]).
+    pub fn on(target: Target) -> AioDevice {
+        AioDevice { shared: Arc::new(Shared { target, counters: Counters::default() }) }
     }
 }
 

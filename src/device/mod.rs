@@ -31,6 +31,7 @@ pub mod uring;
 pub mod volatile;
 
 use crate::error::Result;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use spec::{DeviceSpec, open_device};
@@ -339,6 +340,16 @@ pub trait Device: Send + Sync {
     fn completion_source(&self, polled: bool) -> String;
     /// Opens a submission/completion queue for one thread.
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>>;
+    /// A device on the same target whose one queue many threads can share
+    /// cheaply, for the `auto` dispatch to batch the requests of a crowd of
+    /// blocking threads through: any thread sees any completion with a load
+    /// from memory, whoever sent it (Linux AIO's ring; an io_uring ring posts
+    /// a completion only when its submitter enters the kernel). The same
+    /// device each time it is asked, its commands counted in this one's
+    /// [`Device::stats`]. `Ok(None)` where there is none (the default).
+    fn crowd_device(&self) -> Result<Option<Arc<dyn Device>>> {
+        Ok(None)
+    }
     /// Snapshot of the device's counters.
     fn stats(&self) -> DeviceStats {
         DeviceStats::default()

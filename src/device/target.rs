@@ -250,6 +250,27 @@ impl Target {
         })
     }
 
+    /// The same open file under a second descriptor (`dup`: one open file
+    /// description, so O_DIRECT and the open's exclusivity are shared), for a
+    /// second backend on the same target; `created` is false in the copy.
+    pub fn duplicate(&self) -> Result<Target> {
+        let file = self.file.try_clone().map_err(|source| Error::Os {
+            context: format!("duplicating the descriptor of {}", self.path.display()),
+            source,
+        })?;
+        Ok(Target {
+            file,
+            path: self.path.clone(),
+            size: self.size,
+            alignment: self.alignment,
+            is_block_device: self.is_block_device,
+            direct: self.direct,
+            read_only: self.read_only,
+            created: false,
+            max_io_bytes: self.max_io_bytes,
+        })
+    }
+
     /// A short description for reports.
     pub fn describe(&self) -> String {
         format!(

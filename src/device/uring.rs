@@ -24,6 +24,7 @@
 //! Kernel polling (IOPOLL) is probed at open and used only where the device
 //! supports it; on these machines it does not, and the probe says why.
 
+use super::aio::AioDevice;
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
 use super::{Cancel, Capabilities, Command, Counters, Device, DeviceStats, Durability, Op, Queue, QueueConfig};
@@ -32,7 +33,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 use std::collections::VecDeque;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Most segments one uring command carries (each is one SQE).
 pub const MAX_SEGMENTS: usize = 256;
@@ -151,6 +152,8 @@ struct Shared {
 /// io_uring on a file or block device.
 pub struct UringDevice {
     shared: Arc<Shared>,
+    /// The AIO device on the same file that [`Device::crowd_device`] gave out.
+    crowd: OnceLock<Arc<AioDevice>>,
 }
 
 impl UringDevice {
@@ -182,6 +185,7 @@ impl UringDevice {
                 fixed_buffers_ok: AtomicBool::new(true),
                 counters: Counters::default(),
             }),
+            crowd: OnceLock::new(),
         })
     }
 
@@ -327,8 +331,29 @@ impl Device for UringDevice {
         Ok(Box::new(UringQueue::new(Arc::clone(&self.shared), config)?))
     }
 
+    /// Linux AIO on the same open file, where its completions can be read
+    /// by any thread: not with kernel polling (a polled io_uring ring is
+    /// faster for whoever spins on it), not with SQPOLL (chosen by the
+    /// user), and not without O_DIRECT (buffered AIO completes inside
+    /// `io_submit`, so a shared context would batch nothing).
+    fn crowd_device(&self) -> Result<Option<Arc<dyn Device>>> {
+        let s = &self.shared;
+        if !s.target.direct || s.iopoll || s.config.sqpoll {
+            return Ok(None);
+        }
+        if let Some(crowd) = self.crowd.get() {
+            return Ok(Some(Arc::clone(crowd) as Arc<dyn Device>));
+        }
+        let made = Arc::new(AioDevice::on(s.target.duplicate()?));
+        Ok(Some(Arc::clone(self.crowd.get_or_init(|| made)) as Arc<dyn Device>))
+    }
+
     fn stats(&self) -> DeviceStats {
-        self.shared.counters.snapshot()
+        let mut stats = self.shared.counters.snapshot();
+        if let Some(crowd) = self.crowd.get() {
+            stats.add(&crowd.stats());
+        }
+        stats
     }
 }
 

@@ -51,6 +51,39 @@ pub struct PathConfig {
     pub combine_polling: CombinePolling,
     /// Merging strategies: commands kept in the device at once.
     pub pipeline: usize,
+    /// `auto` dispatch: when threads blocked at once share one queue.
+    pub crowd: CrowdRule,
+}
+
+/// When the `auto` dispatch sends blocking requests through the one queue
+/// its threads share (see `path/dispatch/auto.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrowdRule {
+    /// While several threads block at once and no CPU-bound thread wants the CPUs.
+    Auto,
+    /// While several threads block at once, whatever else runs.
+    Always,
+    /// Never: every request goes direct.
+    Off,
+}
+
+impl CrowdRule {
+    /// Command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CrowdRule::Auto => "auto",
+            CrowdRule::Always => "always",
+            CrowdRule::Off => "off",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(text: &str) -> Result<CrowdRule> {
+        [CrowdRule::Auto, CrowdRule::Always, CrowdRule::Off]
+            .into_iter()
+            .find(|r| r.name() == text)
+            .ok_or_else(|| Error::spec("crowd rule", text, "expected auto, always or off"))
+    }
 }
 
 /// Who polls the device for the combining strategy's merged commands.
@@ -127,11 +160,12 @@ pub const PRESETS: &[PathPreset] = &[
     },
     PathPreset {
         name: "auto",
-        dispatch: DispatchKind::Direct,
+        dispatch: DispatchKind::Auto,
         completion: CompletionKind::Auto,
         about: "the default: the caller submits and waits in whichever way is cheapest now (yield, poll, hybrid or \
                 interrupt), measured per thread while the program runs; yields while waiters outnumber the CPUs \
-                and sleeps when a CPU-bound thread would keep the CPU (IOPATH_LOG=1 says why)",
+                and sleeps when a CPU-bound thread would keep the CPU; threads blocked at once on a kernel device \
+                share one AIO queue and send each other's requests in batches (IOPATH_LOG=1 says why)",
     },
     PathPreset {
         name: "stm",
@@ -191,6 +225,7 @@ impl PathConfig {
             combine_budget: DEFAULT_COMBINE_BUDGET,
             combine_polling: CombinePolling::Shared,
             pipeline: DEFAULT_PIPELINE,
+            crowd: CrowdRule::Auto,
         }
     }
 
@@ -220,7 +255,7 @@ impl PathConfig {
 
 /// Knobs a path name may set after `@`, as `--help` names them.
 pub const PATH_KNOBS: &str =
-    "combine-polling, combine-budget, pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments";
+    "combine-polling, combine-budget, pipeline, waiter-spin, unplug-thresh, unplug-us, max-segments, crowd";
 
 /// A path as written on the command line: a preset (`stm`), a
 /// `DISPATCH+COMPLETION` pair (`combine+hybrid`) or `PRESET+COMPLETION`
@@ -308,6 +343,7 @@ fn apply_knob(path: &mut PathConfig, setting: &str) -> Result<()> {
         "max-segments" => path.max_segments = Some(number("a number of segments")?),
         "waiter-spin" => path.waiter_spin = Some(crate::units::parse_duration_default_unit(value, 1e3)?),
         "unplug-us" => path.unplug = Some(crate::units::parse_duration_default_unit(value, 1e3)?),
+        "crowd" => path.crowd = CrowdRule::parse(value)?,
         _ => return Err(Error::spec("path knob", knob, format!("knobs a path name can set: {PATH_KNOBS}"))),
     }
     Ok(())

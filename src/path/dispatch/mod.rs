@@ -4,9 +4,12 @@
 //! `direct` (the caller sends its own request, no hand-off),
 //! `combine` (STM: one winner merges everyone's pending requests),
 //! `queue` (ATM / 2Q / the disk-era elevator: a plugged queue and a dispatcher thread),
-//! `hybrid` (HTM: blocking requests combine, queued ones go to the queue).
+//! `hybrid` (HTM: blocking requests combine, queued ones go to the queue),
+//! `auto` (the default: direct, or combine on a shared queue for a crowd of
+//! blocking threads on a kernel device).
 //! `serve` is the merging core they share.
 
+pub(crate) mod auto;
 pub(crate) mod combine;
 pub(crate) mod direct;
 pub(crate) mod hybrid;
@@ -103,11 +106,15 @@ pub enum DispatchKind {
     TwoQ,
     /// The disk-era request queue: plugging, spatial merge only, reads unplug at once.
     Elevator,
+    /// The default: direct, or, while several threads block at once on a
+    /// kernel device, combine on one queue they share (see `auto.rs`).
+    Auto,
 }
 
 impl DispatchKind {
     /// All kinds.
-    pub const ALL: [DispatchKind; 6] = [
+    pub const ALL: [DispatchKind; 7] = [
+        DispatchKind::Auto,
         DispatchKind::Direct,
         DispatchKind::Combine,
         DispatchKind::Queue,
@@ -125,13 +132,18 @@ impl DispatchKind {
             DispatchKind::Hybrid => "hybrid",
             DispatchKind::TwoQ => "twoq",
             DispatchKind::Elevator => "elevator",
+            DispatchKind::Auto => "auto",
         }
     }
 
     /// Parses a command-line name.
     pub fn parse(text: &str) -> Result<DispatchKind> {
         Self::ALL.into_iter().find(|k| k.name() == text).ok_or_else(|| {
-            Error::spec("dispatch strategy", text, "expected one of: direct, combine, queue, hybrid, twoq, elevator")
+            Error::spec(
+                "dispatch strategy",
+                text,
+                "expected one of: auto, direct, combine, queue, hybrid, twoq, elevator",
+            )
         })
     }
 
@@ -144,19 +156,13 @@ impl DispatchKind {
         timeout_ns: u64,
     ) -> Result<Box<dyn Dispatch>> {
         let max_segments = path.max_segments.unwrap_or(usize::MAX).min(device.capabilities().max_segments).max(1);
-        let combine = || {
-            combine::Combine::new(
-                combine::CombineConfig {
-                    budget: path.combine_budget,
-                    pipeline: path.pipeline,
-                    max_segments,
-                    rove: path.combine_polling == super::CombinePolling::Shared,
-                },
-                device,
-                completion,
-                timeout_ns,
-            )
+        let combine_config = combine::CombineConfig {
+            budget: path.combine_budget,
+            pipeline: path.pipeline,
+            max_segments,
+            rove: path.combine_polling == super::CombinePolling::Shared,
         };
+        let combine = || combine::Combine::new(combine_config, device, completion, timeout_ns);
         let queue = |name, idle_dispatch, urgent_unplug, merge, default_thresh: usize, default_unplug_ns: u64| {
             let thresh = path.unplug_thresh.unwrap_or(default_thresh);
             let unplug_ns = path.unplug.map_or(default_unplug_ns, |d| d.as_nanos() as u64);
@@ -179,6 +185,7 @@ impl DispatchKind {
         use serve::MergeMode::{Spatial, Temporal};
         Ok(match self {
             DispatchKind::Direct => Box::new(direct::Direct),
+            DispatchKind::Auto => Box::new(auto::Auto::new(device, path.crowd, combine_config, completion, timeout_ns)),
             DispatchKind::Combine => Box::new(combine()?),
             DispatchKind::Queue => Box::new(queue("queue", false, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?),
             DispatchKind::TwoQ => Box::new(queue("twoq", true, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?),
