@@ -56,10 +56,11 @@ const IOCB_CMD_FDSYNC: u16 = 3;
 /// The magic number the kernel writes at the head of a context's ring.
 const AIO_RING_MAGIC: u32 = 0xa10a_10a1;
 
-/// `struct iocb` (x86-64 and other little-endian 64-bit layouts).
+/// `struct iocb` (x86-64 and other little-endian 64-bit layouts): one
+/// request to the kernel ([`SharedAio::request`] makes one).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Iocb {
+pub struct Iocb {
     data: u64,
     key: u32,
     rw_flags: i32,
@@ -72,6 +73,13 @@ struct Iocb {
     reserved2: u64,
     flags: u32,
     resfd: u32,
+}
+
+impl Iocb {
+    /// The word its event will carry.
+    pub fn data(&self) -> u64 {
+        self.data
+    }
 }
 
 /// `struct io_event`.
@@ -128,13 +136,8 @@ pub struct AioDevice {
 impl AioDevice {
     /// Opens the target.
     pub fn open(config: &AioConfig) -> Result<AioDevice> {
-        Ok(AioDevice::on(Target::open(&config.target)?))
-    }
-
-    /// AIO on a target already open (another backend's, duplicated: see
-    /// [`Device::crowd_device`]).
-    pub fn on(target: Target) -> AioDevice {
-        AioDevice { shared: Arc::new(Shared { target, counters: Counters::default() }) }
+        let target = Target::open(&config.target)?;
+        Ok(AioDevice { shared: Arc::new(Shared { target, counters: Counters::default() }) })
     }
 }
 
@@ -175,6 +178,279 @@ impl Device for AioDevice {
     }
 }
 
+/// Events a [`SharedAio`] context is set up for: room for a crowd of
+/// blocked threads' requests (each has one at a time); more wait for room.
+const SHARED_EVENTS: u32 = 256;
+
+/// One AIO context: its ring, mapped into the process, and the calls on it.
+struct Context {
+    /// The context (the address of its ring in this process).
+    ctx: u64,
+    /// Whether the ring can be read in user space (its magic and features
+    /// are the ones this code knows); otherwise looks use `io_getevents`.
+    user_ring: bool,
+}
+
+impl Context {
+    /// A context for about `events` events (kept within 64-4096, fewer where
+    /// the system's budget is nearly spent); `path` names the target in errors.
+    fn setup(events: u32, path: &std::path::Path) -> Result<Context> {
+        let mut events = events.clamp(MIN_EVENTS, MAX_EVENTS);
+        let ctx = loop {
+            let mut ctx: u64 = 0;
+            // SAFETY: io_setup writes the new context's address into `ctx`.
+            let r = unsafe { libc::syscall(libc::SYS_io_setup, events as libc::c_long, &mut ctx as *mut u64) };
+            if r == 0 {
+                break ctx;
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EAGAIN) && events > MIN_EVENTS {
+                // The system's AIO budget (fs.aio-max-nr) is nearly spent: a smaller ring.
+                events /= 2;
+                continue;
+            }
+            return Err(Error::Os {
+                context: format!(
+                    "io_setup({events}) for {} (the system's AIO budget is /proc/sys/fs/aio-max-nr; \
+                     use uring: or psync: instead)",
+                    path.display()
+                ),
+                source: err,
+            });
+        };
+        // SAFETY: the kernel maps the ring at the context's address for the context's life.
+        let ring = unsafe { &*(ctx as *const AioRing) };
+        let user_ring = ring.magic == AIO_RING_MAGIC
+            && ring.incompat_features == 0
+            && ring.header_length as usize == std::mem::size_of::<AioRing>();
+        Ok(Context { ctx, user_ring })
+    }
+
+    /// One `io_submit` of up to [`SUBMIT_CHUNK`] of `iocbs`: how many the
+    /// kernel took (at least one), or the errno of the first it refused
+    /// (`EAGAIN`: no room in the context).
+    ///
+    /// # Safety
+    ///
+    /// Each request's buffer stays valid until its event has been taken.
+    unsafe fn submit(&self, iocbs: &[Iocb]) -> std::result::Result<usize, i32> {
+        let mut ptrs = [std::ptr::null::<Iocb>(); SUBMIT_CHUNK];
+        let n = iocbs.len().min(SUBMIT_CHUNK);
+        for (p, c) in ptrs.iter_mut().zip(&iocbs[..n]) {
+            *p = c;
+        }
+        loop {
+            // SAFETY: the kernel copies each iocb during the call; the buffers are the
+            // caller's promise.
+            let r = unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, n as libc::c_long, ptrs.as_ptr()) };
+            if r > 0 {
+                return Ok(r as usize);
+            }
+            let errno =
+                if r == 0 { libc::EAGAIN } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) };
+            if errno != libc::EINTR {
+                return Err(errno);
+            }
+        }
+    }
+
+    /// Whether the ring holds events: two loads (always true where it
+    /// cannot be read in user space).
+    fn has_events(&self) -> bool {
+        if !self.user_ring {
+            return true;
+        }
+        let ring = self.ctx as *const AioRing;
+        // SAFETY: the ring is mapped for the context's life.
+        unsafe { std::ptr::read_volatile(&raw const (*ring).head) != std::ptr::read_volatile(&raw const (*ring).tail) }
+    }
+
+    /// Moves up to `out.len()` completed events into `out`; returns how
+    /// many. Without a wait (`timeout_ns` None) they are read from the ring
+    /// in user space where it can be, with no system call; a wait (for at
+    /// least `min` events, up to `timeout_ns`) is an `io_getevents`.
+    ///
+    /// # Safety
+    ///
+    /// No other thread takes events from this context while this runs (the
+    /// head is moved in user space, outside the kernel's lock).
+    unsafe fn take_events(&self, out: &mut [IoEvent], min: usize, timeout_ns: Option<u64>) -> Result<usize> {
+        if self.user_ring && timeout_ns.is_none() {
+            // SAFETY: forwarded from the caller's contract.
+            return Ok(unsafe { self.read_ring(out) });
+        }
+        let ns = timeout_ns.unwrap_or(0);
+        let ts = libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: the kernel writes at most `out.len()` events into `out`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_getevents,
+                self.ctx,
+                min as libc::c_long,
+                out.len() as libc::c_long,
+                out.as_mut_ptr(),
+                &ts as *const libc::timespec,
+            )
+        };
+        if r < 0 {
+            let err = std::io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::EINTR) => Ok(0),
+                _ => Err(os_err("io_getevents", err)),
+            };
+        }
+        Ok(r as usize)
+    }
+
+    /// The user-space half of [`Context::take_events`].
+    ///
+    /// # Safety
+    ///
+    /// As for `take_events`.
+    unsafe fn read_ring(&self, out: &mut [IoEvent]) -> usize {
+        let ring = self.ctx as *mut AioRing;
+        // SAFETY: the ring is mapped for the context's life; the kernel writes an
+        // event before it publishes the tail past it (smp_wmb), and reads the head
+        // under its lock when it needs room, so the head is ours to move.
+        unsafe {
+            let nr = std::ptr::read_volatile(&raw const (*ring).nr);
+            let mut head = std::ptr::read_volatile(&raw const (*ring).head);
+            let tail = std::ptr::read_volatile(&raw const (*ring).tail);
+            if head == tail {
+                return 0;
+            }
+            fence(Ordering::Acquire);
+            let events = (ring as *const u8).add(std::mem::size_of::<AioRing>()).cast::<IoEvent>();
+            let mut seen = 0;
+            while head != tail && head < nr && seen < out.len() {
+                out[seen] = std::ptr::read_volatile(events.add(head as usize));
+                head = (head + 1) % nr;
+                seen += 1;
+            }
+            fence(Ordering::Release);
+            std::ptr::write_volatile(&raw mut (*ring).head, head);
+            seen
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // io_destroy waits for what the kernel still has (their buffers must not be
+        // freed under it) and unmaps the ring. In a forked child, which has no such
+        // context, it fails and does nothing.
+        // SAFETY: the context is ours and used by nothing else from here on.
+        unsafe { libc::syscall(libc::SYS_io_destroy, self.ctx) };
+    }
+}
+
+/// Linux AIO on a file that many threads use at once through one context:
+/// any of them sends a batch of requests (everyone's, gathered by the
+/// caller), and any of them takes the completions from the ring and hands
+/// each to its owner by the word it was sent with. The `auto` dispatch's
+/// queue for a crowd of blocked threads ([`Device::shared_aio`]); only
+/// reads and plain writes.
+pub struct SharedAio {
+    target: Target,
+    context: Context,
+    /// Held by the thread taking events (reading the ring, or asleep in
+    /// `io_getevents`): one at a time moves the ring's head.
+    reaping: std::sync::Mutex<()>,
+    /// Requests the kernel has and has not answered.
+    in_kernel: std::sync::atomic::AtomicUsize,
+    counters: Counters,
+}
+
+impl SharedAio {
+    /// A context on `target` (already open, O_DIRECT; another backend's,
+    /// duplicated).
+    pub fn on(target: Target) -> Result<SharedAio> {
+        let context = Context::setup(SHARED_EVENTS, &target.path)?;
+        Ok(SharedAio {
+            target,
+            context,
+            reaping: std::sync::Mutex::new(()),
+            in_kernel: std::sync::atomic::AtomicUsize::new(0),
+            counters: Counters::default(),
+        })
+    }
+
+    /// A read (`write` false) or plain write of `len` bytes at `offset` from
+    /// or into `buf`, whose event will carry `word`.
+    pub fn request(&self, write: bool, offset: u64, buf: *mut u8, len: u32, word: u64) -> Iocb {
+        let segment = super::Segment { offset, buf, len, result: 0 };
+        let opcode = if write { IOCB_CMD_PWRITE } else { IOCB_CMD_PREAD };
+        iocb(self.target.file.as_raw_fd(), word, opcode, 0, Some(&segment))
+    }
+
+    /// One `io_submit` of the first requests of `requests` (at most 128):
+    /// how many the kernel took, or the errno of the first it refused
+    /// (`EAGAIN`: no room until events are taken). Counted as one command.
+    ///
+    /// # Safety
+    ///
+    /// Each request's buffer stays valid, and untouched by anyone else,
+    /// until its event has been handed to its owner.
+    pub unsafe fn submit(&self, requests: &[Iocb]) -> std::result::Result<usize, i32> {
+        // SAFETY: forwarded from the caller's contract.
+        let n = unsafe { self.context.submit(requests) }?;
+        self.in_kernel.fetch_add(n, Ordering::Relaxed);
+        self.counters.record_batch(n as u64, requests[..n].iter().map(|r| r.nbytes).sum());
+        Ok(n)
+    }
+
+    /// Requests sent and not yet taken back.
+    pub fn in_kernel(&self) -> usize {
+        self.in_kernel.load(Ordering::Relaxed)
+    }
+
+    /// Takes the events the ring holds, without waiting, and calls
+    /// `done(word, result)` for each (result: bytes or -errno); returns how
+    /// many. Returns 0 at once when another thread is taking them.
+    pub fn reap(&self, done: impl FnMut(u64, i64)) -> usize {
+        if self.in_kernel() == 0 || !self.context.has_events() {
+            return 0;
+        }
+        let Ok(_reaping) = self.reaping.try_lock() else { return 0 };
+        self.take(None, done).unwrap_or(0)
+    }
+
+    /// Sleeps in the kernel until an event arrives or `timeout_ns` passes,
+    /// then hands over the events as [`SharedAio::reap`] does. None, at
+    /// once, when another thread is taking events (it hands over those that
+    /// arrive meanwhile).
+    pub fn sleep(&self, timeout_ns: u64, done: impl FnMut(u64, i64)) -> Option<usize> {
+        let _reaping = self.reaping.try_lock().ok()?;
+        Some(self.take(Some(timeout_ns), done).unwrap_or(0))
+    }
+
+    fn take(&self, timeout_ns: Option<u64>, mut done: impl FnMut(u64, i64)) -> Result<usize> {
+        let mut events = [IoEvent::default(); 64];
+        let mut seen = 0;
+        loop {
+            let min = usize::from(timeout_ns.is_some() && seen == 0);
+            // SAFETY: `reaping` is held by the caller.
+            let n = unsafe { self.context.take_events(&mut events, min, timeout_ns.filter(|_| seen == 0)) }?;
+            self.in_kernel.fetch_sub(n, Ordering::Relaxed);
+            for event in &events[..n] {
+                done(event.data, event.res);
+            }
+            seen += n;
+            if n < events.len() {
+                return Ok(seen);
+            }
+        }
+    }
+
+    /// Counters of what was sent.
+    pub fn stats(&self) -> DeviceStats {
+        self.counters.snapshot()
+    }
+}
+
 /// One command in flight.
 struct Slot {
     command: Option<Command>,
@@ -184,11 +460,7 @@ struct Slot {
 
 struct AioQueue {
     shared: Arc<Shared>,
-    /// The context (the address of its ring in this process).
-    ctx: u64,
-    /// Whether the ring can be read in user space (its magic and features
-    /// are the ones this code knows); otherwise looks use `io_getevents`.
-    user_ring: bool,
+    context: Context,
     slots: Vec<Slot>,
     free_slots: Vec<usize>,
     /// Trims done inside `submit`, and commands whose last event arrived.
@@ -230,38 +502,11 @@ fn os_err(context: &str, source: std::io::Error) -> Error {
 impl AioQueue {
     fn new(shared: Arc<Shared>, config: &QueueConfig) -> Result<AioQueue> {
         let depth = config.depth.max(1) as usize;
-        let mut events = (config.depth.max(1).saturating_mul(EVENTS_PER_COMMAND)).clamp(MIN_EVENTS, MAX_EVENTS);
-        let ctx = loop {
-            let mut ctx: u64 = 0;
-            // SAFETY: io_setup writes the new context's address into `ctx`.
-            let r = unsafe { libc::syscall(libc::SYS_io_setup, events as libc::c_long, &mut ctx as *mut u64) };
-            if r == 0 {
-                break ctx;
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EAGAIN) && events > MIN_EVENTS {
-                // The system's AIO budget (fs.aio-max-nr) is nearly spent: a smaller ring.
-                events /= 2;
-                continue;
-            }
-            return Err(Error::Os {
-                context: format!(
-                    "io_setup({events}) for {} (the system's AIO budget is /proc/sys/fs/aio-max-nr; \
-                     use uring: or psync: instead)",
-                    shared.target.path.display()
-                ),
-                source: err,
-            });
-        };
-        // SAFETY: the kernel maps the ring at the context's address for the context's life.
-        let ring = unsafe { &*(ctx as *const AioRing) };
-        let user_ring = ring.magic == AIO_RING_MAGIC
-            && ring.incompat_features == 0
-            && ring.header_length as usize == std::mem::size_of::<AioRing>();
+        let events = config.depth.max(1).saturating_mul(EVENTS_PER_COMMAND);
+        let context = Context::setup(events, &shared.target.path)?;
         Ok(AioQueue {
             shared,
-            ctx,
-            user_ring,
+            context,
             slots: (0..depth).map(|_| Slot { command: None, remaining: 0 }).collect(),
             free_slots: (0..depth).rev().collect(),
             finished: Finished::with_capacity(depth),
@@ -292,28 +537,18 @@ impl AioQueue {
     fn send(&mut self) {
         let mut from = 0;
         while from < self.unsent.len() {
-            let mut ptrs = [std::ptr::null::<Iocb>(); SUBMIT_CHUNK];
-            let n = (self.unsent.len() - from).min(SUBMIT_CHUNK);
-            for (p, c) in ptrs.iter_mut().zip(&self.unsent[from..from + n]) {
-                *p = c;
-            }
-            // SAFETY: the kernel copies each iocb during the call; their buffers
-            // belong to commands held in `slots` until their events arrive.
-            let r = unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, n as libc::c_long, ptrs.as_ptr()) };
-            if r > 0 {
-                from += r as usize;
-                self.in_kernel += r as usize;
-                continue;
-            }
-            let errno =
-                if r == 0 { libc::EAGAIN } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) };
-            match errno {
-                libc::EINTR => continue,
+            // SAFETY: their buffers belong to commands held in `slots` until their
+            // events arrive.
+            match unsafe { self.context.submit(&self.unsent[from..]) } {
+                Ok(n) => {
+                    from += n;
+                    self.in_kernel += n;
+                }
                 // The context is full: the rest waits for room (what is in the kernel
                 // makes it). With nothing there, the context is too small for one
                 // request: fail it rather than wait for ever.
-                libc::EAGAIN if self.in_kernel > 0 => break,
-                errno => {
+                Err(libc::EAGAIN) if self.in_kernel > 0 => break,
+                Err(errno) => {
                     let data = self.unsent[from].data;
                     from += 1;
                     self.complete(data, -errno);
@@ -361,67 +596,36 @@ impl AioQueue {
         if self.in_kernel == 0 {
             return 0;
         }
-        if !self.user_ring {
-            return self.get_events(0, None).unwrap_or(0);
-        }
-        let ring = self.ctx as *mut AioRing;
-        // SAFETY: the ring is mapped for the context's life; the kernel writes an
-        // event before it publishes the tail past it (smp_wmb), and reads the head
-        // under its lock when it needs room, so the head is ours to move.
-        unsafe {
-            let nr = std::ptr::read_volatile(&raw const (*ring).nr);
-            let mut head = std::ptr::read_volatile(&raw const (*ring).head);
-            let tail = std::ptr::read_volatile(&raw const (*ring).tail);
-            if head == tail {
-                return 0;
-            }
-            fence(Ordering::Acquire);
-            let events = (ring as *const u8).add(std::mem::size_of::<AioRing>()).cast::<IoEvent>();
-            let mut seen = 0;
-            while head != tail && head < nr {
-                let event = std::ptr::read_volatile(events.add(head as usize));
-                head = (head + 1) % nr;
-                seen += 1;
+        let mut events = [IoEvent::default(); 64];
+        let mut seen = 0;
+        loop {
+            // SAFETY: this queue is the context's only user.
+            let n = match unsafe { self.context.take_events(&mut events, 0, None) } {
+                Ok(n) => n,
+                Err(_) => return seen,
+            };
+            for event in &events[..n] {
                 self.in_kernel -= 1;
                 self.complete(event.data, event.res as i32);
             }
-            fence(Ordering::Release);
-            std::ptr::write_volatile(&raw mut (*ring).head, head);
-            seen
+            seen += n;
+            if n < events.len() {
+                return seen;
+            }
         }
     }
 
-    /// `io_getevents` for at least `min` events, sleeping up to `timeout_ns`
-    /// (None: not at all); returns how many came.
-    fn get_events(&mut self, min: usize, timeout_ns: Option<u64>) -> Result<usize> {
+    /// `io_getevents` for at least `min` events, sleeping up to `timeout_ns`;
+    /// returns how many came.
+    fn get_events(&mut self, min: usize, timeout_ns: u64) -> Result<usize> {
         let mut events = [IoEvent::default(); 64];
-        let ts = timeout_ns.map_or(libc::timespec { tv_sec: 0, tv_nsec: 0 }, |ns| libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        });
-        // SAFETY: the kernel writes at most `events.len()` events into the array.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_io_getevents,
-                self.ctx,
-                min as libc::c_long,
-                events.len() as libc::c_long,
-                events.as_mut_ptr(),
-                &ts as *const libc::timespec,
-            )
-        };
-        if r < 0 {
-            let err = std::io::Error::last_os_error();
-            return match err.raw_os_error() {
-                Some(libc::EINTR) => Ok(0),
-                _ => Err(os_err("io_getevents", err)),
-            };
-        }
-        for event in &events[..r as usize] {
+        // SAFETY: this queue is the context's only user.
+        let n = unsafe { self.context.take_events(&mut events, min, Some(timeout_ns)) }?;
+        for event in &events[..n] {
             self.in_kernel -= 1;
             self.complete(event.data, event.res as i32);
         }
-        Ok(r as usize)
+        Ok(n)
     }
 
     /// Hands back what finished, sending what waited for room first.
@@ -481,7 +685,7 @@ impl Queue for AioQueue {
     fn wait(&mut self, out: &mut Vec<Command>, timeout_ns: u64) -> Result<usize> {
         self.drain();
         if self.finished.is_empty() && self.in_kernel > 0 {
-            self.get_events(1, Some(timeout_ns))?;
+            self.get_events(1, timeout_ns)?;
         }
         Ok(self.collect(out))
     }
@@ -495,15 +699,6 @@ impl Queue for AioQueue {
         // SAFETY: forwarded from the caller's contract.
         unsafe { super::psync::run_command(&self.shared.target.file, command) };
         true
-    }
-}
-
-impl Drop for AioQueue {
-    fn drop(&mut self) {
-        // io_destroy waits for what the kernel still has (their buffers must not be
-        // freed under it) and unmaps the ring.
-        // SAFETY: the context is ours and used by nothing else from here on.
-        unsafe { libc::syscall(libc::SYS_io_destroy, self.ctx) };
     }
 }
 

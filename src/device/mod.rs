@@ -251,6 +251,13 @@ impl Counters {
         self.bytes.fetch_add(command.bytes(), Ordering::Relaxed);
     }
 
+    /// Counts one command of `segments` requests moving `bytes`.
+    pub fn record_batch(&self, segments: u64, bytes: u64) {
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        self.segments.fetch_add(segments, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// The counters now (no busy time: these backends do not know it).
     pub fn snapshot(&self) -> DeviceStats {
         DeviceStats {
@@ -340,14 +347,14 @@ pub trait Device: Send + Sync {
     fn completion_source(&self, polled: bool) -> String;
     /// Opens a submission/completion queue for one thread.
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn Queue>>;
-    /// A device on the same target whose one queue many threads can share
-    /// cheaply, for the `auto` dispatch to batch the requests of a crowd of
-    /// blocking threads through: any thread sees any completion with a load
-    /// from memory, whoever sent it (Linux AIO's ring; an io_uring ring posts
-    /// a completion only when its submitter enters the kernel). The same
-    /// device each time it is asked, its commands counted in this one's
-    /// [`Device::stats`]. `Ok(None)` where there is none (the default).
-    fn crowd_device(&self) -> Result<Option<Arc<dyn Device>>> {
+    /// Linux AIO on the same file, one context that many threads share, for
+    /// the `auto` dispatch to send the requests of a crowd of blocked
+    /// threads through: any thread sees any completion with a load from
+    /// memory, whoever sent it (an io_uring ring posts a completion only
+    /// when its submitter enters the kernel). The same one each time it is
+    /// asked, its requests counted in this device's [`Device::stats`].
+    /// `Ok(None)` where there is none (the default).
+    fn shared_aio(&self) -> Result<Option<Arc<aio::SharedAio>>> {
         Ok(None)
     }
     /// Snapshot of the device's counters.

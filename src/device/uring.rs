@@ -24,7 +24,7 @@
 //! Kernel polling (IOPOLL) is probed at open and used only where the device
 //! supports it; on these machines it does not, and the probe says why.
 
-use super::aio::AioDevice;
+use super::aio::SharedAio;
 use super::spec::Options;
 use super::target::{Target, TargetConfig};
 use super::{Cancel, Capabilities, Command, Counters, Device, DeviceStats, Durability, Op, Queue, QueueConfig};
@@ -152,8 +152,8 @@ struct Shared {
 /// io_uring on a file or block device.
 pub struct UringDevice {
     shared: Arc<Shared>,
-    /// The AIO device on the same file that [`Device::crowd_device`] gave out.
-    crowd: OnceLock<Arc<AioDevice>>,
+    /// The AIO context on the same file that [`Device::shared_aio`] gave out.
+    crowd: OnceLock<Arc<SharedAio>>,
 }
 
 impl UringDevice {
@@ -331,21 +331,20 @@ impl Device for UringDevice {
         Ok(Box::new(UringQueue::new(Arc::clone(&self.shared), config)?))
     }
 
-    /// Linux AIO on the same open file, where its completions can be read
-    /// by any thread: not with kernel polling (a polled io_uring ring is
-    /// faster for whoever spins on it), not with SQPOLL (chosen by the
-    /// user), and not without O_DIRECT (buffered AIO completes inside
-    /// `io_submit`, so a shared context would batch nothing).
-    fn crowd_device(&self) -> Result<Option<Arc<dyn Device>>> {
+    /// Linux AIO on the same open file: not with kernel polling (a polled
+    /// io_uring ring is faster for whoever spins on it), not with SQPOLL
+    /// (chosen by the user), and not without O_DIRECT (buffered AIO
+    /// completes inside `io_submit`, so a shared context would batch nothing).
+    fn shared_aio(&self) -> Result<Option<Arc<SharedAio>>> {
         let s = &self.shared;
         if !s.target.direct || s.iopoll || s.config.sqpoll {
             return Ok(None);
         }
         if let Some(crowd) = self.crowd.get() {
-            return Ok(Some(Arc::clone(crowd) as Arc<dyn Device>));
+            return Ok(Some(Arc::clone(crowd)));
         }
-        let made = Arc::new(AioDevice::on(s.target.duplicate()?));
-        Ok(Some(Arc::clone(self.crowd.get_or_init(|| made)) as Arc<dyn Device>))
+        let made = Arc::new(SharedAio::on(s.target.duplicate()?)?);
+        Ok(Some(Arc::clone(self.crowd.get_or_init(|| made))))
     }
 
     fn stats(&self) -> DeviceStats {

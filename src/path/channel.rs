@@ -563,6 +563,23 @@ impl Channel {
         completed
     }
 
+    /// The [`Completed`] of a blocking request that another queue carried
+    /// (the `auto` dispatch's shared one): `raw` is bytes or -errno, `looks`
+    /// and `sleeps` are its owner's wait's.
+    pub fn finish_carried(&mut self, request: &Request, raw: i32, looks: u64, sleeps: u64) -> Completed {
+        self.stats.requests += 1;
+        self.stats.wait.polls += looks;
+        self.stats.wait.sleeps += sleeps;
+        Completed {
+            tag: request.tag,
+            op: request.op,
+            offset: request.offset,
+            len: request.len,
+            device_ns: 0,
+            result: self.result_of(request.op, request.offset, request.len, raw),
+        }
+    }
+
     /// [`request_result`], with this channel's timeout in a timeout error.
     fn result_of(&self, op: Op, offset: u64, len: u32, raw: i32) -> Result<()> {
         let mut result = request_result(op, offset, len, raw);

@@ -1,41 +1,37 @@
 //! `auto`: the default dispatch. A thread blocking alone sends its own
 //! request (`direct`: no hand-off, the fastest way at depth 1). While a
-//! crowd of threads block at once on a kernel device, each of their
-//! requests goes through `combine` on one queue they all share, a Linux AIO
-//! context on the same file ([`Device::crowd_device`]).
+//! crowd of threads block at once on a kernel device, their reads and
+//! writes go through one Linux AIO context on the same file that they all
+//! share (`gather.rs`, [`Device::shared_aio`]).
 //!
 //! Why: many blocking threads on few CPUs spend their time waiting for
 //! their turn on a CPU, not for the device. Each thread's own io_uring ring
 //! posts its completion only when that thread enters the kernel, so every
 //! waiter pays a system call per look, and the device sees one request per
-//! submission. On one shared AIO context the waiting threads take turns
-//! sending everyone's pending requests as one `io_submit` (the loop device's
-//! worker serves a batch in one pass) and any of them sees any completion
-//! with two loads of the ring. Measured on a loop device on 2 vCPUs with
-//! idle CPUs halting (`iopath bench --device aio:/dev/loop0 --path
-//! combine+auto` against `--device uring:/dev/loop0 --path sync-yield` and
-//! fio psync, alternated): 16 threads 113-128K IOPS against 97-115K and fio's
-//! 78-106K; 2 threads 61-107K against 59-75K.
+//! submission. On one shared AIO context the waiting threads send
+//! everyone's pending requests as one `io_submit` (the loop device's worker
+//! serves a batch in one pass) and any of them sees any completion with two
+//! loads of the ring.
 //!
-//! The rule, per request ([`joins_crowd`]): a request joins the crowd's
-//! queue when at least [`CROWD_MIN`] threads of this dispatch are blocked at
-//! once (itself included) and no thread outside the waiters wants the CPUs
-//! ([`crowd::cpus_wanted`]: a CPU-bound program's threads would lose their
-//! CPU to the crowd's turns, so its waiters sleep through the `auto`
-//! completion policy instead). Nothing is switched: each request goes one
-//! way whole and comes back the same way, so a change of route never
-//! strands or delays one. Requests of the queued API always go direct. A
-//! forked child never uses its parent's crowd queue (an AIO context is not
-//! inherited): its requests go direct.
+//! The rule, per request ([`joins_crowd`]): a read or plain write joins the
+//! crowd's queue when at least [`CROWD_MIN`] threads of this dispatch are
+//! blocked at once (itself included) and no thread outside the waiters
+//! wants the CPUs ([`crowd::cpus_wanted`]: a CPU-bound program's threads
+//! would lose their CPU to the crowd's turns, so its waiters sleep through
+//! the `auto` completion policy instead). Nothing is switched: each request
+//! goes one way whole and comes back the same way, so a change of route
+//! never strands or delays one. Flushes, trims, durable writes and the
+//! queued API always go direct. A forked child never uses its parent's
+//! context (an AIO context is not inherited): its requests go direct.
 
-use super::combine::{Combine, CombineConfig};
 use super::direct::Direct;
+use super::gather::Gather;
 use super::{Dispatch, Request};
 use crate::device::Device;
 use crate::error::Result;
 use crate::path::channel::{Channel, Completed};
+use crate::path::completion::crowd;
 use crate::path::completion::explain;
-use crate::path::completion::{CompletionKind, crowd};
 use crate::path::{CrowdRule, PathStats};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -56,9 +52,9 @@ pub fn joins_crowd(rule: CrowdRule, blocking: usize, cpus_wanted: impl FnOnce() 
     }
 }
 
-/// The crowd's combining path, and the fork generation it belongs to.
+/// The crowd's queue, and the fork generation it belongs to.
 struct CrowdQueue {
-    combine: Combine,
+    gather: Gather,
     forks: u64,
 }
 
@@ -66,11 +62,8 @@ struct CrowdQueue {
 pub struct Auto {
     device: Arc<dyn Device>,
     rule: CrowdRule,
-    config: CombineConfig,
-    completion: CompletionKind,
-    timeout_ns: u64,
-    /// Opened at the first crowd; `None` where the device has no crowd
-    /// device or it could not be opened (then every request goes direct).
+    /// Opened at the first crowd; `None` where the device has no shared
+    /// AIO context or it could not be opened (then every request goes direct).
     crowd: OnceLock<Option<CrowdQueue>>,
     /// Threads inside [`Dispatch::blocking`] now.
     blocking: AtomicUsize,
@@ -80,45 +73,32 @@ pub struct Auto {
 
 impl Auto {
     /// The `auto` strategy on `device`, sending crowds to the shared queue
-    /// by `rule`; the crowd's combining path (opened when first needed)
-    /// takes `config` and waits with `completion`.
-    pub fn new(
-        device: &Arc<dyn Device>,
-        rule: CrowdRule,
-        config: CombineConfig,
-        completion: CompletionKind,
-        timeout_ns: u64,
-    ) -> Auto {
+    /// (opened when first needed) by `rule`.
+    pub fn new(device: &Arc<dyn Device>, rule: CrowdRule) -> Auto {
         Auto {
             device: Arc::clone(device),
             rule,
-            config,
-            completion,
-            timeout_ns,
             crowd: OnceLock::new(),
             blocking: AtomicUsize::new(0),
             last_crowded: AtomicBool::new(false),
         }
     }
 
-    /// The crowd's combining path, opened on first use; `None` where there
-    /// is none, or in a forked child of the process that opened it.
-    fn crowd_queue(&self) -> Option<&Combine> {
+    /// The crowd's queue, opened on first use; `None` where there is none,
+    /// or in a forked child of the process that opened it.
+    fn crowd_queue(&self) -> Option<&Gather> {
         let crowd = self.crowd.get_or_init(|| self.open_crowd()).as_ref()?;
-        (crowd.forks == crate::sys::fork_generation()).then_some(&crowd.combine)
+        (crowd.forks == crate::sys::fork_generation()).then_some(&crowd.gather)
     }
 
     fn open_crowd(&self) -> Option<CrowdQueue> {
-        let opened = self.device.crowd_device().and_then(|device| {
-            device.map(|d| Combine::new(self.config, &d, self.completion, self.timeout_ns)).transpose()
-        });
-        match opened {
-            Ok(Some(combine)) => {
+        match self.device.shared_aio() {
+            Ok(Some(aio)) => {
                 explain::say_rare(
                     "auto",
-                    format_args!("dispatch: threads blocked at once share one AIO queue on this device from now on"),
+                    format_args!("dispatch: threads blocked at once share one AIO context on this device from now on"),
                 );
-                Some(CrowdQueue { combine, forks: crate::sys::fork_generation() })
+                Some(CrowdQueue { gather: Gather::new(aio), forks: crate::sys::fork_generation() })
             }
             Ok(None) => None,
             Err(e) => {
@@ -158,15 +138,16 @@ impl Dispatch for Auto {
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         let blocking = self.blocking.fetch_add(1, Ordering::Relaxed) + 1;
         let _blocked = Blocked(&self.blocking);
-        if blocking >= CROWD_MIN && self.rule != CrowdRule::Off {
+        if blocking >= CROWD_MIN && self.rule != CrowdRule::Off && Gather::carries(&request) {
             let join = joins_crowd(self.rule, blocking, crowd::cpus_wanted);
             self.note_route(join, blocking);
-            if join && let Some(combine) = self.crowd_queue() {
+            if join && let Some(gather) = self.crowd_queue() {
                 // Counted among the waiters while in the crowd, as a policy's waiter is:
                 // the crowd's turns on the CPUs are its own, not another program's.
                 let _waiting = crowd::Waiting::enter();
+                let spin_ns = channel.waiter_spin_ns;
                 // SAFETY: forwarded from the caller's contract.
-                return unsafe { combine.blocking(channel, request) };
+                return unsafe { gather.blocking(channel, request, spin_ns, blocking) };
             }
         } else {
             self.note_route(false, blocking);
@@ -190,8 +171,8 @@ impl Dispatch for Auto {
 
     fn background_stats(&self) -> PathStats {
         match self.crowd.get() {
-            // (Not in a forked child: the parent's threads may have held its locks.)
-            Some(Some(crowd)) if crowd.forks == crate::sys::fork_generation() => crowd.combine.background_stats(),
+            // (Not in a forked child: the parent's threads may have held its lock.)
+            Some(Some(crowd)) if crowd.forks == crate::sys::fork_generation() => crowd.gather.stats(),
             _ => PathStats::default(),
         }
     }
@@ -221,8 +202,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spec = format!("uring:{}", dir.path().join("fork.img").display());
         let device = crate::device::open_device(&spec, Some(1 << 20)).unwrap();
-        let config = CombineConfig { budget: 64, pipeline: 2, max_segments: 64, rove: true };
-        let auto = Auto::new(&device, CrowdRule::Always, config, CompletionKind::Auto, 1_000_000_000);
+        let auto = Auto::new(&device, CrowdRule::Always);
         assert!(auto.crowd_queue().is_some(), "a uring device on an O_DIRECT file has a crowd queue");
         // SAFETY: the child only loads atomics and exits.
         match unsafe { libc::fork() } {
@@ -241,6 +221,6 @@ mod tests {
         }
         assert!(auto.crowd_queue().is_some(), "the parent keeps it");
         let emu = crate::device::open_device("null,size=1m", None).unwrap();
-        assert!(Auto::new(&emu, CrowdRule::Always, config, CompletionKind::Auto, 1).crowd_queue().is_none());
+        assert!(Auto::new(&emu, CrowdRule::Always).crowd_queue().is_none());
     }
 }

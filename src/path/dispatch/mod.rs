@@ -5,13 +5,14 @@
 //! `combine` (STM: one winner merges everyone's pending requests),
 //! `queue` (ATM / 2Q / the disk-era elevator: a plugged queue and a dispatcher thread),
 //! `hybrid` (HTM: blocking requests combine, queued ones go to the queue),
-//! `auto` (the default: direct, or combine on a shared queue for a crowd of
-//! blocking threads on a kernel device).
+//! `auto` (the default: direct, or, for a crowd of blocked threads on a
+//! kernel device, `gather`: one AIO context they all send and reap through).
 //! `serve` is the merging core they share.
 
 pub(crate) mod auto;
 pub(crate) mod combine;
 pub(crate) mod direct;
+pub(crate) mod gather;
 pub(crate) mod hybrid;
 pub(crate) mod queue;
 pub(crate) mod serve;
@@ -107,7 +108,7 @@ pub enum DispatchKind {
     /// The disk-era request queue: plugging, spatial merge only, reads unplug at once.
     Elevator,
     /// The default: direct, or, while several threads block at once on a
-    /// kernel device, combine on one queue they share (see `auto.rs`).
+    /// kernel device, one AIO context they all share (see `auto.rs`).
     Auto,
 }
 
@@ -156,13 +157,19 @@ impl DispatchKind {
         timeout_ns: u64,
     ) -> Result<Box<dyn Dispatch>> {
         let max_segments = path.max_segments.unwrap_or(usize::MAX).min(device.capabilities().max_segments).max(1);
-        let combine_config = combine::CombineConfig {
-            budget: path.combine_budget,
-            pipeline: path.pipeline,
-            max_segments,
-            rove: path.combine_polling == super::CombinePolling::Shared,
+        let combine = || {
+            combine::Combine::new(
+                combine::CombineConfig {
+                    budget: path.combine_budget,
+                    pipeline: path.pipeline,
+                    max_segments,
+                    rove: path.combine_polling == super::CombinePolling::Shared,
+                },
+                device,
+                completion,
+                timeout_ns,
+            )
         };
-        let combine = || combine::Combine::new(combine_config, device, completion, timeout_ns);
         let queue = |name, idle_dispatch, urgent_unplug, merge, default_thresh: usize, default_unplug_ns: u64| {
             let thresh = path.unplug_thresh.unwrap_or(default_thresh);
             let unplug_ns = path.unplug.map_or(default_unplug_ns, |d| d.as_nanos() as u64);
@@ -185,7 +192,7 @@ impl DispatchKind {
         use serve::MergeMode::{Spatial, Temporal};
         Ok(match self {
             DispatchKind::Direct => Box::new(direct::Direct),
-            DispatchKind::Auto => Box::new(auto::Auto::new(device, path.crowd, combine_config, completion, timeout_ns)),
+            DispatchKind::Auto => Box::new(auto::Auto::new(device, path.crowd)),
             DispatchKind::Combine => Box::new(combine()?),
             DispatchKind::Queue => Box::new(queue("queue", false, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?),
             DispatchKind::TwoQ => Box::new(queue("twoq", true, false, Temporal, ATM_THRESH, ATM_UNPLUG_NS)?),
