@@ -48,7 +48,8 @@ fn completion_flag_overrides_the_preset() {
     let io = &v["jobs"][0]["iopath"];
     assert_eq!(io["completion"]["policy"], "interrupt");
     assert!(io["completion"]["source"].as_str().unwrap().contains("timer"), "{io}");
-    assert_eq!(io["dispatch"], "direct");
+    // The default preset's dispatch stays.
+    assert_eq!(io["dispatch"], "auto");
     let sleeps = io["sleeps_per_io"].as_f64().unwrap();
     assert!(sleeps > 0.5 && sleeps < 1.5, "one sleep per request: {io}");
     assert_eq!(v["jobs"][0]["read"]["total_ios"], 50);
@@ -260,7 +261,7 @@ fn bad_input_gets_a_clear_error_never_a_panic() {
         (vec!["bench", "--runtime", "soon"], "expected a number with a unit"),
         (vec!["bench", "--rw", "sideways"], "expected read, write"),
         (vec!["bench", "--path", "teleport"], "known presets: scsi-intr, sync-path"),
-        (vec!["bench", "--path", "warp+poll"], "expected one of: direct, combine"),
+        (vec!["bench", "--path", "warp+poll"], "expected one of: auto, direct, combine"),
         (vec!["bench", "--pipeline", "0"], "at least one command"),
         (vec!["bench", "--completion", "telepathy"], "expected one of: interrupt, poll"),
         (vec!["bench", "--threads", "0"], "at least one thread"),

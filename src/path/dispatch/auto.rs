@@ -110,16 +110,25 @@ impl Auto {
 
     /// Says when the route changes (rate-limited with the policy's lines).
     fn note_route(&self, crowded: bool, blocking: usize) {
+        // Not where there is no shared queue at all (every request goes direct).
+        if matches!(self.crowd.get(), Some(None)) {
+            return;
+        }
         if self.last_crowded.load(Ordering::Relaxed) != crowded
             && self.last_crowded.swap(crowded, Ordering::Relaxed) != crowded
             && explain::enabled()
         {
             if crowded {
                 explain::say("auto", format_args!("dispatch: {blocking} threads blocked at once: the shared queue"));
-            } else if blocking >= CROWD_MIN {
-                explain::say("auto", format_args!("dispatch: other threads want the CPUs: direct"));
-            } else {
+            } else if blocking < CROWD_MIN {
                 explain::say("auto", format_args!("dispatch: {blocking} thread blocked: direct"));
+            } else {
+                explain::say(
+                    "auto",
+                    format_args!(
+                        "dispatch: {blocking} threads blocked, but other threads want the CPUs (or no shared queue): direct"
+                    ),
+                );
             }
         }
     }
@@ -138,10 +147,11 @@ impl Dispatch for Auto {
     unsafe fn blocking(&self, channel: &mut Channel, request: Request) -> Result<Completed> {
         let blocking = self.blocking.fetch_add(1, Ordering::Relaxed) + 1;
         let _blocked = Blocked(&self.blocking);
-        if blocking >= CROWD_MIN && self.rule != CrowdRule::Off && Gather::carries(&request) {
-            let join = joins_crowd(self.rule, blocking, crowd::cpus_wanted);
-            self.note_route(join, blocking);
-            if join && let Some(gather) = self.crowd_queue() {
+        // Flushes, trims and durable writes go direct and leave the route as it is.
+        if Gather::carries(&request) {
+            let gather = joins_crowd(self.rule, blocking, crowd::cpus_wanted).then(|| self.crowd_queue()).flatten();
+            self.note_route(gather.is_some(), blocking);
+            if let Some(gather) = gather {
                 // Counted among the waiters while in the crowd, as a policy's waiter is:
                 // the crowd's turns on the CPUs are its own, not another program's.
                 let _waiting = crowd::Waiting::enter();
@@ -149,8 +159,6 @@ impl Dispatch for Auto {
                 // SAFETY: forwarded from the caller's contract.
                 return unsafe { gather.blocking(channel, request, spin_ns, blocking) };
             }
-        } else {
-            self.note_route(false, blocking);
         }
         // SAFETY: forwarded from the caller's contract.
         unsafe { Direct.blocking(channel, request) }
