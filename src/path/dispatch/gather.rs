@@ -223,6 +223,7 @@ impl Gather {
     fn send(&self, pending: &mut Pending, now: u64) {
         let now = if now == 0 { now_ns() } else { now };
         let mut from = 0;
+        let mut retried = false;
         while from < pending.requests.len() {
             // SAFETY: each request's owner waits for its slot, keeping its buffer.
             match unsafe { self.aio.submit(&pending.requests[from..]) } {
@@ -238,6 +239,10 @@ impl Gather {
                 }
                 // No room: what the kernel holds makes it, and the rest goes with a later look.
                 Err(libc::EAGAIN) if self.aio.in_kernel() > 0 => break,
+                // Another thread took the last events between the refusal and the look at
+                // `in_kernel`: there is room now. Only a second refusal with nothing in the
+                // kernel (a context too small for one request) fails the request.
+                Err(libc::EAGAIN) if !retried => retried = true,
                 Err(errno) => {
                     pending.stats.queue_errors += 1;
                     // SAFETY: the request's slot is live (its owner waits for it).
