@@ -523,6 +523,8 @@ fn combine_polling_and_per_path_knobs_are_chosen_shown_and_checked() {
     assert_eq!(jobs[0]["iopath"]["knobs"]["combine_polling"], "shared");
     assert_eq!(jobs[1]["iopath"]["knobs"]["combine_polling"], "winner");
     assert_eq!(jobs[1]["iopath"]["knobs"]["pipeline"], 1);
+    let v = bench_json(&["--device", "null", "--path", "auto@crowd=off", "--ios", "10"]);
+    assert_eq!(v["jobs"][0]["iopath"]["knobs"]["crowd"], "off");
     let err = fails(&["bench", "--path", "stm@colour=blue", "--ios", "1"]);
     assert!(err.contains("knobs a path name can set") && err.contains("combine-polling"), "{err}");
     let err = fails(&["bench", "--path", "stm@pipeline=many", "--ios", "1"]);

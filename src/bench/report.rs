@@ -196,6 +196,7 @@ fn knobs_object(p: &crate::path::PathConfig) -> Value {
         "pipeline": p.pipeline,
         "combine_budget": p.combine_budget,
         "combine_polling": p.combine_polling.name(),
+        "crowd": p.crowd.name(),
         "unplug_thresh": p.unplug_thresh,
         "unplug_ns": p.unplug.map(|d| d.as_nanos() as u64),
         "max_segments": p.max_segments,
@@ -415,6 +416,7 @@ pub fn to_table(r: &BenchResult) -> String {
         crate::path::DispatchKind::Combine | crate::path::DispatchKind::Hybrid => {
             format!(", {} polling", c.path.combine_polling.name())
         }
+        crate::path::DispatchKind::Auto => format!(", crowd={}", c.path.crowd.name()),
         _ => String::new(),
     };
     out.push_str(&format!("path:   {} ({}{polling})\n\n", c.path_name, c.path.label()));

@@ -59,9 +59,10 @@ pub struct PathConfig {
 /// its threads share (see `path/dispatch/auto.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CrowdRule {
-    /// While several threads block at once and no CPU-bound thread wants the CPUs.
+    /// While more than two threads per CPU block at once and no CPU-bound
+    /// thread wants the CPUs.
     Auto,
-    /// While several threads block at once, whatever else runs.
+    /// While two or more threads block at once, whatever else runs.
     Always,
     /// Never: every request goes direct.
     Off,
